@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libfeed: attach to feedd and receive packed training batches straight out
+ * of shared memory.
+ *
+ *     feed_client *c;
+ *     int r = feed_client_connect(NULL, &c);           // $FEEDD_SOCKET or the default
+ *     r = feed_client_attach(c, "web", rank, world, NULL);
+ *     for (;;) {
+ *             struct feed_batch b;
+ *             r = feed_client_next(c, 10000, &b);      // waits at most 10 s
+ *             if (r < 0) { fprintf(stderr, "%s\n", feed_client_error(c)); break; }
+ *             train(b.input_ids, b.labels, b.position_ids, b.cu_seqlens, b.n_cu_seqlens);
+ *             save_checkpoint_cursor(b.cursor);        // resume point after this batch
+ *             feed_client_release(c, &b);
+ *     }
+ *     c = feed_client_close(c);
+ *
+ * Every function returns 0 (or a positive count) on success and a negative
+ * errno-style code on failure; feed_strerror() names a code and
+ * feed_client_error() gives the daemon's own message for the last failure.
+ * The library keeps no global state, never prints, and never changes errno.
+ * A feed_client is not thread-safe: use it from one thread at a time.
+ *
+ * Lifetime: the arrays of a feed_batch point into the ring and stay valid
+ * until the batch is released; batches are released in the order they were
+ * received. At most `slots` (feed_client_slots) batches may be held at once.
+ */
+#ifndef FEED_FEED_H
+#define FEED_FEED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FEED_CURSOR_MAX_LEN 512 /* including the NUL */
+
+typedef struct feed_client feed_client;
+
+/* One batch: B rows of L positions, read-only views into shared memory. */
+struct feed_batch {
+	uint64_t index;     /* batch number in this rank's stream */
+	uint64_t epoch;     /* epoch of the batch's first position */
+	uint32_t rank, world;
+	uint32_t batch_size; /* B */
+	uint32_t seq_len;    /* L */
+	const int32_t *input_ids;    /* [B][L] */
+	const int32_t *labels;       /* [B][L]; -100 where the next position starts a document */
+	const int32_t *position_ids; /* [B][L] */
+	const int32_t *cu_seqlens;   /* [n_cu_seqlens] over the flattened batch */
+	uint32_t n_cu_seqlens;
+	uint32_t n_docs;             /* documents that start in this batch */
+	const char *cursor;          /* resume here to get the batch after this one */
+	uint64_t seq;                /* private: ring sequence number */
+};
+
+/*
+ * Connects to feedd's control socket: `socket_path`, else $FEEDD_SOCKET, else
+ * /run/feedd/feedd.sock (root) or $XDG_RUNTIME_DIR/feedd.sock. Returns 0 and
+ * a new client in *ret, or a negative code (-ENOENT, -ECONNREFUSED: no daemon).
+ */
+int feed_client_connect(const char *socket_path, feed_client **ret);
+
+/*
+ * Attaches to `feed` as `rank` of `world`, from the start of the stream or
+ * from `cursor` (the cursor of the last batch consumed: the next batch
+ * follows it). Returns 0, or a negative code with the daemon's message in
+ * feed_client_error(): -ENOENT (no such feed), -EINVAL (bad rank/world, or a
+ * cursor of another feed, world or rank), ...
+ */
+int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor);
+
+/*
+ * Waits up to timeout_ms (-1: forever, 0: poll) for the next batch. Returns
+ * 0 and fills *ret; -ETIMEDOUT; -ENOBUFS when `slots` batches are already
+ * held; -ESHUTDOWN when the daemon stops; -ECONNRESET when it vanished; or
+ * the error that stopped the stream (message in feed_client_error()).
+ */
+int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret);
+
+/* Releases the oldest held batch, which must be b. Returns 0 or -EINVAL. */
+int feed_client_release(feed_client *c, const struct feed_batch *b);
+
+/* The cursor after the last batch returned by next(), or "" if none yet. */
+const char *feed_client_cursor(const feed_client *c);
+
+/* Ring slots: how many batches the daemon prepares ahead, and the most one may hold. */
+uint32_t feed_client_slots(const feed_client *c);
+
+/*
+ * Reports timings a trainer measured itself (nanoseconds; 0 = not measured):
+ * the compute time of the last step and the host-to-device copy wait. The
+ * library measures the wait in next() and the time between calls on its
+ * own; this refines them. Costs no system call.
+ */
+int feed_client_report(feed_client *c, uint64_t step_ns, uint64_t h2d_ns);
+
+/*
+ * The daemon's status document (JSON, docs/protocol.md). Works with or
+ * without an attachment. Returns 0 and a malloc'd string in *ret_json.
+ */
+int feed_client_status(feed_client *c, char **ret_json);
+
+/* The daemon's or library's message for the last failure on c ("" if none). */
+const char *feed_client_error(const feed_client *c);
+
+/* Closes the connection and unmaps the ring. Takes NULL; returns NULL. */
+feed_client *feed_client_close(feed_client *c);
+
+/* A static description of a code returned by this library. */
+const char *feed_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

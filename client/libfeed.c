@@ -1,0 +1,614 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libfeed: the client side of proto/wire.h and proto/ring_abi.h.
+ *
+ * The control socket is used only to connect, attach and learn why a stream
+ * stopped; batches are taken from the mapped ring with two atomic loads and
+ * released with one store, with a system call only when one side sleeps.
+ * Everything read from the daemon (messages, ring geometry, slot headers) is
+ * validated before use. Telemetry goes into the consumer page the daemon
+ * reads: no message per batch.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "feed/feed.h"
+#include "proto/macro.h"
+#include "proto/ring_abi.h"
+#include "proto/wire.h"
+
+#define FEED_EXPORT __attribute__((visibility("default")))
+#define REPLY_TIMEOUT_MS 30000
+
+_Static_assert(FEED_CURSOR_MAX_LEN == FEED_CURSOR_MAX, "public cursor size matches the ABI");
+
+struct feed_client {
+	int fd;
+	char error[WIRE_MESSAGE_MAX + 64];
+	uint32_t daemon_pid;
+
+	bool attached;
+	int stopped; /* the code that ended the stream, 0 while it flows */
+	struct feed_ring_header *hdr;
+	size_t ring_size;
+	struct feed_consumer_page *cons;
+	int data_efd, space_efd;
+	uint32_t slot_count, slot_size, batch_size, seq_len;
+	uint64_t first_batch;
+	uint64_t next_seq; /* next sequence to hand out */
+	uint64_t tail;     /* sequences released */
+	uint64_t last_return_ns;
+	char cursor[FEED_CURSOR_MAX];
+};
+
+/* Records a message for feed_client_error() and returns code. Keeps errno. */
+static int fail(feed_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(feed_client *c, int code, const char *fmt, ...)
+{
+	int saved = errno;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->error, sizeof(c->error), fmt, ap);
+	va_end(ap);
+	errno = saved;
+	return code;
+}
+
+static int send_all(feed_client *c, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno == -EPIPE ? -ECONNRESET : -errno;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/*
+ * Receives exactly len bytes, collecting passed fds into fds/n_fds (closing
+ * any beyond max_fds). Waits at most timeout_ms per chunk.
+ */
+static int recv_all(feed_client *c, void *buf, size_t len, int timeout_ms, int *fds, unsigned max_fds,
+		    unsigned *n_fds)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+		int k = poll(&pfd, 1, timeout_ms);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return -ETIMEDOUT;
+		struct iovec iov = { .iov_base = p, .iov_len = len };
+		union {
+			struct cmsghdr h;
+			char buf[CMSG_SPACE(sizeof(int) * 8)];
+		} cm;
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+				     .msg_controllen = sizeof(cm.buf) };
+		ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t m = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			int got[8];
+			memcpy(got, CMSG_DATA(h), MIN(m, ARRAY_SIZE(got)) * sizeof(int));
+			for (size_t i = 0; i < MIN(m, ARRAY_SIZE(got)); i++) {
+				if (n_fds && *n_fds < max_fds)
+					fds[(*n_fds)++] = got[i];
+				else
+					close(got[i]);
+			}
+		}
+		if (n < 0)
+			return errno == ECONNRESET ? -ECONNRESET : -errno;
+		if (n == 0)
+			return -ECONNRESET;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/*
+ * Reads one message. Returns its type with the payload in *ret_payload
+ * (malloc'd, caller frees), or a negative code. An ERROR message is turned
+ * into its code, with its text recorded.
+ */
+static int recv_msg(feed_client *c, int timeout_ms, void **ret_payload, size_t *ret_len, int *fds, unsigned max_fds,
+		    unsigned *n_fds)
+{
+	uint8_t hb[WIRE_HEADER_SIZE];
+	int r = recv_all(c, hb, sizeof(hb), timeout_ms, fds, max_fds, n_fds);
+	if (r == -ECONNRESET)
+		return fail(c, r, "feedd closed the connection (the daemon stopped or crashed)");
+	if (r < 0)
+		return fail(c, r, "reading from feedd: %s", feed_strerror(r));
+	struct wire_header h;
+	r = wire_header_decode(hb, sizeof(hb), WIRE_MAX_REPLY, &h);
+	if (r < 0)
+		return fail(c, -EPROTO, "feedd sent a malformed message header");
+	void *payload = malloc(MAX(h.length, 1u));
+	if (!payload)
+		return fail(c, -ENOMEM, "out of memory");
+	r = recv_all(c, payload, h.length, REPLY_TIMEOUT_MS, fds, max_fds, n_fds);
+	if (r < 0) {
+		free(payload);
+		return fail(c, r, "reading from feedd: %s", feed_strerror(r));
+	}
+	if (h.type == WIRE_ERROR) {
+		struct wire_error e;
+		r = wire_decode_error(payload, h.length, &e);
+		free(payload);
+		if (r < 0)
+			return fail(c, -EPROTO, "feedd sent a malformed error message");
+		return fail(c, e.code, "%s", e.message);
+	}
+	*ret_payload = payload;
+	*ret_len = h.length;
+	return h.type;
+}
+
+FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
+{
+	int saved = errno;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (wire_socket_path(socket_path, sa.sun_path, sizeof(sa.sun_path)) < 0)
+		return -ENAMETOOLONG;
+
+	feed_client *c = calloc(1, sizeof(*c));
+	if (!c) {
+		errno = saved;
+		return -ENOMEM;
+	}
+	c->data_efd = c->space_efd = -1;
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int r = c->fd < 0 ? -errno : 0;
+	if (r == 0 && connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		r = -errno;
+	if (r == 0) {
+		struct wire_hello h = { .min_version = WIRE_VERSION, .max_version = WIRE_VERSION,
+					.pid = (uint32_t)getpid() };
+		char comm[64] = "";
+		FILE *f = fopen("/proc/self/comm", "re");
+		if (f) {
+			if (fgets(comm, sizeof(comm), f))
+				comm[strcspn(comm, "\n")] = 0;
+			fclose(f);
+		}
+		snprintf(h.name, sizeof(h.name), "%.31s", comm);
+		uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_SIZE];
+		int n = wire_encode_hello(buf, sizeof(buf), &h);
+		r = n < 0 ? n : send_all(c, buf, (size_t)n);
+	}
+	if (r == 0) {
+		void *p;
+		size_t len;
+		int type = recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+		if (type == WIRE_HELLO_REPLY) {
+			struct wire_hello_reply hr;
+			r = wire_decode_hello_reply(p, len, &hr) < 0 || hr.version != WIRE_VERSION ? -EPROTO : 0;
+			c->daemon_pid = hr.daemon_pid;
+			free(p);
+		} else {
+			if (type >= 0)
+				free(p);
+			r = type < 0 ? type : -EPROTO;
+		}
+	}
+	if (r < 0) {
+		feed_client_close(c);
+		errno = saved;
+		return r;
+	}
+	*ret = c;
+	errno = saved;
+	return 0;
+}
+
+/* Checks the ring's geometry against the reply before trusting any offset in it. */
+static int check_ring(feed_client *c, const struct wire_attach_reply *rep)
+{
+	const struct feed_ring_header *h = c->hdr;
+	uint64_t n = (uint64_t)rep->batch_size * rep->seq_len;
+	if (h->magic != FEED_RING_MAGIC || h->version != FEED_RING_VERSION)
+		return -EPROTO;
+	if (h->slot_count != rep->slot_count || h->batch_size != rep->batch_size || h->seq_len != rep->seq_len ||
+	    h->slot_count < 2 || n == 0 || n + 1 > INT32_MAX)
+		return -EPROTO;
+	if (h->header_size < sizeof(*h) || (uint64_t)h->header_size + (uint64_t)h->slot_size * h->slot_count > c->ring_size)
+		return -EPROTO;
+	uint64_t arrays[3] = { h->off_input_ids, h->off_labels, h->off_position_ids };
+	for (size_t i = 0; i < 3; i++)
+		if (arrays[i] < FEED_SLOT_HEADER_SIZE || arrays[i] % 4 || arrays[i] + 4 * n > h->slot_size)
+			return -EPROTO;
+	if (h->cu_capacity < n + 1 || h->off_cu_seqlens < FEED_SLOT_HEADER_SIZE || h->off_cu_seqlens % 4 ||
+	    (uint64_t)h->off_cu_seqlens + 4ull * h->cu_capacity > h->slot_size)
+		return -EPROTO;
+	return 0;
+}
+
+/* Maps a sealed memfd of at least `size` bytes. */
+static int map_fd(int fd, size_t size, int prot, void **ret)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	int seals = fcntl(fd, F_GET_SEALS);
+	/* Without a shrink seal the daemon could truncate the file under us: SIGBUS. */
+	if ((uint64_t)st.st_size < size || seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPROTO;
+	void *m = mmap(NULL, size, prot, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return -errno;
+	*ret = m;
+	return 0;
+}
+
+FEED_EXPORT int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world,
+				   const char *cursor)
+{
+	int saved = errno, r;
+	if (c->attached)
+		return fail(c, -EALREADY, "this client is already attached");
+	struct wire_attach a = { .rank = rank, .world = world };
+	if (!feed || strlen(feed) >= sizeof(a.feed) || !*feed)
+		return fail(c, -EINVAL, "feed name must be 1..%zu bytes", sizeof(a.feed) - 1);
+	if (world == 0 || rank >= world)
+		return fail(c, -EINVAL, "rank %u is not in world of size %u", rank, world);
+	if (cursor && *cursor) {
+		if (strlen(cursor) >= sizeof(a.cursor))
+			return fail(c, -EINVAL, "cursor is too long");
+		strcpy(a.cursor, cursor);
+		a.flags |= WIRE_ATTACH_RESUME;
+	}
+	strcpy(a.feed, feed);
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ATTACH_SIZE];
+	int n = wire_encode_attach(buf, sizeof(buf), &a);
+	if (n < 0)
+		return fail(c, n, "cannot encode the attach request");
+	r = send_all(c, buf, (size_t)n);
+	if (r < 0)
+		return fail(c, r, "sending to feedd: %s", feed_strerror(r));
+
+	int fds[WIRE_ATTACH_FDS] = { -1, -1, -1, -1 };
+	unsigned n_fds = 0;
+	void *p = NULL;
+	size_t len;
+	int type = recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, fds, WIRE_ATTACH_FDS, &n_fds);
+	struct wire_attach_reply rep;
+	if (type < 0) {
+		r = type;
+		goto out;
+	}
+	if (type != WIRE_ATTACH_REPLY || wire_decode_attach_reply(p, len, &rep) < 0 || n_fds != WIRE_ATTACH_FDS ||
+	    rep.consumer_size != FEED_CONSUMER_PAGE_SIZE) {
+		r = fail(c, -EPROTO, "feedd sent an unexpected reply to attach");
+		goto out;
+	}
+	c->ring_size = rep.ring_size;
+	void *m;
+	r = map_fd(fds[0], c->ring_size, PROT_READ, &m);
+	if (r < 0) {
+		r = fail(c, r, "cannot map the batch ring: %s", feed_strerror(r));
+		goto out;
+	}
+	c->hdr = m;
+	r = map_fd(fds[1], FEED_CONSUMER_PAGE_SIZE, PROT_READ | PROT_WRITE, &m);
+	if (r < 0) {
+		r = fail(c, r, "cannot map the consumer page: %s", feed_strerror(r));
+		goto out;
+	}
+	c->cons = m;
+	if (check_ring(c, &rep) < 0 || c->cons->magic != FEED_CONSUMER_MAGIC) {
+		r = fail(c, -EPROTO, "the batch ring feedd sent is inconsistent");
+		goto out;
+	}
+	c->data_efd = fds[2];
+	c->space_efd = fds[3];
+	fds[2] = fds[3] = -1;
+	c->slot_count = rep.slot_count;
+	c->slot_size = c->hdr->slot_size;
+	c->batch_size = rep.batch_size;
+	c->seq_len = rep.seq_len;
+	c->first_batch = rep.first_batch;
+	c->next_seq = c->tail = 0;
+	c->attached = true;
+	c->error[0] = 0;
+	r = 0;
+out:
+	free(p);
+	/* The mappings keep the memfds alive; the fds themselves are not needed. */
+	for (unsigned i = 0; i < WIRE_ATTACH_FDS; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	if (r < 0 && !c->attached) {
+		if (c->hdr)
+			munmap(c->hdr, c->ring_size);
+		if (c->cons)
+			munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
+		c->hdr = NULL;
+		c->cons = NULL;
+	}
+	errno = saved;
+	return r;
+}
+
+/* Why the stream stopped: reads the daemon's ERROR message if it sent one. */
+static int stream_stopped(feed_client *c, int fallback)
+{
+	if (c->stopped)
+		return c->stopped;
+	void *p = NULL;
+	size_t len;
+	int type = recv_msg(c, 1000, &p, &len, NULL, 0, NULL);
+	if (type >= 0) {
+		free(p);
+		type = fail(c, -EPROTO, "feedd sent an unexpected message");
+	}
+	if (type == -ETIMEDOUT)
+		type = fail(c, fallback, "the stream stopped: %s", feed_strerror(fallback));
+	c->stopped = type;
+	return type;
+}
+
+static void record(uint64_t *total, uint64_t *last, uint64_t *hist, uint64_t v)
+{
+	__atomic_store_n(total, *total + v, __ATOMIC_RELAXED);
+	__atomic_store_n(last, v, __ATOMIC_RELAXED);
+	unsigned b = feed_hist_bucket(v);
+	__atomic_store_n(&hist[b], hist[b] + 1, __ATOMIC_RELAXED);
+}
+
+FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret)
+{
+	int saved = errno;
+	if (!c->attached)
+		return fail(c, -ENOTCONN, "not attached to a feed");
+	if (c->stopped)
+		return c->stopped;
+	if (c->next_seq - c->tail >= c->slot_count)
+		return fail(c, -ENOBUFS, "all %u slots are held: release a batch first", c->slot_count);
+
+	uint64_t t0 = now_ns();
+	if (c->last_return_ns)
+		record(&c->cons->step_ns_total, &c->cons->last_step_ns, c->cons->hist_step, t0 - c->last_return_ns);
+	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+	int r = 0;
+
+	for (;;) {
+		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq)
+			break;
+		uint32_t state = __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE);
+		if (state != FEED_RING_RUNNING) {
+			r = stream_stopped(c, state == FEED_RING_STOPPING ? -ESHUTDOWN : -EIO);
+			goto out;
+		}
+		uint64_t now = now_ns();
+		if (now >= deadline) {
+			r = fail(c, -ETIMEDOUT, "no batch within %d ms", timeout_ms);
+			goto out;
+		}
+		/* Announce that we sleep, then look once more: the daemon kicks only sleepers. */
+		__atomic_store_n(&c->cons->consumer_waiting, 1, __ATOMIC_RELAXED);
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq ||
+		    __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) != FEED_RING_RUNNING) {
+			__atomic_store_n(&c->cons->consumer_waiting, 0, __ATOMIC_RELAXED);
+			continue;
+		}
+		struct pollfd pfd[2] = { { .fd = c->data_efd, .events = POLLIN }, { .fd = c->fd, .events = POLLIN } };
+		uint64_t left = deadline - now;
+		int wait_ms = deadline == UINT64_MAX ? -1 : (int)MIN((left + NSEC_PER_MSEC - 1) / NSEC_PER_MSEC, (uint64_t)INT32_MAX);
+		int k = poll(pfd, 2, wait_ms);
+		__atomic_store_n(&c->cons->consumer_waiting, 0, __ATOMIC_RELAXED);
+		if (k < 0 && errno != EINTR) {
+			r = fail(c, -errno, "poll: %s", feed_strerror(-errno));
+			goto out;
+		}
+		if (k > 0 && (pfd[0].revents & POLLIN)) {
+			uint64_t v;
+			ssize_t _unused_ n = read(c->data_efd, &v, sizeof(v));
+		}
+		if (k > 0 && pfd[1].revents) {
+			/* The daemon only speaks now to say the stream ended, or it hung up. */
+			if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq)
+				break;
+			r = stream_stopped(c, -ECONNRESET);
+			goto out;
+		}
+	}
+
+	const uint8_t *slot = (const uint8_t *)c->hdr + c->hdr->header_size + (size_t)(c->next_seq % c->slot_count) * c->slot_size;
+	const struct feed_slot_header *h = (const struct feed_slot_header *)slot;
+	const struct feed_ring_header *g = c->hdr;
+	if (h->seq != c->next_seq || h->batch_size != c->batch_size || h->seq_len != c->seq_len ||
+	    h->n_cu_seqlens < 2 || h->n_cu_seqlens > g->cu_capacity || !memchr(h->cursor, 0, sizeof(h->cursor))) {
+		r = fail(c, -EPROTO, "slot %llu of the ring is inconsistent", (unsigned long long)c->next_seq);
+		c->stopped = r;
+		goto out;
+	}
+	*ret = (struct feed_batch){
+		.index = h->batch_index,
+		.epoch = h->epoch,
+		.rank = h->rank,
+		.world = h->world,
+		.batch_size = h->batch_size,
+		.seq_len = h->seq_len,
+		.input_ids = (const int32_t *)(slot + g->off_input_ids),
+		.labels = (const int32_t *)(slot + g->off_labels),
+		.position_ids = (const int32_t *)(slot + g->off_position_ids),
+		.cu_seqlens = (const int32_t *)(slot + g->off_cu_seqlens),
+		.n_cu_seqlens = h->n_cu_seqlens,
+		.n_docs = h->n_docs,
+		.cursor = h->cursor,
+		.seq = c->next_seq,
+	};
+	c->next_seq++;
+	memcpy(c->cursor, h->cursor, sizeof(c->cursor));
+	__atomic_store_n(&c->cons->delivered, c->cons->delivered + 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->cons->last_delivered_batch, h->batch_index + 1, __ATOMIC_RELAXED);
+out:;
+	uint64_t t1 = now_ns();
+	record(&c->cons->wait_ns_total, &c->cons->last_wait_ns, c->cons->hist_wait, t1 - t0);
+	c->last_return_ns = t1;
+	errno = saved;
+	return r;
+}
+
+FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
+{
+	if (!c->attached || !b || b->seq != c->tail || c->tail >= c->next_seq)
+		return fail(c, -EINVAL, "release the oldest batch held, once");
+	c->tail++;
+	__atomic_store_n(&c->cons->tail, c->tail, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&c->hdr->producer_waiting, __ATOMIC_RELAXED)) {
+		int saved = errno;
+		uint64_t one = 1;
+		ssize_t _unused_ n = write(c->space_efd, &one, sizeof(one));
+		errno = saved;
+	}
+	return 0;
+}
+
+FEED_EXPORT const char *feed_client_cursor(const feed_client *c)
+{
+	return c->cursor;
+}
+
+FEED_EXPORT uint32_t feed_client_slots(const feed_client *c)
+{
+	return c->slot_count;
+}
+
+FEED_EXPORT int feed_client_report(feed_client *c, uint64_t step_ns, uint64_t h2d_ns)
+{
+	if (!c->attached)
+		return fail(c, -ENOTCONN, "not attached to a feed");
+	struct feed_consumer_page *p = c->cons;
+	if (step_ns)
+		__atomic_store_n(&p->reported_step_ns_total, p->reported_step_ns_total + step_ns, __ATOMIC_RELAXED);
+	if (h2d_ns)
+		__atomic_store_n(&p->h2d_ns_total, p->h2d_ns_total + h2d_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&p->reports, p->reports + 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
+{
+	int saved = errno;
+	struct wire_status st = { 0 };
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_STATUS_SIZE];
+	int n = wire_encode_status(buf, sizeof(buf), &st);
+	int r = n < 0 ? n : send_all(c, buf, (size_t)n);
+	if (r < 0) {
+		errno = saved;
+		return fail(c, r, "sending to feedd: %s", feed_strerror(r));
+	}
+	void *p;
+	size_t len;
+	int type = recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+	errno = saved;
+	if (type < 0)
+		return type;
+	if (type != WIRE_STATUS_REPLY) {
+		free(p);
+		return fail(c, -EPROTO, "feedd sent an unexpected reply to status");
+	}
+	char *json = realloc(p, len + 1);
+	if (!json) {
+		free(p);
+		return fail(c, -ENOMEM, "out of memory");
+	}
+	json[len] = 0;
+	*ret_json = json;
+	return 0;
+}
+
+FEED_EXPORT const char *feed_client_error(const feed_client *c)
+{
+	return c->error;
+}
+
+FEED_EXPORT feed_client *feed_client_close(feed_client *c)
+{
+	if (!c)
+		return NULL;
+	int saved = errno;
+	if (c->fd >= 0) {
+		if (c->attached) {
+			uint8_t buf[WIRE_HEADER_SIZE];
+			if (wire_encode_detach(buf, sizeof(buf)) > 0)
+				(void)send(c->fd, buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT);
+		}
+		close(c->fd);
+	}
+	if (c->hdr)
+		munmap(c->hdr, c->ring_size);
+	if (c->cons)
+		munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
+	if (c->data_efd >= 0)
+		close(c->data_efd);
+	if (c->space_efd >= 0)
+		close(c->space_efd);
+	free(c);
+	errno = saved;
+	return NULL;
+}
+
+FEED_EXPORT const char *feed_strerror(int code)
+{
+	switch (code) {
+	case 0:
+		return "success";
+	case -ENOENT:
+		return "not found (no such feed, or no daemon socket)";
+	case -ECONNREFUSED:
+		return "feedd is not running (connection refused)";
+	case -ECONNRESET:
+		return "feedd closed the connection";
+	case -ETIMEDOUT:
+		return "timed out";
+	case -ESHUTDOWN:
+		return "feedd is stopping";
+	case -ENOBUFS:
+		return "every ring slot is held";
+	case -EPROTO:
+		return "protocol error";
+	case -ENOTCONN:
+		return "not attached";
+	case -EINVAL:
+		return "invalid argument";
+	case -EALREADY:
+		return "already attached";
+	case -ESTALE:
+		return "a shard changed on disk while being served";
+	case -ENODATA:
+		return "no data";
+	case -EPROTONOSUPPORT:
+		return "protocol version not supported";
+	default:
+		return code < 0 ? "error (see feed_client_error)" : "not an error code";
+	}
+}

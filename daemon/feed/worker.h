@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What a pool worker owns (an io_reader, scratch buffers) and the one thing it
+ * does: turn a batch plan into a finished batch in a ring slot, reading the
+ * planned token ranges with every read in flight at once.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/feed/feed.h"
+#include "daemon/io/reader.h"
+#include "daemon/pack/pack.h"
+#include "proto/ring_abi.h"
+
+struct worker {
+	struct io_reader *io;
+	uint8_t *raw;      /* tokens as stored, at position * 8 */
+	int32_t *tok;      /* widened tokens, BL + 1 */
+	uint8_t *is_start; /* BL + 1 */
+	size_t positions;  /* capacity of the three above, in positions */
+	struct io_req *reqs;
+	struct widen_run *runs;
+	size_t cap_reqs;
+	uint64_t busy_ns;  /* time spent producing, for telemetry */
+	uint64_t batches;
+};
+
+struct worker *worker_new(enum io_engine engine, unsigned depth);
+struct worker *worker_free(struct worker *w);
+
+/*
+ * Produces the batch `plan` of feed f into slot (a ring slot of the feed's
+ * geometry), header included. Returns 0, or a negative errno with a message
+ * naming the file and offset in err.
+ */
+int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
+		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
+		   char *err, size_t errlen);

@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Megatron .idx validation and token widening. Every check that can fail
+ * names the file, the field and the index, so an operator can find the bad
+ * entry without a hex editor. The three .idx arrays are read straight into
+ * their own aligned buffers (the file's offsets are not aligned).
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/format/megatron.h"
+#include "proto/macro.h"
+
+#define IDX_MAGIC "MMIDIDX\0\0"
+#define IDX_HEADER 34
+
+static const struct {
+	const char *name;
+	unsigned size;
+	bool integer;
+} dtypes[] = {
+	[1] = { "u8", 1, true },   [2] = { "i8", 1, true },  [3] = { "i16", 2, true },
+	[4] = { "i32", 4, true },  [5] = { "i64", 8, true }, [6] = { "f64", 8, false },
+	[7] = { "f32", 4, false }, [8] = { "u16", 2, true },
+};
+
+const char *megatron_dtype_name(uint8_t dtype)
+{
+	return dtype < ARRAY_SIZE(dtypes) ? dtypes[dtype].name : NULL;
+}
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) _printf_(4, 5);
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+static void file_id_of(const struct stat *st, struct file_id *id)
+{
+	*id = (struct file_id){ .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime = st->st_mtim };
+}
+
+static bool file_id_equal(const struct file_id *a, const struct file_id *b)
+{
+	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
+	       a->mtime.tv_nsec == b->mtime.tv_nsec;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return le64toh(v);
+}
+
+struct megatron_shard *megatron_free(struct megatron_shard *s)
+{
+	if (!s)
+		return NULL;
+	if (s->bin_fd >= 0)
+		close(s->bin_fd);
+	free(s->idx_path);
+	free(s->bin_path);
+	free(s->lengths);
+	free(s->pointers);
+	free(s->doc_idx);
+	free(s->doc_tokens);
+	free(s);
+	return NULL;
+}
+
+/* Header fields and the exact .idx size. */
+static int check_header(struct megatron_shard *s, const uint8_t *p, uint64_t idx_size, uint64_t *ret_D, char *err,
+			size_t errlen)
+{
+	const char *path = s->idx_path;
+	if (memcmp(p, IDX_MAGIC, 9) != 0)
+		return fail(err, errlen, -EBADMSG, "%s: bad magic (not a Megatron MMIDIDX index)", path);
+	uint64_t version = rd64(p + 9);
+	if (version != 1)
+		return fail(err, errlen, -EBADMSG, "%s: version %" PRIu64 " at offset 9, only version 1 is supported",
+			    path, version);
+	s->dtype = p[17];
+	if (s->dtype >= ARRAY_SIZE(dtypes) || !dtypes[s->dtype].name)
+		return fail(err, errlen, -EBADMSG, "%s: unknown dtype code %u at offset 17", path, s->dtype);
+	if (!dtypes[s->dtype].integer)
+		return fail(err, errlen, -EBADMSG, "%s: dtype %s (code %u, offset 17) is not an integer token type",
+			    path, dtypes[s->dtype].name, s->dtype);
+	s->itemsize = dtypes[s->dtype].size;
+
+	uint64_t S = rd64(p + 18), D = rd64(p + 26);
+	/* Bound S and D by the file size first so the size formula cannot overflow. */
+	if (S > idx_size / 12 || D > idx_size / 8)
+		return fail(err, errlen, -EBADMSG,
+			    "%s: sequence count S=%" PRIu64 " (offset 18) / document-index count D=%" PRIu64
+			    " (offset 26) exceed the file size %" PRIu64,
+			    path, S, D, idx_size);
+	uint64_t want = IDX_HEADER + 12 * S + 8 * D;
+	if (idx_size != want && idx_size != want + S)
+		return fail(err, errlen, -EBADMSG,
+			    "%s: size %" PRIu64 " does not match S=%" PRIu64 " D=%" PRIu64 ": expected %" PRIu64
+			    " (or %" PRIu64 " with mode bytes)",
+			    path, idx_size, S, D, want, want + S);
+	if (D < 1)
+		return fail(err, errlen, -EBADMSG, "%s: document index is empty (D=0; it must hold at least [0])", path);
+	if (D - 1 > UINT32_MAX)
+		return fail(err, errlen, -EBADMSG, "%s: %" PRIu64 " documents; at most %u are supported", path, D - 1,
+			    UINT32_MAX);
+	s->n_seqs = S;
+	s->n_docs = (uint32_t)(D - 1);
+	*ret_D = D;
+	return 0;
+}
+
+/* The arrays: lengths, pointers against the .bin size, and the document index. */
+static int check_arrays(struct megatron_shard *s, uint64_t D, char *err, size_t errlen)
+{
+	const char *path = s->idx_path;
+	uint64_t S = s->n_seqs, bin_size = (uint64_t)s->bin_id.size, end = 0;
+
+	for (uint64_t i = 0; i < S; i++) {
+		int32_t len = (int32_t)le32toh((uint32_t)s->lengths[i]);
+		int64_t ptr = (int64_t)le64toh((uint64_t)s->pointers[i]);
+		s->lengths[i] = len;
+		s->pointers[i] = ptr;
+		if (len < 0)
+			return fail(err, errlen, -EBADMSG, "%s: lengths[%" PRIu64 "] = %" PRId32 " is negative", path, i,
+				    len);
+		if (ptr < 0 || (uint64_t)ptr % s->itemsize != 0)
+			return fail(err, errlen, -EBADMSG,
+				    "%s: pointers[%" PRIu64 "] = %" PRId64 " is negative or not a multiple of %u", path,
+				    i, ptr, s->itemsize);
+		/* Sequences must lie in order, without overlap: what Megatron writes. */
+		if ((uint64_t)ptr < end)
+			return fail(err, errlen, -EBADMSG,
+				    "%s: pointers[%" PRIu64 "] = %" PRId64 " overlaps the previous sequence (ends at %" PRIu64
+				    ")",
+				    path, i, ptr, end);
+		end = (uint64_t)ptr + (uint64_t)len * s->itemsize;
+		if (end > bin_size)
+			return fail(err, errlen, -EBADMSG,
+				    "%s: sequence %" PRIu64 " (pointer %" PRId64 ", length %" PRId32 ") ends at byte %" PRIu64
+				    ", past the end of %s (%" PRIu64 " bytes)",
+				    path, i, ptr, len, end, s->bin_path, bin_size);
+	}
+
+	for (uint64_t d = 0; d < D; d++)
+		s->doc_idx[d] = (int64_t)le64toh((uint64_t)s->doc_idx[d]);
+	if (s->doc_idx[0] != 0)
+		return fail(err, errlen, -EBADMSG, "%s: doc_idx[0] = %" PRId64 ", must be 0", path, s->doc_idx[0]);
+	if ((uint64_t)s->doc_idx[D - 1] != S)
+		return fail(err, errlen, -EBADMSG, "%s: doc_idx[%" PRIu64 "] = %" PRId64 ", must equal S = %" PRIu64,
+			    path, D - 1, s->doc_idx[D - 1], S);
+
+	s->doc_tokens = malloc(MAX(s->n_docs, 1u) * sizeof(*s->doc_tokens));
+	if (!s->doc_tokens)
+		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+	for (uint64_t d = 0; d + 1 < D; d++) {
+		if (s->doc_idx[d + 1] < s->doc_idx[d])
+			return fail(err, errlen, -EBADMSG,
+				    "%s: doc_idx[%" PRIu64 "] = %" PRId64 " is less than doc_idx[%" PRIu64 "] = %" PRId64
+				    " (not monotone)",
+				    path, d + 1, s->doc_idx[d + 1], d, s->doc_idx[d]);
+		uint64_t tokens = 0;
+		for (int64_t q = s->doc_idx[d]; q < s->doc_idx[d + 1]; q++)
+			tokens += (uint64_t)s->lengths[q];
+		if (tokens > UINT32_MAX)
+			return fail(err, errlen, -EBADMSG, "%s: document %" PRIu64 " has %" PRIu64
+				    " tokens; at most %u are supported", path, d, tokens, UINT32_MAX);
+		s->doc_tokens[d] = (uint32_t)tokens;
+		s->n_tokens += tokens;
+		s->n_nonempty += tokens > 0;
+	}
+	return 0;
+}
+
+int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_shard **ret, char *err,
+		  size_t errlen)
+{
+	int r;
+	_cleanup_close_ int idx_fd = -1;
+	uint64_t D = 0;
+	err[0] = 0;
+	struct megatron_shard *s = calloc(1, sizeof(*s));
+	if (!s)
+		return fail(err, errlen, -ENOMEM, "%s: out of memory", idx_path);
+	s->bin_fd = -1;
+
+	size_t n = strlen(idx_path);
+	s->idx_path = strdup(idx_path);
+	s->bin_path = malloc(n + 1);
+	if (!s->idx_path || !s->bin_path) {
+		r = fail(err, errlen, -ENOMEM, "%s: out of memory", idx_path);
+		goto out;
+	}
+	if (n < 4 || strcmp(idx_path + n - 4, ".idx") != 0) {
+		r = fail(err, errlen, -EINVAL, "%s: not a .idx file", idx_path);
+		goto out;
+	}
+	memcpy(s->bin_path, idx_path, n - 4);
+	strcpy(s->bin_path + n - 4, ".bin");
+
+	idx_fd = open(idx_path, O_RDONLY | O_CLOEXEC);
+	if (idx_fd < 0) {
+		r = -errno;
+		r = fail(err, errlen, r, "%s: cannot open: %s", idx_path, strerror(-r));
+		goto out;
+	}
+	s->bin_fd = open(s->bin_path, O_RDONLY | O_CLOEXEC);
+	if (s->bin_fd < 0) {
+		r = -errno;
+		r = fail(err, errlen, r, "%s: cannot open: %s", s->bin_path, strerror(-r));
+		goto out;
+	}
+	struct stat st_idx, st_bin;
+	if (fstat(idx_fd, &st_idx) < 0 || fstat(s->bin_fd, &st_bin) < 0) {
+		r = -errno;
+		r = fail(err, errlen, r, "%s: cannot stat: %s", idx_path, strerror(-r));
+		goto out;
+	}
+	if (!S_ISREG(st_idx.st_mode) || !S_ISREG(st_bin.st_mode)) {
+		r = fail(err, errlen, -EINVAL, "%s: .idx and .bin must be regular files", idx_path);
+		goto out;
+	}
+	file_id_of(&st_idx, &s->idx_id);
+	file_id_of(&st_bin, &s->bin_id);
+
+	uint64_t idx_size = (uint64_t)st_idx.st_size;
+	if (idx_size < IDX_HEADER) {
+		r = fail(err, errlen, -EBADMSG, "%s: truncated header (%" PRIu64 " bytes, need %d)", idx_path, idx_size,
+			 IDX_HEADER);
+		goto out;
+	}
+	uint8_t header[IDX_HEADER];
+	struct io_req hreq = { .fd = idx_fd, .offset = 0, .len = IDX_HEADER, .dst = header };
+	r = io_reader_run(io, &hreq, 1, NULL);
+	if (r < 0) {
+		r = fail(err, errlen, r, "%s: cannot read header: %s", idx_path, strerror(-r));
+		goto out;
+	}
+	r = check_header(s, header, idx_size, &D, err, errlen);
+	if (r < 0)
+		goto out;
+
+	uint64_t S = s->n_seqs;
+	s->lengths = malloc(MAX(S, 1u) * sizeof(*s->lengths));
+	s->pointers = malloc(MAX(S, 1u) * sizeof(*s->pointers));
+	s->doc_idx = malloc(D * sizeof(*s->doc_idx));
+	if (!s->lengths || !s->pointers || !s->doc_idx) {
+		r = fail(err, errlen, -ENOMEM, "%s: out of memory for %" PRIu64 " sequences", idx_path, S);
+		goto out;
+	}
+	struct io_req reqs[3] = {
+		{ .fd = idx_fd, .offset = IDX_HEADER, .len = 4 * S, .dst = s->lengths },
+		{ .fd = idx_fd, .offset = IDX_HEADER + 4 * S, .len = 8 * S, .dst = s->pointers },
+		{ .fd = idx_fd, .offset = IDX_HEADER + 12 * S, .len = 8 * D, .dst = s->doc_idx },
+	};
+	r = io_reader_run(io, reqs, ARRAY_SIZE(reqs), NULL);
+	if (r < 0) {
+		r = fail(err, errlen, r, "%s: cannot read: %s", idx_path, strerror(-r));
+		goto out;
+	}
+	r = check_arrays(s, D, err, errlen);
+	if (r < 0)
+		goto out;
+
+	*ret = TAKE_PTR(s);
+	return 0;
+out:
+	megatron_free(s);
+	return r;
+}
+
+int megatron_check(const struct megatron_shard *s, char *err, size_t errlen)
+{
+	struct stat st;
+	struct file_id id;
+	const char *paths[2] = { s->idx_path, s->bin_path };
+	const struct file_id *ids[2] = { &s->idx_id, &s->bin_id };
+	for (size_t i = 0; i < 2; i++) {
+		if (stat(paths[i], &st) < 0)
+			return fail(err, errlen, -ESTALE, "%s: changed while serving: %s", paths[i], strerror(errno));
+		file_id_of(&st, &id);
+		if (!file_id_equal(&id, ids[i]))
+			return fail(err, errlen, -ESTALE,
+				    "%s: changed while serving (size %lld -> %lld, or replaced or rewritten)", paths[i],
+				    (long long)ids[i]->size, (long long)id.size);
+	}
+	return 0;
+}
+
+int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+			int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
+{
+	for (int64_t q = s->doc_idx[doc]; q < s->doc_idx[doc + 1] && count > 0; q++) {
+		uint64_t len = (uint64_t)s->lengths[q];
+		if (offset >= len) {
+			offset -= len;
+			continue;
+		}
+		uint64_t n = MIN(len - offset, count);
+		int r = emit(ctx, (uint64_t)s->pointers[q] + offset * s->itemsize, n);
+		if (r < 0)
+			return r;
+		count -= n;
+		offset = 0;
+	}
+	return count ? -EINVAL : 0;
+}
+
+#define WIDEN(type, conv)                                                       \
+	do {                                                                    \
+		const type *in = src;                                           \
+		for (size_t i = 0; i < n; i++) {                                \
+			int64_t v = (int64_t)conv(in[i]);                       \
+			if (_unlikely_(v < 0 || v > INT32_MAX)) {               \
+				*ret_bad = i;                                   \
+				return -ERANGE;                                 \
+			}                                                       \
+			dst[i] = (int32_t)v;                                    \
+		}                                                               \
+	} while (0)
+
+#define ID(x) (x)
+#define LE16S(x) ((int16_t)le16toh((uint16_t)(x)))
+#define LE32S(x) ((int32_t)le32toh((uint32_t)(x)))
+#define LE64S(x) ((int64_t)le64toh((uint64_t)(x)))
+
+int megatron_widen(uint8_t dtype, const void *src, size_t n, int32_t *dst, size_t *ret_bad)
+{
+	switch (dtype) {
+	case 1:
+		WIDEN(uint8_t, ID);
+		break;
+	case 2:
+		WIDEN(int8_t, ID);
+		break;
+	case 3:
+		WIDEN(int16_t, LE16S);
+		break;
+	case 4:
+		WIDEN(int32_t, LE32S);
+		break;
+	case 5:
+		WIDEN(int64_t, LE64S);
+		break;
+	case 8:
+		WIDEN(uint16_t, le16toh);
+		break;
+	default:
+		return -EINVAL;
+	}
+	return 0;
+}

@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Implementation of the contract's epoch order. Building an epoch is O(S);
+ * building a window's document list is O(documents in the window), which is
+ * what makes resuming from a cursor independent of how far into the epoch it is.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/order/order.h"
+#include "proto/macro.h"
+
+void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng)
+{
+	for (size_t i = n; i-- > 1;) {
+		size_t j = (size_t)(order_rng_next(rng) % (uint64_t)(i + 1));
+		uint32_t t = a[i];
+		a[i] = a[j];
+		a[j] = t;
+	}
+}
+
+void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng)
+{
+	for (size_t i = n; i-- > 1;) {
+		size_t j = (size_t)(order_rng_next(rng) % (uint64_t)(i + 1));
+		uint64_t t = a[i];
+		a[i] = a[j];
+		a[j] = t;
+	}
+}
+
+void order_epoch_clear(struct order_epoch *ep)
+{
+	free(ep->perm);
+	free(ep->win_start);
+	*ep = (struct order_epoch){ 0 };
+}
+
+int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epoch *ep)
+{
+	uint32_t n_windows = (uint32_t)(((uint64_t)p->n_shards + p->window - 1) / p->window);
+	_cleanup_free_ uint32_t *perm = malloc(MAX(p->n_shards, 1u) * sizeof(*perm));
+	_cleanup_free_ uint64_t *win_start = malloc(((size_t)n_windows + 1) * sizeof(*win_start));
+	if (!perm || !win_start)
+		return -ENOMEM;
+
+	uint64_t key = order_mix(p->seed ^ order_mix(e + 1));
+	for (uint32_t s = 0; s < p->n_shards; s++)
+		perm[s] = s;
+	if (p->shuffle) {
+		struct order_rng rng = order_rng_init(key);
+		order_shuffle_u32(perm, p->n_shards, &rng);
+	}
+
+	uint64_t k = 0;
+	for (uint32_t w = 0; w < n_windows; w++) {
+		win_start[w] = k;
+		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+		for (uint32_t i = w * p->window; i < end; i++)
+			k += p->shard_docs[perm[i]];
+	}
+	win_start[n_windows] = k;
+
+	order_epoch_clear(ep);
+	*ep = (struct order_epoch){
+		.epoch = e,
+		.key = key,
+		.n_windows = n_windows,
+		.perm = TAKE_PTR(perm),
+		.win_start = TAKE_PTR(win_start),
+	};
+	return 0;
+}
+
+int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,
+			   uint32_t rank, uint32_t world, uint64_t **ret_docs, size_t *ret_n,
+			   uint64_t *ret_first_index, uint64_t *ret_window_docs)
+{
+	uint64_t k0 = ep->win_start[w];
+	uint64_t n = ep->win_start[w + 1] - k0;
+	/* First window index i with (k0 + i) mod world == rank. */
+	uint64_t first = (rank + world - k0 % world) % world;
+	size_t mine = first < n ? (size_t)((n - first + world - 1) / world) : 0;
+
+	_cleanup_free_ uint64_t *docs = NULL;
+	if (p->shuffle) {
+		/* The whole window must be shuffled before it is dealt out. */
+		_cleanup_free_ uint64_t *all = malloc(MAX(n, 1u) * sizeof(*all));
+		if (!all)
+			return -ENOMEM;
+		size_t j = 0;
+		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+		for (uint32_t i = w * p->window; i < end; i++) {
+			uint32_t s = ep->perm[i];
+			for (uint32_t d = 0; d < p->shard_docs[s]; d++)
+				all[j++] = ORDER_DOC(s, d);
+		}
+		struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
+		order_shuffle_u64(all, n, &rng);
+		for (size_t m = 0; m < mine; m++)
+			all[m] = all[first + m * world];
+		docs = realloc(all, MAX(mine, 1u) * sizeof(*docs));
+		if (!docs)
+			return -ENOMEM;
+		all = NULL;
+	} else {
+		/* Unshuffled: deal directly, without materialising the window. */
+		docs = malloc(MAX(mine, 1u) * sizeof(*docs));
+		if (!docs)
+			return -ENOMEM;
+		uint64_t i = 0, next = first;
+		size_t m = 0;
+		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+		for (uint32_t pi = w * p->window; pi < end && m < mine; pi++) {
+			uint32_t s = ep->perm[pi];
+			uint64_t nd = p->shard_docs[s];
+			while (next < i + nd && m < mine) {
+				docs[m++] = ORDER_DOC(s, next - i);
+				next += world;
+			}
+			i += nd;
+		}
+	}
+
+	*ret_docs = TAKE_PTR(docs);
+	*ret_n = mine;
+	*ret_first_index = first;
+	*ret_window_docs = n;
+	return 0;
+}

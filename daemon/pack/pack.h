@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Packing a rank's stream into batches (docs/sample-order.md, "concat"):
+ * batch b holds stream positions bBL .. bBL+BL-1 as B rows of L. Planning walks
+ * document lengths only (cheap, sequential, on the main thread); filling turns
+ * the planned positions' tokens into the batch arrays (on a worker).
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/order/stream.h"
+
+/* The positions of one batch, as pieces of documents, plus one look-ahead position. */
+struct batch_plan {
+	uint64_t batch_index;
+	uint64_t epoch;     /* epoch of the first position */
+	uint32_t batch_size, seq_len;
+	struct stream_piece *pieces;
+	size_t n_pieces, cap;
+	struct stream_pos next; /* where the following batch starts */
+};
+
+/*
+ * Plans the next batch: takes B*L positions from the stream, then records
+ * the following position as a one-position look-ahead piece (its token is the
+ * last label; whether it starts a document decides that label's mask).
+ * Returns 0, -ENODATA, -ENOMEM.
+ */
+int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t batch_index,
+	      struct batch_plan *plan);
+void pack_plan_clear(struct batch_plan *plan);
+
+/*
+ * Fills a batch from its tokens: tok[0 .. BL] (BL + 1 entries; the last is the
+ * look-ahead) and is_start[i] != 0 where position i is a document's first.
+ * Writes input_ids, labels, position_ids (BL each) and cu_seqlens (up to
+ * BL + 1 entries). Returns the number of cu_seqlens entries; *ret_docs gets the
+ * number of documents starting inside the batch.
+ */
+uint32_t pack_fill(const int32_t *tok, const uint8_t *is_start, uint32_t batch_size, uint32_t seq_len,
+		   int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
+		   uint32_t *ret_docs);

@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Ring creation and the index protocol. Memory order: the producer fills a
+ * slot, then stores head with release; the client loads head with acquire
+ * before reading the slot. The waiting flags use sequentially consistent
+ * fences so that "store index; fence; load flag" on one side and "store flag;
+ * fence; load index" on the other cannot both miss each other.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/ring/ring.h"
+#include "proto/macro.h"
+
+#define PAGE 4096u
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
+
+struct slot_layout {
+	uint32_t off_input_ids, off_labels, off_position_ids, off_cu_seqlens, cu_capacity;
+	size_t size;
+};
+
+static int layout(uint32_t B, uint32_t L, struct slot_layout *ret)
+{
+	uint64_t n = (uint64_t)B * L;
+	if (B == 0 || L == 0 || n + 1 > INT32_MAX)
+		return -EINVAL;
+	uint64_t arr = ALIGN_UP(n * 4, (uint64_t)64);
+	uint64_t cu = ALIGN_UP((n + 1) * 4, (uint64_t)64);
+	uint64_t size = ALIGN_UP(FEED_SLOT_HEADER_SIZE + 3 * arr + cu, (uint64_t)PAGE);
+	if (size > UINT32_MAX)
+		return -EINVAL;
+	*ret = (struct slot_layout){
+		.off_input_ids = FEED_SLOT_HEADER_SIZE,
+		.off_labels = (uint32_t)(FEED_SLOT_HEADER_SIZE + arr),
+		.off_position_ids = (uint32_t)(FEED_SLOT_HEADER_SIZE + 2 * arr),
+		.off_cu_seqlens = (uint32_t)(FEED_SLOT_HEADER_SIZE + 3 * arr),
+		.cu_capacity = (uint32_t)(n + 1),
+		.size = (size_t)size,
+	};
+	return 0;
+}
+
+size_t ring_slot_bytes(uint32_t batch_size, uint32_t seq_len)
+{
+	struct slot_layout l;
+	return layout(batch_size, seq_len, &l) < 0 ? 0 : l.size;
+}
+
+struct ring *ring_free(struct ring *r)
+{
+	if (!r)
+		return NULL;
+	if (r->hdr)
+		munmap(r->hdr, r->size);
+	if (r->cons)
+		munmap(r->cons, FEED_CONSUMER_PAGE_SIZE);
+	int fds[] = { r->ring_fd, r->consumer_fd, r->data_efd, r->space_efd };
+	for (size_t i = 0; i < ARRAY_SIZE(fds); i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(r);
+	return NULL;
+}
+
+/* A memfd of `size` bytes whose pages are allocated now. */
+static int reserved_memfd(const char *name, size_t size)
+{
+	_cleanup_close_ int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0)
+		return -errno;
+	if (fallocate(fd, 0, 0, (off_t)size) < 0)
+		return errno == ENOSPC ? -ENOMEM : -errno;
+	return TAKE_FD(fd);
+}
+
+int ring_new(const struct ring_geometry *g, struct ring **ret)
+{
+	struct slot_layout l;
+	int e = layout(g->batch_size, g->seq_len, &l);
+	if (e < 0 || g->slot_count < 2 || g->world == 0 || g->rank >= g->world)
+		return -EINVAL;
+	if ((uint64_t)l.size * g->slot_count > SIZE_MAX / 2)
+		return -ENOMEM;
+
+	struct ring *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->ring_fd = r->consumer_fd = r->data_efd = r->space_efd = -1;
+	r->slot_count = g->slot_count;
+	r->slot_size = (uint32_t)l.size;
+	r->size = FEED_RING_HEADER_SIZE + (size_t)l.size * g->slot_count;
+
+	e = r->ring_fd = reserved_memfd("feedd-ring", r->size);
+	if (e < 0)
+		goto fail;
+	e = r->consumer_fd = reserved_memfd("feedd-consumer", FEED_CONSUMER_PAGE_SIZE);
+	if (e < 0)
+		goto fail;
+	r->data_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	r->space_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (r->data_efd < 0 || r->space_efd < 0) {
+		e = -errno;
+		goto fail;
+	}
+
+	void *m = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->ring_fd, 0);
+	if (m == MAP_FAILED) {
+		e = -errno;
+		goto fail;
+	}
+	r->hdr = m;
+	m = mmap(NULL, FEED_CONSUMER_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, r->consumer_fd, 0);
+	if (m == MAP_FAILED) {
+		e = -errno;
+		goto fail;
+	}
+	r->cons = m;
+
+	/* From here on nobody else can map the ring writable, resize it, or lift the seals. */
+	if (fcntl(r->ring_fd, F_ADD_SEALS, SEALS) < 0 ||
+	    fcntl(r->consumer_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		e = -errno;
+		goto fail;
+	}
+
+	*r->hdr = (struct feed_ring_header){
+		.magic = FEED_RING_MAGIC,
+		.version = FEED_RING_VERSION,
+		.header_size = FEED_RING_HEADER_SIZE,
+		.slot_count = g->slot_count,
+		.slot_size = r->slot_size,
+		.batch_size = g->batch_size,
+		.seq_len = g->seq_len,
+		.off_input_ids = l.off_input_ids,
+		.off_labels = l.off_labels,
+		.off_position_ids = l.off_position_ids,
+		.off_cu_seqlens = l.off_cu_seqlens,
+		.cu_capacity = l.cu_capacity,
+		.rank = g->rank,
+		.world = g->world,
+		.daemon_pid = (uint64_t)getpid(),
+	};
+	r->cons->magic = FEED_CONSUMER_MAGIC;
+	r->cons->version = FEED_RING_VERSION;
+	*ret = r;
+	return 0;
+fail:
+	ring_free(r);
+	return e;
+}
+
+static void kick(int efd)
+{
+	uint64_t one = 1;
+	/* EAGAIN means the counter is already non-zero: the sleeper will wake anyway. */
+	ssize_t _unused_ n = write(efd, &one, sizeof(one));
+}
+
+void ring_publish(struct ring *r, uint64_t head)
+{
+	__atomic_store_n(&r->hdr->head, head, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&r->cons->consumer_waiting, __ATOMIC_RELAXED))
+		kick(r->data_efd);
+}
+
+int ring_refresh_tail(struct ring *r)
+{
+	uint64_t tail = __atomic_load_n(&r->cons->tail, __ATOMIC_ACQUIRE);
+	uint64_t head = r->hdr->head;
+	if (tail > head || tail < r->tail)
+		return -EPROTO;
+	r->tail = tail;
+	return 0;
+}
+
+bool ring_wait_space(struct ring *r)
+{
+	__atomic_store_n(&r->hdr->producer_waiting, 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	uint64_t before = r->tail;
+	if (ring_refresh_tail(r) < 0)
+		return false;
+	return r->tail != before;
+}
+
+void ring_space_ack(struct ring *r)
+{
+	uint64_t v;
+	__atomic_store_n(&r->hdr->producer_waiting, 0, __ATOMIC_RELAXED);
+	ssize_t _unused_ n = read(r->space_efd, &v, sizeof(v));
+}
+
+void ring_set_state(struct ring *r, uint32_t state, int error_code)
+{
+	r->hdr->error_code = error_code;
+	__atomic_store_n(&r->hdr->state, state, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	kick(r->data_efd);
+}

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's side of one client's batch ring (proto/ring_abi.h): two memfds,
+ * two eventfds, and the publish/reclaim protocol. The ring memfd is reserved
+ * up front (fallocate: running out of memory fails the attach, never SIGBUS
+ * later) and sealed against resizing and new writable mappings once the
+ * daemon holds its own mapping. The consumer page is the only memory a client
+ * may write.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/ring_abi.h"
+
+struct ring {
+	int ring_fd, consumer_fd;
+	int data_efd;  /* daemon -> client: batches published */
+	int space_efd; /* client -> daemon: slots released */
+	struct feed_ring_header *hdr;
+	size_t size;
+	struct feed_consumer_page *cons;
+	uint32_t slot_count, slot_size;
+	uint64_t tail; /* last validated consumer tail */
+};
+
+struct ring_geometry {
+	uint32_t slot_count, batch_size, seq_len, rank, world;
+};
+
+/* Bytes one slot takes for a geometry, or 0 when B*L does not fit the ABI. */
+size_t ring_slot_bytes(uint32_t batch_size, uint32_t seq_len);
+
+/* Creates, reserves, maps and seals a ring. Returns 0, -ENOMEM, -ENOSPC, -EINVAL, ... */
+int ring_new(const struct ring_geometry *g, struct ring **ret);
+struct ring *ring_free(struct ring *r);
+
+/* Start of slot for sequence number seq. */
+static inline uint8_t *ring_slot(const struct ring *r, uint64_t seq)
+{
+	return (uint8_t *)r->hdr + r->hdr->header_size + (size_t)(seq % r->slot_count) * r->slot_size;
+}
+
+/* Publishes batches up to `head` and wakes the client if it sleeps. */
+void ring_publish(struct ring *r, uint64_t head);
+
+/*
+ * Reads and validates the client's tail against what was published.
+ * Returns 0 and updates r->tail; -EPROTO when the client wrote nonsense (tail
+ * past head, or moved backwards).
+ */
+int ring_refresh_tail(struct ring *r);
+
+/*
+ * Called when the ring is full: asks the client for a kick on release.
+ * Returns true when space appeared meanwhile (no need to wait).
+ */
+bool ring_wait_space(struct ring *r);
+/* Clears the waiting flag and drains the space eventfd. */
+void ring_space_ack(struct ring *r);
+
+/* Marks the ring failed (or stopping) and wakes the client. */
+void ring_set_state(struct ring *r, uint32_t state, int error_code);

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/feed/worker.h"
+#include "daemon/server/status.h"
+#include "proto/macro.h"
+
+static json_t *token_json(int64_t t)
+{
+	return t == CONF_TOKEN_NONE ? json_null() : json_integer(t);
+}
+
+static json_t *feed_json(const struct feed *f)
+{
+	char fp[17];
+	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)f->fingerprint);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:b, s:i, s:o, s:o, s:i, s:I, s:I, s:b}",
+			      "name", f->name, "state", f->state == FEED_READY ? "ready" : "failed", "format",
+			      f->conf.format, "shards", (json_int_t)f->n_shards, "documents", (json_int_t)f->n_docs,
+			      "nonempty_documents", (json_int_t)f->n_nonempty, "tokens", (json_int_t)f->n_tokens,
+			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
+			      (int)f->conf.batch_size, "seed", (json_int_t)f->conf.seed, "shuffle", f->conf.shuffle,
+			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->conf.bos), "eos",
+			      token_json(f->conf.eos), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
+			      "tokens_served", (json_int_t)f->tokens_served, "draining", f->draining);
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "fingerprint", f->state == FEED_READY ? json_string(fp) : json_null());
+	json_object_set_new(o, "error", f->state == FEED_READY ? json_null() : json_string(f->error));
+	json_object_set_new(o, "io_engine", json_string(f->io_engine));
+	return o;
+}
+
+static json_t *client_json(const struct status_client *c)
+{
+	struct session *s = c->session;
+	const struct feed_consumer_page *cp = s->ring->cons;
+	/* The consumer page is the client's to write: read it once, clamp what matters. */
+	uint64_t delivered = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), s->published);
+	uint64_t wait = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
+	uint64_t step = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
+	double stall = wait + step ? 100.0 * (double)wait / (double)(wait + step) : 0.0;
+	uint64_t fill = session_fill(s);
+	uint64_t full_ns = s->full_ns_total + (s->full_since_ns ? now_ns() - s->full_since_ns : 0);
+	double attached_s = (double)(now_ns() - s->attach_ns) / 1e9;
+
+	json_t *o = json_pack("{s:I, s:i, s:i, s:s, s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:s}",
+			      "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid, "name", c->name, "feed",
+			      s->feed->name, "rank", (int)s->rank, "world", (int)s->world, "attached_s", attached_s,
+			      "first_batch", (json_int_t)s->first_batch, "batches_published", (json_int_t)s->published,
+			      "batches_delivered", (json_int_t)delivered, "ring_slots", (int)s->ring->slot_count,
+			      "ring_fill", (json_int_t)fill, "ring_full_pct",
+			      attached_s > 0 ? 100.0 * (double)full_ns / 1e9 / attached_s : 0.0, "tokens_per_s",
+			      c->tokens_per_s, "wait_s", (double)wait / 1e9, "step_s", (double)step / 1e9, "state",
+			      s->failed ? "failed" : "streaming");
+	if (o)
+		json_object_set_new(o, "stall_pct", json_real(stall));
+	return o;
+}
+
+char *status_json(const struct status_input *in)
+{
+	const struct worker *w0 = pool_worker_ctx(in->pool, 0);
+	int fallback = w0 ? io_reader_fallback(w0->io) : 0;
+	char fb[160] = "";
+	if (fallback < 0)
+		snprintf(fb, sizeof(fb), "io_uring unavailable (%s); using pread", strerror(-fallback));
+
+	json_t *root = json_pack("{s:{s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:s, s:o, s:s, s:I, s:I}}", "daemon",
+				 "version", FEEDD_VERSION, "pid", (int)getpid(), "uptime_s", (double)in->uptime_ns / 1e9,
+				 "socket", in->socket_path, "threads", (int)pool_threads(in->pool), "threads_busy",
+				 (int)pool_busy(in->pool), "jobs_queued", (int)pool_queued(in->pool), "io_engine",
+				 w0 ? io_reader_engine(w0->io) : "none", "io_fallback",
+				 fallback < 0 ? json_string(fb) : json_null(), "gpu", in->gpu_status, "connections_total",
+				 (json_int_t)in->accepted, "protocol_errors", (json_int_t)in->protocol_errors);
+	if (!root)
+		return NULL;
+	json_t *feeds = json_array(), *clients = json_array();
+	for (size_t i = 0; i < in->n_feeds; i++)
+		json_array_append_new(feeds, feed_json(in->feeds[i]));
+	for (size_t i = 0; i < in->n_clients; i++)
+		json_array_append_new(clients, client_json(&in->clients[i]));
+	json_object_set_new(root, "feeds", feeds);
+	json_object_set_new(root, "clients", clients);
+	char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	return text;
+}

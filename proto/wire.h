@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The control protocol between feedd and its clients, over a unix stream
+ * socket. Every message is a 16-byte header followed by `length` payload bytes:
+ *
+ *   u32 magic "FEDW" | u16 version | u16 type | u32 length | u32 reserved (0)
+ *
+ * All integers are little-endian; strings are fixed-size, NUL-terminated
+ * arrays. The first message on a connection is HELLO (client) / HELLO_REPLY
+ * (daemon), which settles the version. Requests are answered in order; a
+ * client sends one request and waits for its reply. ATTACH_REPLY carries
+ * WIRE_ATTACH_FDS file descriptors (SCM_RIGHTS) in this order: ring memfd,
+ * consumer-page memfd, data eventfd (daemon -> client wake-ups), space eventfd
+ * (client -> daemon wake-ups). After an ATTACH, the daemon may send ERROR at any
+ * time to say why the stream stopped.
+ *
+ * Decoders check every length and string before reading; they never trust the
+ * peer. Encoders return the total byte count (header + payload).
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/ring_abi.h"
+
+#define WIRE_MAGIC UINT32_C(0x57444546) /* "FEDW" */
+#define WIRE_VERSION 1
+#define WIRE_HEADER_SIZE 16
+#define WIRE_MAX_REQUEST 4096         /* largest message a client may send */
+#define WIRE_MAX_REPLY (4u << 20)     /* largest message the daemon sends */
+#define WIRE_NAME_MAX 64
+#define WIRE_MESSAGE_MAX 512
+#define WIRE_ATTACH_FDS 4
+
+enum wire_type {
+	WIRE_HELLO = 1,
+	WIRE_HELLO_REPLY = 2,
+	WIRE_ATTACH = 3,
+	WIRE_ATTACH_REPLY = 4,
+	WIRE_ERROR = 5,
+	WIRE_STATUS = 6,
+	WIRE_STATUS_REPLY = 7,
+	WIRE_DETACH = 8,
+	_WIRE_TYPE_MAX,
+};
+
+struct wire_header {
+	uint16_t version;
+	uint16_t type;
+	uint32_t length; /* payload bytes after the header */
+};
+
+struct wire_hello {
+	uint16_t min_version;
+	uint16_t max_version;
+	uint32_t pid;
+	char name[32]; /* program name, informational */
+};
+#define WIRE_HELLO_SIZE 40
+
+enum {
+	WIRE_DAEMON_GPU = 1u << 0, /* the daemon can stage batches in GPU memory */
+};
+
+struct wire_hello_reply {
+	uint16_t version;
+	uint32_t daemon_pid;
+	uint32_t flags; /* WIRE_DAEMON_* */
+	char daemon_version[32];
+};
+#define WIRE_HELLO_REPLY_SIZE 44
+
+enum {
+	WIRE_ATTACH_RESUME = 1u << 0, /* cursor is set */
+};
+
+struct wire_attach {
+	uint32_t rank;
+	uint32_t world;
+	uint32_t flags;
+	char feed[WIRE_NAME_MAX];
+	char cursor[FEED_CURSOR_MAX];
+};
+#define WIRE_ATTACH_SIZE (16 + WIRE_NAME_MAX + FEED_CURSOR_MAX)
+
+struct wire_attach_reply {
+	uint64_t ring_size;     /* bytes to map from the ring memfd */
+	uint64_t consumer_size; /* bytes to map from the consumer memfd */
+	uint64_t fingerprint;   /* the feed's identity */
+	uint64_t first_batch;   /* batch index of the first batch in the ring */
+	uint32_t slot_count;
+	uint32_t batch_size;
+	uint32_t seq_len;
+	uint32_t n_fds;         /* WIRE_ATTACH_FDS */
+};
+#define WIRE_ATTACH_REPLY_SIZE 48
+
+struct wire_error {
+	int32_t code; /* negative errno */
+	char message[WIRE_MESSAGE_MAX];
+};
+#define WIRE_ERROR_SIZE (8 + WIRE_MESSAGE_MAX)
+
+struct wire_status {
+	uint32_t flags; /* reserved, 0 */
+};
+#define WIRE_STATUS_SIZE 8
+
+/* Header. Returns 0, or -EBADMSG (magic, version, type) / -EMSGSIZE (length > max_length). */
+int wire_header_decode(const void *buf, size_t len, size_t max_length, struct wire_header *ret);
+
+/*
+ * Encoders write header + payload into buf (cap bytes). Return the total size,
+ * -ENOBUFS if cap is too small, -ENAMETOOLONG if a string does not fit.
+ */
+int wire_encode_hello(void *buf, size_t cap, const struct wire_hello *m);
+int wire_encode_hello_reply(void *buf, size_t cap, const struct wire_hello_reply *m);
+int wire_encode_attach(void *buf, size_t cap, const struct wire_attach *m);
+int wire_encode_attach_reply(void *buf, size_t cap, const struct wire_attach_reply *m);
+int wire_encode_error(void *buf, size_t cap, const struct wire_error *m);
+int wire_encode_status(void *buf, size_t cap, const struct wire_status *m);
+int wire_encode_detach(void *buf, size_t cap);
+/* Header for a STATUS_REPLY whose payload (JSON text, no NUL) follows separately. */
+int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len);
+
+/*
+ * Decoders take the payload (after the header) and its exact length. Return 0,
+ * or -EBADMSG when the length is wrong, a string is not terminated, or a field
+ * is out of range.
+ */
+int wire_decode_hello(const void *p, size_t len, struct wire_hello *ret);
+int wire_decode_hello_reply(const void *p, size_t len, struct wire_hello_reply *ret);
+int wire_decode_attach(const void *p, size_t len, struct wire_attach *ret);
+int wire_decode_attach_reply(const void *p, size_t len, struct wire_attach_reply *ret);
+int wire_decode_error(const void *p, size_t len, struct wire_error *ret);
+int wire_decode_status(const void *p, size_t len, struct wire_status *ret);
+
+/* Name of a message type, for logs. */
+const char *wire_type_name(unsigned type);
+
+/*
+ * Where the control socket lives when nobody says: /run/feedd/feedd.sock for
+ * root, else $XDG_RUNTIME_DIR/feedd.sock (falling back to /run/feedd). `override`
+ * and then $FEEDD_SOCKET win when set. Returns 0 or -ENAMETOOLONG.
+ */
+int wire_socket_path(const char *override, char *buf, size_t cap);

@@ -1,0 +1,404 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Reference implementation of feedd's sample-order contract.
+
+Runs with Debian's /usr/bin/python3 and python3-numpy; nothing else.
+
+Written from the contract text alone, never from the daemon's C code: tests
+compare the daemon's batches against this module, so the two must be
+independent to catch each other's mistakes. Readability beats speed here, but
+it is fast enough for tests (whole documents are sliced from np.memmap and
+glued with one np.concatenate per batch; there is no per-token Python loop).
+
+API
+  load_shards(idx_paths) -> [Shard]           .idx/.bin pairs, in the order given
+  expand_globs(globs) -> [idx path]           config globs -> ordered shard list
+  epoch_order(doc_counts, seed, shuffle, window, epoch) -> [(shard, doc)]
+  RankStream(shards, seed, shuffle, window, world, rank, bos=None, eos=None)
+      .batches(seq_len, batch_size, start_batch=0, count=None) -> iter of dict
+      .epoch_docs(epoch) -> [(shard, doc)] this rank's documents, empty ones too
+      .cursor() -> StreamCursor                (used by bench/dataloader_baseline.py)
+  make_batch(tokens, starts, batch_size, seq_len) -> dict of int32 arrays
+
+A batch dict holds input_ids, labels, position_ids (int32 [B, L]), cu_seqlens
+(int32, 1-D), epoch (the epoch of the batch's first position) and batch (b).
+
+Contract decisions not spelled out in the spec text, and how this file reads
+them:
+  * A rank whose documents in an epoch are all empty simply skips that epoch.
+    Without shuffle every epoch is the same, so such a rank would never get a
+    token; reading from it raises RuntimeError instead of looping forever.
+  * Attach (the RankStream constructor) raises ValueError when the feed has
+    fewer documents with at least one token than the world size.
+"""
+
+import glob
+import os
+
+import numpy as np
+
+MASK64 = 0xFFFFFFFFFFFFFFFF
+GOLDEN = 0x9E3779B97F4A7C15
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+IDX_HEADER = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, S, D
+
+# Megatron dtype codes. 6 (f64) and 7 (f32) are valid in the format but the
+# contract says shard tokens are integers, so they are rejected at load time.
+IDX_DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}
+IDX_FLOAT_CODES = {6, 7}
+
+# With shuffle on, a rank may draw only empty documents in some epochs. Give up
+# after this many in a row: the shard set is then effectively unusable.
+MAX_EMPTY_EPOCHS = 1000
+
+
+# --------------------------------------------------------------------------
+# 64-bit arithmetic, exactly as the contract states it (Python ints, masked).
+
+def mix(x):
+    """The contract's mix(): the splitmix64 finaliser on a wrapping u64."""
+    x &= MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK64
+    x ^= x >> 31
+    return x
+
+
+class Rng:
+    """RNG(key): counter c from 0; next() = mix(key + (c += 1) * GOLDEN)."""
+
+    def __init__(self, key):
+        self.key = key & MASK64
+        self.counter = 0
+
+    def next(self):
+        self.counter = (self.counter + 1) & MASK64
+        return mix((self.key + ((self.counter * GOLDEN) & MASK64)) & MASK64)
+
+    def below(self, n):
+        return self.next() % n
+
+
+def shuffle_list(a, rng):
+    """Fisher-Yates from the top, as the contract's shuffle(a, rng); in place."""
+    for i in range(len(a) - 1, 0, -1):
+        j = rng.below(i + 1)
+        a[i], a[j] = a[j], a[i]
+
+
+def epoch_key(seed, epoch):
+    return mix((seed & MASK64) ^ mix((epoch + 1) & MASK64))
+
+
+def window_key(k, w):
+    return mix(k ^ mix((w + 1) & MASK64))
+
+
+# --------------------------------------------------------------------------
+# Shards
+
+class Shard:
+    """One Megatron indexed dataset (.idx parsed eagerly, .bin memory-mapped).
+
+    docs:      number of documents
+    doc_lens:  int64[docs], tokens per document
+    doc_tokens(d) -> 1-D array of the shard's dtype (a view of the memmap when
+               the document is one sequence)
+    """
+
+    def __init__(self, idx_path):
+        if not idx_path.endswith(".idx"):
+            raise ValueError(f"{idx_path}: expected a path ending in .idx")
+        self.idx_path = idx_path
+        self.bin_path = idx_path[:-4] + ".bin"
+        raw = open(idx_path, "rb").read()
+        if len(raw) < IDX_HEADER or raw[:9] != IDX_MAGIC:
+            raise ValueError(f"{idx_path}: not a Megatron .idx (bad magic or short header)")
+        version = int.from_bytes(raw[9:17], "little")
+        code = raw[17]
+        nseq = int.from_bytes(raw[18:26], "little")
+        ndoc_idx = int.from_bytes(raw[26:34], "little")
+        if version != 1:
+            raise ValueError(f"{idx_path}: .idx version {version}, only 1 is supported")
+        if code in IDX_FLOAT_CODES:
+            raise ValueError(f"{idx_path}: dtype code {code} is floating point, not tokens")
+        if code not in IDX_DTYPES:
+            raise ValueError(f"{idx_path}: unknown dtype code {code}")
+        self.dtype = np.dtype(IDX_DTYPES[code])
+        want = IDX_HEADER + nseq * 12 + ndoc_idx * 8
+        if len(raw) != want:
+            raise ValueError(f"{idx_path}: size {len(raw)}, header says {want}")
+        off = IDX_HEADER
+        self.seq_lens = np.frombuffer(raw, "<i4", nseq, off).astype(np.int64)
+        off += 4 * nseq
+        self.pointers = np.frombuffer(raw, "<i8", nseq, off).astype(np.int64)
+        off += 8 * nseq
+        self.doc_idx = np.frombuffer(raw, "<i8", ndoc_idx, off).astype(np.int64)
+        self._validate(nseq)
+
+        self.docs = len(self.doc_idx) - 1
+        seq_cum = np.zeros(nseq + 1, np.int64)
+        np.cumsum(self.seq_lens, out=seq_cum[1:])
+        self.doc_lens = seq_cum[self.doc_idx[1:]] - seq_cum[self.doc_idx[:-1]]
+        size = os.path.getsize(self.bin_path)
+        # np.memmap refuses empty files; an all-empty shard is still valid.
+        self.tokens = (np.memmap(self.bin_path, self.dtype, "r") if size
+                       else np.zeros(0, self.dtype))
+
+    def _validate(self, nseq):
+        p, isz = self.idx_path, self.dtype.itemsize
+        if len(self.doc_idx) < 1 or self.doc_idx[0] != 0 or self.doc_idx[-1] != nseq:
+            raise ValueError(f"{p}: doc_idx must run from 0 to the sequence count {nseq}")
+        if np.any(np.diff(self.doc_idx) < 0):
+            raise ValueError(f"{p}: doc_idx is not ascending")
+        if np.any(self.seq_lens < 0):
+            raise ValueError(f"{p}: negative sequence length")
+        if np.any(self.pointers % isz) or np.any(self.pointers < 0):
+            raise ValueError(f"{p}: pointer not a multiple of the token size {isz}")
+        binsize = os.path.getsize(self.bin_path)
+        if nseq and np.max(self.pointers + self.seq_lens * isz) > binsize:
+            raise ValueError(f"{p}: a sequence ends past the end of {self.bin_path} ({binsize} bytes)")
+
+    def doc_tokens(self, d):
+        """Tokens of document d in the shard's dtype (may be a memmap view)."""
+        a, b = self.doc_idx[d], self.doc_idx[d + 1]
+        isz = self.dtype.itemsize
+        parts = [self.tokens[self.pointers[s] // isz:self.pointers[s] // isz + self.seq_lens[s]]
+                 for s in range(a, b)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+
+
+def load_shards(idx_paths):
+    """Open each .idx (and its .bin) in the order given; returns [Shard]."""
+    return [Shard(os.fspath(p)) for p in idx_paths]
+
+
+def expand_globs(globs):
+    """The feed's shard list: globs in config order, each glob's matches sorted
+    by path bytes. A glob may name the .idx files or the shard prefixes (then
+    ".idx" is appended). Sorting is of the .idx paths as matched."""
+    out = []
+    for g in globs:
+        pattern = g if g.endswith(".idx") else g + ".idx"
+        matches = [m for m in glob.glob(pattern) if m.endswith(".idx")]
+        out += sorted(matches, key=os.fsencode)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Epoch order
+
+def _epoch_global_order(doc_counts, seed, shuffle, window, epoch):
+    """The epoch's order as global document ids (shard base + doc), int64."""
+    if window < 1:
+        raise ValueError(f"shuffle window {window} must be >= 1")
+    base = np.concatenate(([0], np.cumsum(doc_counts, dtype=np.int64)))
+    key = epoch_key(seed, epoch)
+    perm = list(range(len(doc_counts)))
+    if shuffle:
+        shuffle_list(perm, Rng(key))
+    out = []
+    for w in range(0, (len(perm) + window - 1) // window):
+        ids = [np.arange(base[s], base[s + 1]) for s in perm[w * window:(w + 1) * window]]
+        ids = np.concatenate(ids).tolist()
+        if shuffle:
+            shuffle_list(ids, Rng(window_key(key, w)))
+        out.append(np.array(ids, np.int64))
+    return np.concatenate(out) if out else np.zeros(0, np.int64), base
+
+
+def epoch_order(doc_counts, seed, shuffle, window, epoch):
+    """Epoch `epoch`'s document order over all ranks: list of (shard, doc)."""
+    ids, base = _epoch_global_order(list(doc_counts), seed, shuffle, window, epoch)
+    shard = np.searchsorted(base, ids, side="right") - 1
+    return list(zip(shard.tolist(), (ids - base[shard]).tolist()))
+
+
+# --------------------------------------------------------------------------
+# Batches
+
+def make_batch(tokens, starts, batch_size, seq_len):
+    """Build one batch from B*L+1 stream positions.
+
+    tokens: int32[B*L+1], stream positions from the batch's first onward (the
+    extra one feeds the last label). starts: bool[B*L+1], True where a position
+    is the first position of a document. Returns new int32 arrays.
+    """
+    n = batch_size * seq_len
+    assert len(tokens) == n + 1 and len(starts) == n + 1
+    idx = np.arange(n)
+    reset = starts[:n] | (idx % seq_len == 0)
+    last_reset = np.maximum.accumulate(np.where(reset, idx, 0))
+    labels = np.array(tokens[1:], np.int32)
+    labels[starts[1:]] = -100
+    return {
+        "input_ids": np.array(tokens[:n], np.int32).reshape(batch_size, seq_len),
+        "labels": labels.reshape(batch_size, seq_len),
+        "position_ids": (idx - last_reset).astype(np.int32).reshape(batch_size, seq_len),
+        "cu_seqlens": np.append(np.flatnonzero(reset), n).astype(np.int32),
+    }
+
+
+class _EpochPlan:
+    """One rank's non-empty documents of one epoch, with their stream lengths."""
+
+    def __init__(self, ids, contrib):
+        keep = contrib > 0
+        self.ids = ids[keep]                      # global doc ids
+        self.contrib = contrib[keep]              # bos + tokens + eos
+        self.cum = np.zeros(len(self.ids) + 1, np.int64)  # exclusive prefix sums
+        np.cumsum(self.contrib, out=self.cum[1:])
+        self.total = int(self.cum[-1])
+
+
+class RankStream:
+    """Rank `rank`'s token stream over epochs 0, 1, 2, ... and its batches."""
+
+    def __init__(self, shards, seed, shuffle, window, world, rank, bos=None, eos=None):
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside world size {world}")
+        if window < 1:
+            raise ValueError(f"shuffle window {window} must be >= 1")
+        if not 0 <= seed <= MASK64:
+            raise ValueError(f"seed {seed} is not a u64")
+        self.shards = list(shards)
+        self.seed, self.shuffle, self.window = seed, bool(shuffle), window
+        self.world, self.rank, self.bos, self.eos = world, rank, bos, eos
+        self.doc_counts = [s.docs for s in self.shards]
+        self.base = np.concatenate(([0], np.cumsum(self.doc_counts, dtype=np.int64)))
+        self.doc_lens = (np.concatenate([s.doc_lens for s in self.shards])
+                         if self.shards else np.zeros(0, np.int64))
+        nonempty = int(np.count_nonzero(self.doc_lens))
+        if nonempty < world:
+            raise ValueError(f"feed has {nonempty} non-empty documents, "
+                             f"fewer than the world size {world}")
+        extra = (bos is not None) + (eos is not None)
+        # A zero-token document contributes nothing, not even bos/eos.
+        self.contrib_lens = np.where(self.doc_lens > 0, self.doc_lens + extra, 0)
+        self._plans = {}
+        self._bos = np.array([bos if bos is not None else 0], np.int32)
+        self._eos = np.array([eos if eos is not None else 0], np.int32)
+
+    def _locate(self, gid):
+        s = int(np.searchsorted(self.base, gid, side="right")) - 1
+        return s, int(gid - self.base[s])
+
+    def epoch_docs(self, epoch):
+        """This rank's documents of `epoch` (empty ones included): [(shard, doc)]."""
+        ids, _ = _epoch_global_order(self.doc_counts, self.seed, self.shuffle,
+                                     self.window, epoch)
+        return [self._locate(g) for g in ids[self.rank::self.world].tolist()]
+
+    def plan(self, epoch):
+        """_EpochPlan of `epoch`, cached (a few recent epochs only)."""
+        p = self._plans.get(epoch)
+        if p is None:
+            ids, _ = _epoch_global_order(self.doc_counts, self.seed, self.shuffle,
+                                         self.window, epoch)
+            ids = ids[self.rank::self.world]
+            p = _EpochPlan(ids, self.contrib_lens[ids])
+            if len(self._plans) >= 4:
+                self._plans.pop(min(self._plans))
+            self._plans[epoch] = p
+        return p
+
+    def nonempty_epoch(self, epoch):
+        """The first epoch >= `epoch` in which this rank has a token."""
+        for e in range(epoch, epoch + MAX_EMPTY_EPOCHS):
+            if self.plan(e).total:
+                return e
+            if not self.shuffle:
+                break  # every epoch is the same as this one
+        raise RuntimeError(f"rank {self.rank} of {self.world} gets only empty documents "
+                           f"from epoch {epoch} on")
+
+    def doc_stream(self, gid):
+        """Pieces making up document gid's stream contribution: [bos] tokens [eos]."""
+        s, d = self._locate(gid)
+        pieces = [self.shards[s].doc_tokens(d)]
+        if self.bos is not None:
+            pieces.insert(0, self._bos)
+        if self.eos is not None:
+            pieces.append(self._eos)
+        return pieces
+
+    def cursor(self):
+        return StreamCursor(self)
+
+    def batches(self, seq_len, batch_size, start_batch=0, count=None):
+        """Batches start_batch, start_batch+1, ... (count of them, or forever)."""
+        if seq_len < 1 or batch_size < 1 or start_batch < 0:
+            raise ValueError("seq_len and batch_size must be >= 1, start_batch >= 0")
+        n = seq_len * batch_size
+        cur = self.cursor()
+        cur.advance(start_batch * n)  # walks document lengths only
+        b = start_batch
+        while count is None or b < start_batch + count:
+            epoch = cur.epoch
+            tokens, starts = cur.read(n + 1)
+            batch = make_batch(tokens, starts, batch_size, seq_len)
+            batch["epoch"] = epoch
+            batch["batch"] = b
+            yield batch
+            cur.advance(n)
+            b += 1
+
+
+class StreamCursor:
+    """A position in a rank's stream: (epoch, i-th non-empty doc, offset in it).
+
+    Always points at a real stream position (offset < that document's length),
+    so `epoch` is the epoch of the position the cursor is at.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.epoch = stream.nonempty_epoch(0)
+        self.doc = 0
+        self.offset = 0
+
+    def advance(self, n):
+        """Move n positions forward, reading only document lengths."""
+        st = self.stream
+        while n > 0:
+            p = st.plan(self.epoch)
+            here = int(p.cum[self.doc]) + self.offset  # position within the epoch
+            if here + n < p.total:
+                target = here + n
+                self.doc = int(np.searchsorted(p.cum, target, side="right")) - 1
+                self.offset = target - int(p.cum[self.doc])
+                return
+            n -= p.total - here
+            self.epoch = st.nonempty_epoch(self.epoch + 1)
+            self.doc = self.offset = 0
+
+    def read(self, n):
+        """The next n positions without moving: (int32 tokens[n], bool starts[n])."""
+        st = self.stream
+        pieces, start_at = [], []
+        got, epoch, doc, offset = 0, self.epoch, self.doc, self.offset
+        while got < n:
+            p = st.plan(epoch)
+            if doc == len(p.ids):
+                epoch, doc = st.nonempty_epoch(epoch + 1), 0
+                continue
+            c = int(p.contrib[doc])
+            take = min(c - offset, n - got)
+            if offset == 0:
+                start_at.append(got)
+            parts = st.doc_stream(int(p.ids[doc]))
+            if offset == 0 and take == c:
+                pieces += parts
+            else:
+                whole = np.concatenate(parts, dtype=np.int32, casting="unsafe")
+                pieces.append(whole[offset:offset + take])
+            got += take
+            doc, offset = doc + 1, 0
+        tokens = np.concatenate(pieces, dtype=np.int32, casting="unsafe")
+        starts = np.zeros(n, bool)
+        starts[start_at] = True
+        return tokens, starts
