@@ -102,8 +102,12 @@ static void advance(struct session *s)
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);
-	if (failed)
+	if (failed) {
+		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
+		if (failed->result == -ENODATA)
+			feed_check(s->feed);
 		session_fail(s, failed->result, failed->error);
+	}
 }
 
 static void on_done(evutil_socket_t fd, short what, void *userdata)

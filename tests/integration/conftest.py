@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT
+"""Fixtures for integration tests: real feedd processes, real sockets, real shards.
+
+Runs with Debian's /usr/bin/python3 (python3-pytest, python3-numpy). meson
+passes the build directory in FEEDD_BUILD_DIR; run by hand with
+  FEEDD_BUILD_DIR=build /usr/bin/python3 -m pytest tests/integration
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SRC = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("FEEDD_BUILD_DIR", SRC / "build")).resolve()
+FEEDD = BUILD / "daemon" / "feedd"
+FEEDCTL = BUILD / "client" / "feedctl" / "feedctl"
+STREAM_CLIENT = BUILD / "tests" / "integration" / "stream-client"
+
+sys.path.insert(0, str(SRC / "tests" / "ref"))
+sys.path.insert(0, str(SRC / "scripts"))
+import feed_ref  # noqa: E402
+import gen_megatron  # noqa: E402
+
+
+def open_fds(pid):
+    return sorted(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Daemon:
+    """A feedd process on its own socket, stopped with SIGTERM at the end."""
+
+    def __init__(self, tmp, conf_text, name="feedd", threads=None, extra=()):
+        self.tmp = Path(tmp)
+        self.conf = self.tmp / f"{name}.conf"
+        self.conf.write_text(conf_text)
+        self.socket = str(self.tmp / f"{name}.sock")
+        self.log = self.tmp / f"{name}.log"
+        args = [str(FEEDD), "-c", str(self.conf), "-s", self.socket]
+        if threads is not None:
+            args += ["-t", str(threads)]
+        args += list(extra)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"feedd exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.socket)
+                s.close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        else:
+            raise RuntimeError("feedd did not start listening:\n" + self.log.read_text())
+        self.base_fds = open_fds(self.proc.pid)
+
+    def ctl(self, *args, check=True, timeout=60):
+        p = subprocess.run([str(FEEDCTL), "--socket", self.socket, *args], capture_output=True, text=True,
+                           timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"feedctl {' '.join(args)} failed ({p.returncode}): {p.stderr}")
+        return p
+
+    def status(self):
+        return json.loads(self.ctl("status", "--json").stdout)
+
+    def dump(self, feed, out, rank=0, world=1, batches=10, cursor=None, check=True):
+        args = ["dump", feed, "--rank", str(rank), "--world", str(world), "--batches", str(batches),
+                "--out", str(out)]
+        if cursor:
+            args += ["--cursor", cursor]
+        p = self.ctl(*args, check=check)
+        if p.returncode != 0:
+            return p
+        return load_dump(out)
+
+    def client(self, feed, rank, world, batches, cursor=None, sleep_ms=0, hold=False):
+        return subprocess.Popen([str(STREAM_CLIENT), self.socket, feed, str(rank), str(world), str(batches),
+                                 cursor or "-", str(sleep_ms), "1" if hold else "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def log_text(self):
+        return self.log.read_text()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("feedd did not stop on SIGTERM within 10 s")
+        return self.proc.returncode
+
+
+def load_dump(out):
+    out = Path(out)
+    d = {k: np.load(out / f"{k}.npy") for k in ("input_ids", "labels", "position_ids")}
+    d["cursors"] = (out / "cursors.txt").read_text().split()
+    d["cu_seqlens"] = [np.array(l.split(), dtype=np.int32) for l in (out / "cu_seqlens.txt").read_text().splitlines()]
+    return d
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    started = []
+
+    def start(conf_text, **kw):
+        d = Daemon(tmp_path, conf_text, name=f"feedd{len(started)}", **kw)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        rc = d.stop()
+        assert rc == 0, f"feedd exited with {rc} on SIGTERM:\n{d.log_text()}"
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+    """4 u16 shards with empty and multi-sequence documents (~1.2M tokens)."""
+    d = tmp_path_factory.mktemp("data")
+    gen_megatron.main([str(d), "--shards", "4", "--docs-per-shard", "500", "--mean-len", "600",
+                       "--empty-frac", "0.05", "--multi-seq-frac", "0.2", "--seed", "3"])
+    return d
+
+
+def feed_conf(name, shards, seq_len=256, batch_size=4, seed=7, shuffle="true", window=2, bos="none",
+              eos="none", extra=""):
+    return (f"[feed.{name}]\nshards = {shards}\nseq_len = {seq_len}\nbatch_size = {batch_size}\n"
+            f"seed = {seed}\nshuffle = {shuffle}\nshuffle_window = {window}\nbos = {bos}\neos = {eos}\n{extra}")
+
+
+def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shuffle=True, window=2, bos=None,
+              eos=None, start=0):
+    shards = feed_ref.load_shards(feed_ref.expand_globs([str(shard_glob)]))
+    rs = feed_ref.RankStream(shards, seed, shuffle, window, world, rank, bos=bos, eos=eos)
+    return list(rs.batches(seq_len, batch_size, start_batch=start, count=n))
