@@ -49,7 +49,8 @@ struct feed_client {
 	uint64_t next_seq; /* next sequence to hand out */
 	uint64_t tail;     /* sequences released */
 	uint64_t last_return_ns;
-	char cursor[FEED_CURSOR_MAX];
+	const char *held_cursor;       /* cursor of the last batch delivered, in its slot */
+	char cursor[FEED_CURSOR_MAX];  /* a copy, made when that batch is released */
 };
 
 /* Records a message for feed_client_error() and returns code. Keeps errno. */
@@ -372,6 +373,14 @@ static int stream_stopped(feed_client *c, int fallback)
 	return type;
 }
 
+static void kick_producer(feed_client *c)
+{
+	int saved = errno;
+	uint64_t one = 1;
+	ssize_t _unused_ n = write(c->space_efd, &one, sizeof(one));
+	errno = saved;
+}
+
 static void record(uint64_t *total, uint64_t *last, uint64_t *hist, uint64_t v)
 {
 	__atomic_store_n(total, *total + v, __ATOMIC_RELAXED);
@@ -409,6 +418,9 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 			r = fail(c, -ETIMEDOUT, "no batch within %d ms", timeout_ms);
 			goto out;
 		}
+		/* A daemon waiting for half the ring may be waiting on batches we hold: wake it. */
+		if (__atomic_load_n(&c->hdr->producer_waiting, __ATOMIC_RELAXED))
+			kick_producer(c);
 		/* Announce that we sleep, then look once more: the daemon kicks only sleepers. */
 		__atomic_store_n(&c->cons->consumer_waiting, 1, __ATOMIC_RELAXED);
 		__atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -465,7 +477,8 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		.seq = c->next_seq,
 	};
 	c->next_seq++;
-	memcpy(c->cursor, h->cursor, sizeof(c->cursor));
+	/* The cursor is copied out only when its slot is released: next() stays small. */
+	c->held_cursor = h->cursor;
 	__atomic_store_n(&c->cons->delivered, c->cons->delivered + 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->cons->last_delivered_batch, h->batch_index + 1, __ATOMIC_RELAXED);
 out:;
@@ -480,21 +493,21 @@ FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
 {
 	if (!c->attached || !b || b->seq != c->tail || c->tail >= c->next_seq)
 		return fail(c, -EINVAL, "release the oldest batch held, once");
+	if (b->seq + 1 == c->next_seq)
+		memcpy(c->cursor, c->held_cursor, strlen(c->held_cursor) + 1);
 	c->tail++;
 	__atomic_store_n(&c->cons->tail, c->tail, __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&c->hdr->producer_waiting, __ATOMIC_RELAXED)) {
-		int saved = errno;
-		uint64_t one = 1;
-		ssize_t _unused_ n = write(c->space_efd, &one, sizeof(one));
-		errno = saved;
-	}
+	if (__atomic_load_n(&c->hdr->producer_waiting, __ATOMIC_RELAXED) &&
+	    c->tail >= __atomic_load_n(&c->hdr->wake_tail, __ATOMIC_RELAXED))
+		kick_producer(c);
 	return 0;
 }
 
 FEED_EXPORT const char *feed_client_cursor(const feed_client *c)
 {
-	return c->cursor;
+	/* While the last batch is held its slot is stable; after release the copy is. */
+	return c->next_seq > c->tail ? c->held_cursor : c->cursor;
 }
 
 FEED_EXPORT uint32_t feed_client_slots(const feed_client *c)

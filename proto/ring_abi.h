@@ -18,7 +18,11 @@
  * Wake-ups go through two eventfds and cost a system call only when the other
  * side is asleep: a sleeper sets its `*_waiting` flag, issues a full fence and
  * re-checks the index before blocking; a publisher stores the index, fences,
- * and kicks the eventfd only when the flag is set.
+ * and kicks the eventfd only when the flag is set. The daemon sleeps on a full
+ * ring until half of it is free (`wake_tail`), so a client that releases one
+ * batch at a time wakes it once per half ring, not once per batch; a client
+ * about to sleep in next() kicks a waiting daemon regardless, so holding many
+ * batches can never deadlock.
  *
  * Every field is fixed-width and little-endian (the daemon and client run on
  * the same host, so this is native order on the platforms feedd supports).
@@ -67,10 +71,11 @@ struct feed_ring_header {
 	uint64_t head __attribute__((aligned(64))); /* batches published (release) */
 	uint32_t state;            /* FEED_RING_* */
 	int32_t error_code;        /* negative errno when state == FAILED */
-	uint32_t producer_waiting; /* daemon waits for space: kick the space eventfd */
+	uint32_t producer_waiting; /* daemon waits for space: kick the space eventfd ... */
 	uint32_t reserved2;
 	uint64_t daemon_pid;       /* who produces; lets a client tell restarts apart */
-	uint8_t pad[FEED_RING_HEADER_SIZE - 96];
+	uint64_t wake_tail;        /* ... once tail reaches this, or before sleeping in next() */
+	uint8_t pad[FEED_RING_HEADER_SIZE - 104];
 };
 _Static_assert(sizeof(struct feed_ring_header) == FEED_RING_HEADER_SIZE, "ring header size");
 _Static_assert(__builtin_offsetof(struct feed_ring_header, head) == 64, "head on its own line");

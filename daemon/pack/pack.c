@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/pack/pack.h"
 #include "proto/macro.h"
@@ -55,20 +56,34 @@ uint32_t pack_fill(const int32_t *tok, const uint8_t *is_start, uint32_t batch_s
 		   int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
 		   uint32_t *ret_docs)
 {
+	/*
+	 * Bulk copies and per-segment fills: document starts are sparse, so
+	 * finding them with memchr and patching around them is several times
+	 * faster than deciding every position on its own (bench/spine.py).
+	 */
 	size_t n = (size_t)batch_size * seq_len;
-	uint32_t n_cu = 0, docs = 0;
-	int32_t pos = 0;
-	for (size_t i = 0, col = 0; i < n; i++, col++) {
-		if (col == seq_len)
-			col = 0;
-		input_ids[i] = tok[i];
-		labels[i] = is_start[i + 1] ? FEED_LABEL_IGNORE : tok[i + 1];
-		docs += is_start[i] != 0;
-		if (col == 0 || is_start[i]) {
-			pos = 0;
-			cu_seqlens[n_cu++] = (int32_t)i;
-		}
-		position_ids[i] = pos++;
+	memcpy(input_ids, tok, n * sizeof(int32_t));
+	memcpy(labels, tok + 1, n * sizeof(int32_t));
+
+	uint32_t docs = 0;
+	for (const uint8_t *p = is_start; (p = memchr(p, 1, (size_t)(is_start + n + 1 - p))); p++) {
+		size_t i = (size_t)(p - is_start);
+		if (i > 0)
+			labels[i - 1] = FEED_LABEL_IGNORE;
+		docs += i < n;
+	}
+
+	uint32_t n_cu = 0;
+	for (size_t a = 0; a < n;) {
+		/* A segment runs from a to the next document start or row end. */
+		size_t row_end = (a / seq_len + 1) * seq_len;
+		const uint8_t *next = a + 1 < row_end ? memchr(is_start + a + 1, 1, row_end - a - 1) : NULL;
+		size_t b = next ? (size_t)(next - is_start) : row_end;
+		cu_seqlens[n_cu++] = (int32_t)a;
+		int32_t *pos = position_ids + a;
+		for (size_t t = 0; t < b - a; t++)
+			pos[t] = (int32_t)t;
+		a = b;
 	}
 	cu_seqlens[n_cu++] = (int32_t)n;
 	*ret_docs = docs;

@@ -34,7 +34,8 @@ void pack_plan_clear(struct batch_plan *plan);
 
 /*
  * Fills a batch from its tokens: tok[0 .. BL] (BL + 1 entries; the last is the
- * look-ahead) and is_start[i] != 0 where position i is a document's first.
+ * look-ahead) and is_start[i] = 1 where position i is a document's first,
+ * 0 elsewhere (BL + 1 entries).
  * Writes input_ids, labels, position_ids (BL each) and cu_seqlens (up to
  * BL + 1 entries). Returns the number of cu_seqlens entries; *ret_docs gets the
  * number of documents starting inside the batch.

@@ -185,6 +185,8 @@ int ring_refresh_tail(struct ring *r)
 
 bool ring_wait_space(struct ring *r)
 {
+	uint64_t wake = r->tail + MAX(r->slot_count / 2, 1u);
+	__atomic_store_n(&r->hdr->wake_tail, wake, __ATOMIC_RELAXED);
 	__atomic_store_n(&r->hdr->producer_waiting, 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	uint64_t before = r->tail;

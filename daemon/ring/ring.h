@@ -54,8 +54,8 @@ void ring_publish(struct ring *r, uint64_t head);
 int ring_refresh_tail(struct ring *r);
 
 /*
- * Called when the ring is full: asks the client for a kick on release.
- * Returns true when space appeared meanwhile (no need to wait).
+ * Called when the ring is full: asks the client for a kick once half the ring
+ * is released. Returns true when space appeared meanwhile (no need to wait).
  */
 bool ring_wait_space(struct ring *r);
 /* Clears the waiting flag and drains the space eventfd. */
