@@ -147,6 +147,8 @@ static int recv_msg(feed_client *c, int timeout_ms, void **ret_payload, size_t *
 		return fail(c, r, "reading from feedd: %s", feed_strerror(r));
 	struct wire_header h;
 	r = wire_header_decode(hb, sizeof(hb), WIRE_MAX_REPLY, &h);
+	if (r == 0 && h.version != WIRE_VERSION)
+		r = -EBADMSG;
 	if (r < 0)
 		return fail(c, -EPROTO, "feedd sent a malformed message header");
 	void *payload = malloc(MAX(h.length, 1u));

@@ -148,7 +148,8 @@ int wire_header_decode(const void *buf, size_t len, size_t max_length, struct wi
 	uint16_t type = get_u16(&r);
 	uint32_t length = get_u32(&r);
 	uint32_t reserved = get_u32(&r);
-	if (magic != WIRE_MAGIC || version != WIRE_VERSION || reserved != 0)
+	/* The version is the caller's to judge: a HELLO of another version must still be answered. */
+	if (magic != WIRE_MAGIC || version == 0 || reserved != 0)
 		return -EBADMSG;
 	if (type == 0 || type >= _WIRE_TYPE_MAX)
 		return -EBADMSG;

@@ -107,7 +107,13 @@ struct wire_status {
 };
 #define WIRE_STATUS_SIZE 8
 
-/* Header. Returns 0, or -EBADMSG (magic, version, type) / -EMSGSIZE (length > max_length). */
+/*
+ * Header. Returns 0, or -EBADMSG (magic, version 0, type, reserved) /
+ * -EMSGSIZE (length > max_length). Any non-zero version is returned for the
+ * caller to judge: a HELLO from a peer of another version must be answered
+ * (HELLO's payload layout never changes), every other message must carry
+ * WIRE_VERSION.
+ */
 int wire_header_decode(const void *buf, size_t len, size_t max_length, struct wire_header *ret);
 
 /*

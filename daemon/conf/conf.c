@@ -20,8 +20,35 @@ struct parse {
 	char *dir;          /* the config file's directory */
 	char msg[512];      /* the first error, without the line */
 	bool failed;
-	unsigned keys;      /* keys seen, a stand-in line counter for sections */
+	char **seen;        /* "section\nkey" of every key so far */
+	size_t n_seen;
 };
+
+/*
+ * A key given twice is an error rather than "last one wins": inih hands an
+ * indented continuation line over as a repeat of its key, and silently
+ * keeping only the second line of a shards list would serve the wrong data.
+ */
+static int check_repeat(struct parse *p, const char *section, const char *name)
+{
+	char *id;
+	if (asprintf(&id, "%s\n%s", section, name) < 0)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n_seen; i++) {
+		if (strcmp(p->seen[i], id) == 0) {
+			free(id);
+			return -EEXIST;
+		}
+	}
+	char **n = realloc(p->seen, (p->n_seen + 1) * sizeof(*n));
+	if (!n) {
+		free(id);
+		return -ENOMEM;
+	}
+	p->seen = n;
+	p->seen[p->n_seen++] = id;
+	return 0;
+}
 
 static int bad(struct parse *p, const char *fmt, ...) _printf_(2, 3);
 static int bad(struct parse *p, const char *fmt, ...)
@@ -42,7 +69,7 @@ static int parse_u64(const char *v, uint64_t min, uint64_t max, uint64_t *ret)
 		return -EINVAL;
 	char *end;
 	errno = 0;
-	unsigned long long x = strtoull(v, &end, 0);
+	unsigned long long x = strtoull(v, &end, 10);
 	if (errno || *end || x < min || x > max)
 		return -EINVAL;
 	*ret = x;
@@ -136,8 +163,8 @@ static int set_shards(struct parse *p, struct conf_feed *f, const char *value)
 	for (size_t i = 0; i < f->n_shards; i++)
 		free(f->shards[i]);
 	f->n_shards = 0;
-	char *save = NULL;
-	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+	char *rest = copy;
+	for (char *tok; (tok = strsep(&rest, ","));) {
 		while (isspace((unsigned char)*tok))
 			tok++;
 		char *end = tok + strlen(tok);
@@ -260,6 +287,11 @@ static int handler(void *user, const char *section, const char *name, const char
 	struct parse *p = user;
 	if (p->failed)
 		return 1;
+	int e = check_repeat(p, section, name);
+	if (e == -EEXIST)
+		return bad(p, "'%s' is given twice in [%s] (values continue only on one line)", name, section);
+	if (e < 0)
+		return bad(p, "out of memory");
 	if (strcmp(section, "feedd") == 0)
 		return daemon_key(p, name, value);
 	if (strncmp(section, "feed.", 5) == 0) {
@@ -316,6 +348,9 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 	}
 	int line = ini_parse_file(f, handler, &p);
 	fclose(f);
+	for (size_t i = 0; i < p.n_seen; i++)
+		free(p.seen[i]);
+	free(p.seen);
 	if (line != 0 || p.failed) {
 		if (line > 0)
 			snprintf(err, errlen, "%s:%d: %s", path, line, p.failed ? p.msg : "syntax error");
@@ -325,8 +360,16 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		return -EINVAL;
 	}
 	for (size_t i = 0; i < c->n_feeds; i++) {
-		if (c->feeds[i].n_shards == 0) {
-			snprintf(err, errlen, "%s: [feed.%s]: 'shards' is required", path, c->feeds[i].name);
+		const struct conf_feed *feed = &c->feeds[i];
+		if (feed->n_shards == 0) {
+			snprintf(err, errlen, "%s: [feed.%s]: 'shards' is required", path, feed->name);
+			conf_free(c);
+			return -EINVAL;
+		}
+		/* cu_seqlens are int32 over the flattened batch, so B*L + 1 must fit one. */
+		if ((uint64_t)feed->batch_size * feed->seq_len + 1 > INT32_MAX) {
+			snprintf(err, errlen, "%s: [feed.%s]: batch_size x seq_len = %llu positions; at most %d fit a batch",
+				 path, feed->name, (unsigned long long)feed->batch_size * feed->seq_len, INT32_MAX - 1);
 			conf_free(c);
 			return -EINVAL;
 		}

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * feedd.conf (docs/configuration.md): INI, parsed with inih. Every key is
- * checked; an unknown key or section, or a bad value, fails the whole
+ * checked; an unknown key (or any key under an unknown section), a key given
+ * twice, or a bad value fails the whole
  * file with "path:line: ..." so a broken config never half-applies.
  */
 #pragma once

@@ -60,7 +60,11 @@ static int set_failed(struct feed *f, int code, const char *msg)
 	return 0;
 }
 
-/* Expands the globs: each in config order, its matches sorted by path bytes. */
+/*
+ * Expands the globs: each in config order, its matches sorted by path bytes,
+ * then made canonical (realpath) so that the fingerprint and the duplicate
+ * check do not depend on how the config spells a path.
+ */
 static int expand(struct feed *f, char ***ret, size_t *ret_n, char *err, size_t errlen)
 {
 	char **paths = NULL;
@@ -89,21 +93,24 @@ static int expand(struct feed *f, char ***ret, size_t *ret_n, char *err, size_t 
 		}
 		paths = grown;
 		for (size_t i = 0; i < gl.gl_pathc; i++) {
+			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
+			char *real = realpath(gl.gl_pathv[i], NULL);
+			if (!real) {
+				r = -errno;
+				snprintf(err, errlen, "shards: %s: %s", gl.gl_pathv[i], strerror(-r));
+				globfree(&gl);
+				goto fail;
+			}
 			for (size_t j = 0; j < n; j++) {
-				if (strcmp(paths[j], gl.gl_pathv[i]) == 0) {
-					snprintf(err, errlen, "shards: %s is listed twice", paths[j]);
+				if (strcmp(paths[j], real) == 0) {
+					snprintf(err, errlen, "shards: %s is listed twice", real);
+					free(real);
 					globfree(&gl);
 					r = -EINVAL;
 					goto fail;
 				}
 			}
-			paths[n] = strdup(gl.gl_pathv[i]);
-			if (!paths[n]) {
-				globfree(&gl);
-				r = -ENOMEM;
-				goto fail;
-			}
-			n++;
+			paths[n++] = real;
 		}
 		globfree(&gl);
 	}

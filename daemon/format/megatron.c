@@ -164,15 +164,19 @@ static int check_arrays(struct megatron_shard *s, uint64_t D, char *err, size_t 
 		return fail(err, errlen, -EBADMSG, "%s: doc_idx[%" PRIu64 "] = %" PRId64 ", must equal S = %" PRIu64,
 			    path, D - 1, s->doc_idx[D - 1], S);
 
+	/* Bounds before use: every entry is a sequence index, so it must lie in 0..S and never decrease. */
+	for (uint64_t d = 0; d + 1 < D; d++) {
+		if (s->doc_idx[d + 1] < s->doc_idx[d] || (uint64_t)s->doc_idx[d + 1] > S)
+			return fail(err, errlen, -EBADMSG,
+				    "%s: doc_idx[%" PRIu64 "] = %" PRId64 " is outside doc_idx[%" PRIu64 "] = %" PRId64
+				    " .. S = %" PRIu64 " (must be monotone)",
+				    path, d + 1, s->doc_idx[d + 1], d, s->doc_idx[d], S);
+	}
+
 	s->doc_tokens = malloc(MAX(s->n_docs, 1u) * sizeof(*s->doc_tokens));
 	if (!s->doc_tokens)
 		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	for (uint64_t d = 0; d + 1 < D; d++) {
-		if (s->doc_idx[d + 1] < s->doc_idx[d])
-			return fail(err, errlen, -EBADMSG,
-				    "%s: doc_idx[%" PRIu64 "] = %" PRId64 " is less than doc_idx[%" PRIu64 "] = %" PRId64
-				    " (not monotone)",
-				    path, d + 1, s->doc_idx[d + 1], d, s->doc_idx[d]);
 		uint64_t tokens = 0;
 		for (int64_t q = s->doc_idx[d]; q < s->doc_idx[d + 1]; q++)
 			tokens += (uint64_t)s->lengths[q];

@@ -56,9 +56,13 @@ int cursor_parse(const char *text, struct cursor *ret)
 		return -EINVAL;
 	const char *p = text + 3;
 	uint64_t f[8], check;
-	for (size_t i = 0; i < 8; i++)
+	for (size_t i = 0; i < 8; i++) {
+		const char *start = p;
 		if (hex_field(&p, &f[i]) < 0)
 			return -EINVAL;
+		if (i == 0 && p - start != 17) /* '-' and exactly 16 digits */
+			return -EINVAL;
+	}
 	size_t body = (size_t)(p - text);
 	if (hex_field(&p, &check) < 0 || *p != 0 || p - text - (ptrdiff_t)body != 9)
 		return -EINVAL;

@@ -38,6 +38,8 @@ struct stream {
 	uint32_t rank, world;
 	bool bos, eos;
 	uint64_t epoch_docs;               /* documents in one epoch */
+	bool epoch_had_tokens;             /* this rank met a non-empty document in the current epoch */
+	unsigned empty_epochs;             /* consecutive epochs that gave this rank no token */
 
 	struct order_epoch ep;
 	uint32_t window;

@@ -215,8 +215,10 @@ static void on_session_fail(struct session *sess, int code, const char *msg, voi
 {
 	struct conn *c = userdata;
 	send_error(c, code, "%s", msg);
-	if (flush_out(c) < 0)
+	/* A client that broke the ring protocol is dropped; freeing happens from the write event, not here. */
+	if (code == -EPROTO)
 		c->closing = true;
+	event_active(c->wev, EV_WRITE, 0);
 }
 
 static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
@@ -308,8 +310,10 @@ static int handle_status(struct conn *c, const uint8_t *p, size_t len)
 	if (wire_decode_status(p, len, &st) < 0)
 		return -EBADMSG;
 	_cleanup_free_ char *json = server_status_json(c->srv);
-	if (!json)
-		return -ENOMEM;
+	if (!json) {
+		send_error(c, -ENOMEM, "cannot build the status document");
+		return 0;
+	}
 	size_t jl = strlen(json);
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + jl);
 	if (!buf)
@@ -380,6 +384,9 @@ static void on_read(evutil_socket_t fd, short what, void *userdata)
 	while (c->in_len >= WIRE_HEADER_SIZE) {
 		struct wire_header h;
 		int r = wire_header_decode(c->in, c->in_len, WIRE_MAX_REQUEST - WIRE_HEADER_SIZE, &h);
+		/* Only HELLO may come from another protocol version: it is how versions are settled. */
+		if (r == 0 && h.version != WIRE_VERSION && h.type != WIRE_HELLO)
+			r = -EBADMSG;
 		if (r < 0) {
 			conn_drop(c, r == -EMSGSIZE ? "message too large" : "bad message header (magic, version or type)");
 			return;

@@ -16,14 +16,16 @@ static json_t *token_json(int64_t t)
 
 static json_t *feed_json(const struct feed *f)
 {
-	char fp[17];
+	char fp[17], seed[24];
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)f->fingerprint);
-	json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:b, s:i, s:o, s:o, s:i, s:I, s:I, s:b}",
+	/* u64 seeds do not fit JSON's integers everywhere: a decimal string is exact. */
+	snprintf(seed, sizeof(seed), "%llu", (unsigned long long)f->conf.seed);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:s, s:b, s:i, s:o, s:o, s:i, s:I, s:I, s:b}",
 			      "name", f->name, "state", f->state == FEED_READY ? "ready" : "failed", "format",
 			      f->conf.format, "shards", (json_int_t)f->n_shards, "documents", (json_int_t)f->n_docs,
 			      "nonempty_documents", (json_int_t)f->n_nonempty, "tokens", (json_int_t)f->n_tokens,
 			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
-			      (int)f->conf.batch_size, "seed", (json_int_t)f->conf.seed, "shuffle", f->conf.shuffle,
+			      (int)f->conf.batch_size, "seed", seed, "shuffle", f->conf.shuffle,
 			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->conf.bos), "eos",
 			      token_json(f->conf.eos), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
 			      "tokens_served", (json_int_t)f->tokens_served, "draining", f->draining);

@@ -30,8 +30,17 @@ import feed_ref  # noqa: E402
 import gen_megatron  # noqa: E402
 
 
-def open_fds(pid):
-    return sorted(os.listdir(f"/proc/{pid}/fd"))
+def open_fds(pid, settle=0.1, timeout=5):
+    """The daemon's open fds once they stop changing (connections close asynchronously)."""
+    deadline = time.time() + timeout
+    last = sorted(os.listdir(f"/proc/{pid}/fd"))
+    while time.time() < deadline:
+        time.sleep(settle)
+        now = sorted(os.listdir(f"/proc/{pid}/fd"))
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 class Daemon:
@@ -61,7 +70,6 @@ class Daemon:
                 time.sleep(0.02)
         else:
             raise RuntimeError("feedd did not start listening:\n" + self.log.read_text())
-        self.base_fds = open_fds(self.proc.pid)
 
     def ctl(self, *args, check=True, timeout=60):
         p = subprocess.run([str(FEEDCTL), "--socket", self.socket, *args], capture_output=True, text=True,

@@ -232,6 +232,7 @@ def test_pread_fallback_serves_the_same_batches(daemon, dataset, tmp_path):
 
 def test_status_shows_attached_clients_and_no_fd_leaks(daemon, dataset, tmp_path):
     d = daemon(feed_conf("web", f"{dataset}/shard_*.idx"))
+    base_fds = open_fds(d.proc.pid)
     holder = d.client("web", 1, 2, 1000, hold=True)
     assert holder.stdout.readline().strip() == "attached"
     line = ""
@@ -251,7 +252,7 @@ def test_status_shows_attached_clients_and_no_fd_leaks(daemon, dataset, tmp_path
     while time.time() < deadline and d.status()["clients"]:
         time.sleep(0.05)
     assert d.status()["clients"] == []
-    assert open_fds(d.proc.pid) == d.base_fds, "feedd leaked file descriptors after a client died"
+    assert open_fds(d.proc.pid) == base_fds, "feedd leaked file descriptors after a client died"
 
 
 def test_sigterm_tells_attached_clients(daemon, dataset, tmp_path):

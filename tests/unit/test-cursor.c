@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Cursor text (daemon/order/cursor.h): what a trainer stores in its
+ * checkpoint and hands back to resume. It must round-trip exactly, stay
+ * shell-safe, and never parse when it was mistyped or malformed, since a
+ * wrongly accepted cursor silently resumes from the wrong data.
+ */
+#include "daemon/order/cursor.h"
+#include "daemon/order/order.h"
+#include "proto/ring_abi.h"
+#include "unit.h"
+
+static bool cursor_equal(const struct cursor *a, const struct cursor *b)
+{
+	return a->fingerprint == b->fingerprint && a->world == b->world && a->rank == b->rank &&
+	       a->batch == b->batch && a->pos.epoch == b->pos.epoch && a->pos.window == b->pos.window &&
+	       a->pos.index == b->pos.index && a->pos.offset == b->pos.offset;
+}
+
+static void round_trip(const struct cursor *c)
+{
+	char text[FEED_CURSOR_MAX];
+	int n = cursor_format(c, text, sizeof(text));
+	CHECK(n > 0 && (size_t)n == strlen(text), "cursor_format returned %d for \"%s\"", n, text);
+	if (n <= 0)
+		return;
+	CHECK(strncmp(text, "fc1-", 4) == 0, "cursor \"%s\" does not start with fc1-", text);
+	CHECK(strspn(text + 3, "0123456789abcdef-") == strlen(text + 3),
+	      "cursor \"%s\" holds characters outside [0-9a-f-]", text);
+	/* fc1, 8 fields, the check: 9 dashes; the fingerprint has 16 digits, the check 8. */
+	size_t dashes = 0;
+	for (const char *p = text; *p; p++)
+		dashes += *p == '-';
+	CHECK(dashes == 9, "cursor \"%s\" has %zu fields after fc1, expected 9", text, dashes);
+	CHECK(strchr(text + 4, '-') - (text + 4) == 16, "fingerprint in \"%s\" is not 16 digits", text);
+	CHECK(strlen(strrchr(text, '-') + 1) == 8, "check in \"%s\" is not 8 digits", text);
+
+	struct cursor d;
+	memset(&d, 0x5a, sizeof(d));
+	int r = cursor_parse(text, &d);
+	CHECK(r == 0, "cursor_parse(\"%s\") returned %d", text, r);
+	CHECK(r < 0 || cursor_equal(&d, c), "cursor \"%s\" parsed back to different values", text);
+
+	/* Every cap too small for text + NUL is refused. */
+	char small[FEED_CURSOR_MAX];
+	for (size_t cap = 0; cap <= (size_t)n; cap++) {
+		int e = cursor_format(c, small, cap);
+		CHECK(e == -ENOBUFS, "cursor_format with cap %zu for a %d-character cursor returned %d", cap, n, e);
+	}
+	CHECK_INT(cursor_format(c, small, (size_t)n + 1), n);
+}
+
+/* The check as cursor.c defines it: FNV-1a 64 over the text, splitmix64's finaliser, low 32 bits. */
+static uint32_t check_of(const char *s)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
+	return (uint32_t)order_mix(h);
+}
+
+/* body + "-" + its check. */
+static void with_check(const char *body, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s-%08" PRIx32, body, check_of(body));
+}
+
+static void test_round_trips(void)
+{
+	struct cursor c = {
+		.fingerprint = UINT64_C(0x0123456789abcdef),
+		.world = 8,
+		.rank = 3,
+		.batch = 1000,
+		.pos = { .epoch = 2, .window = 5, .index = 77, .offset = 12 },
+	};
+	round_trip(&c);
+	c = (struct cursor){ .world = 1 };
+	round_trip(&c);
+	c = (struct cursor){
+		.fingerprint = UINT64_MAX,
+		.world = UINT32_MAX,
+		.rank = UINT32_MAX - 1,
+		.batch = UINT64_MAX,
+		.pos = { .epoch = UINT64_MAX, .window = UINT32_MAX, .index = UINT64_MAX, .offset = UINT64_MAX },
+	};
+	round_trip(&c);
+}
+
+static void rejected(const char *why, const char *text)
+{
+	struct cursor d;
+	int r = cursor_parse(text, &d);
+	CHECK(r == -EINVAL, "cursor with %s (\"%s\"): cursor_parse returned %d, expected -EINVAL", why, text, r);
+}
+
+static void test_rejects(void)
+{
+	struct cursor c = {
+		.fingerprint = UINT64_C(0xfeedfacecafebeef),
+		.world = 16,
+		.rank = 9,
+		.batch = 0x1234,
+		.pos = { .epoch = 3, .window = 2, .index = 41, .offset = 7 },
+	};
+	char text[FEED_CURSOR_MAX], bad[FEED_CURSOR_MAX + 8];
+	int n = cursor_format(&c, text, sizeof(text));
+	REQUIRE(n > 0, "cursor_format failed: %d", n);
+
+	/* Every single-digit typo is caught, in the body and in the check itself. */
+	for (int i = 3; i < n; i++) {
+		if (text[i] == '-')
+			continue;
+		for (const char *h = "0123456789abcdef"; *h; h++) {
+			if (*h == text[i])
+				continue;
+			strcpy(bad, text);
+			bad[i] = *h;
+			struct cursor d;
+			int r = cursor_parse(bad, &d);
+			CHECK(r == -EINVAL, "cursor with digit %d changed to '%c' (\"%s\") parsed (%d)", i, *h, bad, r);
+		}
+	}
+
+	rejected("an empty string", "");
+	rejected("only the prefix", "fc1");
+	rejected("another version", "fc2-feedfacecafebeef-10-9-1234-3-2-29-7-00000000");
+	strcpy(bad, text);
+	strcat(bad, "x");
+	rejected("trailing garbage", bad);
+	strcpy(bad, text);
+	strcat(bad, "-0");
+	rejected("an extra trailing field", bad);
+	strcpy(bad, text);
+	strcat(bad, " ");
+	rejected("a trailing space", bad);
+	strcpy(bad, text);
+	bad[n - 1] = 0;
+	rejected("a 7-digit check", bad);
+
+	/*
+	 * Structural faults with a valid check, so the parser's structure checks
+	 * are what must catch them. First make sure this test computes the check
+	 * the way cursor.c does.
+	 */
+	char body[FEED_CURSOR_MAX], good[FEED_CURSOR_MAX];
+	memcpy(body, text, (size_t)n - 9);
+	body[n - 9] = 0;
+	with_check(body, good, sizeof(good));
+	CHECK(strcmp(good, text) == 0, "test's check computation disagrees with cursor_format: \"%s\" vs \"%s\"", good,
+	      text);
+	if (strcmp(good, text) != 0)
+		return;
+	struct cursor d;
+	CHECK_INT(cursor_parse(good, &d), 0);
+
+	static const struct {
+		const char *why, *body;
+	} cases[] = {
+		{ "7 fields", "fc1-feedfacecafebeef-10-9-1234-3-2-29" },
+		{ "9 fields", "fc1-feedfacecafebeef-10-9-1234-3-2-29-7-1" },
+		{ "an empty field", "fc1-feedfacecafebeef-10--1234-3-2-29-7" },
+		{ "upper-case hex", "fc1-FEEDFACECAFEBEEF-10-9-1234-3-2-29-7" },
+		{ "an upper-case digit in a short field", "fc1-feedfacecafebeef-10-9-123A-3-2-29-7" },
+		{ "a 17-digit fingerprint", "fc1-0feedfacecafebeef-10-9-1234-3-2-29-7" },
+		{ "a 17-digit offset", "fc1-feedfacecafebeef-10-9-1234-3-2-29-10000000000000000" },
+		{ "a 17-digit batch", "fc1-feedfacecafebeef-10-9-00000000000001234-3-2-29-7" },
+		{ "rank == world", "fc1-feedfacecafebeef-10-10-1234-3-2-29-7" },
+		{ "rank > world", "fc1-feedfacecafebeef-10-11-1234-3-2-29-7" },
+		{ "world 0", "fc1-feedfacecafebeef-0-0-1234-3-2-29-7" },
+		{ "world over 32 bits", "fc1-feedfacecafebeef-100000000-9-1234-3-2-29-7" },
+		{ "window over 32 bits", "fc1-feedfacecafebeef-10-9-1234-3-100000000-29-7" },
+		{ "a '+' sign", "fc1-feedfacecafebeef-10-+9-1234-3-2-29-7" },
+		{ "'_' separators", "fc1_feedfacecafebeef_10_9_1234_3_2_29_7" },
+		{ "a leading space", " fc1-feedfacecafebeef-10-9-1234-3-2-29-7" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		with_check(cases[i].body, bad, sizeof(bad));
+		rejected(cases[i].why, bad);
+	}
+	/* A check in upper case is a malformed check too. */
+	strcpy(bad, "fc1-feedfacecafebeef-10-9-1234-3-2-29-7");
+	with_check(bad, good, sizeof(good));
+	for (char *p = strrchr(good, '-'); *p; p++)
+		if (*p >= 'a' && *p <= 'f')
+			*p = (char)(*p - 'a' + 'A');
+	if (strpbrk(strrchr(good, '-'), "ABCDEF"))
+		rejected("an upper-case check", good);
+}
+
+/*
+ * cursor.h: "<fingerprint> 16 digits". A shorter fingerprint is not a cursor
+ * feedd wrote, even when its check matches; accepting it would give one place
+ * two spellings.
+ */
+static void test_short_fingerprint(void)
+{
+	char text[FEED_CURSOR_MAX];
+	with_check("fc1-feedfacecafebee-10-9-1234-3-2-29-7", text, sizeof(text));
+	rejected("a 15-digit fingerprint", text);
+	with_check("fc1-0-1-0-0-0-0-0-0", text, sizeof(text));
+	rejected("a 1-digit fingerprint", text);
+}
+
+int main(void)
+{
+	test_round_trips();
+	test_rejects();
+	test_short_fingerprint();
+	return unit_exit("test-cursor");
+}

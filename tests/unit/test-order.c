@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The sample-order contract (daemon/order/order.h, stream.h) against the
+ * independent reference in order-ref.h: the same epochs, windows and
+ * rank assignment for many seeds and shapes; the same token stream position
+ * by position; and resuming from any stream_tell() lands exactly where the
+ * stream was. A trainer relies on all of this for reproducible data order
+ * across restarts and world sizes.
+ */
+#include "daemon/order/order.h"
+#include "daemon/order/stream.h"
+#include "order-ref.h"
+#include "unit.h"
+
+#define N_EPOCHS 4
+
+static const uint64_t seeds[] = { 0, 1, UINT64_C(0x243F6A8885A308D3), UINT64_MAX };
+static const uint32_t windows[] = { 1, 2, 3, 7 };
+static const uint32_t worlds[] = { 1, 2, 3, 5 };
+
+/* Shard shapes: uneven, with shards of 0 documents. */
+static const uint32_t docs_s1[] = { 9 };
+static const uint32_t docs_s3[] = { 4, 0, 7 };
+static const uint32_t docs_s5[] = { 3, 0, 6, 1, 5 };
+static const struct {
+	uint32_t n;
+	const uint32_t *docs;
+} shapes[] = { { 1, docs_s1 }, { 3, docs_s3 }, { 5, docs_s5 } };
+
+/*
+ * Tokens per document, empty ones included. Shard s, document d. Every rank of
+ * every world above gets at least one non-empty document in each epoch
+ * except where a test wants otherwise (checked by the reference run).
+ */
+static const uint32_t tok_s1[] = { 3, 0, 1, 4, 2, 0, 5, 1, 2 };
+static const uint32_t tok_s3_0[] = { 2, 0, 3, 1 }, tok_s3_2[] = { 1, 4, 0, 2, 3, 0, 1 };
+static const uint32_t tok_s5_0[] = { 2, 0, 1 }, tok_s5_2[] = { 0, 3, 1, 2, 0, 4 }, tok_s5_3[] = { 2 },
+		      tok_s5_4[] = { 1, 1, 0, 3, 2 };
+static const uint32_t *const toks_s1[] = { tok_s1 };
+static const uint32_t *const toks_s3[] = { tok_s3_0, NULL, tok_s3_2 };
+static const uint32_t *const toks_s5[] = { tok_s5_0, NULL, tok_s5_2, tok_s5_3, tok_s5_4 };
+static const uint32_t *const *const shape_tokens[] = { toks_s1, toks_s3, toks_s5 };
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+static void test_mix(void)
+{
+	/*
+	 * splitmix64 (Vigna, https://prng.di.unimi.it/splitmix64.c) from state 0
+	 * starts 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f: the
+	 * published seed-0 outputs that also seed xoshiro. RNG(0) is exactly that
+	 * generator, so the reference formula must reproduce them.
+	 */
+	static const uint64_t want[] = { UINT64_C(0xe220a8397b1dcdaf), UINT64_C(0x6e789e6aa1b965f4),
+					 UINT64_C(0x06c45d188009454f) };
+	struct ref_rng ref = { .key = 0 };
+	struct order_rng rng = order_rng_init(0);
+	for (size_t i = 0; i < ARRAY_LEN(want); i++) {
+		CHECK_U64(ref_next(&ref), want[i]);
+		CHECK_U64(order_rng_next(&rng), want[i]);
+	}
+	CHECK_U64(order_mix(0), 0);
+	struct ref_rng vals = { .key = 12345 };
+	for (int i = 0; i < 64; i++) {
+		uint64_t x = ref_next(&vals);
+		CHECK_U64(order_mix(x), ref_mix(x));
+	}
+	CHECK_U64(order_mix(UINT64_MAX), ref_mix(UINT64_MAX));
+
+	/* The daemon's shuffle is the contract's, on both element widths. */
+	for (size_t n = 0; n < 40; n += 7) {
+		uint32_t a32[40], r32[40];
+		uint64_t a64[40];
+		for (size_t i = 0; i < n; i++)
+			a32[i] = r32[i] = (uint32_t)i, a64[i] = i;
+		struct order_rng g = order_rng_init(n), h = order_rng_init(n);
+		order_shuffle_u32(a32, n, &g);
+		order_shuffle_u64(a64, n, &h);
+		struct ref_rng rr = { .key = n };
+		for (size_t i = n; i-- > 1;) {
+			size_t j = (size_t)ref_below(&rr, i + 1);
+			uint32_t t = r32[i];
+			r32[i] = r32[j];
+			r32[j] = t;
+		}
+		for (size_t i = 0; i < n; i++) {
+			CHECK(a32[i] == r32[i], "shuffle_u32 of %zu: [%zu] = %u, expected %u", n, i, a32[i], r32[i]);
+			CHECK(a64[i] == r32[i], "shuffle_u64 of %zu: [%zu] = %" PRIu64 ", expected %u", n, i, a64[i],
+			      r32[i]);
+		}
+	}
+}
+
+static void check_epoch(const struct order_params *p, uint64_t e)
+{
+	char what[160];
+	snprintf(what, sizeof(what), "seed %#" PRIx64 " shuffle %d W %u S %u epoch %" PRIu64, p->seed, p->shuffle,
+		 p->window, p->n_shards, e);
+
+	struct ref_epoch ref;
+	ref_epoch_build(p->seed, p->shuffle, p->window, p->n_shards, p->shard_docs, e, &ref);
+	struct order_epoch ep = { 0 };
+	int r = order_epoch_build(p, e, &ep);
+	CHECK(r == 0, "%s: order_epoch_build returned %d", what, r);
+	if (r < 0)
+		goto out;
+	CHECK(ep.epoch == e, "%s: epoch %" PRIu64, what, ep.epoch);
+	CHECK(ep.key == ref.key, "%s: key %#" PRIx64 ", expected %#" PRIx64, what, ep.key, ref.key);
+	CHECK(ep.n_windows == ref.n_windows, "%s: %u windows, expected %u", what, ep.n_windows, ref.n_windows);
+	if (ep.n_windows != ref.n_windows)
+		goto out;
+	for (uint32_t i = 0; i < p->n_shards; i++)
+		CHECK(ep.perm[i] == ref.perm[i], "%s: perm[%u] = %u, expected %u", what, i, ep.perm[i], ref.perm[i]);
+	for (uint32_t w = 0; w <= ref.n_windows; w++)
+		CHECK(ep.win_start[w] == ref.win_start[w], "%s: win_start[%u] = %" PRIu64 ", expected %zu", what, w,
+		      ep.win_start[w], ref.win_start[w]);
+
+	for (size_t wi = 0; wi < ARRAY_LEN(worlds); wi++) {
+		uint32_t world = worlds[wi];
+		for (uint32_t rank = 0; rank < world; rank++) {
+			for (uint32_t w = 0; w < ref.n_windows; w++) {
+				uint64_t *docs = NULL, first = UINT64_MAX, total = UINT64_MAX;
+				size_t n = SIZE_MAX;
+				r = order_window_rank_docs(p, &ep, w, rank, world, &docs, &n, &first, &total);
+				CHECK(r == 0, "%s: order_window_rank_docs(w %u, rank %u/%u) returned %d", what, w, rank,
+				      world, r);
+				if (r < 0)
+					continue;
+				size_t k0 = ref.win_start[w], k1 = ref.win_start[w + 1];
+				CHECK(total == k1 - k0, "%s w %u: window has %" PRIu64 " documents, expected %zu", what,
+				      w, total, k1 - k0);
+				size_t m = 0;
+				for (size_t k = k0; k < k1; k++) {
+					if (k % world != rank)
+						continue;
+					if (m == 0)
+						CHECK(first == k - k0,
+						      "%s w %u rank %u/%u: first index %" PRIu64 ", expected %zu", what, w,
+						      rank, world, first, k - k0);
+					uint64_t want = ORDER_DOC(ref.docs[k].shard, ref.docs[k].doc);
+					if (m < n)
+						CHECK(docs[m] == want,
+						      "%s w %u rank %u/%u: doc %zu = (%u,%u), expected (%u,%u) (epoch k=%zu)",
+						      what, w, rank, world, m, ORDER_DOC_SHARD(docs[m]),
+						      ORDER_DOC_INDEX(docs[m]), ref.docs[k].shard, ref.docs[k].doc, k);
+					m++;
+				}
+				CHECK(n == m, "%s w %u rank %u/%u: %zu documents, expected %zu", what, w, rank, world, n,
+				      m);
+				free(docs);
+			}
+		}
+	}
+out:
+	order_epoch_clear(&ep);
+	ref_epoch_free(&ref);
+}
+
+static void test_epochs(void)
+{
+	for (size_t si = 0; si < ARRAY_LEN(seeds); si++)
+		for (int shuffle = 0; shuffle <= 1; shuffle++)
+			for (size_t wi = 0; wi < ARRAY_LEN(windows); wi++)
+				for (size_t hi = 0; hi < ARRAY_LEN(shapes); hi++) {
+					struct order_params p = {
+						.seed = seeds[si],
+						.shuffle = shuffle,
+						.window = windows[wi],
+						.n_shards = shapes[hi].n,
+						.shard_docs = shapes[hi].docs,
+					};
+					for (uint64_t e = 0; e < N_EPOCHS; e++)
+						check_epoch(&p, e);
+				}
+
+	/* Shuffling must actually reorder: different epochs and seeds give different orders. */
+	struct order_params p = { .seed = 7, .shuffle = true, .window = 7, .n_shards = 5, .shard_docs = docs_s5 };
+	struct order_epoch a = { 0 }, b = { 0 };
+	uint64_t *da, *db, fa, fb, ta, tb;
+	size_t na, nb;
+	CHECK_INT(order_epoch_build(&p, 0, &a), 0);
+	CHECK_INT(order_epoch_build(&p, 1, &b), 0);
+	CHECK_INT(order_window_rank_docs(&p, &a, 0, 0, 1, &da, &na, &fa, &ta), 0);
+	CHECK_INT(order_window_rank_docs(&p, &b, 0, 0, 1, &db, &nb, &fb, &tb), 0);
+	CHECK(na == 15 && nb == 15 && memcmp(da, db, 15 * sizeof(*da)) != 0,
+	      "epochs 0 and 1 of a shuffled feed visit documents in the same order");
+	free(da);
+	free(db);
+	order_epoch_clear(&a);
+	order_epoch_clear(&b);
+}
+
+/* ---- streams ---- */
+
+struct stream_case {
+	char what[160];
+	struct order_params p;
+	const uint32_t *const *tokens;
+	uint32_t rank, world;
+	bool bos, eos;
+};
+
+static bool pos_equal(struct stream_pos a, const struct ref_pos *b)
+{
+	return a.epoch == b->epoch && a.window == b->window && a.index == b->index && a.offset == b->offset;
+}
+
+/*
+ * Walks the stream from `s`'s current place, which must be ref[at], for up
+ * to `limit` positions, in pieces of varying sizes, checking each piece and
+ * each stream_tell() against the reference.
+ */
+static void walk(const struct stream_case *c, struct stream *s, const struct ref_pos *ref, size_t n_ref, size_t at,
+		 size_t limit, unsigned step_seed)
+{
+	static const uint64_t steps[] = { 1, 2, 3, 5, 8, 13, 1000 };
+	size_t end = at + limit < n_ref ? at + limit : n_ref;
+	unsigned step = step_seed;
+	while (at < end) {
+		struct stream_pos t = stream_tell(s);
+		if (!pos_equal(t, &ref[at])) {
+			unit_fail(__FILE__, __LINE__,
+				  "%s: at position %zu stream_tell = (epoch %" PRIu64 ", window %u, index %" PRIu64
+				  ", offset %" PRIu64 "), expected (%" PRIu64 ", %u, %" PRIu64 ", %" PRIu64 ")",
+				  c->what, at, t.epoch, t.window, t.index, t.offset, ref[at].epoch, ref[at].window,
+				  ref[at].index, ref[at].offset);
+			return;
+		}
+		struct stream_piece peek = stream_peek(s);
+		CHECK(peek.doc == ORDER_DOC(ref[at].shard, ref[at].doc) && peek.offset == ref[at].offset,
+		      "%s: stream_peek at %zu names another place", c->what, at);
+
+		uint64_t max = steps[step++ % ARRAY_LEN(steps)];
+		struct stream_piece pc;
+		int r = stream_take(s, max, &pc);
+		if (r < 0) {
+			unit_fail(__FILE__, __LINE__, "%s: stream_take at position %zu returned %d", c->what, at, r);
+			return;
+		}
+		if (pc.count == 0 || pc.count > max) {
+			unit_fail(__FILE__, __LINE__, "%s: stream_take(max %" PRIu64 ") at %zu gave %" PRIu64
+				  " positions", c->what, max, at, pc.count);
+			return;
+		}
+		for (uint64_t j = 0; j < pc.count && at < end; j++, at++) {
+			const struct ref_pos *w = &ref[at];
+			if (pc.doc != ORDER_DOC(w->shard, w->doc) || pc.offset + j != w->offset || pc.length != w->length) {
+				unit_fail(__FILE__, __LINE__,
+					  "%s: position %zu is (shard %u, doc %u, offset %" PRIu64 ", length %" PRIu64
+					  "), expected (shard %u, doc %u, offset %" PRIu64 ", length %" PRIu64 ")",
+					  c->what, at, ORDER_DOC_SHARD(pc.doc), ORDER_DOC_INDEX(pc.doc), pc.offset + j,
+					  pc.length, w->shard, w->doc, w->offset, w->length);
+				return;
+			}
+		}
+	}
+}
+
+static void check_stream(const struct stream_case *c)
+{
+	struct ref_pos *ref;
+	/* Four whole epochs of this rank's stream. */
+	size_t n = ref_stream(c->p.seed, c->p.shuffle, c->p.window, c->p.n_shards, c->p.shard_docs, c->tokens,
+			      c->rank, c->world, c->bos, c->eos, 100000, N_EPOCHS, &ref);
+	REQUIRE(n < 100000, "%s: the test's shapes give this rank %zu positions", c->what, n);
+
+	struct stream s;
+	int r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, NULL);
+	if (n == 0) {
+		/* Only empty documents for this rank in every epoch: there is nothing to serve. */
+		CHECK(r == -ENODATA, "%s: stream_init(NULL) for a rank without tokens returned %d, expected -ENODATA",
+		      c->what, r);
+		if (r == 0)
+			stream_clear(&s);
+		goto out;
+	}
+	CHECK(r == 0, "%s: stream_init(NULL) returned %d", c->what, r);
+	if (r < 0)
+		goto out;
+	walk(c, &s, ref, n, 0, n, 0);
+	stream_clear(&s);
+
+	/* Resume from a told position: every 3rd one, and every window and epoch boundary. */
+	for (size_t i = 0; i < n; i++) {
+		bool boundary = i == 0 || ref[i].window != ref[i - 1].window || ref[i].epoch != ref[i - 1].epoch;
+		if (i % 3 != 0 && !boundary)
+			continue;
+		struct stream_pos pos = { ref[i].epoch, ref[i].window, ref[i].index, ref[i].offset };
+		r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &pos);
+		if (r < 0) {
+			unit_fail(__FILE__, __LINE__, "%s: stream_init at position %zu (epoch %" PRIu64 ", window %u, index %" PRIu64
+				  ", offset %" PRIu64 ") returned %d", c->what, i, pos.epoch, pos.window, pos.index,
+				  pos.offset, r);
+			continue;
+		}
+		walk(c, &s, ref, n, i, 40, (unsigned)i);
+		stream_clear(&s);
+	}
+
+	/* Positions that are not this rank's, or not inside a document, are refused. */
+	for (size_t i = 0; i < n; i += 11) {
+		struct stream_pos good = { ref[i].epoch, ref[i].window, ref[i].index, ref[i].offset }, bad;
+		struct ref_epoch ep;
+		ref_epoch_build(c->p.seed, c->p.shuffle, c->p.window, c->p.n_shards, c->p.shard_docs, good.epoch, &ep);
+		uint64_t window_docs = ep.win_start[good.window + 1] - ep.win_start[good.window];
+		uint32_t n_windows = ep.n_windows;
+		ref_epoch_free(&ep);
+
+		if (c->world > 1) {
+			bad = good;
+			bad.index = good.index + 1; /* the next rank's document */
+			bad.offset = 0;
+			r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &bad);
+			CHECK(r == -EINVAL, "%s: stream_init at index %" PRIu64 " (another rank's) returned %d", c->what,
+			      bad.index, r);
+			if (r == 0)
+				stream_clear(&s);
+		}
+		bad = good;
+		bad.index = good.index + ((window_docs - good.index + c->world - 1) / c->world) * c->world;
+		bad.offset = 0; /* this rank's residue, past the window's end */
+		r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &bad);
+		CHECK(r == -EINVAL, "%s: stream_init at index %" PRIu64 " of a %" PRIu64 "-document window returned %d",
+		      c->what, bad.index, window_docs, r);
+		if (r == 0)
+			stream_clear(&s);
+		bad = good;
+		bad.offset = ref[i].length;
+		r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &bad);
+		CHECK(r == -EINVAL, "%s: stream_init at offset %" PRIu64 " of a %" PRIu64 "-position document returned %d",
+		      c->what, bad.offset, ref[i].length, r);
+		if (r == 0)
+			stream_clear(&s);
+		bad = good;
+		bad.window = n_windows;
+		r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &bad);
+		CHECK(r == -EINVAL, "%s: stream_init in window %u of %u returned %d", c->what, bad.window, n_windows, r);
+		if (r == 0)
+			stream_clear(&s);
+	}
+out:
+	free(ref);
+}
+
+static void test_streams(void)
+{
+	static const uint64_t stream_seeds[] = { 0, UINT64_C(0x243F6A8885A308D3), UINT64_MAX };
+	for (size_t si = 0; si < ARRAY_LEN(stream_seeds); si++)
+		for (int shuffle = 0; shuffle <= 1; shuffle++)
+			for (size_t wi = 0; wi < ARRAY_LEN(windows); wi++)
+				for (size_t hi = 0; hi < ARRAY_LEN(shapes); hi++)
+					for (size_t ri = 0; ri < ARRAY_LEN(worlds); ri++)
+						for (uint32_t rank = 0; rank < worlds[ri]; rank++)
+							for (int be = 0; be < 4; be++) {
+								struct stream_case c = {
+									.p = { .seed = stream_seeds[si],
+									       .shuffle = shuffle,
+									       .window = windows[wi],
+									       .n_shards = shapes[hi].n,
+									       .shard_docs = shapes[hi].docs },
+									.tokens = shape_tokens[hi],
+									.rank = rank,
+									.world = worlds[ri],
+									.bos = be & 1,
+									.eos = be & 2,
+								};
+								/* Skip the heavy half of bos/eos combinations off the corners. */
+								if ((be == 1 || be == 2) && (si != 1 || wi % 2))
+									continue;
+								snprintf(c.what, sizeof(c.what),
+									 "seed %#" PRIx64 " shuffle %d W %u S %u rank %u/%u bos %d eos %d",
+									 c.p.seed, shuffle, c.p.window, c.p.n_shards, rank,
+									 c.world, c.bos, c.eos);
+								check_stream(&c);
+							}
+}
+
+static void test_stream_args(void)
+{
+	struct order_params p = { .seed = 1, .shuffle = false, .window = 1, .n_shards = 1, .shard_docs = docs_s1 };
+	struct stream s;
+	CHECK_INT(stream_init(&s, &p, toks_s1, 0, 0, false, false, NULL), -EINVAL);
+	CHECK_INT(stream_init(&s, &p, toks_s1, 2, 2, false, false, NULL), -EINVAL);
+
+	/* A rank whose documents are all empty gets no tokens: -ENODATA, not a spin. */
+	static const uint32_t docs[] = { 4 }, tok[] = { 5, 0, 5, 0 };
+	static const uint32_t *const toks[] = { tok };
+	struct order_params q = { .seed = 1, .shuffle = false, .window = 1, .n_shards = 1, .shard_docs = docs };
+	CHECK_INT(stream_init(&s, &q, toks, 1, 2, true, true, NULL), -ENODATA);
+	CHECK_INT(stream_init(&s, &q, toks, 0, 2, true, true, NULL), 0);
+	stream_clear(&s);
+}
+
+/*
+ * With shuffling, a rank may be dealt only empty documents for many epochs
+ * in a row and still get tokens later. Its stream must then start at those
+ * tokens: the rank does receive tokens, so -ENODATA would be wrong. The seed
+ * is the first one for which the reference deals rank 0 nothing but empty
+ * documents for at least 12 epochs (more than two epochs' worth of documents
+ * of the feed, 2 * 5 + 1, in a row).
+ */
+static void test_stream_late_tokens(void)
+{
+	static const uint32_t docs[] = { 5 }, tok[] = { 3, 0, 0, 0, 0 };
+	static const uint32_t *const toks[] = { tok };
+	struct order_params q = { .shuffle = true, .window = 1, .n_shards = 1, .shard_docs = docs };
+	struct ref_pos *ref = NULL;
+	size_t n = 0;
+	for (q.seed = 0; q.seed < 10000; q.seed++) {
+		free(ref);
+		n = ref_stream(q.seed, true, 1, 1, docs, toks, 0, 5, false, false, 1, 200, &ref);
+		if (n == 1 && ref[0].epoch >= 12)
+			break;
+	}
+	REQUIRE(n == 1 && ref[0].epoch >= 12, "no seed below 10000 delays rank 0's first token to epoch 12");
+
+	struct stream s;
+	int r = stream_init(&s, &q, toks, 0, 5, false, false, NULL);
+	CHECK(r == 0, "seed %" PRIu64 ": rank 0/5 first gets tokens in epoch %" PRIu64
+	      " (document %u), but stream_init(NULL) returned %d", q.seed, ref[0].epoch, ref[0].doc, r);
+	if (r == 0) {
+		struct stream_pos t = stream_tell(&s);
+		CHECK(pos_equal(t, &ref[0]), "seed %" PRIu64 ": stream starts in epoch %" PRIu64 ", expected %" PRIu64,
+		      q.seed, t.epoch, ref[0].epoch);
+		stream_clear(&s);
+	}
+	free(ref);
+}
+
+/* More ranks than documents: the last rank is dealt nothing, ever. */
+static void no_documents_for_rank(void *ctx)
+{
+	static const uint32_t docs[] = { 2 }, tok[] = { 3, 3 };
+	static const uint32_t *const toks[] = { tok };
+	struct order_params q = { .seed = 1, .shuffle = true, .window = 1, .n_shards = 1, .shard_docs = docs };
+	struct stream s;
+	CHECK_INT(stream_init(&s, &q, toks, 2, 3, false, false, NULL), -ENODATA);
+}
+
+int main(void)
+{
+	test_mix();
+	test_epochs();
+	test_streams();
+	test_stream_args();
+	test_stream_late_tokens();
+	unit_in_child("stream_init for a rank of 3 over 2 documents", no_documents_for_rank, NULL, 2);
+	return unit_exit("test-order");
+}
