@@ -530,6 +530,32 @@ FEED_EXPORT int feed_client_report(feed_client *c, uint64_t step_ns, uint64_t h2
 	return 0;
 }
 
+_Static_assert(FEED_HIST_BUCKETS == 256, "public histogram size matches the ABI");
+
+FEED_EXPORT int feed_client_stats(const feed_client *c, struct feed_stats *ret)
+{
+	if (!c->attached)
+		return -ENOTCONN;
+	const struct feed_consumer_page *p = c->cons;
+	*ret = (struct feed_stats){
+		.delivered = p->delivered,
+		.wait_ns_total = p->wait_ns_total,
+		.step_ns_total = p->step_ns_total,
+		.reported_step_ns_total = p->reported_step_ns_total,
+		.h2d_ns_total = p->h2d_ns_total,
+		.last_wait_ns = p->last_wait_ns,
+		.last_step_ns = p->last_step_ns,
+	};
+	memcpy(ret->hist_wait, p->hist_wait, sizeof(ret->hist_wait));
+	memcpy(ret->hist_step, p->hist_step, sizeof(ret->hist_step));
+	return 0;
+}
+
+FEED_EXPORT uint64_t feed_stats_bucket_lower(unsigned b)
+{
+	return b >= FEED_HIST_BUCKETS ? UINT64_MAX : feed_hist_lower(b);
+}
+
 FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 {
 	int saved = errno;

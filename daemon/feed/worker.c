@@ -38,7 +38,6 @@ struct worker *worker_free(struct worker *w)
 		return NULL;
 	io_reader_free(w->io);
 	free(w->raw);
-	free(w->tok);
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
@@ -52,13 +51,10 @@ static int reserve(struct worker *w, size_t positions, size_t pieces)
 		void *raw = realloc(w->raw, positions * 8);
 		if (raw)
 			w->raw = raw;
-		void *tok = realloc(w->tok, positions * sizeof(int32_t));
-		if (tok)
-			w->tok = tok;
 		void *st = realloc(w->is_start, positions);
 		if (st)
 			w->is_start = st;
-		if (!raw || !tok || !st)
+		if (!raw || !st)
 			return -ENOMEM;
 		w->positions = positions;
 	}
@@ -119,6 +115,14 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		return r;
 	}
 
+	/*
+	 * Tokens land straight in the slot's input_ids (positions 0 .. BL-1);
+	 * the look-ahead position BL is a piece of its own, kept aside.
+	 */
+	const size_t n = n_pos - 1;
+	int32_t *ids = (int32_t *)(slot + geom->off_input_ids), lookahead = 0;
+#define AT(p) ((p) < n ? ids + (p) : &lookahead)
+
 	/* Lay out the positions: bos/eos inline, token ranges as reads. */
 	const bool bos = f->conf.bos != CONF_TOKEN_NONE, eos = f->conf.eos != CONF_TOKEN_NONE;
 	struct emit_ctx c = { .w = w };
@@ -132,9 +136,9 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		memset(w->is_start + pos, 0, p->count);
 		w->is_start[pos] = p->offset == 0;
 		if (bos && p->offset == 0)
-			w->tok[pos] = (int32_t)f->conf.bos;
+			*AT(pos) = (int32_t)f->conf.bos;
 		if (eos && p->offset + p->count == p->length)
-			w->tok[pos + p->count - 1] = (int32_t)f->conf.eos;
+			*AT(pos + p->count - 1) = (int32_t)f->conf.eos;
 		if (lo < hi) {
 			c.shard = f->shards[s];
 			c.shard_index = s;
@@ -165,7 +169,7 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		const struct widen_run *run = &w->runs[i];
 		const struct megatron_shard *sh = f->shards[run->shard];
 		size_t bad;
-		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, w->tok + run->pos, &bad);
+		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
 		if (r < 0) {
 			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
 				 run->byte_offset + bad * sh->itemsize);
@@ -175,8 +179,9 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 
 	struct feed_slot_header *h = (struct feed_slot_header *)slot;
 	uint32_t docs;
-	uint32_t n_cu = pack_fill(w->tok, w->is_start, plan->batch_size, plan->seq_len,
-				  (int32_t *)(slot + geom->off_input_ids), (int32_t *)(slot + geom->off_labels),
+#undef AT
+	uint32_t n_cu = pack_fill(ids, lookahead, w->is_start, plan->batch_size, plan->seq_len, ids,
+				  (int32_t *)(slot + geom->off_labels),
 				  (int32_t *)(slot + geom->off_position_ids), (int32_t *)(slot + geom->off_cu_seqlens),
 				  &docs);
 	h->batch_index = plan->batch_index;

@@ -17,7 +17,6 @@
 struct worker {
 	struct io_reader *io;
 	uint8_t *raw;      /* tokens as stored, at position * 8 */
-	int32_t *tok;      /* widened tokens, BL + 1 */
 	uint8_t *is_start; /* BL + 1 */
 	size_t positions;  /* capacity of the three above, in positions */
 	struct io_req *reqs;

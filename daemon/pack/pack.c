@@ -52,8 +52,8 @@ void pack_plan_clear(struct batch_plan *plan)
 	*plan = (struct batch_plan){ 0 };
 }
 
-uint32_t pack_fill(const int32_t *tok, const uint8_t *is_start, uint32_t batch_size, uint32_t seq_len,
-		   int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
+uint32_t pack_fill(const int32_t *tok, int32_t lookahead, const uint8_t *is_start, uint32_t batch_size,
+		   uint32_t seq_len, int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
 		   uint32_t *ret_docs)
 {
 	/*
@@ -62,8 +62,10 @@ uint32_t pack_fill(const int32_t *tok, const uint8_t *is_start, uint32_t batch_s
 	 * faster than deciding every position on its own (bench/spine.py).
 	 */
 	size_t n = (size_t)batch_size * seq_len;
-	memcpy(input_ids, tok, n * sizeof(int32_t));
-	memcpy(labels, tok + 1, n * sizeof(int32_t));
+	if (tok != input_ids)
+		memcpy(input_ids, tok, n * sizeof(int32_t));
+	memcpy(labels, tok + 1, (n - 1) * sizeof(int32_t));
+	labels[n - 1] = lookahead;
 
 	uint32_t docs = 0;
 	for (const uint8_t *p = is_start; (p = memchr(p, 1, (size_t)(is_start + n + 1 - p))); p++) {

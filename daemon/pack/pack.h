@@ -33,13 +33,14 @@ int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t 
 void pack_plan_clear(struct batch_plan *plan);
 
 /*
- * Fills a batch from its tokens: tok[0 .. BL] (BL + 1 entries; the last is the
- * look-ahead) and is_start[i] = 1 where position i is a document's first,
- * 0 elsewhere (BL + 1 entries).
- * Writes input_ids, labels, position_ids (BL each) and cu_seqlens (up to
- * BL + 1 entries). Returns the number of cu_seqlens entries; *ret_docs gets the
- * number of documents starting inside the batch.
+ * Fills a batch from its tokens: tok[0 .. BL-1] and the look-ahead token (the
+ * first position of the next batch), with is_start[i] = 1 where position i
+ * is a document's first, 0 elsewhere (BL + 1 entries, the last for the
+ * look-ahead). tok may be input_ids itself (the worker reads tokens straight
+ * into the slot); otherwise it is copied there. Writes labels, position_ids
+ * (BL each) and cu_seqlens (up to BL + 1 entries). Returns the number of
+ * cu_seqlens entries; *ret_docs gets the documents starting in the batch.
  */
-uint32_t pack_fill(const int32_t *tok, const uint8_t *is_start, uint32_t batch_size, uint32_t seq_len,
-		   int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
+uint32_t pack_fill(const int32_t *tok, int32_t lookahead, const uint8_t *is_start, uint32_t batch_size,
+		   uint32_t seq_len, int32_t *input_ids, int32_t *labels, int32_t *position_ids, int32_t *cu_seqlens,
 		   uint32_t *ret_docs);

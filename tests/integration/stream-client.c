@@ -53,8 +53,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("attached\n");
-	struct feed_batch held[1024];
-	unsigned n_held = 0;
+	unsigned n_held = 0; /* batches kept unreleased (HOLD) */
 	for (long i = 0; i < batches; i++) {
 		struct feed_batch b;
 		r = feed_client_next(c, hold && n_held == feed_client_slots(c) ? 0 : 30000, &b);
@@ -76,7 +75,7 @@ int main(int argc, char **argv)
 		h = fnv(h, b.position_ids, n);
 		printf("batch %" PRIu64 " %" PRIu64 " %016" PRIx64 " %s\n", b.index, b.epoch, h, b.cursor);
 		if (hold)
-			held[n_held++] = b;
+			n_held++;
 		else
 			feed_client_release(c, &b);
 		if (sleep_ms > 0)

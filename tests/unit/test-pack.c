@@ -45,7 +45,7 @@ static void check_fill(const struct fill_case *c)
 	uint32_t docs = 12345;
 	for (size_t i = 0; i < 65; i++)
 		cu[i] = -7;
-	uint32_t n_cu = pack_fill(c->tok, c->is_start, c->B, c->L, input_ids, labels, position_ids, cu, &docs);
+	uint32_t n_cu = pack_fill(c->tok, c->tok[(size_t)c->B * c->L], c->is_start, c->B, c->L, input_ids, labels, position_ids, cu, &docs);
 	char what[128];
 	snprintf(what, sizeof(what), "%s: input_ids", c->what);
 	check_array(what, input_ids, c->input_ids, n);

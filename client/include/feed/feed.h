@@ -98,6 +98,29 @@ uint32_t feed_client_slots(const feed_client *c);
  */
 int feed_client_report(feed_client *c, uint64_t step_ns, uint64_t h2d_ns);
 
+/* What this client measured and reported so far (the figures the daemon sees). */
+struct feed_stats {
+	uint64_t delivered;       /* batches returned by next() */
+	uint64_t wait_ns_total;   /* time blocked in next() */
+	uint64_t step_ns_total;   /* time between a next() return and the following call */
+	uint64_t reported_step_ns_total; /* from feed_client_report() */
+	uint64_t h2d_ns_total;    /* from feed_client_report() */
+	uint64_t last_wait_ns, last_step_ns;
+	/*
+	 * Histograms of the waits and steps: bucket b counts values v with
+	 * feed_stats_bucket_lower(b) <= v < feed_stats_bucket_lower(b + 1),
+	 * four buckets per power of two.
+	 */
+	uint64_t hist_wait[256];
+	uint64_t hist_step[256];
+};
+
+/* Copies the client's counters. Returns 0, or -ENOTCONN when not attached. */
+int feed_client_stats(const feed_client *c, struct feed_stats *ret);
+
+/* Lower bound (ns) of histogram bucket b of struct feed_stats. */
+uint64_t feed_stats_bucket_lower(unsigned b);
+
 /*
  * The daemon's status document (JSON, docs/protocol.md). Works with or
  * without an attachment. Returns 0 and a malloc'd string in *ret_json.
