@@ -265,3 +265,20 @@ def test_sigterm_tells_attached_clients(daemon, dataset, tmp_path):
     out, _ = c.communicate(timeout=10)
     assert time.time() - t0 < 5
     assert c.returncode == 1 and "stopping" in out, out
+
+
+def test_a_client_that_stops_consuming_does_not_slow_another(daemon, dataset, tmp_path):
+    d = daemon(feed_conf("web", f"{dataset}/shard_*.idx"), threads=1)
+    holder = d.client("web", 0, 2, 1000, hold=True)
+    line = ""
+    while not line.startswith("holding"):
+        line = holder.stdout.readline()
+        assert line, holder.stderr.read()
+    t0 = time.time()
+    got = d.dump("web", tmp_path / "free", rank=1, world=2, batches=200)
+    assert time.time() - t0 < 20
+    assert_batches_equal(got, reference(f"{dataset}/shard_*.idx", 1, 2, 200))
+    (h,) = [c for c in d.status()["clients"] if c["pid"] == holder.pid]
+    assert h["ring_fill"] == h["ring_slots"]
+    holder.kill()
+    holder.wait()
