@@ -19,15 +19,15 @@
 #define TOK_MAX_REGEX 4
 
 static inline void tok_freep(void *p) {
-        free(*(void **) p);
+	free(*(void **) p);
 }
 #define _tok_cleanup_free_ __attribute__((cleanup(tok_freep)))
 
 static inline void *tok_take_ptr(void *pp) {
-        void **p = pp;
-        void *v = *p;
-        *p = NULL;
-        return v;
+	void **p = pp;
+	void *v = *p;
+	*p = NULL;
+	return v;
 }
 #define TOK_TAKE_PTR(p) tok_take_ptr(&(p))
 #define TOK_ELEMENTSOF(a) (sizeof(a) / sizeof((a)[0]))
@@ -35,79 +35,79 @@ static inline void *tok_take_ptr(void *pp) {
 /* Open-addressing slot of the bytes -> id table; id UINT32_MAX = empty.
  * The first 8 bytes live in the slot, so most lookups touch one cache line. */
 struct tok_slot {
-        uint32_t id;
-        uint32_t len;
-        uint64_t head;  /* first min(len, 8) bytes, zero-padded (tok_load_head()) */
+	uint32_t id;
+	uint32_t len;
+	uint64_t head;  /* first min(len, 8) bytes, zero-padded (tok_load_head()) */
 };
 
 /* A merge of two single bytes, indexed by (first << 8 | second). */
 struct tok_pair2 {
-        uint32_t prio;
-        uint32_t merged;
+	uint32_t prio;
+	uint32_t merged;
 };
 
 /* Open-addressing slot of the (left, right) -> merge table. */
 struct tok_pair {
-        uint64_t key;   /* left << 32 | right; UINT64_MAX = empty */
-        uint32_t prio;  /* lower merges first: rank (tiktoken) or merge index (HF) */
-        uint32_t merged;
+	uint64_t key;   /* left << 32 | right; UINT64_MAX = empty */
+	uint32_t prio;  /* lower merges first: rank (tiktoken) or merge index (HF) */
+	uint32_t merged;
 };
 
 struct tok_ent {
-        uint32_t id;
-        uint32_t off;
-        uint32_t len;
-        uint32_t line;  /* rank file line, 0 for tokenizer.json */
+	uint32_t id;
+	uint32_t off;
+	uint32_t len;
+	uint32_t line;  /* rank file line, 0 for tokenizer.json */
 };
 
 struct tok_added {
-        char *text;
-        size_t len;
-        int32_t id;
-        bool special;   /* false: HF added token matched always, like HF */
+	char *text;
+	size_t len;
+	int32_t id;
+	bool special;   /* false: HF added token matched always, like HF */
 };
 
 struct tok {
-        char *name;             /* file basename, for messages */
+	char *name;             /* file basename, for messages */
 
-        /* Ordinary tokens: bytes of id i are bytes[off[i] .. off[i + 1]). */
-        struct tok_ent *ents;   /* while loading: (id, bytes, line) */
-        size_t n_ents, cap_ents;
-        size_t n_bytes, cap_bytes;
-        uint32_t n_ids;         /* ordinary ids are < n_ids */
-        uint8_t *bytes;
-        uint32_t *off;          /* n_ids + 1 entries */
-        struct tok_slot *slots; /* bytes -> id */
-        uint32_t slot_mask;
-        uint32_t byte_id[256];
-        struct tok_pair2 *pair2;        /* 65536 entries, filled by tok_finish() */
+	/* Ordinary tokens: bytes of id i are bytes[off[i] .. off[i + 1]). */
+	struct tok_ent *ents;   /* while loading: (id, bytes, line) */
+	size_t n_ents, cap_ents;
+	size_t n_bytes, cap_bytes;
+	uint32_t n_ids;         /* ordinary ids are < n_ids */
+	uint8_t *bytes;
+	uint32_t *off;          /* n_ids + 1 entries */
+	struct tok_slot *slots; /* bytes -> id */
+	uint32_t slot_mask;
+	uint32_t byte_id[256];
+	struct tok_pair2 *pair2;        /* 65536 entries, filled by tok_finish() */
 
-        /* Merges: (left id, right id) -> (priority, merged id). */
-        struct tok_pair *pairs;
-        uint64_t pair_mask;
-        unsigned pair_shift;
-        size_t n_pairs;
+	/* Merges: (left id, right id) -> (priority, merged id). */
+	struct tok_pair *pairs;
+	uint64_t pair_mask;
+	unsigned pair_shift;
+	size_t n_pairs;
 
-        /* A piece that is one token is emitted as that token when
-         * whole_ok[id] (tiktoken always; HF when ignore_merges, or when
-         * the merges rebuild that token from its bytes anyway). */
-        uint8_t *whole_ok;
+	/* A piece that is one token is emitted as that token when
+	 * whole_ok[id] (tiktoken always; HF when ignore_merges, or when
+	 * the merges rebuild that token from its bytes anyway). */
+	uint8_t *whole_ok;
 
-        /* Pre-tokenizer: each regex splits the pieces of the previous one. */
-        pcre2_code *re[TOK_MAX_REGEX];
-        size_t n_re;
-        bool keep_gaps;         /* HF Isolated keeps unmatched text; tiktoken drops it */
-        bool nfc;
+	/* Pre-tokenizer: each regex splits the pieces of the previous one. */
+	pcre2_code *re[TOK_MAX_REGEX];
+	size_t n_re;
+	bool keep_gaps;         /* HF Isolated keeps unmatched text; tiktoken drops it */
+	bool nfc;
 
-        struct tok_added *added;
-        size_t n_added;
-        bool has_nonspecial;
-        pcre2_code *added_re;   /* alternation of all added tokens, longest first */
-        pcre2_code *plain_re;   /* only the non-special ones (HF), or NULL */
-        uint32_t max_lookbehind; /* of re[0], in characters */
-        bool jit;
+	struct tok_added *added;
+	size_t n_added;
+	bool has_nonspecial;
+	pcre2_code *added_re;   /* alternation of all added tokens, longest first */
+	pcre2_code *plain_re;   /* only the non-special ones (HF), or NULL */
+	uint32_t max_lookbehind; /* of re[0], in characters */
+	bool jit;
 
-        size_t vocab_size;
+	size_t vocab_size;
 };
 
 /* Error text helper: formats "name:where: msg" into *ret_error (if not NULL)
@@ -152,17 +152,17 @@ int tok_add_special(struct tok *t, const char *text, size_t len, int32_t id, boo
 
 /* Pair lookup: priority or UINT32_MAX, and the merged id. */
 static inline uint32_t tok_pair_find(const struct tok *t, uint32_t l, uint32_t r, uint32_t *ret_merged) {
-        uint64_t key = (uint64_t) l << 32 | r;
-        uint64_t i = (key * 0x9e3779b97f4a7c15ull) >> t->pair_shift;
-        for (;; i = (i + 1) & t->pair_mask) {
-                const struct tok_pair *p = &t->pairs[i];
-                if (p->key == key) {
-                        *ret_merged = p->merged;
-                        return p->prio;
-                }
-                if (p->key == UINT64_MAX)
-                        return UINT32_MAX;
-        }
+	uint64_t key = (uint64_t) l << 32 | r;
+	uint64_t i = (key * 0x9e3779b97f4a7c15ull) >> t->pair_shift;
+	for (;; i = (i + 1) & t->pair_mask) {
+		const struct tok_pair *p = &t->pairs[i];
+		if (p->key == key) {
+			*ret_merged = p->merged;
+			return p->prio;
+		}
+		if (p->key == UINT64_MAX)
+			return UINT32_MAX;
+	}
 }
 
 /* Compiles the added-token regexes and computes vocab_size; last step. */
@@ -179,56 +179,56 @@ size_t tok_bpe_scratch_size(size_t n);
 /* The first min(n, 8) bytes of s as a zero-padded little-endian word,
  * without reading past s + n. */
 static inline uint64_t tok_load_head(const uint8_t *s, size_t n) {
-        uint64_t w;
+	uint64_t w;
 
-        if (n >= 8) {
-                memcpy(&w, s, 8);
-                return w;
-        }
-        if (n >= 4) {
-                uint32_t a, b;
-                memcpy(&a, s, 4);
-                memcpy(&b, s + n - 4, 4);
-                return (uint64_t) a | (uint64_t) b << (8 * (n - 4));
-        }
-        if (n == 0)
-                return 0;
-        return (uint64_t) s[0] | (uint64_t) s[n >> 1] << (8 * (n >> 1)) | (uint64_t) s[n - 1] << (8 * (n - 1));
+	if (n >= 8) {
+		memcpy(&w, s, 8);
+		return w;
+	}
+	if (n >= 4) {
+		uint32_t a, b;
+		memcpy(&a, s, 4);
+		memcpy(&b, s + n - 4, 4);
+		return (uint64_t) a | (uint64_t) b << (8 * (n - 4));
+	}
+	if (n == 0)
+		return 0;
+	return (uint64_t) s[0] | (uint64_t) s[n >> 1] << (8 * (n >> 1)) | (uint64_t) s[n - 1] << (8 * (n - 1));
 }
 
 /* Hash of a byte string (also used by the per-thread piece cache). */
 static inline uint64_t tok_hash_bytes(const uint8_t *s, size_t n) {
-        uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
 
-        if (n <= 8)
-                h = (h ^ tok_load_head(s, n)) * 0xbf58476d1ce4e5b9ull;
-        else {
-                size_t i = 0;
-                for (; i + 8 <= n; i += 8) {
-                        uint64_t w;
-                        memcpy(&w, s + i, 8);
-                        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
-                        h ^= h >> 29;
-                }
-                if (i < n)
-                        h = (h ^ tok_load_head(s + i, n - i)) * 0xbf58476d1ce4e5b9ull;
-        }
-        h ^= h >> 32;
-        h *= 0x94d049bb133111ebull;
-        h ^= h >> 29;
-        return h;
+	if (n <= 8)
+		h = (h ^ tok_load_head(s, n)) * 0xbf58476d1ce4e5b9ull;
+	else {
+		size_t i = 0;
+		for (; i + 8 <= n; i += 8) {
+			uint64_t w;
+			memcpy(&w, s + i, 8);
+			h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+			h ^= h >> 29;
+		}
+		if (i < n)
+			h = (h ^ tok_load_head(s + i, n - i)) * 0xbf58476d1ce4e5b9ull;
+	}
+	h ^= h >> 32;
+	h *= 0x94d049bb133111ebull;
+	h ^= h >> 29;
+	return h;
 }
 
 /* Looks up s[0..n) (n >= 1) with its hash h; returns the slot or NULL. */
 static inline const struct tok_slot *tok_vocab_slot(const struct tok *t, const uint8_t *s, size_t n, uint64_t h) {
-        uint64_t head = tok_load_head(s, n);
+	uint64_t head = tok_load_head(s, n);
 
-        for (uint32_t i = (uint32_t) h & t->slot_mask;; i = (i + 1) & t->slot_mask) {
-                const struct tok_slot *sl = &t->slots[i];
-                if (sl->id == UINT32_MAX)
-                        return NULL;
-                if (sl->len == n && sl->head == head &&
-                    (n <= 8 || memcmp(t->bytes + t->off[sl->id] + 8, s + 8, n - 8) == 0))
-                        return sl;
-        }
+	for (uint32_t i = (uint32_t) h & t->slot_mask;; i = (i + 1) & t->slot_mask) {
+		const struct tok_slot *sl = &t->slots[i];
+		if (sl->id == UINT32_MAX)
+			return NULL;
+		if (sl->len == n && sl->head == head &&
+		    (n <= 8 || memcmp(t->bytes + t->off[sl->id] + 8, s + 8, n - 8) == 0))
+			return sl;
+	}
 }

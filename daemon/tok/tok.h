@@ -36,23 +36,23 @@ struct tok_state;
 
 /* A growable array of token ids; zero-initialise, free with tok_ids_done(). */
 struct tok_ids {
-        int32_t *ids;
-        size_t n;
-        size_t cap;
+	int32_t *ids;
+	size_t n;
+	size_t cap;
 };
 
 /* One special token for tok_load_rankfile_custom(). */
 struct tok_special {
-        const char *name;
-        int32_t id;
+	const char *name;
+	int32_t id;
 };
 
 enum {
-        /* Recognise special tokens written in the text (like tiktoken's
-         * encode(text, allowed_special="all")).  Without it they are
-         * ordinary text (encode_ordinary), which is what training text
-         * wants. */
-        TOK_ENCODE_SPECIALS = 1u << 0,
+	/* Recognise special tokens written in the text (like tiktoken's
+	 * encode(text, allowed_special="all")).  Without it they are
+	 * ordinary text (encode_ordinary), which is what training text
+	 * wants. */
+	TOK_ENCODE_SPECIALS = 1u << 0,
 };
 
 /*
@@ -67,8 +67,8 @@ int tok_load_rankfile(const char *path, const char *preset, struct tok **ret, ch
 /* As tok_load_rankfile() with an explicit PCRE2 pattern and special tokens
  * (copied; n_specials may be 0). */
 int tok_load_rankfile_custom(const char *path, const char *pattern,
-                             const struct tok_special *specials, size_t n_specials,
-                             struct tok **ret, char **ret_error);
+			     const struct tok_special *specials, size_t n_specials,
+			     struct tok **ret, char **ret_error);
 
 /*
  * Loads an HF tokenizer.json for a byte-level BPE model: model.type "BPE"
@@ -116,11 +116,11 @@ typedef int (*tok_sink_fn)(const int32_t *ids, size_t n, void *userdata);
  * limit), or the sink's own negative value.
  */
 int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *text, size_t len,
-                      unsigned flags, tok_sink_fn sink, void *userdata, size_t *ret_n_replaced);
+		      unsigned flags, tok_sink_fn sink, void *userdata, size_t *ret_n_replaced);
 
 /* As tok_encode_stream(), appending the ids to out (not cleared first). */
 int tok_encode(const struct tok *t, struct tok_state *st, const char *text, size_t len,
-               unsigned flags, struct tok_ids *out, size_t *ret_n_replaced);
+	       unsigned flags, struct tok_ids *out, size_t *ret_n_replaced);
 
 /* Frees the ids of a struct tok_ids and zeroes it. */
 void tok_ids_done(struct tok_ids *v);
