@@ -59,8 +59,14 @@ static json_t *client_json(const struct status_client *c)
 			      attached_s > 0 ? 100.0 * (double)full_ns / 1e9 / attached_s : 0.0, "tokens_per_s",
 			      c->tokens_per_s, "wait_s", (double)wait / 1e9, "step_s", (double)step / 1e9, "state",
 			      s->failed ? "failed" : "streaming");
-	if (o)
+	if (o) {
 		json_object_set_new(o, "stall_pct", json_real(stall));
+		/* What the trainer measured itself (feed_client_report), when it does. */
+		json_object_set_new(o, "reports", json_integer((json_int_t)__atomic_load_n(&cp->reports, __ATOMIC_RELAXED)));
+		json_object_set_new(o, "reported_step_s",
+				    json_real((double)__atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED) / 1e9));
+		json_object_set_new(o, "h2d_s", json_real((double)__atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED) / 1e9));
+	}
 	return o;
 }
 
