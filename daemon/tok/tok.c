@@ -569,25 +569,33 @@ static int tok_sub(struct tok_state *st, size_t level, const uint8_t *s, size_t 
 	return tok_piece(st, s, n);
 }
 
-/* Pre-tokenizes a whole subject with regex level and hands each piece to the
- * next level (HF Sequence of Splits) or to BPE. */
-static int tok_split(struct tok_state *st, size_t level, const uint8_t *s, size_t n) {
+/*
+ * Pre-tokenizes s[pos..n) with regex `level` and hands each piece (and, for
+ * HF Split's Isolated behaviour, each gap between matches) to the next level
+ * (HF Sequence of Splits) or to BPE. Bytes before pos are look-behind context
+ * only. Unless final, stops where a match might run into text not yet seen
+ * and returns in *ret_keep (when not NULL) where that text must resume.
+ */
+static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, size_t n, size_t pos, bool final,
+			  size_t *ret_keep) {
 	const struct tok *t = st->t;
-	size_t pos = 0;
+	uint32_t opts = final ? 0 : PCRE2_PARTIAL_HARD;
 	int r;
 
 	while (pos < n) {
 		PCRE2_SIZE *ov;
 		size_t ms, me;
 
-		r = tok_match(st, t->re[level], s, n, pos, 0);
-		if (r == PCRE2_ERROR_NOMATCH)
+		r = tok_match(st, t->re[level], s, n, pos, opts);
+		if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
 			break;
 		if (r < 0)
 			return -EIO;
 		ov = pcre2_get_ovector_pointer(st->md);
 		ms = ov[0];
 		me = ov[1];
+		if (!final && me >= n)
+			break;
 		if (t->keep_gaps && ms > pos) {
 			r = tok_sub(st, level + 1, s + pos, ms - pos);
 			if (r < 0)
@@ -610,9 +618,19 @@ static int tok_split(struct tok_state *st, size_t level, const uint8_t *s, size_
 			return r;
 		pos = me;
 	}
-	if (t->keep_gaps && pos < n)
-		return tok_sub(st, level + 1, s + pos, n - pos);
+	if (final && t->keep_gaps && pos < n) {
+		r = tok_sub(st, level + 1, s + pos, n - pos);
+		if (r < 0)
+			return r;
+		pos = n;
+	}
+	if (ret_keep)
+		*ret_keep = pos;
 	return 0;
+}
+
+static int tok_split(struct tok_state *st, size_t level, const uint8_t *s, size_t n) {
+	return tok_split_from(st, level, s, n, 0, true, NULL);
 }
 
 static int tok_reserve(uint8_t **buf, size_t *cap, size_t need) {
@@ -639,63 +657,9 @@ static size_t tok_window_end(const uint8_t *s, size_t n, size_t want) {
 	return n;
 }
 
-/* Pre-tokenizes conv[0..conv_len) from ctx (bytes before ctx are look-behind
- * context only).  Unless final, stops where a match might run into the next
- * window and returns in *ret_keep where the next window's text must start. */
+/* Pre-tokenizes the current window, conv[ctx..conv_len), with the first regex. */
 static int tok_split_window(struct tok_state *st, size_t ctx, bool final, size_t *ret_keep) {
-	const struct tok *t = st->t;
-	const uint8_t *s = st->conv;
-	size_t n = st->conv_len, pos = ctx;
-	uint32_t opts = final ? 0 : PCRE2_PARTIAL_HARD;
-	int r;
-
-	while (pos < n) {
-		PCRE2_SIZE *ov;
-		size_t ms, me;
-
-		r = tok_match(st, t->re[0], s, n, pos, opts);
-		if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL) {
-			if (!final)
-				break;
-			if (r == PCRE2_ERROR_NOMATCH)
-				break;
-		}
-		if (r < 0)
-			return -EIO;
-		ov = pcre2_get_ovector_pointer(st->md);
-		ms = ov[0];
-		me = ov[1];
-		if (!final && me >= n)
-			break;
-		if (t->keep_gaps && ms > pos) {
-			r = tok_sub(st, 1, s + pos, ms - pos);
-			if (r < 0)
-				return r;
-		}
-		if (me == ms) {
-			pos = ms + 1;
-			while (pos < n && (s[pos] & 0xc0) == 0x80)
-				pos++;
-			if (t->keep_gaps && pos > ms) {
-				r = tok_sub(st, 1, s + ms, pos - ms);
-				if (r < 0)
-					return r;
-			}
-			continue;
-		}
-		r = tok_sub(st, 1, s + ms, me - ms);
-		if (r < 0)
-			return r;
-		pos = me;
-	}
-	if (final && t->keep_gaps && pos < n) {
-		r = tok_sub(st, 1, s + pos, n - pos);
-		if (r < 0)
-			return r;
-		pos = n;
-	}
-	*ret_keep = pos;
-	return 0;
+	return tok_split_from(st, 0, st->conv, st->conv_len, ctx, final, ret_keep);
 }
 
 /* Appends the rewritten form of src[0..n) to conv: UTF-8 repaired, then NFC
