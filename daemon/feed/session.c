@@ -96,7 +96,6 @@ static void advance(struct session *s)
 		j->state = JOB_IDLE;
 		s->published++;
 		uint64_t tokens = (uint64_t)j->plan.batch_size * j->plan.seq_len;
-		s->tokens += tokens;
 		s->feed->tokens_served += tokens;
 		s->feed->batches++;
 	}

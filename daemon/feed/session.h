@@ -57,7 +57,6 @@ struct session {
 
 	/* telemetry */
 	uint64_t attach_ns;
-	uint64_t tokens;       /* real (non-padding) positions published */
 	uint64_t full_since_ns;   /* ring full since, 0 when not */
 	uint64_t full_ns_total;   /* time the ring spent full */
 };

@@ -107,7 +107,6 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
 		   char *err, size_t errlen)
 {
-	uint64_t t0 = now_ns();
 	size_t n_pos = (size_t)plan->batch_size * plan->seq_len + 1;
 	int r = reserve(w, n_pos, MAX(plan->n_pieces, (size_t)16));
 	if (r < 0) {
@@ -193,7 +192,5 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 	h->n_cu_seqlens = n_cu;
 	h->n_docs = docs;
 	snprintf(h->cursor, sizeof(h->cursor), "%s", cursor);
-	w->busy_ns += now_ns() - t0;
-	w->batches++;
 	return 0;
 }

@@ -22,8 +22,6 @@ struct worker {
 	struct io_req *reqs;
 	struct widen_run *runs;
 	size_t cap_reqs;
-	uint64_t busy_ns;  /* time spent producing, for telemetry */
-	uint64_t batches;
 };
 
 struct worker *worker_new(enum io_engine engine, unsigned depth);
