@@ -402,3 +402,189 @@ class StreamCursor:
         starts = np.zeros(n, bool)
         starts[start_at] = True
         return tokens, starts
+
+
+# --------------------------------------------------------------------------
+# Packing modes "pad" and "bestfit", and mixtures (docs/sample-order.md,
+# sections 11 to 14). Written from those sections; deliberately naive (best
+# fit scans every row), so it shares no shape with the daemon's treap.
+#
+#   rank_documents(stream) -> iter of Doc        a rank's non-empty documents
+#   mixed_documents(doc_iters, seed, units) -> iter of Doc
+#   mix_parse_weight(text) -> units (int)        "0.7" -> 700000000
+#   mix_source(seed, units, k) -> source index of the k-th document
+#   bestfit_pack(lengths, seq_len) -> [[(doc, offset, length), ...] per row]
+#   pad_batches(docs, seq_len, batch_size, pad_id) -> iter of dict
+#   bestfit_batches(docs, seq_len, batch_size, buffer_tokens, pad_id)
+#       -> iter of dict
+#   padded_batch(rows, seq_len, pad_id) -> dict of int32 arrays
+#
+# A padded batch dict holds input_ids, labels, position_ids (int32 [B, L]),
+# cu_seqlens, epoch, batch, n_docs and the counters tokens, truncated,
+# cut_docs (section 13). bestfit batches also carry `resume`: (the index,
+# counted from 0 in the document iterator, of the first document of the
+# buffer holding the next batch's first row, that row) -- the cursor of
+# section 12.5 in document numbers.
+
+LABEL_IGNORE = -100
+MIX_TAG = 0x6D69787475726531          # "mixture1"
+MIX_UNITS = 10 ** 9                   # units per weight of 1
+MIX_MAX_SOURCES = 8
+
+
+class Doc:
+    """One document's contribution: tokens (int32 array, bos/eos included)."""
+
+    def __init__(self, tokens, epoch=0, source=0, key=None):
+        self.tokens = np.asarray(tokens, np.int32)
+        self.epoch, self.source, self.key = epoch, source, key
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+def rank_documents(stream):
+    """A RankStream's non-empty documents in stream order, across epochs."""
+    e = stream.nonempty_epoch(0)
+    while True:
+        p = stream.plan(e)
+        for gid in p.ids.tolist():
+            parts = stream.doc_stream(gid)
+            yield Doc(np.concatenate(parts, dtype=np.int32, casting="unsafe"), e, 0, gid)
+        e = stream.nonempty_epoch(e + 1)
+
+
+def mix_parse_weight(text):
+    """A weight as an integer count of 1e-9: decimal, at most 9 digits after
+    the point, above 0, at most 1000000. Raises ValueError otherwise."""
+    whole, dot, frac = text.partition(".")
+    if not whole or not whole.isdigit() or not whole.isascii():
+        raise ValueError(f"weight {text!r}")
+    if dot and (not frac or not frac.isdigit() or not frac.isascii() or len(frac) > 9):
+        raise ValueError(f"weight {text!r}")
+    units = int(whole) * MIX_UNITS + int((frac or "0").ljust(9, "0"))
+    if not 0 < units <= 10 ** 6 * MIX_UNITS:
+        raise ValueError(f"weight {text!r} outside (0, 1000000]")
+    return units
+
+
+def mix_source(seed, units, k):
+    """Section 14.2: the source of the k-th document of the mixed stream."""
+    total = sum(units)
+    x = (mix((seed & MASK64) ^ MIX_TAG) + k * GOLDEN) & MASK64
+    prefix = 0
+    for i, u in enumerate(units[:-1]):
+        prefix += u
+        if x < (prefix << 64) // total:
+            return i
+    return len(units) - 1
+
+
+def mixed_documents(doc_iters, seed, units):
+    """Document k comes from the next document of source mix_source(k)."""
+    k = 0
+    while True:
+        i = mix_source(seed, units, k)
+        d = next(doc_iters[i])
+        yield Doc(d.tokens, d.epoch, i, d.key)
+        k += 1
+
+
+def bestfit_pack(lengths, seq_len):
+    """Section 12.3, literally: chunks, sort by (length desc, buffer order),
+    each into the fitting row with least room (oldest on ties), else a new
+    row. Returns the rows, each [(doc, offset, length)] in placement order."""
+    items = []
+    for d, c in enumerate(lengths):
+        if c <= 0:
+            raise ValueError(f"document {d} has length {c}")
+        for off in range(0, c, seq_len):
+            items.append((min(seq_len, c - off), len(items), d, off))
+    items.sort(key=lambda it: (-it[0], it[1]))
+    rows, room = [], []
+    for length, _, d, off in items:
+        best = None
+        for r in range(len(rows)):
+            if room[r] >= length and (best is None or room[r] < room[best]):
+                best = r
+        if best is None:
+            rows.append([])
+            room.append(seq_len)
+            best = len(rows) - 1
+        rows[best].append((d, off, length))
+        room[best] -= length
+    return rows
+
+
+def padded_batch(rows, seq_len, pad_id):
+    """Section 13: rows of pieces -> arrays. rows: B lists of (tokens, starts)
+    where tokens is a piece of a contribution and starts says it begins the
+    document. Every piece is a segment; so is each row's padding."""
+    B = len(rows)
+    ids = np.full((B, seq_len), pad_id, np.int32)
+    labels = np.full((B, seq_len), LABEL_IGNORE, np.int32)
+    pos = np.zeros((B, seq_len), np.int32)
+    cu, n_docs = [], 0
+    for r, pieces in enumerate(rows):
+        col = 0
+        for tokens, starts in pieces:
+            n = len(tokens)
+            assert 1 <= n and col + n <= seq_len
+            ids[r, col:col + n] = tokens
+            labels[r, col:col + n - 1] = tokens[1:]
+            pos[r, col:col + n] = np.arange(n)
+            cu.append(r * seq_len + col)
+            n_docs += bool(starts)
+            col += n
+        if col < seq_len:
+            cu.append(r * seq_len + col)
+            pos[r, col:] = np.arange(seq_len - col)
+    cu.append(B * seq_len)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos,
+            "cu_seqlens": np.array(cu, np.int32), "n_docs": n_docs}
+
+
+def pad_batches(docs, seq_len, batch_size, pad_id, start_batch=0):
+    """Section 11: one document per row, cut to seq_len (the tail is dropped)."""
+    docs = iter(docs)
+    b = start_batch
+    while True:
+        ds = [next(docs) for _ in range(batch_size)]
+        batch = padded_batch([[(d.tokens[:seq_len], True)] for d in ds], seq_len, pad_id)
+        batch.update(batch=b, epoch=ds[0].epoch,
+                     tokens=sum(min(len(d), seq_len) for d in ds),
+                     truncated=sum(max(len(d) - seq_len, 0) for d in ds), cut_docs=0)
+        yield batch
+        b += 1
+
+
+def bestfit_batches(docs, seq_len, batch_size, buffer_tokens, pad_id, start_batch=0):
+    """Section 12: buffers of at least buffer_tokens positions, packed by
+    bestfit_pack, rows taken batch_size at a time across buffers."""
+    docs = iter(docs)
+    taken = 0                     # documents taken from `docs`
+    rows, at, buf_start = [], 0, 0
+    b = start_batch
+    while True:
+        out = []                  # B rows of [(Doc, offset, length)]
+        for _ in range(batch_size):
+            if at == len(rows):
+                buf_start, buf, total = taken, [], 0
+                while total < buffer_tokens:
+                    buf.append(next(docs))
+                    total += len(buf[-1])
+                taken += len(buf)
+                rows = [[(buf[d], off, n) for d, off, n in row]
+                        for row in bestfit_pack([len(d) for d in buf], seq_len)]
+                at = 0
+            out.append(rows[at])
+            at += 1
+        batch = padded_batch([[(d.tokens[off:off + n], off == 0) for d, off, n in row] for row in out],
+                             seq_len, pad_id)
+        pieces = [p for row in out for p in row]
+        batch.update(batch=b, epoch=out[0][0][0].epoch, truncated=0,
+                     tokens=sum(n for _, _, n in pieces),
+                     cut_docs=sum(off == 0 and n < len(d) for d, off, n in pieces),
+                     resume=(buf_start, at) if at < len(rows) else (taken, 0))
+        yield batch
+        b += 1
