@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +108,82 @@ static int parse_token(const char *v, int64_t *ret)
 	return 0;
 }
 
+/* "K", "M", "G", "T" suffixes are powers of 1024; a bare number is bytes. */
+static int parse_size(const char *v, uint64_t *ret)
+{
+	if (!*v || !isdigit((unsigned char)*v))
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (errno)
+		return -EINVAL;
+	unsigned shift = 0;
+	if (*end) {
+		const char *units = "KMGT", *u = strchr(units, *end);
+		if (!u || end[1])
+			return -EINVAL;
+		shift = 10 * (unsigned)(u - units + 1);
+	}
+	if (x > (UINT64_MAX >> shift))
+		return -EINVAL;
+	*ret = (uint64_t)x << shift;
+	return 0;
+}
+
+/* A user or group: a name known to the system, or a decimal id. */
+static int parse_id(const char *v, bool group, uint32_t *ret)
+{
+	uint64_t x;
+	if (parse_u64(v, 0, UINT32_MAX - 1, &x) == 0) {
+		*ret = (uint32_t)x;
+		return 0;
+	}
+	if (group) {
+		struct group *g = getgrnam(v);
+		if (!g)
+			return -ENOENT;
+		*ret = (uint32_t)g->gr_gid;
+	} else {
+		struct passwd *pw = getpwnam(v);
+		if (!pw)
+			return -ENOENT;
+		*ret = (uint32_t)pw->pw_uid;
+	}
+	return 0;
+}
+
+/* A comma-separated list of users or groups, replacing the list in ids, n. */
+static int set_ids(struct parse *p, const char *key, const char *value, bool group, uint32_t **ids, size_t *n)
+{
+	_cleanup_free_ char *copy = strdup(value);
+	if (!copy)
+		return bad(p, "out of memory");
+	free(*ids);
+	*ids = NULL;
+	*n = 0;
+	char *rest = copy;
+	for (char *tok; (tok = strsep(&rest, ","));) {
+		while (isspace((unsigned char)*tok))
+			tok++;
+		char *end = tok + strlen(tok);
+		while (end > tok && isspace((unsigned char)end[-1]))
+			*--end = 0;
+		if (!*tok)
+			continue;
+		uint32_t id;
+		if (parse_id(tok, group, &id) < 0)
+			return bad(p, "%s: '%s' is neither a %s name on this system nor a numeric id", key, tok,
+				   group ? "group" : "user");
+		uint32_t *m = realloc(*ids, (*n + 1) * sizeof(*m));
+		if (!m)
+			return bad(p, "out of memory");
+		*ids = m;
+		(*ids)[(*n)++] = id;
+	}
+	return 1;
+}
+
 static bool valid_feed_name(const char *n)
 {
 	size_t len = strlen(n);
@@ -137,10 +216,15 @@ static struct conf_feed *feed_for(struct parse *p, const char *name)
 		.shuffle_window = 4,
 		.bos = CONF_TOKEN_NONE,
 		.eos = CONF_TOKEN_NONE,
+		.text_key = strdup("text"),
+		.skip_bad_records = true,
+		.max_bad_fraction = 0.001,
+		.max_document_bytes = UINT64_C(256) << 20,
 	};
-	if (!f->name || !f->format) {
+	if (!f->name || !f->format || !f->text_key) {
 		free(f->name);
 		free(f->format);
+		free(f->text_key);
 		return NULL;
 	}
 	c->n_feeds++;
@@ -160,9 +244,7 @@ static int set_shards(struct parse *p, struct conf_feed *f, const char *value)
 	_cleanup_free_ char *copy = strdup(value);
 	if (!copy)
 		return bad(p, "out of memory");
-	for (size_t i = 0; i < f->n_shards; i++)
-		free(f->shards[i]);
-	f->n_shards = 0;
+	/* Each line of the list adds its globs. */
 	char *rest = copy;
 	for (char *tok; (tok = strsep(&rest, ","));) {
 		while (isspace((unsigned char)*tok))
@@ -170,6 +252,8 @@ static int set_shards(struct parse *p, struct conf_feed *f, const char *value)
 		char *end = tok + strlen(tok);
 		while (end > tok && isspace((unsigned char)end[-1]))
 			*--end = 0;
+		if (!*tok && !rest)
+			break; /* a trailing comma before the next line */
 		if (!*tok)
 			return bad(p, "shards: empty entry in '%s'", value);
 		char **n = realloc(f->shards, (f->n_shards + 1) * sizeof(*n));
@@ -186,12 +270,66 @@ static int set_shards(struct parse *p, struct conf_feed *f, const char *value)
 	return 1;
 }
 
+static int set_string(struct parse *p, char **field, const char *value)
+{
+	char *v = strdup(value);
+	if (!v)
+		return bad(p, "out of memory");
+	free(*field);
+	*field = v;
+	return 1;
+}
+
 static int feed_key(struct parse *p, struct conf_feed *f, const char *name, const char *value)
 {
 	uint64_t x;
 	if (strcmp(name, "format") == 0) {
-		if (strcmp(value, "megatron") != 0)
-			return bad(p, "format: '%s' is not supported (supported: megatron)", value);
+		if (strcmp(value, "megatron") != 0 && strcmp(value, "jsonl") != 0 && strcmp(value, "text") != 0)
+			return bad(p, "format: '%s' is not supported (supported: megatron, jsonl, text)", value);
+		return set_string(p, &f->format, value);
+	}
+	if (strcmp(name, "text_key") == 0) {
+		if (!*value)
+			return bad(p, "text_key: empty");
+		return set_string(p, &f->text_key, value);
+	}
+	if (strcmp(name, "tokenizer") == 0) {
+		free(f->tokenizer);
+		f->tokenizer = resolve(p->dir, value);
+		return f->tokenizer ? 1 : bad(p, "out of memory");
+	}
+	if (strcmp(name, "tokenizer_preset") == 0) {
+		static const char *const presets[] = { "gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base", "llama3" };
+		for (size_t i = 0; i < ARRAY_SIZE(presets); i++)
+			if (strcmp(value, presets[i]) == 0)
+				return set_string(p, &f->tokenizer_preset, value);
+		return bad(p, "tokenizer_preset: '%s' is not one of gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, llama3",
+			   value);
+	}
+	if (strcmp(name, "encode_special_tokens") == 0) {
+		if (parse_bool(value, &f->encode_special_tokens) < 0)
+			return bad(p, "encode_special_tokens: '%s' is not true or false", value);
+		return 1;
+	}
+	if (strcmp(name, "on_bad_record") == 0) {
+		if (strcmp(value, "skip") != 0 && strcmp(value, "fail") != 0)
+			return bad(p, "on_bad_record: '%s' is not skip or fail", value);
+		f->skip_bad_records = value[0] == 's';
+		return 1;
+	}
+	if (strcmp(name, "max_bad_fraction") == 0) {
+		char *end;
+		errno = 0;
+		double frac = strtod(value, &end);
+		if (errno || end == value || *end || !(frac >= 0 && frac <= 1))
+			return bad(p, "max_bad_fraction: '%s' is not a number in 0..1", value);
+		f->max_bad_fraction = frac;
+		return 1;
+	}
+	if (strcmp(name, "max_document_bytes") == 0) {
+		if (parse_size(value, &x) < 0 || x == 0 || x > UINT32_MAX - 1)
+			return bad(p, "max_document_bytes: '%s' is not a size in 1..4294967294 (suffixes K, M, G)", value);
+		f->max_document_bytes = x;
 		return 1;
 	}
 	if (strcmp(name, "shards") == 0)
@@ -227,11 +365,85 @@ static int feed_key(struct parse *p, struct conf_feed *f, const char *name, cons
 	}
 	if (strcmp(name, "bos") == 0 || strcmp(name, "eos") == 0) {
 		int64_t *t = name[0] == 'b' ? &f->bos : &f->eos;
-		if (parse_token(value, t) < 0)
-			return bad(p, "%s: '%s' is not 'none' or a token id in 0..2147483647", name, value);
-		return 1;
+		char **tname = name[0] == 'b' ? &f->bos_name : &f->eos_name;
+		free(*tname);
+		*tname = NULL;
+		if (parse_token(value, t) == 0)
+			return 1;
+		/* Anything else names a special token, e.g. <|endoftext|>, resolved with the tokenizer. */
+		if (isdigit((unsigned char)value[0]) || value[0] == '-' || value[0] == '+')
+			return bad(p, "%s: '%s' is not 'none', a token id in 0..2147483647 or a special token's name", name,
+				   value);
+		*t = CONF_TOKEN_NONE;
+		return set_string(p, tname, value);
 	}
 	return bad(p, "unknown key '%s' in [feed.%s]", name, f->name);
+}
+
+/* A plain decimal number (no exponent, inf or nan) in min..max. */
+static int parse_number(const char *v, double min, double max, double *ret)
+{
+	if (!*v || strspn(v, "0123456789.") != strlen(v))
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	double x = strtod(v, &end);
+	if (errno || *end || x < min || x > max)
+		return -EINVAL;
+	*ret = x;
+	return 0;
+}
+
+/* [diagnosis]: telemetry window and rule thresholds (docs/telemetry.md). */
+static int diagnosis_key(struct parse *p, const char *name, const char *value)
+{
+	struct conf_diagnosis *d = &p->conf->diagnosis;
+	static const struct {
+		const char *name;
+		size_t off;
+		double max;
+	} pcts[] = {
+		{ "starved_pct", offsetof(struct conf_diagnosis, starved_pct), 100 },
+		{ "busy_pct", offsetof(struct conf_diagnosis, busy_pct), 100 },
+		{ "storage_pct", offsetof(struct conf_diagnosis, storage_pct), 100 },
+		{ "full_pct", offsetof(struct conf_diagnosis, full_pct), 100 },
+		{ "held_pct", offsetof(struct conf_diagnosis, held_pct), 100 },
+		{ "h2d_pct", offsetof(struct conf_diagnosis, h2d_pct), 100 },
+		{ "straggler_pct", offsetof(struct conf_diagnosis, straggler_pct), 10000 },
+		{ "straggler_min_ms", offsetof(struct conf_diagnosis, straggler_min_ms), 3600000 },
+	};
+	uint64_t x;
+	if (strcmp(name, "window_s") == 0) {
+		if (parse_u64(value, 2, 3600, &x) < 0)
+			return bad(p, "window_s: '%s' is not an integer in 2..3600", value);
+		d->window_s = (unsigned)x;
+		return 1;
+	}
+	if (strcmp(name, "history_s") == 0) {
+		if (parse_u64(value, 0, 86400, &x) < 0)
+			return bad(p, "history_s: '%s' is not an integer in 0..86400", value);
+		d->history_s = (unsigned)x;
+		return 1;
+	}
+	if (strcmp(name, "min_batches") == 0) {
+		if (parse_u64(value, 1, 1000000, &x) < 0)
+			return bad(p, "min_batches: '%s' is not an integer in 1..1000000", value);
+		d->min_batches = (unsigned)x;
+		return 1;
+	}
+	if (strcmp(name, "stage_counters") == 0) {
+		if (parse_bool(value, &d->stage_counters) < 0)
+			return bad(p, "stage_counters: '%s' is not true or false", value);
+		return 1;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(pcts); i++) {
+		if (strcmp(name, pcts[i].name) != 0)
+			continue;
+		if (parse_number(value, 0, pcts[i].max, (double *)((char *)d + pcts[i].off)) < 0)
+			return bad(p, "%s: '%s' is not a number in 0..%g", name, value, pcts[i].max);
+		return 1;
+	}
+	return bad(p, "unknown key '%s' in [diagnosis]", name);
 }
 
 static int daemon_key(struct parse *p, const char *name, const char *value)
@@ -242,6 +454,11 @@ static int daemon_key(struct parse *p, const char *name, const char *value)
 		free(c->socket);
 		c->socket = resolve(p->dir, value);
 		return c->socket ? 1 : bad(p, "out of memory");
+	}
+	if (strcmp(name, "cache_dir") == 0) {
+		free(c->cache_dir);
+		c->cache_dir = resolve(p->dir, value);
+		return c->cache_dir ? 1 : bad(p, "out of memory");
 	}
 	if (strcmp(name, "threads") == 0) {
 		if (parse_u64(value, 0, 1024, &x) < 0)
@@ -279,6 +496,49 @@ static int daemon_key(struct parse *p, const char *name, const char *value)
 		c->io_depth = (unsigned)x;
 		return 1;
 	}
+	if (strcmp(name, "socket_mode") == 0) {
+		char *end;
+		errno = 0;
+		unsigned long m = strtoul(value, &end, 8);
+		if (!*value || *end || errno || m > 0777 || strspn(value, "01234567") != strlen(value))
+			return bad(p, "socket_mode: '%s' is not an octal mode in 0..0777", value);
+		c->socket_mode = (unsigned)m;
+		return 1;
+	}
+	if (strcmp(name, "socket_group") == 0) {
+		uint32_t gid;
+		if (parse_id(value, true, &gid) < 0)
+			return bad(p, "socket_group: '%s' is neither a group name on this system nor a numeric gid", value);
+		c->socket_group = gid;
+		return 1;
+	}
+	if (strcmp(name, "allow_users") == 0)
+		return set_ids(p, name, value, false, &c->allow.uids, &c->allow.n_uids);
+	if (strcmp(name, "allow_groups") == 0)
+		return set_ids(p, name, value, true, &c->allow.gids, &c->allow.n_gids);
+	if (strcmp(name, "admin_users") == 0)
+		return set_ids(p, name, value, false, &c->admin.uids, &c->admin.n_uids);
+	if (strcmp(name, "admin_groups") == 0)
+		return set_ids(p, name, value, true, &c->admin.gids, &c->admin.n_gids);
+	if (strcmp(name, "max_connections") == 0 || strcmp(name, "max_connections_per_uid") == 0) {
+		if (parse_u64(value, 1, 65536, &x) < 0)
+			return bad(p, "%s: '%s' is not an integer in 1..65536", name, value);
+		*(strcmp(name, "max_connections") == 0 ? &c->max_connections : &c->max_connections_per_uid) = (unsigned)x;
+		return 1;
+	}
+	if (strcmp(name, "client_memory_max") == 0 || strcmp(name, "uid_memory_max") == 0 ||
+	    strcmp(name, "memory_max") == 0) {
+		if (parse_size(value, &x) < 0)
+			return bad(p, "%s: '%s' is not a size in bytes (suffix K, M, G or T; 0 = no limit)", name, value);
+		*(name[0] == 'c' ? &c->client_memory_max : name[0] == 'u' ? &c->uid_memory_max : &c->memory_max) = x;
+		return 1;
+	}
+	if (strcmp(name, "stuck_client_s") == 0) {
+		if (parse_u64(value, 0, 86400, &x) < 0)
+			return bad(p, "stuck_client_s: '%s' is not an integer in 0..86400 (0 = never report)", value);
+		c->stuck_client_s = (unsigned)x;
+		return 1;
+	}
 	return bad(p, "unknown key '%s' in [feedd]", name);
 }
 
@@ -287,13 +547,17 @@ static int handler(void *user, const char *section, const char *name, const char
 	struct parse *p = user;
 	if (p->failed)
 		return 1;
-	int e = check_repeat(p, section, name);
+	/* A shards list may go on over indented lines: inih hands each over as the key again. */
+	bool list = strncmp(section, "feed.", 5) == 0 && strcmp(name, "shards") == 0;
+	int e = list ? 0 : check_repeat(p, section, name);
 	if (e == -EEXIST)
-		return bad(p, "'%s' is given twice in [%s] (values continue only on one line)", name, section);
+		return bad(p, "'%s' is given twice in [%s] (only shards may go on over indented lines)", name, section);
 	if (e < 0)
 		return bad(p, "out of memory");
 	if (strcmp(section, "feedd") == 0)
 		return daemon_key(p, name, value);
+	if (strcmp(section, "diagnosis") == 0)
+		return diagnosis_key(p, name, value);
 	if (strncmp(section, "feed.", 5) == 0) {
 		if (!valid_feed_name(section + 5))
 			return bad(p, "[%s]: feed names are 1-63 characters of A-Z a-z 0-9 _ - .", section);
@@ -302,7 +566,7 @@ static int handler(void *user, const char *section, const char *name, const char
 			return bad(p, "out of memory");
 		return feed_key(p, f, name, value);
 	}
-	return bad(p, "unknown section [%s] (expected [feedd] or [feed.NAME])", section);
+	return bad(p, "unknown section [%s] (expected [feedd], [diagnosis] or [feed.NAME])", section);
 }
 
 struct conf *conf_free(struct conf *c)
@@ -316,11 +580,47 @@ struct conf *conf_free(struct conf *c)
 		free(f->shards);
 		free(f->name);
 		free(f->format);
+		free(f->bos_name);
+		free(f->eos_name);
+		free(f->text_key);
+		free(f->tokenizer);
+		free(f->tokenizer_preset);
+		free(f->cache_dir);
 	}
 	free(c->feeds);
+	free(c->cache_dir);
+	free(c->allow.uids);
+	free(c->allow.gids);
+	free(c->admin.uids);
+	free(c->admin.gids);
 	free(c->socket);
 	free(c->path);
 	free(c);
+	return NULL;
+}
+
+bool conf_tokenizer_is_hf(const char *path)
+{
+	size_t n = strlen(path);
+	return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+/* What is wrong with a feed's tokenizer settings, or NULL. */
+static const char *conf_feed_tokenizer_problem(const struct conf_feed *f)
+{
+	bool text = strcmp(f->format, "megatron") != 0;
+	if (text && !f->tokenizer)
+		return "a text format (jsonl, text) needs 'tokenizer'";
+	if (!f->tokenizer && f->bos_name)
+		return "bos names a special token, which needs 'tokenizer' to resolve";
+	if (!f->tokenizer && f->eos_name)
+		return "eos names a special token, which needs 'tokenizer' to resolve";
+	if (!f->tokenizer && f->tokenizer_preset)
+		return "'tokenizer_preset' without 'tokenizer'";
+	if (f->tokenizer && conf_tokenizer_is_hf(f->tokenizer) && f->tokenizer_preset)
+		return "'tokenizer_preset' applies to tiktoken rank files, not to a tokenizer.json";
+	if (f->tokenizer && !conf_tokenizer_is_hf(f->tokenizer) && !f->tokenizer_preset)
+		return "a tiktoken rank file needs 'tokenizer_preset' (its pattern and special tokens)";
 	return NULL;
 }
 
@@ -329,7 +629,9 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 	struct conf *c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	*c = (struct conf){ .ring_slots = 4, .log_level = LOG_LEVEL_INFO, .io_depth = 64 };
+	*c = (struct conf){ .ring_slots = 4, .log_level = LOG_LEVEL_INFO, .io_depth = 64, .socket_mode = 0660,
+			    .socket_group = -1, .max_connections = 256, .max_connections_per_uid = 64,
+			    .stuck_client_s = 60, .diagnosis = CONF_DIAGNOSIS_DEFAULTS };
 	c->path = strdup(path);
 	_cleanup_free_ char *copy = strdup(path);
 	if (!c->path || !copy) {
@@ -346,6 +648,30 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		conf_free(c);
 		return e;
 	}
+	/*
+	 * inih reads at most INI_MAX_LINE - 1 bytes of a line and parses the rest
+	 * as a line of its own: say so instead of a confusing error further on.
+	 */
+	{
+		char *buf = NULL;
+		size_t cap = 0;
+		ssize_t len;
+		for (int no = 1; (len = getline(&buf, &cap, f)) >= 0; no++) {
+			if ((size_t)len - (len > 0 && buf[len - 1] == '\n') >= INI_MAX_LINE - 1) {
+				snprintf(err, errlen, "%s:%d: the line is %zd bytes long, more than the %d an INI line may have; "
+					 "continue a shards list on indented lines", path, no, len, INI_MAX_LINE - 2);
+				free(buf);
+				fclose(f);
+				for (size_t i = 0; i < p.n_seen; i++)
+					free(p.seen[i]);
+				free(p.seen);
+				conf_free(c);
+				return -EINVAL;
+			}
+		}
+		free(buf);
+		rewind(f);
+	}
 	int line = ini_parse_file(f, handler, &p);
 	fclose(f);
 	for (size_t i = 0; i < p.n_seen; i++)
@@ -359,10 +685,29 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		conf_free(c);
 		return -EINVAL;
 	}
+	/* Under systemd, CacheDirectory= says where the cache goes (the first, if several). */
+	const char *cd = getenv("CACHE_DIRECTORY");
+	if (!c->cache_dir && cd && *cd) {
+		c->cache_dir = strndup(cd, strcspn(cd, ":"));
+		if (!c->cache_dir) {
+			conf_free(c);
+			return -ENOMEM;
+		}
+	}
 	for (size_t i = 0; i < c->n_feeds; i++) {
 		const struct conf_feed *feed = &c->feeds[i];
 		if (feed->n_shards == 0) {
 			snprintf(err, errlen, "%s: [feed.%s]: 'shards' is required", path, feed->name);
+			conf_free(c);
+			return -EINVAL;
+		}
+		if (c->cache_dir && !(c->feeds[i].cache_dir = strdup(c->cache_dir))) {
+			conf_free(c);
+			return -ENOMEM;
+		}
+		const char *why = conf_feed_tokenizer_problem(feed);
+		if (why) {
+			snprintf(err, errlen, "%s: [feed.%s]: %s", path, feed->name, why);
 			conf_free(c);
 			return -EINVAL;
 		}

@@ -17,7 +17,7 @@
 
 struct conf_feed {
 	char *name;
-	char *format;        /* "megatron" */
+	char *format;        /* "megatron", "jsonl" or "text" */
 	char **shards;       /* globs, in config order; relative ones resolved against the config's directory */
 	size_t n_shards;
 	uint32_t seq_len;
@@ -26,11 +26,47 @@ struct conf_feed {
 	bool shuffle;
 	uint32_t shuffle_window;
 	int64_t bos, eos;    /* token id or CONF_TOKEN_NONE */
+	char *bos_name, *eos_name; /* given as a special token's name instead: resolved with the tokenizer */
+
+	/* text sources (format = jsonl | text) */
+	char *text_key;            /* jsonl: the member holding the text */
+	char *tokenizer;           /* tiktoken rank file or HF tokenizer.json */
+	char *tokenizer_preset;    /* for rank files: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, llama3 */
+	bool encode_special_tokens; /* special tokens written in the text become their ids (default: ordinary text) */
+	bool skip_bad_records;     /* on_bad_record = skip (true) | fail */
+	double max_bad_fraction;   /* of the feed's documents; more skipped fails the feed */
+	uint64_t max_document_bytes;
+	char *cache_dir;           /* [feedd] cache_dir, copied here so a feed carries all it needs */
+};
+
+/* [diagnosis]: the telemetry window and the thresholds of every rule (docs/telemetry.md). */
+struct conf_diagnosis {
+	unsigned window_s;        /* sliding window of the percentiles and rules */
+	unsigned history_s;       /* per-second samples kept per client, for feedctl report */
+	unsigned min_batches;     /* fewer batches in the window: no verdict yet */
+	double starved_pct;       /* a client waiting more than this share of its time is starved */
+	double busy_pct;          /* workers busier than this: the feed is throughput-bound */
+	double storage_pct;       /* worker time off-CPU in reads above this: storage-bound */
+	double full_pct;          /* ring full more than this share of the time ... */
+	double held_pct;          /* ... with the client holding this share of its slots: slow to release */
+	double h2d_pct;           /* host-to-device copies above this share of the step: transfer-bound */
+	double straggler_pct;     /* a rank whose mean wait or step exceeds its peers' median by this much */
+	double straggler_min_ms;  /* ... and by at least this many milliseconds */
+	bool stage_counters;      /* time the workers' stages (off only to measure what that costs) */
+};
+
+/* Users and groups, resolved to ids when the config is read. */
+struct conf_ids {
+	uint32_t *uids;
+	size_t n_uids;
+	uint32_t *gids;
+	size_t n_gids;
 };
 
 struct conf {
 	char *path;
 	char *socket;        /* NULL: the default (wire_socket_path) */
+	char *cache_dir;     /* text shard indexes and decompressed copies; NULL: none */
 	unsigned threads;    /* 0: one per CPU */
 	unsigned ring_slots;
 	int log_level;
@@ -38,7 +74,27 @@ struct conf {
 	unsigned io_depth;
 	struct conf_feed *feeds;
 	size_t n_feeds;
+
+	/* access and limits (docs/configuration.md, "Access and limits") */
+	unsigned socket_mode;          /* permission bits of a socket feedd binds itself */
+	int64_t socket_group;          /* gid for that socket, or -1: feedd's own group */
+	struct conf_ids allow;         /* peers allowed to connect (empty: anyone the socket admits) */
+	struct conf_ids admin;         /* peers allowed to reload and drain, besides root and feedd's uid */
+	unsigned max_connections;      /* connections at once, all peers */
+	unsigned max_connections_per_uid;
+	uint64_t client_memory_max;    /* bytes of ring memory per client, 0: no limit */
+	uint64_t uid_memory_max;       /* ... per uid */
+	uint64_t memory_max;           /* ... for all clients together */
+	unsigned stuck_client_s;       /* report a client that consumes nothing this long; 0: never */
+
+	struct conf_diagnosis diagnosis; /* [diagnosis] */
 };
+
+/* The [diagnosis] defaults (docs/telemetry.md), an initializer. */
+#define CONF_DIAGNOSIS_DEFAULTS                                                                               \
+	{ .window_s = 60, .history_s = 600, .min_batches = 3, .starved_pct = 5, .busy_pct = 80,               \
+	  .storage_pct = 50, .full_pct = 90, .held_pct = 75, .h2d_pct = 25, .straggler_pct = 50,              \
+	  .straggler_min_ms = 1, .stage_counters = true }
 
 /*
  * Parses the file at path. Returns 0; or a negative errno with a message
@@ -47,3 +103,5 @@ struct conf {
 int conf_load(const char *path, struct conf **ret, char *err, size_t errlen);
 struct conf *conf_free(struct conf *c);
 const struct conf_feed *conf_find_feed(const struct conf *c, const char *name);
+/* Whether a tokenizer path is an HF tokenizer.json (else a tiktoken rank file). */
+bool conf_tokenizer_is_hf(const char *path);

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/feed/feed.h"
 #include "daemon/log/log.h"
+#include "daemon/tok/tok.h"
 #include "proto/macro.h"
 
 static int cmp_path(const void *a, const void *b)
@@ -25,6 +27,38 @@ static void hash_bytes(uint64_t *h, const void *p, size_t n)
 static void hash_u64(uint64_t *h, uint64_t v)
 {
 	hash_bytes(h, &v, sizeof(v));
+}
+
+static void hash_file(uint64_t *h, const char *path, const struct file_id *id)
+{
+	hash_bytes(h, path, strlen(path) + 1);
+	hash_u64(h, (uint64_t)id->size);
+	hash_u64(h, (uint64_t)id->mtime.tv_sec);
+	hash_u64(h, (uint64_t)id->mtime.tv_nsec);
+}
+
+/*
+ * A text feed's identity: its shards, how text becomes tokens (format, key,
+ * the tokenizer file and its settings, the document size limit) and every
+ * order parameter.
+ */
+static uint64_t fingerprint_text(const struct feed *f, const struct file_id *tok_id)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	const struct conf_feed *c = &f->conf;
+	hash_bytes(&h, "feedd-text-v1", 13);
+	hash_bytes(&h, c->format, strlen(c->format) + 1);
+	hash_bytes(&h, c->text_key, strlen(c->text_key) + 1);
+	hash_file(&h, c->tokenizer, tok_id);
+	hash_bytes(&h, c->tokenizer_preset ? c->tokenizer_preset : "", c->tokenizer_preset ? strlen(c->tokenizer_preset) + 1 : 1);
+	hash_u64(&h, f->n_shards);
+	for (uint32_t i = 0; i < f->n_shards; i++)
+		hash_file(&h, f->texts[i]->path, &f->texts[i]->id);
+	uint64_t params[] = { c->seed, c->shuffle, c->shuffle_window, c->seq_len, c->batch_size, (uint64_t)f->bos_id,
+			      (uint64_t)f->eos_id, c->encode_special_tokens, c->max_document_bytes };
+	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
+		hash_u64(&h, params[i]);
+	return order_mix(h);
 }
 
 /* The feed's identity: its shards (paths, sizes, mtimes) and every order parameter. */
@@ -45,7 +79,7 @@ static uint64_t fingerprint_of(const struct feed *f)
 	}
 	const struct conf_feed *c = &f->conf;
 	uint64_t params[] = { c->seed, c->shuffle, c->shuffle_window, c->seq_len, c->batch_size,
-			      (uint64_t)c->bos, (uint64_t)c->eos };
+			      (uint64_t)(int64_t)f->bos_id, (uint64_t)(int64_t)f->eos_id };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
 		hash_u64(&h, params[i]);
 	return order_mix(h);
@@ -124,18 +158,137 @@ fail:
 	return r;
 }
 
+static int dup_opt(char **dst, const char *src)
+{
+	*dst = NULL;
+	return src && !(*dst = strdup(src)) ? -ENOMEM : 0;
+}
+
 static int copy_conf(struct conf_feed *dst, const struct conf_feed *src)
 {
 	*dst = *src;
 	dst->name = strdup(src->name);
 	dst->format = strdup(src->format);
 	dst->shards = calloc(MAX(src->n_shards, 1u), sizeof(char *));
-	if (!dst->name || !dst->format || !dst->shards)
+	int r = dup_opt(&dst->bos_name, src->bos_name) | dup_opt(&dst->eos_name, src->eos_name) |
+		dup_opt(&dst->text_key, src->text_key) | dup_opt(&dst->tokenizer, src->tokenizer) |
+		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir);
+	if (!dst->name || !dst->format || !dst->shards || r)
 		return -ENOMEM;
 	for (size_t i = 0; i < src->n_shards; i++)
 		if (!(dst->shards[i] = strdup(src->shards[i])))
 			return -ENOMEM;
 	return 0;
+}
+
+static int load_megatron(struct feed *f, char **paths, size_t n, struct io_reader *io, char *err, size_t errlen)
+{
+	f->shards = calloc(MAX(n, 1u), sizeof(*f->shards));
+	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
+	f->doc_tokens = calloc(MAX(n, 1u), sizeof(*f->doc_tokens));
+	if (!f->shards || !f->shard_docs || !f->doc_tokens)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		int r = megatron_open(paths[i], io, &f->shards[i], err, errlen);
+		if (r < 0)
+			return r;
+		f->n_shards++;
+		f->shard_docs[i] = f->shards[i]->n_docs;
+		f->doc_tokens[i] = f->shards[i]->doc_tokens;
+		f->n_docs += f->shards[i]->n_docs;
+		f->n_nonempty += f->shards[i]->n_nonempty;
+		f->n_tokens += f->shards[i]->n_tokens;
+		f->n_bytes += f->shards[i]->n_tokens * f->shards[i]->itemsize;
+	}
+	return 0;
+}
+
+static int load_text(struct feed *f, char **paths, size_t n, struct io_reader *io, char *err, size_t errlen)
+{
+	f->texts = calloc(MAX(n, 1u), sizeof(*f->texts));
+	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
+	if (!f->texts || !f->shard_docs)
+		return -ENOMEM;
+	struct text_open_opts o = {
+		.kind = strcmp(f->conf.format, "jsonl") == 0 ? TEXT_JSONL : TEXT_PLAIN,
+		.cache_dir = f->conf.cache_dir,
+		.max_doc_bytes = f->conf.max_document_bytes,
+	};
+	if (o.cache_dir && mkdir(o.cache_dir, 0755) < 0 && errno != EEXIST) {
+		log_warning("feed %s: cannot create cache_dir %s (%s); text indexes stay in memory", f->name, o.cache_dir,
+			    strerror(errno));
+		o.cache_dir = NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct text_shard *t;
+		int r = text_open(paths[i], &o, io, &t, err, errlen);
+		if (r < 0)
+			return r;
+		f->texts[i] = t;
+		f->n_shards++;
+		f->shard_docs[i] = t->n_docs;
+		f->n_docs += t->n_docs;
+		f->n_bytes += t->bytes;
+		f->n_cached += t->cached;
+		if (t->truncated[0]) {
+			/* The cut line is a bad record: the policy decides. */
+			if (!f->conf.skip_bad_records) {
+				snprintf(err, errlen, "%s (on_bad_record = fail)", t->truncated);
+				return -EBADMSG;
+			}
+			f->bad_records++;
+			snprintf(f->last_bad, sizeof(f->last_bad), "%s", t->truncated);
+			log_warning("feed %s: %s", f->name, t->truncated);
+		}
+	}
+	f->n_nonempty = f->n_docs;
+	if ((double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
+		snprintf(err, errlen, "%" PRIu64 " bad records, more than max_bad_fraction %g of the feed's %" PRIu64
+			 " documents; the latest: %.300s", f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+static int resolve_special(struct feed *f, const char *what, const char *name, int64_t id, int32_t *ret, char *err,
+			   size_t errlen)
+{
+	if (!name) {
+		*ret = id == CONF_TOKEN_NONE ? -1 : (int32_t)id;
+		return 0;
+	}
+	int r = tok_special_id(f->tok, name);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: the tokenizer %s has no special token '%s'", what, f->conf.tokenizer, name);
+		return -EINVAL;
+	}
+	*ret = r;
+	return 0;
+}
+
+static uint64_t tok_generations;
+
+/* Loads the feed's tokenizer, if it names one, and resolves bos/eos given by name. */
+static int load_tokenizer(struct feed *f, char *err, size_t errlen)
+{
+	f->bos_id = f->eos_id = -1;
+	if (f->conf.tokenizer) {
+		_cleanup_free_ char *msg = NULL;
+		int r = conf_tokenizer_is_hf(f->conf.tokenizer)
+				? tok_load_hf(f->conf.tokenizer, &f->tok, &msg)
+				: tok_load_rankfile(f->conf.tokenizer, f->conf.tokenizer_preset, &f->tok, &msg);
+		if (r == -ENOMEM)
+			return r;
+		if (r < 0) {
+			snprintf(err, errlen, "tokenizer: %s", msg ? msg : strerror(-r));
+			return r;
+		}
+		f->tok_generation = __atomic_add_fetch(&tok_generations, 1, __ATOMIC_RELAXED);
+	}
+	int r = resolve_special(f, "bos", f->conf.bos_name, f->conf.bos, &f->bos_id, err, errlen);
+	if (r == 0)
+		r = resolve_special(f, "eos", f->conf.eos_name, f->conf.eos, &f->eos_id, err, errlen);
+	return r;
 }
 
 int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **ret)
@@ -145,8 +298,9 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		return -ENOMEM;
 	f->refs = 1;
 	f->state = FEED_READY;
+	f->kind = strcmp(cf->format, "megatron") == 0 ? FEED_MEGATRON : FEED_TEXT;
 	if (copy_conf(&f->conf, cf) < 0 || !(f->name = strdup(cf->name)) ||
-	    !(f->io_engine = strdup(io_reader_engine(io)))) {
+	    !(f->io_engine = strdup(io_reader_engine(io))) || !(f->stages = calloc(1, sizeof(*f->stages)))) {
 		feed_unref(f);
 		return -ENOMEM;
 	}
@@ -169,23 +323,11 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		r = -E2BIG;
 	}
 
-	f->shards = calloc(MAX(n, 1u), sizeof(*f->shards));
-	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
-	f->doc_tokens = calloc(MAX(n, 1u), sizeof(*f->doc_tokens));
-	if (!f->shards || !f->shard_docs || !f->doc_tokens)
-		r = -ENOMEM;
-	for (size_t i = 0; r == 0 && i < n; i++) {
-		r = megatron_open(paths[i], io, &f->shards[i], err, sizeof(err));
-		if (r < 0)
-			break;
-		f->n_shards++;
-		f->shard_docs[i] = f->shards[i]->n_docs;
-		f->doc_tokens[i] = f->shards[i]->doc_tokens;
-		f->n_docs += f->shards[i]->n_docs;
-		f->n_nonempty += f->shards[i]->n_nonempty;
-		f->n_tokens += f->shards[i]->n_tokens;
-		f->n_bytes += f->shards[i]->n_tokens * f->shards[i]->itemsize;
-	}
+	if (r == 0)
+		r = load_tokenizer(f, err, sizeof(err));
+	if (r == 0)
+		r = f->kind == FEED_TEXT ? load_text(f, paths, n, io, err, sizeof(err))
+					 : load_megatron(f, paths, n, io, err, sizeof(err));
 	for (size_t i = 0; i < n; i++)
 		free(paths[i]);
 	free(paths);
@@ -194,7 +336,8 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		return r;
 	}
 	if (r == 0 && f->n_nonempty == 0) {
-		snprintf(err, sizeof(err), "the shards hold no tokens (%" PRIu64 " documents, all empty)", f->n_docs);
+		snprintf(err, sizeof(err), "the shards hold no %s (%" PRIu64 " documents, all empty)",
+			 f->kind == FEED_TEXT ? "documents" : "tokens", f->n_docs);
 		r = -ENODATA;
 	}
 	if (r < 0) {
@@ -210,9 +353,19 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		.n_shards = f->n_shards,
 		.shard_docs = f->shard_docs,
 	};
-	f->fingerprint = fingerprint_of(f);
-	log_info("feed %s: %u shards, %" PRIu64 " documents, %" PRIu64 " tokens, read with %s", f->name,
-		 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
+	if (f->kind == FEED_TEXT) {
+		struct stat st;
+		struct file_id tid = { 0 };
+		if (stat(f->conf.tokenizer, &st) == 0)
+			tid = (struct file_id){ .size = st.st_size, .mtime = st.st_mtim };
+		f->fingerprint = fingerprint_text(f, &tid);
+		log_info("feed %s: %u %s shards, %" PRIu64 " documents, %" PRIu64 " bytes of text (%u indexes from the cache), read with %s",
+			 f->name, f->n_shards, f->conf.format, f->n_docs, f->n_bytes, f->n_cached, f->io_engine);
+	} else {
+		f->fingerprint = fingerprint_of(f);
+		log_info("feed %s: %u shards, %" PRIu64 " documents, %" PRIu64 " tokens, read with %s", f->name,
+			 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
+	}
 	*ret = f;
 	return 0;
 }
@@ -227,8 +380,15 @@ struct feed *feed_unref(struct feed *f)
 {
 	if (!f || --f->refs > 0)
 		return NULL;
-	for (uint32_t i = 0; i < f->n_shards; i++)
+	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
 		megatron_free(f->shards[i]);
+	for (uint32_t i = 0; f->texts && i < f->n_shards; i++)
+		text_free(f->texts[i]);
+	free(f->texts);
+	for (uint32_t i = 0; f->bad_seen && i < f->n_shards; i++)
+		free(f->bad_seen[i]);
+	free(f->bad_seen);
+	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);
 	free(f->doc_tokens);
@@ -237,10 +397,32 @@ struct feed *feed_unref(struct feed *f)
 	free(f->conf.shards);
 	free(f->conf.name);
 	free(f->conf.format);
+	free(f->conf.bos_name);
+	free(f->conf.eos_name);
+	free(f->conf.text_key);
+	free(f->conf.tokenizer);
+	free(f->conf.tokenizer_preset);
+	free(f->conf.cache_dir);
 	free(f->io_engine);
+	free(f->stages);
 	free(f->name);
 	free(f);
 	return NULL;
+}
+
+int feed_mark_bad(struct feed *f, uint64_t doc)
+{
+	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
+	if (!f->bad_seen && !(f->bad_seen = calloc(f->n_shards, sizeof(*f->bad_seen))))
+		return -ENOMEM;
+	if (!f->bad_seen[s] && !(f->bad_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
+		return -ENOMEM;
+	uint64_t bit = UINT64_C(1) << (d % 64);
+	if (f->bad_seen[s][d / 64] & bit)
+		return 0;
+	f->bad_seen[s][d / 64] |= bit;
+	f->bad_records++;
+	return 1;
 }
 
 int feed_check(struct feed *f)
@@ -249,7 +431,8 @@ int feed_check(struct feed *f)
 		return f->error_code;
 	char err[512];
 	for (uint32_t i = 0; i < f->n_shards; i++) {
-		int r = megatron_check(f->shards[i], err, sizeof(err));
+		int r = f->kind == FEED_TEXT ? text_check(f->texts[i], err, sizeof(err))
+					     : megatron_check(f->shards[i], err, sizeof(err));
 		if (r < 0) {
 			set_failed(f, r, err);
 			return r;

@@ -12,7 +12,16 @@
 
 #include "daemon/conf/conf.h"
 #include "daemon/format/megatron.h"
+#include "daemon/format/text.h"
 #include "daemon/order/order.h"
+#include "daemon/telemetry/stage.h"
+
+struct tok;
+
+enum feed_kind {
+	FEED_MEGATRON, /* stored tokens */
+	FEED_TEXT,     /* text tokenized on the way (format jsonl or text) */
+};
 
 enum feed_state {
 	FEED_READY,
@@ -27,20 +36,35 @@ struct feed {
 	char error[512];
 	int error_code;
 	char *io_engine;       /* engine that read the .idx files */
+	enum feed_kind kind;
 
-	struct megatron_shard **shards;
+	struct megatron_shard **shards;  /* FEED_MEGATRON */
+	struct text_shard **texts;       /* FEED_TEXT */
+	struct tok *tok;                 /* the feed's tokenizer, if it names one */
+	uint64_t tok_generation;         /* tells apart toks that reuse an address, for per-thread states */
+	int32_t bos_id, eos_id;          /* -1: none */
 	uint32_t n_shards;
 	uint32_t *shard_docs;
 	const uint32_t **doc_tokens;
 	struct order_params params;
 	uint64_t fingerprint;
-	uint64_t n_docs, n_nonempty, n_tokens, n_bytes;
+	uint64_t n_docs, n_nonempty, n_tokens, n_bytes; /* text: n_nonempty = n_docs, n_tokens unknown (0), n_bytes of text */
+	uint32_t n_cached;      /* text shards whose index came from the cache */
+
+	/* tokenizing, updated by workers (atomics; time and bytes are in the stages) */
+	uint64_t tok_docs, tok_tokens;
+	uint64_t utf8_replaced;  /* invalid UTF-8 sequences replaced by U+FFFD */
+	/* bad records, updated by the main thread */
+	uint64_t bad_records;    /* distinct records skipped (on_bad_record = skip), whatever the epoch or rank */
+	uint64_t **bad_seen;     /* per shard, a bit per document once skipped (allocated on the first) */
+	char last_bad[512];      /* the latest one, "file:line: why" */
 
 	/* telemetry, updated by the main thread */
 	uint64_t batches;
 	uint64_t tokens_served;
 	unsigned clients;
 	bool draining; /* takes no new attaches (removed from the config) */
+	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/telemetry/stage.h) */
 };
 
 /*
@@ -50,6 +74,12 @@ struct feed {
 int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **ret);
 struct feed *feed_ref(struct feed *f);
 struct feed *feed_unref(struct feed *f);
+
+/*
+ * Counts a skipped bad record once, however often epochs and ranks meet it
+ * (main thread). Returns 1 when it was new, 0 when known, -ENOMEM.
+ */
+int feed_mark_bad(struct feed *f, uint64_t doc);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);

@@ -22,6 +22,7 @@ struct producer {
 	struct event *done_ev;
 	pthread_mutex_t lock;
 	struct session_job *done; /* finished jobs, pushed by workers */
+	struct text_chunk *chunks_done; /* tokenized chunks, pushed by workers */
 	enum io_engine engine;
 	unsigned io_depth;
 };
@@ -64,6 +65,224 @@ static void job_run(struct pool_job *pj, void *ctx)
 	ssize_t _unused_ n = write(p->done_efd, &one, sizeof(one));
 }
 
+static void chunk_run(struct pool_job *pj, void *ctx)
+{
+	struct text_chunk *c = (struct text_chunk *)((char *)pj - offsetof(struct text_chunk, job));
+	struct session *s = c->session;
+	struct producer *p = s->producer;
+
+	if (__atomic_load_n(&s->closed, __ATOMIC_RELAXED))
+		c->result = -ECANCELED;
+	else
+		c->result = worker_tokenize(ctx, s->feed, c);
+
+	pthread_mutex_lock(&p->lock);
+	c->next_done = p->chunks_done;
+	p->chunks_done = c;
+	pthread_mutex_unlock(&p->lock);
+	uint64_t one = 1;
+	ssize_t _unused_ n = write(p->done_efd, &one, sizeof(one));
+}
+
+static struct text_chunk *chunk_free(struct text_chunk *c)
+{
+	if (!c)
+		return NULL;
+	free(c->docs);
+	free(c->start);
+	free(c->ids);
+	for (uint32_t i = 0; c->bad && i < c->n; i++)
+		free(c->bad[i]);
+	free(c->bad);
+	free(c);
+	return NULL;
+}
+
+/*
+ * The chunk holding visit `seq`, moving chunk_cur forward. Chunks passed are
+ * used by plans up to the batch being planned now at the latest.
+ */
+static struct text_chunk *chunk_at(struct session *s, uint64_t seq)
+{
+	struct text_chunk *c = s->chunk_cur ? s->chunk_cur : s->chunk_head;
+	while (c && seq >= c->first_seq + c->n) {
+		c->last_batch = s->first_batch + s->planned;
+		c = c->next;
+	}
+	if (c)
+		s->chunk_cur = c;
+	return c && seq >= c->first_seq ? c : NULL;
+}
+
+/* The stream's source for text feeds: counts and tokens from finished chunks. */
+static int text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids)
+{
+	struct session *s = userdata;
+	struct text_chunk *c = chunk_at(s, seq);
+	if (!c || !c->done)
+		return -EAGAIN;
+	uint32_t i = (uint32_t)(seq - c->first_seq);
+	*ret_tokens = c->start[i + 1] - c->start[i];
+	*ret_ids = c->ids + c->start[i];
+	return 0;
+}
+
+/*
+ * Stream positions known from the stream's position on, through finished
+ * chunks in order, counting up to `need`.
+ */
+static uint64_t text_ready(struct session *s, uint64_t need)
+{
+	uint64_t seq = s->stream.seq, have = 0;
+	struct text_chunk *c = chunk_at(s, seq);
+	for (; c && c->done && have < need + s->stream.offset; c = c->next) {
+		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
+		     i < c->n && have < need + s->stream.offset; i++)
+			have += stream_doc_length(&s->stream, c->start[i + 1] - c->start[i]);
+	}
+	return have > s->stream.offset ? have - s->stream.offset : 0;
+}
+
+/* Average text bytes per token so far (4 before anything was tokenized). */
+static double bytes_per_token(const struct feed *f)
+{
+	uint64_t tokens = __atomic_load_n(&f->tok_tokens, __ATOMIC_RELAXED);
+	uint64_t bytes = __atomic_load_n(&f->stages->tokenize.bytes, __ATOMIC_RELAXED);
+	return tokens > 4096 && bytes ? (double)bytes / (double)tokens : 4.0;
+}
+
+/*
+ * Hands the next documents of the rank's stream to the workers to tokenize,
+ * until the finished and in-flight chunks cover the free slots plus one batch.
+ */
+static int text_submit(struct session *s)
+{
+	const struct feed *f = s->feed;
+	const uint64_t bl = (uint64_t)f->conf.batch_size * f->conf.seq_len;
+	const unsigned threads = pool_threads(s->producer->pool);
+	const uint64_t free_slots = s->ring->slot_count - (s->planned - s->ring->tail);
+	const uint64_t target = (free_slots + 1) * bl + 1;
+	const double bpt = bytes_per_token(f);
+	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
+	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
+					 UINT64_C(1) << 20);
+
+	while (!s->ahead_end && s->chunks_inflight < 2 * threads + 1) {
+		uint64_t have = text_ready(s, target) + (uint64_t)((double)s->inflight_bytes / bpt);
+		if (have >= target)
+			break;
+		struct text_chunk *c = calloc(1, sizeof(*c));
+		uint32_t cap = 64;
+		if (c)
+			c->docs = malloc(cap * sizeof(*c->docs));
+		if (!c || !c->docs) {
+			chunk_free(c);
+			return -ENOMEM;
+		}
+		c->first_seq = s->ahead_seq;
+		c->session = s;
+		c->job.run = chunk_run;
+		while (c->n < 65536 && c->bytes < chunk_bytes) {
+			if (c->n == cap) {
+				uint64_t *d = realloc(c->docs, 2 * cap * sizeof(*d));
+				if (!d) {
+					chunk_free(c);
+					return -ENOMEM;
+				}
+				c->docs = d;
+				cap *= 2;
+			}
+			uint64_t doc = doc_walk_doc(&s->ahead);
+			c->docs[c->n++] = doc;
+			c->bytes += f->texts[ORDER_DOC_SHARD(doc)]->lengths[ORDER_DOC_INDEX(doc)];
+			s->ahead_seq++;
+			unsigned crossed;
+			int r = doc_walk_next(&s->ahead, &crossed);
+			if (r == -ENODATA) {
+				s->ahead_end = true;
+				break;
+			}
+			if (r < 0) {
+				chunk_free(c);
+				return r;
+			}
+		}
+		if (s->chunk_tail)
+			s->chunk_tail->next = c;
+		else
+			s->chunk_head = c;
+		s->chunk_tail = c;
+		if (!s->chunk_cur)
+			s->chunk_cur = c;
+		s->chunks_inflight++;
+		s->inflight_bytes += c->bytes;
+		s->refs++;
+		pool_submit(s->producer->pool, &c->job);
+	}
+	return 0;
+}
+
+/* Frees the chunks no plan in flight or to come uses any more. */
+static void text_retire(struct session *s)
+{
+	while (s->chunk_head && s->chunk_head != s->chunk_cur && s->chunk_head->done &&
+	       s->chunk_head->last_batch < s->first_batch + s->published) {
+		struct text_chunk *c = s->chunk_head;
+		s->chunk_head = c->next;
+		if (!s->chunk_head)
+			s->chunk_tail = NULL;
+		chunk_free(c);
+	}
+}
+
+/* A chunk came back from a worker (main thread). */
+static void chunk_done(struct session *s, struct text_chunk *c)
+{
+	struct feed *f = s->feed;
+	c->done = true;
+	s->chunks_inflight--;
+	s->inflight_bytes -= c->bytes;
+	if (s->failed || s->closed)
+		return;
+	if (c->result < 0) {
+		if (c->result == -ENODATA)
+			feed_check(f);
+		session_fail(s, c->result, c->error);
+		return;
+	}
+	if (c->skipped) {
+		for (uint32_t i = 0; i < c->n; i++) {
+			if (!c->bad[i])
+				continue;
+			int r = feed_mark_bad(f, c->docs[i]);
+			if (r < 0) {
+				session_fail(s, -ENOMEM, "out of memory counting bad records");
+				return;
+			}
+			if (r == 0)
+				continue; /* met before, in another epoch or by another rank */
+			snprintf(f->last_bad, sizeof(f->last_bad), "%s", c->bad[i]);
+			/* Logged, but not a line per record for a feed full of them. */
+			if (f->bad_records <= 10)
+				log_warning("feed %s: skipped a bad record: %s%s", f->name, c->bad[i],
+					    f->bad_records == 10 ? " (further ones are only counted)" : "");
+		}
+		if ((double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg),
+				 "%" PRIu64 " bad records skipped, more than max_bad_fraction %g of the feed's %" PRIu64
+				 " documents; the latest: %s",
+				 f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
+			if (f->state == FEED_READY) {
+				f->state = FEED_FAILED;
+				f->error_code = -EBADMSG;
+				snprintf(f->error, sizeof(f->error), "%.*s", (int)sizeof(f->error) - 1, msg);
+			}
+			session_fail(s, -EBADMSG, msg);
+		}
+	}
+}
+
 void session_fail(struct session *s, int code, const char *msg)
 {
 	if (s->failed || s->closed)
@@ -83,6 +302,7 @@ static void advance(struct session *s)
 {
 	uint64_t before = s->published;
 	struct session_job *failed = NULL;
+	int staged = 0;
 	while (s->published < s->planned) {
 		struct session_job *j = &s->jobs[s->published % s->ring->slot_count];
 		if (j->state != JOB_DONE)
@@ -93,6 +313,9 @@ static void advance(struct session *s)
 		}
 		struct feed_slot_header *h = (struct feed_slot_header *)ring_slot(s->ring, s->published);
 		h->produced_ns = now_ns();
+		/* GPU staging: H2D queued and `ready` recorded before head moves (daemon/gpu/staging.h). */
+		if (s->staging && (staged = staging_publish(s->staging, s->published, s->ring->tail)) < 0)
+			break;
 		j->state = JOB_IDLE;
 		s->published++;
 		uint64_t tokens = (uint64_t)j->plan.batch_size * j->plan.seq_len;
@@ -101,6 +324,10 @@ static void advance(struct session *s)
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);
+	if (s->feed->kind == FEED_TEXT)
+		text_retire(s);
+	if (staged < 0)
+		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
 		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
 		if (failed->result == -ENODATA)
@@ -118,7 +345,19 @@ static void on_done(evutil_socket_t fd, short what, void *userdata)
 	pthread_mutex_lock(&p->lock);
 	struct session_job *list = p->done;
 	p->done = NULL;
+	struct text_chunk *chunks = p->chunks_done;
+	p->chunks_done = NULL;
 	pthread_mutex_unlock(&p->lock);
+
+	while (chunks) {
+		struct text_chunk *c = chunks;
+		chunks = c->next_done;
+		struct session *s = c->session;
+		chunk_done(s, c);
+		if (!s->failed && !s->closed)
+			pump(s);
+		session_unref(s);
+	}
 
 	while (list) {
 		struct session_job *j = list;
@@ -157,13 +396,31 @@ static void pump(struct session *s)
 			s->full_ns_total += now_ns() - s->full_since_ns;
 			s->full_since_ns = 0;
 		}
+		const bool text = s->feed->kind == FEED_TEXT;
+		const uint64_t bl = (uint64_t)s->feed->conf.batch_size * s->feed->conf.seq_len;
 		while (s->planned - tail < n) {
 			struct session_job *j = &s->jobs[s->planned % n];
 			uint64_t batch = s->first_batch + s->planned;
-			int r = pack_plan(&s->stream, s->feed->conf.batch_size, s->feed->conf.seq_len, batch, &j->plan);
+			int r = 0;
+			/* The slot's last H2D copy may still read it; the space eventfd is kicked when it is done. */
+			if (s->staging && (r = staging_host_reusable(s->staging, s->planned)) <= 0) {
+				if (r < 0)
+					session_fail(s, r, s->staging->backend->error);
+				return;
+			}
+			if (text) {
+				/* Plan only what is tokenized: every position of the batch and the look-ahead. */
+				r = stream_settle(&s->stream);
+				if (r == -EAGAIN || (r == 0 && text_ready(s, bl + 1) < bl + 1))
+					break;
+			}
+			if (r == 0)
+				r = pack_plan(&s->stream, s->feed->conf.batch_size, s->feed->conf.seq_len, batch, &j->plan);
 			if (r < 0) {
 				snprintf(msg, sizeof(msg), "cannot plan batch %" PRIu64 ": %s", batch,
-					 r == -ENODATA ? "this rank receives no tokens" : strerror(-r));
+					 r == -ENODATA ? "this rank receives no tokens"
+					 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
+							: strerror(-r));
 				session_fail(s, r, msg);
 				return;
 			}
@@ -183,6 +440,13 @@ static void pump(struct session *s)
 			s->refs++;
 			s->planned++;
 			pool_submit(s->producer->pool, &j->job);
+		}
+		if (text) {
+			int r = text_submit(s);
+			if (r < 0) {
+				session_fail(s, r, "cannot queue documents to tokenize: out of memory");
+				return;
+			}
 		}
 		if (s->published - tail == n && !s->full_since_ns)
 			s->full_since_ns = now_ns();
@@ -247,10 +511,21 @@ static void session_unref(struct session *s)
 		return;
 	if (s->space_ev)
 		event_free(s->space_ev);
+	bool leaked = false;
+	s->staging = staging_free(s->staging, &leaked); /* before the ring: its copies read the ring */
+	if (leaked)
+		log_warning("feed %s rank %u/%u: GPU copies did not finish; keeping their memory", s->feed->name,
+			    s->rank, s->world);
 	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++)
 		pack_plan_clear(&s->jobs[i].plan);
 	free(s->jobs);
 	stream_clear(&s->stream);
+	doc_walk_clear(&s->ahead);
+	while (s->chunk_head) {
+		struct text_chunk *c = s->chunk_head;
+		s->chunk_head = c->next;
+		chunk_free(c);
+	}
 	ring_free(s->ring);
 	s->feed->clients--;
 	feed_unref(s->feed);
@@ -318,8 +593,23 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	for (unsigned i = 0; i < slots; i++)
 		s->jobs[i].job.run = job_run;
 
-	r = stream_init(&s->stream, &f->params, f->doc_tokens, rank, world, f->conf.bos != CONF_TOKEN_NONE,
-			f->conf.eos != CONF_TOKEN_NONE, c ? &c->pos : NULL);
+	struct stream_source src = { .doc = text_doc, .userdata = s };
+	if (f->kind == FEED_TEXT)
+		r = stream_init_source(&s->stream, &f->params, &src, rank, world, f->bos_id >= 0, f->eos_id >= 0,
+				       c ? &c->pos : NULL);
+	else
+		r = stream_init(&s->stream, &f->params, f->doc_tokens, rank, world, f->bos_id >= 0, f->eos_id >= 0,
+				c ? &c->pos : NULL);
+	if (r == 0 && f->kind == FEED_TEXT) {
+		/* Tokenizing starts at the stream's own document and runs ahead of it. */
+		const struct doc_walk *w = &s->stream.walk;
+		r = doc_walk_seek(&s->ahead, &f->params, rank, world, w->ep.epoch, w->window, w->at);
+		s->ahead_seq = s->stream.seq;
+		if (r < 0) {
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+			goto fail;
+		}
+	}
 	if (r < 0) {
 		if (r == -EINVAL)
 			snprintf(err, errlen, "cursor does not name a position in rank %u's stream of feed %s", rank,

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
+#include "daemon/tok/tok.h"
 #include "proto/macro.h"
 #include "proto/ring_abi.h"
 
@@ -41,6 +43,11 @@ struct worker *worker_free(struct worker *w)
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
+	free(w->text);
+	free(w->text_reqs);
+	jsonl_record_done(&w->record);
+	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
+		tok_state_free(w->toks[i].st);
 	free(w);
 	return NULL;
 }
@@ -108,6 +115,8 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		   char *err, size_t errlen)
 {
 	size_t n_pos = (size_t)plan->batch_size * plan->seq_len + 1;
+	struct stage_clock job_clock, stage_clock;
+	stage_begin(&job_clock, false);
 	int r = reserve(w, n_pos, MAX(plan->n_pieces, (size_t)16));
 	if (r < 0) {
 		snprintf(err, errlen, "out of memory for a batch of %zu positions", n_pos);
@@ -123,7 +132,7 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 #define AT(p) ((p) < n ? ids + (p) : &lookahead)
 
 	/* Lay out the positions: bos/eos inline, token ranges as reads. */
-	const bool bos = f->conf.bos != CONF_TOKEN_NONE, eos = f->conf.eos != CONF_TOKEN_NONE;
+	const bool bos = f->bos_id >= 0, eos = f->eos_id >= 0;
 	struct emit_ctx c = { .w = w };
 	size_t pos = 0;
 	for (size_t i = 0; i < plan->n_pieces; i++) {
@@ -135,10 +144,16 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		memset(w->is_start + pos, 0, p->count);
 		w->is_start[pos] = p->offset == 0;
 		if (bos && p->offset == 0)
-			*AT(pos) = (int32_t)f->conf.bos;
+			*AT(pos) = f->bos_id;
 		if (eos && p->offset + p->count == p->length)
-			*AT(pos + p->count - 1) = (int32_t)f->conf.eos;
-		if (lo < hi) {
+			*AT(pos + p->count - 1) = f->eos_id;
+		if (lo < hi && p->ids) {
+			/* Tokenized text: the tokens are in memory already. */
+			if (pos >= n)
+				lookahead = p->ids[lo - bos];
+			else
+				memcpy(ids + pos + (lo - p->offset), p->ids + (lo - bos), (hi - lo) * sizeof(int32_t));
+		} else if (lo < hi) {
 			c.shard = f->shards[s];
 			c.shard_index = s;
 			c.pos = pos + (lo - p->offset);
@@ -153,6 +168,9 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 	}
 
 	size_t failed = 0;
+	const struct io_stats *io = io_reader_stats(w->io);
+	uint64_t io_bytes = io->bytes, io_depth_sum = io->depth_sum, io_depth_n = io->depth_n;
+	stage_begin(&stage_clock, true);
 	r = io_reader_run(w->io, w->reqs, c.n, &failed);
 	if (r < 0) {
 		const struct megatron_shard *sh = f->shards[w->runs[failed].shard];
@@ -164,6 +182,11 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 				 w->runs[failed].byte_offset, strerror(-r));
 		return r;
 	}
+	/* pread has no queue: one request at a time. */
+	stage_end_io(&f->stages->read, &stage_clock, io->bytes - io_bytes,
+		     io->depth_n > io_depth_n ? io->depth_sum - io_depth_sum : (c.n > 0),
+		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c.n > 0));
+	stage_begin(&stage_clock, false);
 	for (size_t i = 0; i < c.n; i++) {
 		const struct widen_run *run = &w->runs[i];
 		const struct megatron_shard *sh = f->shards[run->shard];
@@ -183,6 +206,7 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 				  (int32_t *)(slot + geom->off_labels),
 				  (int32_t *)(slot + geom->off_position_ids), (int32_t *)(slot + geom->off_cu_seqlens),
 				  &docs);
+	stage_end(&f->stages->pack, &stage_clock, n * sizeof(int32_t));
 	h->batch_index = plan->batch_index;
 	h->epoch = plan->epoch;
 	h->rank = rank;
@@ -192,5 +216,164 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 	h->n_cu_seqlens = n_cu;
 	h->n_docs = docs;
 	snprintf(h->cursor, sizeof(h->cursor), "%s", cursor);
+	stage_end(&f->stages->job, &job_clock, n * sizeof(int32_t));
 	return 0;
+}
+
+/* This thread's state for the feed's tokenizer, made on first use. */
+static struct tok_state *tok_state_for(struct worker *w, const struct feed *f)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
+		if (w->toks[i].st && w->toks[i].generation == f->tok_generation)
+			return w->toks[i].st;
+	struct worker_tok *slot = &w->toks[w->toks_next++ % ARRAY_SIZE(w->toks)];
+	slot->st = tok_state_free(slot->st);
+	if (tok_state_new(f->tok, &slot->st) < 0)
+		return NULL;
+	slot->generation = f->tok_generation;
+	return slot->st;
+}
+
+static int grow(void **p, size_t *cap, size_t want, size_t size)
+{
+	if (want <= *cap)
+		return 0;
+	size_t n = MAX(want, *cap * 2);
+	void *q = realloc(*p, n * size);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
+{
+	const bool jsonl = strcmp(f->conf.format, "jsonl") == 0;
+	const uint64_t max = f->conf.max_document_bytes;
+	struct stage_clock clock;
+	int r;
+
+	/* Every document of the chunk in one batch of reads, all in flight at once. */
+	size_t bytes = 0, n_reqs = 0;
+	if (grow((void **)&w->text_reqs, &w->text_reqs_cap, c->n, sizeof(*w->text_reqs)) < 0)
+		goto oom;
+	for (uint32_t i = 0; i < c->n; i++) {
+		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
+		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
+		if (t->lengths[d] > max || t->lengths[d] == 0)
+			continue;
+		w->text_reqs[n_reqs++] = (struct io_req){ .fd = t->fd, .offset = t->offsets[d], .len = t->lengths[d],
+							   .dst = (void *)(uintptr_t)bytes };
+		bytes += t->lengths[d];
+	}
+	if (grow((void **)&w->text, &w->text_cap, MAX(bytes, (size_t)1), 1) < 0)
+		goto oom;
+	for (size_t i = 0; i < n_reqs; i++)
+		w->text_reqs[i].dst = w->text + (uintptr_t)w->text_reqs[i].dst;
+	const struct io_stats *io = io_reader_stats(w->io);
+	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
+	stage_begin(&clock, true);
+	size_t failed = 0;
+	r = io_reader_run(w->io, w->text_reqs, n_reqs, &failed);
+	if (r < 0) {
+		const struct io_req *q = &w->text_reqs[failed];
+		const char *path = "?";
+		for (uint32_t s = 0; s < f->n_shards; s++)
+			if (f->texts[s]->fd == q->fd)
+				path = f->texts[s]->data_path;
+		if (r == -ENODATA)
+			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
+				 path, q->offset + q->len);
+		else
+			snprintf(c->error, sizeof(c->error), "%s: read at byte %" PRIu64 " failed: %s", path, q->offset,
+				 strerror(-r));
+		return r;
+	}
+	stage_end_io(&f->stages->read, &clock, io->bytes - io_bytes,
+		     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
+		     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
+
+	struct tok_state *st = tok_state_for(w, f);
+	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
+	if (!st || !c->start)
+		goto oom;
+	stage_begin(&clock, false);
+	struct tok_ids out = { 0 };
+	const unsigned flags = f->conf.encode_special_tokens ? TOK_ENCODE_SPECIALS : 0;
+	size_t at = 0, replaced_total = 0;
+	char why[384];
+	for (uint32_t i = 0; i < c->n; i++) {
+		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
+		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
+		const uint8_t *doc = w->text + at;
+		size_t len = t->lengths[d], replaced = 0;
+		size_t before = out.n;
+		c->start[i] = out.n;
+		why[0] = 0;
+		if (len > max) {
+			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
+		} else {
+			at += len;
+			const char *text = (const char *)doc;
+			size_t text_len = len;
+			if (jsonl) {
+				r = jsonl_extract(&w->record, doc, len, f->conf.text_key, why, sizeof(why));
+				if (r == -ENOMEM)
+					goto oom_ids;
+				text = w->record.text;
+				text_len = w->record.len;
+				replaced = w->record.replaced;
+			}
+			if (!why[0]) {
+				size_t rep = 0;
+				r = tok_encode(f->tok, st, text, text_len, flags, &out, &rep);
+				if (r == -ENOMEM)
+					goto oom_ids;
+				if (r < 0) {
+					out.n = before;
+					snprintf(why, sizeof(why), "the tokenizer failed: %s", strerror(-r));
+				}
+				replaced += rep;
+			}
+		}
+		if (why[0]) {
+			/* A bad record: fatal, or an empty document that still counts in k mod R. */
+			out.n = before;
+			char where[64] = "";
+			if (t->kind == TEXT_JSONL)
+				snprintf(where, sizeof(where), ":%" PRIu64, text_doc_line(t, d));
+			if (!f->conf.skip_bad_records) {
+				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->path, where, why);
+				tok_ids_done(&out);
+				return -EBADMSG;
+			}
+			if ((!c->bad && !(c->bad = calloc(c->n, sizeof(*c->bad)))) ||
+			    asprintf(&c->bad[i], "%s%s: %s", t->path, where, why) < 0) {
+				if (c->bad)
+					c->bad[i] = NULL;
+				tok_ids_done(&out);
+				goto oom;
+			}
+			if (c->skipped++ == 0)
+				snprintf(c->error, sizeof(c->error), "%s", c->bad[i]);
+		}
+		replaced_total += replaced;
+	}
+	c->start[c->n] = out.n;
+	c->ids = out.ids ? out.ids : malloc(sizeof(int32_t));
+	if (!c->ids)
+		goto oom;
+	stage_end(&f->stages->tokenize, &clock, at);
+	__atomic_fetch_add(&f->tok_docs, c->n, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->tok_tokens, out.n, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->utf8_replaced, replaced_total, __ATOMIC_RELAXED);
+	return 0;
+
+oom_ids:
+	tok_ids_done(&out);
+oom:
+	snprintf(c->error, sizeof(c->error), "out of memory tokenizing %" PRIu32 " documents (%" PRIu64 " bytes)", c->n,
+		 c->bytes);
+	return -ENOMEM;
 }

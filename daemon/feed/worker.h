@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
+#include "daemon/format/jsonl.h"
 #include "daemon/io/reader.h"
 #include "daemon/pack/pack.h"
 #include "proto/ring_abi.h"
@@ -22,7 +23,21 @@ struct worker {
 	struct io_req *reqs;
 	struct widen_run *runs;
 	size_t cap_reqs;
+
+	/* tokenizing text */
+	uint8_t *text;            /* a chunk's documents as read */
+	size_t text_cap;
+	struct io_req *text_reqs;
+	size_t text_reqs_cap;
+	struct jsonl_record record;
+	struct worker_tok {
+		uint64_t generation;  /* the feed's tok_generation */
+		struct tok_state *st;
+	} toks[4];                /* per-thread states of the tokenizers met lately */
+	unsigned toks_next;
 };
+
+struct text_chunk;
 
 struct worker *worker_new(enum io_engine engine, unsigned depth);
 struct worker *worker_free(struct worker *w);
@@ -32,6 +47,14 @@ struct worker *worker_free(struct worker *w);
  * geometry), header included. Returns 0, or a negative errno with a message
  * naming the file and offset in err.
  */
+/*
+ * Reads and tokenizes the documents of chunk c of text feed f, writing the
+ * chunk's start/ids (and skipped count). Returns 0, or a negative errno with
+ * a message naming the file and line in c->error (a bad record under
+ * on_bad_record = fail, a shard that changed, no memory).
+ */
+int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c);
+
 int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
 		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
 		   char *err, size_t errlen);

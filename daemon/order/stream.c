@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Walking a rank's stream. Moving forward builds each window's document list
- * once (O(documents in the window)); nothing ever walks backwards.
+ * once (O(documents in the window)); nothing ever walks backwards. A
+ * document's count may arrive later than the walk (tokenized text): the
+ * stream then waits at that document, unsettled, and stream_settle() goes on
+ * once the count is known. Settling only ever moves through known counts, so
+ * where a stream stops does not depend on when counts arrive.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -10,25 +14,50 @@
 #include "daemon/order/stream.h"
 #include "proto/macro.h"
 
-static uint64_t doc_length(const struct stream *s, uint64_t doc)
+void doc_walk_clear(struct doc_walk *w)
 {
-	return stream_doc_length(s, s->doc_tokens[ORDER_DOC_SHARD(doc)][ORDER_DOC_INDEX(doc)]);
+	order_epoch_clear(&w->ep);
+	free(w->docs);
+	*w = (struct doc_walk){ 0 };
 }
 
-static int load_window(struct stream *s, uint32_t w)
+static int load_window(struct doc_walk *w, uint32_t window)
 {
 	uint64_t *docs, first, total;
 	size_t n;
-	int r = order_window_rank_docs(s->params, &s->ep, w, s->rank, s->world, &docs, &n, &first, &total);
+	int r = order_window_rank_docs(w->params, &w->ep, window, w->rank, w->world, &docs, &n, &first, &total);
 	if (r < 0)
 		return r;
-	free(s->docs);
-	s->docs = docs;
-	s->n_docs = n;
-	s->first_index = first;
-	s->window = w;
-	s->at = 0;
+	free(w->docs);
+	w->docs = docs;
+	w->n_docs = n;
+	w->first_index = first;
+	w->window = window;
+	w->at = 0;
 	return 0;
+}
+
+int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		  uint64_t epoch, uint32_t window, size_t at)
+{
+	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world };
+	int r = order_epoch_build(params, epoch, &w->ep);
+	if (r < 0)
+		goto fail;
+	r = -EINVAL;
+	if (window >= w->ep.n_windows)
+		goto fail;
+	r = load_window(w, window);
+	if (r < 0)
+		goto fail;
+	r = -EINVAL;
+	if (at != SIZE_MAX && at >= w->n_docs)
+		goto fail;
+	w->at = at;
+	return 0;
+fail:
+	doc_walk_clear(w);
+	return r;
 }
 
 /*
@@ -39,117 +68,155 @@ static int load_window(struct stream *s, uint32_t w)
  */
 #define MAX_EMPTY_EPOCHS_SHUFFLED 1000
 
-/* Moves to the next document of this rank, crossing windows and epochs. */
-static int next_document(struct stream *s)
+static unsigned max_empty_epochs(const struct order_params *p)
 {
-	int r;
-	s->at++;
-	while (s->at >= s->n_docs) {
-		uint32_t w = s->window + 1;
-		if (w >= s->ep.n_windows) {
-			s->empty_epochs = s->epoch_had_tokens ? 0 : s->empty_epochs + 1;
-			s->epoch_had_tokens = false;
-			if (s->empty_epochs >= (s->params->shuffle ? MAX_EMPTY_EPOCHS_SHUFFLED : 1))
+	return p->shuffle ? MAX_EMPTY_EPOCHS_SHUFFLED : 1;
+}
+
+int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
+{
+	unsigned crossed = 0;
+	w->at++;
+	while (w->at >= w->n_docs) {
+		uint32_t next = w->window + 1;
+		if (next >= w->ep.n_windows) {
+			/* An epoch with no document at all for this rank: bounded like empty ones. */
+			if (++crossed > max_empty_epochs(w->params))
 				return -ENODATA;
-			r = order_epoch_build(s->params, s->ep.epoch + 1, &s->ep);
+			int r = order_epoch_build(w->params, w->ep.epoch + 1, &w->ep);
 			if (r < 0)
 				return r;
-			w = 0;
+			next = 0;
 		}
-		r = load_window(s, w);
+		int r = load_window(w, next);
 		if (r < 0)
 			return r;
 	}
-	s->offset = 0;
-	s->length = doc_length(s, s->docs[s->at]);
-	s->epoch_had_tokens |= s->length > 0;
+	*ret_epochs = crossed;
 	return 0;
 }
 
-/* Skips empty documents (they still count in k mod R); next_document() bounds the search. */
-static int skip_empty(struct stream *s)
+/* Moves to the rank's next document; its count is not looked at yet. */
+static int next_document(struct stream *s)
 {
-	while (s->length == 0) {
+	unsigned crossed;
+	int r = doc_walk_next(&s->walk, &crossed);
+	if (r < 0)
+		return r;
+	for (unsigned i = 0; i < crossed; i++) {
+		s->empty_epochs = s->epoch_had_tokens ? 0 : s->empty_epochs + 1;
+		s->epoch_had_tokens = false;
+		if (s->empty_epochs >= max_empty_epochs(s->walk.params))
+			return -ENODATA;
+	}
+	s->seq++;
+	s->known = false;
+	s->offset = 0;
+	s->length = 0;
+	s->ids = NULL;
+	return 0;
+}
+
+int stream_settle(struct stream *s)
+{
+	for (;;) {
+		if (!s->known) {
+			uint64_t tokens;
+			const int32_t *ids;
+			int r = s->src.doc(s->src.userdata, s->seq, doc_walk_doc(&s->walk), &tokens, &ids);
+			if (r < 0)
+				return r;
+			s->known = true;
+			s->length = stream_doc_length(s, tokens);
+			s->ids = ids;
+			s->epoch_had_tokens |= s->length > 0;
+			if (s->check_offset) {
+				/* A cursor must name a place inside one of this rank's non-empty documents. */
+				s->check_offset = false;
+				if (s->offset >= s->length)
+					return -EINVAL;
+			}
+		}
+		if (s->length > 0)
+			return 0;
 		int r = next_document(s);
 		if (r < 0)
 			return r;
 	}
-	return 0;
 }
 
 void stream_clear(struct stream *s)
 {
-	order_epoch_clear(&s->ep);
-	free(s->docs);
+	doc_walk_clear(&s->walk);
 	*s = (struct stream){ 0 };
 }
 
-int stream_init(struct stream *s, const struct order_params *params, const uint32_t *const *doc_tokens,
-		uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos)
+int stream_init_source(struct stream *s, const struct order_params *params, const struct stream_source *src,
+		       uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos)
 {
 	int r;
-	*s = (struct stream){
-		.params = params,
-		.doc_tokens = doc_tokens,
-		.rank = rank,
-		.world = world,
-		.bos = bos,
-		.eos = eos,
-	};
+	*s = (struct stream){ .src = *src, .bos = bos, .eos = eos };
+	uint64_t epoch_docs = 0;
 	for (uint32_t i = 0; i < params->n_shards; i++)
-		s->epoch_docs += params->shard_docs[i];
-	if (world == 0 || rank >= world || s->epoch_docs == 0)
+		epoch_docs += params->shard_docs[i];
+	if (world == 0 || rank >= world || epoch_docs == 0)
 		return -EINVAL;
-
-	struct stream_pos start = pos ? *pos : (struct stream_pos){ 0 };
-	r = order_epoch_build(params, start.epoch, &s->ep);
-	if (r < 0)
-		goto fail;
-	r = -EINVAL;
-	if (start.window >= s->ep.n_windows)
-		goto fail;
-	r = load_window(s, start.window);
-	if (r < 0)
-		goto fail;
 
 	if (!pos) {
 		/* The rank's first document may lie in a later window. */
-		s->at = (size_t)-1;
+		r = doc_walk_seek(&s->walk, params, rank, world, 0, 0, SIZE_MAX);
+		if (r < 0)
+			goto fail;
+		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
 		if (r < 0)
 			goto fail;
-		r = skip_empty(s);
+	} else {
+		r = doc_walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, SIZE_MAX);
 		if (r < 0)
 			goto fail;
-		return 0;
+		/* A cursor must name one of this rank's documents of that window. */
+		r = -EINVAL;
+		const struct doc_walk *w = &s->walk;
+		if (pos->index < w->first_index || (pos->index - w->first_index) % world != 0)
+			goto fail;
+		uint64_t m = (pos->index - w->first_index) / world;
+		if (m >= w->n_docs)
+			goto fail;
+		s->walk.at = (size_t)m;
+		s->offset = pos->offset;
+		s->check_offset = true;
+		s->epoch_had_tokens = true;
 	}
-
-	/* A cursor must name one of this rank's non-empty documents, inside it. */
-	r = -EINVAL;
-	if (start.index < s->first_index || (start.index - s->first_index) % world != 0)
-		goto fail;
-	uint64_t m = (start.index - s->first_index) / world;
-	if (m >= s->n_docs)
-		goto fail;
-	s->at = (size_t)m;
-	s->length = doc_length(s, s->docs[s->at]);
-	if (start.offset >= s->length)
-		goto fail;
-	s->offset = start.offset;
-	s->epoch_had_tokens = true;
-	return 0;
-
+	r = stream_settle(s);
+	if (r == 0 || r == -EAGAIN)
+		return 0;
 fail:
 	stream_clear(s);
 	return r;
 }
 
+static int counts_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids)
+{
+	const uint32_t *const *doc_tokens = userdata;
+	*ret_tokens = doc_tokens[ORDER_DOC_SHARD(doc)][ORDER_DOC_INDEX(doc)];
+	*ret_ids = NULL;
+	return 0;
+}
+
+int stream_init(struct stream *s, const struct order_params *params, const uint32_t *const *doc_tokens,
+		uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos)
+{
+	struct stream_source src = { .doc = counts_doc, .userdata = (void *)doc_tokens };
+	return stream_init_source(s, params, &src, rank, world, bos, eos, pos);
+}
+
 struct stream_pos stream_tell(const struct stream *s)
 {
 	return (struct stream_pos){
-		.epoch = s->ep.epoch,
-		.window = s->window,
-		.index = s->first_index + (uint64_t)s->at * s->world,
+		.epoch = s->walk.ep.epoch,
+		.window = s->walk.window,
+		.index = doc_walk_index(&s->walk),
 		.offset = s->offset,
 	};
 }
@@ -157,27 +224,33 @@ struct stream_pos stream_tell(const struct stream *s)
 struct stream_piece stream_peek(const struct stream *s)
 {
 	return (struct stream_piece){
-		.doc = s->docs[s->at],
+		.doc = doc_walk_doc(&s->walk),
 		.offset = s->offset,
 		.count = 1,
 		.length = s->length,
+		.ids = s->ids,
 	};
 }
 
 int stream_take(struct stream *s, uint64_t max, struct stream_piece *ret)
 {
+	int r = stream_settle(s);
+	if (r < 0)
+		return r;
 	uint64_t n = MIN(max, s->length - s->offset);
 	*ret = (struct stream_piece){
-		.doc = s->docs[s->at],
+		.doc = doc_walk_doc(&s->walk),
 		.offset = s->offset,
 		.count = n,
 		.length = s->length,
+		.ids = s->ids,
 	};
 	s->offset += n;
 	if (s->offset < s->length)
 		return 0;
-	int r = next_document(s);
+	r = next_document(s);
 	if (r < 0)
 		return r;
-	return skip_empty(s);
+	r = stream_settle(s);
+	return r == -EAGAIN ? 0 : r;
 }

@@ -7,12 +7,14 @@
  *
  * A stream_pos names a place in the stream in O(1) space: epoch, window,
  * the document's index inside the window's order, and the offset inside the
- * document's contribution. Positions are kept normalised: they always point
- * at a position that exists (a non-empty document, offset < its length).
+ * document's contribution. Positions are kept normalised ("settled"): they
+ * point at a position that exists (a non-empty document, offset < its
+ * length) once the token counts they depend on are known.
  */
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "daemon/order/order.h"
@@ -26,51 +28,120 @@ struct stream_pos {
 
 /* A run of consecutive stream positions inside one document's contribution. */
 struct stream_piece {
-	uint64_t doc;    /* ORDER_DOC(shard, document) */
-	uint64_t offset; /* first position inside the contribution (0 = document start) */
-	uint64_t count;  /* positions in this piece */
-	uint64_t length; /* the whole contribution's length */
+	uint64_t doc;         /* ORDER_DOC(shard, document) */
+	uint64_t offset;      /* first position inside the contribution (0 = document start) */
+	uint64_t count;       /* positions in this piece */
+	uint64_t length;      /* the whole contribution's length */
+	const int32_t *ids;   /* the document's tokens when they are in memory (tokenized text), else NULL */
 };
 
-struct stream {
-	const struct order_params *params;
-	const uint32_t *const *doc_tokens; /* doc_tokens[s][d]: tokens of document d of shard s */
-	uint32_t rank, world;
-	bool bos, eos;
-	uint64_t epoch_docs;               /* documents in one epoch */
-	bool epoch_had_tokens;             /* this rank met a non-empty document in the current epoch */
-	unsigned empty_epochs;             /* consecutive epochs that gave this rank no token */
+/*
+ * Where token counts come from. Shards that store tokens know every count at
+ * load; text is tokenized on the way, so a count may not be known yet.
+ */
+struct stream_source {
+	/*
+	 * The document the stream visits `seq`-th since stream_init (0 = the
+	 * first), whose id is `doc`: returns 0 with its token count and, when
+	 * they are in memory, its tokens (else NULL); or -EAGAIN when the
+	 * count is not known yet.
+	 */
+	int (*doc)(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids);
+	void *userdata;
+};
 
+/*
+ * A rank's documents in contract order, crossing windows and epochs; no
+ * lengths. The stream walks one; a tokenizing session walks a second one
+ * ahead of it to know which documents to tokenize next.
+ */
+struct doc_walk {
+	const struct order_params *params;
+	uint32_t rank, world;
 	struct order_epoch ep;
 	uint32_t window;
 	uint64_t *docs;       /* this rank's documents of the current window */
 	size_t n_docs, at;    /* docs[at] is the current document */
 	uint64_t first_index; /* window index of docs[0] */
-	uint64_t offset;      /* inside the current document's contribution */
-	uint64_t length;      /* the current document's contribution length */
 };
 
 /*
- * Positions the stream at `pos`, or at its very beginning when pos is NULL.
- * Returns 0; -EINVAL when pos cannot be a position of this rank's stream (wrong
- * rank for the index, index or offset out of range); -ENODATA when the rank
- * receives no tokens at all; -ENOMEM.
+ * Places w at this rank's `at`-th document of window `window` of `epoch`
+ * (at = SIZE_MAX: just before the window's first, so that doc_walk_next()
+ * finds the rank's first document from there). Returns 0, -EINVAL (no such
+ * window or document), -ENOMEM.
  */
+int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		  uint64_t epoch, uint32_t window, size_t at);
+/*
+ * Moves to the rank's next document, crossing windows and epochs; *ret_epochs
+ * gets the number of epoch boundaries crossed. Returns 0; -ENOMEM; -ENODATA
+ * when more epochs than the contract's empty-epoch bound hold no document
+ * for this rank at all.
+ */
+int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs);
+void doc_walk_clear(struct doc_walk *w);
+
+static inline uint64_t doc_walk_doc(const struct doc_walk *w)
+{
+	return w->docs[w->at];
+}
+
+static inline uint64_t doc_walk_index(const struct doc_walk *w)
+{
+	return w->first_index + (uint64_t)w->at * w->world;
+}
+
+struct stream {
+	struct doc_walk walk;
+	struct stream_source src;
+	bool bos, eos;
+	bool epoch_had_tokens;             /* this rank met a non-empty document in the current epoch */
+	unsigned empty_epochs;             /* consecutive epochs that gave this rank no token */
+
+	uint64_t seq;         /* the current document is the seq-th visited */
+	bool known;           /* its length (and tokens) are known */
+	uint64_t offset;      /* inside the current document's contribution */
+	uint64_t length;      /* the current document's contribution length */
+	const int32_t *ids;
+	bool check_offset;    /* offset came from a cursor: check it once the length is known */
+};
+
+/*
+ * Positions the stream at `pos`, or at its very beginning when pos is NULL,
+ * with token counts from src. Returns 0; -EINVAL when pos cannot be a
+ * position of this rank's stream (wrong rank for the index, index or offset
+ * out of range); -ENODATA when the rank receives no tokens at all; -ENOMEM.
+ * With a source that does not know counts yet, the checks that need them
+ * happen in stream_settle().
+ */
+int stream_init_source(struct stream *s, const struct order_params *params, const struct stream_source *src,
+		       uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos);
+/* stream_init_source() with counts from doc_tokens[shard][document] (stored tokens). */
 int stream_init(struct stream *s, const struct order_params *params, const uint32_t *const *doc_tokens,
 		uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos);
 void stream_clear(struct stream *s);
 
-/* The current position. */
+/*
+ * Resolves the current document and skips empty ones, so the stream points
+ * at a position that exists. Returns 0; -EAGAIN when a count is not known
+ * yet (call again later); -ENODATA (the rank gets no tokens); -EINVAL (a
+ * cursor's offset lies past its document's end); -ENOMEM.
+ */
+int stream_settle(struct stream *s);
+
+/* The current position (settled streams only). */
 struct stream_pos stream_tell(const struct stream *s);
 
 /*
  * Takes up to `max` positions from the current document into *ret and
  * advances (to the next non-empty document when this one is used up).
- * Returns 0, -ENODATA, -ENOMEM.
+ * Returns 0; or what stream_settle() returns when the current document is
+ * not settled, in which case nothing was taken.
  */
 int stream_take(struct stream *s, uint64_t max, struct stream_piece *ret);
 
-/* The document and offset at the current position, without advancing. */
+/* The document and offset at the current position, without advancing (settled streams only). */
 struct stream_piece stream_peek(const struct stream *s);
 
 /* Contribution length of a document with `tokens` tokens. */

@@ -28,12 +28,15 @@ int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t 
 	plan->batch_index = batch_index;
 	plan->batch_size = batch_size;
 	plan->seq_len = seq_len;
-	plan->epoch = s->ep.epoch;
+	int r = stream_settle(s);
+	if (r < 0)
+		return r;
+	plan->epoch = s->walk.ep.epoch;
 
 	uint64_t left = (uint64_t)batch_size * seq_len;
 	while (left > 0) {
 		struct stream_piece p;
-		int r = stream_take(s, left, &p);
+		r = stream_take(s, left, &p);
 		if (r < 0)
 			return r;
 		r = push(plan, &p);
@@ -41,6 +44,10 @@ int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t 
 			return r;
 		left -= p.count;
 	}
+	/* The look-ahead position must exist: a caller with counts still to come waits for it. */
+	r = stream_settle(s);
+	if (r < 0)
+		return r;
 	struct stream_piece peek = stream_peek(s);
 	plan->next = stream_tell(s);
 	return push(plan, &peek);

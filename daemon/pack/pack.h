@@ -26,7 +26,10 @@ struct batch_plan {
  * Plans the next batch: takes B*L positions from the stream, then records
  * the following position as a one-position look-ahead piece (its token is the
  * last label; whether it starts a document decides that label's mask).
- * Returns 0, -ENODATA, -ENOMEM.
+ * Returns 0, -ENODATA, -ENOMEM; -EAGAIN when the stream needs a count that
+ * is not known yet, in which case the stream has moved and the plan is
+ * unusable: a caller whose counts arrive late must only plan once
+ * B*L + 1 positions from the stream's position are known.
  */
 int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t batch_index,
 	      struct batch_plan *plan);

@@ -373,7 +373,8 @@ int tok_finish(struct tok *t, char **ret_error) {
 
 	if (t->n_re == 0)
 		return tok_errorf(ret_error, -EINVAL, "%s: no pre-tokenizer pattern", t->name);
-	qsort(t->added, t->n_added, sizeof(*t->added), tok_added_cmp);
+	if (t->n_added > 1) /* qsort(NULL, 0, ...) is undefined (UBSan) */
+		qsort(t->added, t->n_added, sizeof(*t->added), tok_added_cmp);
 	r = tok_compile_added(t, false, &t->added_re, ret_error);
 	if (r < 0)
 		return r;

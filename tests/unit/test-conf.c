@@ -246,7 +246,7 @@ static void test_errors(void)
 	load_bad("bad bool (case)", "[feed.a]\nshards = a\nshuffle = TRUE\n", 3, 0, "shuffle");
 	load_bad("bad token (negative)", "[feed.a]\nshards = a\nbos = -1\n", 3, 0, "bos");
 	load_bad("bad token (too big)", "[feed.a]\nshards = a\neos = 2147483648\n", 3, 0, "eos");
-	load_bad("bad token (word)", "[feed.a]\nshards = a\neos = eos\n", 3, 0, "eos");
+	load_bad("bad token (sign)", "[feed.a]\nshards = a\neos = +3\n", 3, 0, "eos");
 	load_bad("bad io_engine", "[feedd]\nio_depth = 8\nio_engine = aio\n", 3, 0, "io_engine");
 	load_bad("bad log_level", "[feedd]\nlog_level = loud\n", 2, 0, "log_level");
 	load_bad("bad format", "[feed.a]\nformat = arrow\nshards = a\n", 2, 0, "arrow");
@@ -306,7 +306,9 @@ static void test_empty_unknown_section(void)
 	conf_free(c);
 	load_bad("unknown section with a key", "[feedd]\nthreads = 1\n[fed.main]\nx = 1\n[feed.a]\nshards = a\n", 4, 0,
 		 "fed.main");
-	load_bad("key given twice", "[feed.a]\nshards = a\nshards = b\n", 3, 0, "given twice");
+	load_bad("key given twice", "[feed.a]\nshards = a\nseq_len = 8\nseq_len = 9\n", 4, 0, "given twice");
+	load_bad("line too long for inih", "[feed.a]\nshards = a,b\n# 123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890\n",
+		 3, 0, "indented lines");
 	load_bad_noline("batch too large", "[feed.a]\nshards = a\nseq_len = 1048576\nbatch_size = 2048\n", "batch_size x seq_len");
 }
 
@@ -317,6 +319,82 @@ static void test_empty_unknown_section(void)
 static void test_empty_shard_entry(void)
 {
 	load_bad("empty shard entry", "[feed.a]\nshards = a.idx,,b.idx\n", 2, 0, "shards");
+}
+
+/* A config error found after parsing: names the file and the feed, and mentions needle. */
+static void load_bad_feed(const char *what, const char *text, const char *needle)
+{
+	char path[256], err[512] = "";
+	struct conf *c = NULL;
+	write_conf("bad.conf", text, path, sizeof(path));
+	int r = conf_load(path, &c, err, sizeof(err));
+	CHECK(r == -EINVAL, "%s: conf_load returned %d (%s), expected -EINVAL", what, r, err);
+	if (r == 0) {
+		conf_free(c);
+		return;
+	}
+	CHECK(strncmp(err, path, strlen(path)) == 0 && strstr(err, "[feed.t]"), "%s: error \"%s\" does not name the file and feed",
+	      what, err);
+	CHECK(strstr(err, needle), "%s: error \"%s\" does not mention \"%s\"", what, err, needle);
+}
+
+static void test_shards_over_lines(void)
+{
+	struct conf *c = load_ok("shards over indented lines", "[feed.a]\nshards = /d/a.idx,\n  /d/b*.idx, /d/c.idx\n  /d/e.idx\nseq_len = 8\n");
+	if (!c)
+		return;
+	CHECK(c->feeds[0].n_shards == 4, "%zu shard globs, expected 4", c->feeds[0].n_shards);
+	if (c->feeds[0].n_shards == 4)
+		CHECK(strcmp(c->feeds[0].shards[1], "/d/b*.idx") == 0 && strcmp(c->feeds[0].shards[3], "/d/e.idx") == 0,
+		      "globs %s, %s", c->feeds[0].shards[1], c->feeds[0].shards[3]);
+	conf_free(c);
+}
+
+static void test_text_sources(void)
+{
+	struct conf *c = load_ok("jsonl feed",
+				 "[feedd]\ncache_dir = cache\n"
+				 "[feed.t]\nformat = jsonl\nshards = a.jsonl\ntokenizer = cl100k_base.tiktoken\n"
+				 "tokenizer_preset = cl100k_base\neos = <|endoftext|>\ntext_key = content\n"
+				 "on_bad_record = fail\nmax_bad_fraction = 0.01\nmax_document_bytes = 1M\n"
+				 "encode_special_tokens = yes\n");
+	if (c) {
+		const struct conf_feed *f = &c->feeds[0];
+		CHECK(strcmp(f->format, "jsonl") == 0, "format %s", f->format);
+		CHECK(f->eos == CONF_TOKEN_NONE && f->eos_name && strcmp(f->eos_name, "<|endoftext|>") == 0,
+		      "eos name not kept");
+		CHECK(strcmp(f->text_key, "content") == 0, "text_key %s", f->text_key);
+		CHECK(!f->skip_bad_records && f->max_bad_fraction == 0.01, "bad-record policy not kept");
+		CHECK_U64(f->max_document_bytes, 1u << 20);
+		CHECK(f->encode_special_tokens, "encode_special_tokens not kept");
+		CHECK(f->tokenizer[0] == '/' && strstr(f->tokenizer, "cl100k_base.tiktoken"), "tokenizer %s not resolved",
+		      f->tokenizer);
+		CHECK(f->cache_dir && f->cache_dir[0] == '/' && strcmp(f->cache_dir, c->cache_dir) == 0,
+		      "the feed does not carry cache_dir");
+		conf_free(c);
+	}
+	c = load_ok("defaults of a text feed", "[feed.t]\nformat = text\nshards = a.txt\ntokenizer = q/tokenizer.json\n");
+	if (c) {
+		const struct conf_feed *f = &c->feeds[0];
+		CHECK(strcmp(f->text_key, "text") == 0 && f->skip_bad_records && f->max_bad_fraction == 0.001 &&
+			      !f->encode_special_tokens && f->max_document_bytes == (UINT64_C(256) << 20),
+		      "text defaults differ from docs/configuration.md");
+		conf_free(c);
+	}
+	load_bad("unknown format", "[feed.t]\nformat = parquet\nshards = a\n", 2, 0, "parquet");
+	load_bad("unknown preset", "[feed.t]\ntokenizer_preset = gpt5\n", 2, 0, "gpt5");
+	load_bad("bad policy", "[feed.t]\non_bad_record = ignore\n", 2, 0, "on_bad_record");
+	load_bad("bad fraction", "[feed.t]\nmax_bad_fraction = 2\n", 2, 0, "max_bad_fraction");
+	load_bad("bad fraction (word)", "[feed.t]\nmax_bad_fraction = some\n", 2, 0, "max_bad_fraction");
+	load_bad("zero document size", "[feed.t]\nmax_document_bytes = 0\n", 2, 0, "max_document_bytes");
+	load_bad("empty text_key", "[feed.t]\ntext_key =\n", 2, 0, "text_key");
+	load_bad_feed("jsonl without tokenizer", "[feed.t]\nformat = jsonl\nshards = a\n", "tokenizer");
+	load_bad_feed("rank file without preset", "[feed.t]\nformat = jsonl\nshards = a\ntokenizer = x.tiktoken\n",
+		      "tokenizer_preset");
+	load_bad_feed("preset with tokenizer.json",
+		      "[feed.t]\nformat = jsonl\nshards = a\ntokenizer = tokenizer.json\ntokenizer_preset = gpt2\n",
+		      "tokenizer_preset");
+	load_bad_feed("special name without tokenizer", "[feed.t]\nshards = a\neos = eos\n", "eos");
 }
 
 int main(void)
@@ -331,5 +409,7 @@ int main(void)
 	test_errors();
 	test_empty_unknown_section();
 	test_empty_shard_entry();
+	test_text_sources();
+	test_shards_over_lines();
 	return unit_exit("test-conf");
 }

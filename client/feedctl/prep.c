@@ -1,0 +1,427 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * feedctl prep: raw text to a Megatron indexed dataset (.bin + .idx), what
+ * Megatron's tools/preprocess_data.py does, with feedd's own tokenizer,
+ * reader and thread pool. It loads the inputs as a feed (the same code and
+ * options a text feed uses), tokenizes runs of documents on the pool, and
+ * writes them strictly in input order, one sequence per document. A bad
+ * record under on_bad_record = skip becomes an empty document, exactly as a
+ * text feed serves it, so the prepared shards give the same stream as the
+ * text they came from.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/feedctl/feedctl.h"
+#include "daemon/conf/conf.h"
+#include "daemon/feed/feed.h"
+#include "daemon/feed/session.h"
+#include "daemon/feed/worker.h"
+#include "daemon/log/log.h"
+#include "daemon/pool/pool.h"
+#include "daemon/tok/tok.h"
+#include "proto/macro.h"
+
+#define CHUNK_BYTES (1u << 20)
+
+struct prep {
+	pthread_mutex_t lock;
+	pthread_cond_t done;
+	struct feed *feed;
+	unsigned threads;
+};
+
+struct prep_chunk {
+	struct text_chunk c;
+	struct prep *prep;
+	bool finished;
+};
+
+static void *ctx_new(unsigned i, void *arg)
+{
+	return worker_new(IO_ENGINE_AUTO, 64);
+}
+
+static void ctx_free(void *ctx)
+{
+	worker_free(ctx);
+}
+
+static void chunk_run(struct pool_job *job, void *ctx)
+{
+	struct prep_chunk *pc = (struct prep_chunk *)((char *)job - offsetof(struct prep_chunk, c.job));
+	struct prep *p = pc->prep;
+	pc->c.result = worker_tokenize(ctx, p->feed, &pc->c);
+	pthread_mutex_lock(&p->lock);
+	pc->finished = true;
+	pthread_cond_broadcast(&p->done);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void chunk_clear(struct prep_chunk *pc)
+{
+	free(pc->c.docs);
+	free(pc->c.start);
+	free(pc->c.ids);
+	*pc = (struct prep_chunk){ 0 };
+}
+
+struct out {
+	FILE *bin;
+	uint8_t dtype;       /* 8 (u16) or 4 (i32) */
+	int32_t *lengths;    /* per document */
+	size_t n, cap;
+	uint64_t tokens;
+	void *buf;
+	size_t buf_cap;
+};
+
+static int out_doc(struct out *o, const int32_t *ids, size_t n)
+{
+	if (n > INT32_MAX)
+		return -E2BIG;
+	if (o->n == o->cap) {
+		size_t cap = o->cap ? 2 * o->cap : 4096;
+		int32_t *l = realloc(o->lengths, cap * sizeof(*l));
+		if (!l)
+			return -ENOMEM;
+		o->lengths = l;
+		o->cap = cap;
+	}
+	o->lengths[o->n++] = (int32_t)n;
+	o->tokens += n;
+	if (o->dtype == 4)
+		return fwrite(ids, 4, n, o->bin) == n ? 0 : -EIO;
+	if (n * 2 > o->buf_cap) {
+		void *b = realloc(o->buf, n * 2);
+		if (!b)
+			return -ENOMEM;
+		o->buf = b;
+		o->buf_cap = n * 2;
+	}
+	uint16_t *u = o->buf;
+	for (size_t i = 0; i < n; i++)
+		u[i] = (uint16_t)ids[i];
+	return fwrite(u, 2, n, o->bin) == n ? 0 : -EIO;
+}
+
+static int write_idx(const char *path, const struct out *o)
+{
+	FILE *f = fopen(path, "we");
+	if (!f)
+		return -errno;
+	uint64_t version = 1, s = o->n, d = o->n + 1;
+	fwrite("MMIDIDX\0\0", 1, 9, f);
+	fwrite(&version, 8, 1, f);
+	fwrite(&o->dtype, 1, 1, f);
+	fwrite(&s, 8, 1, f);
+	fwrite(&d, 8, 1, f);
+	fwrite(o->lengths, 4, o->n, f);
+	int64_t ptr = 0, size = o->dtype == 4 ? 4 : 2;
+	for (size_t i = 0; i < o->n; i++) {
+		fwrite(&ptr, 8, 1, f);
+		ptr += (int64_t)o->lengths[i] * size;
+	}
+	for (int64_t i = 0; i <= (int64_t)o->n; i++)
+		fwrite(&i, 8, 1, f);
+	int bad = ferror(f);
+	return fclose(f) != 0 || bad ? -EIO : 0;
+}
+
+static void usage_prep(FILE *out)
+{
+	fprintf(out,
+		"Usage: feedctl prep --tokenizer FILE [--preset NAME] --out PREFIX [OPTIONS] INPUT...\n"
+		"Tokenize text shards into a Megatron dataset PREFIX.bin + PREFIX.idx, one sequence per\n"
+		"document, documents in input order (each INPUT may be a glob).\n\n"
+		"  -t, --tokenizer FILE      tiktoken rank file or HF tokenizer.json\n"
+		"  -p, --preset NAME         rank files: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, llama3\n"
+		"  -o, --out PREFIX          output prefix\n"
+		"  -f, --format FMT          jsonl (default) or text (one document per file)\n"
+		"  -k, --text-key KEY        jsonl member holding the text (default: text)\n"
+		"  -e, --append-eos TOKEN    append this id or special token to every non-empty document\n"
+		"      --on-bad-record P     skip (default: an empty document, counted) or fail\n"
+		"      --encode-special-tokens  special tokens in the text become their ids\n"
+		"  -j, --threads N           tokenizer threads (default: all CPUs)\n"
+		"      --cache-dir DIR       keep indexes and decompressed copies here (default: a temporary directory)\n");
+}
+
+static void progress(bool tty, uint64_t docs, uint64_t total, uint64_t bytes, uint64_t t0, bool final)
+{
+	double s = (double)(now_ns() - t0) / 1e9;
+	if (!tty && !final)
+		return;
+	fprintf(stderr, "%sprep: %" PRIu64 "/%" PRIu64 " documents, %.1f MB, %.1f MB/s%s", tty ? "\r" : "", docs, total,
+		(double)bytes / 1e6, s > 0 ? (double)bytes / 1e6 / s : 0.0, final || !tty ? "\n" : "   ");
+}
+
+/* Removes the temporary cache directory prep made: only its own index and data files are in it. */
+static void remove_cache(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (d) {
+		for (struct dirent *e; (e = readdir(d));)
+			if (e->d_name[0] != '.')
+				unlinkat(dirfd(d), e->d_name, 0);
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+int cmd_prep(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "tokenizer", required_argument, NULL, 't' },
+		{ "preset", required_argument, NULL, 'p' },
+		{ "out", required_argument, NULL, 'o' },
+		{ "format", required_argument, NULL, 'f' },
+		{ "text-key", required_argument, NULL, 'k' },
+		{ "append-eos", required_argument, NULL, 'e' },
+		{ "on-bad-record", required_argument, NULL, 'b' },
+		{ "encode-special-tokens", no_argument, NULL, 's' },
+		{ "threads", required_argument, NULL, 'j' },
+		{ "cache-dir", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct conf_feed cf = {
+		.name = "prep",
+		.format = "jsonl",
+		.text_key = "text",
+		.seq_len = 1,
+		.batch_size = 1,
+		.shuffle = false,
+		.shuffle_window = 1,
+		.bos = CONF_TOKEN_NONE,
+		.eos = CONF_TOKEN_NONE,
+		.skip_bad_records = true,
+		.max_bad_fraction = 1,
+		.max_document_bytes = UINT32_MAX - 1,
+	};
+	const char *out_prefix = NULL, *eos = NULL;
+	unsigned threads = 0;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "t:p:o:f:k:e:j:h", opts, NULL)) >= 0) {
+		switch (c) {
+		case 't': cf.tokenizer = optarg; break;
+		case 'p': cf.tokenizer_preset = optarg; break;
+		case 'o': out_prefix = optarg; break;
+		case 'f':
+			if (strcmp(optarg, "jsonl") != 0 && strcmp(optarg, "text") != 0) {
+				fprintf(stderr, "feedctl prep: --format %s: expected jsonl or text\n", optarg);
+				return 2;
+			}
+			cf.format = optarg;
+			break;
+		case 'k': cf.text_key = optarg; break;
+		case 'e': eos = optarg; break;
+		case 'b':
+			if (strcmp(optarg, "skip") != 0 && strcmp(optarg, "fail") != 0) {
+				fprintf(stderr, "feedctl prep: --on-bad-record %s: expected skip or fail\n", optarg);
+				return 2;
+			}
+			cf.skip_bad_records = optarg[0] == 's';
+			break;
+		case 's': cf.encode_special_tokens = true; break;
+		case 'j': threads = (unsigned)strtoul(optarg, NULL, 10); break;
+		case 'c': cf.cache_dir = optarg; break;
+		case 'h': usage_prep(stdout); return 0;
+		default: usage_prep(stderr); return 2;
+		}
+	}
+	if (!cf.tokenizer || !out_prefix || optind >= argc) {
+		usage_prep(stderr);
+		return 2;
+	}
+	if (!conf_tokenizer_is_hf(cf.tokenizer) && !cf.tokenizer_preset) {
+		fprintf(stderr, "feedctl prep: %s is a tiktoken rank file: give --preset (its pattern and special tokens)\n",
+			cf.tokenizer);
+		return 2;
+	}
+	cf.shards = argv + optind;
+	cf.n_shards = (size_t)(argc - optind);
+
+	char tmpdir[] = "/tmp/feedctl-prep-XXXXXX";
+	bool own_cache = !cf.cache_dir;
+	if (own_cache) {
+		if (!mkdtemp(tmpdir)) {
+			fprintf(stderr, "feedctl prep: cannot make a temporary directory: %s\n", strerror(errno));
+			return 1;
+		}
+		cf.cache_dir = tmpdir;
+	}
+
+	int ret = 1;
+	struct io_reader *io = NULL;
+	struct feed *f = NULL;
+	struct pool *pool = NULL;
+	struct prep p = { .lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER };
+	struct out o = { 0 };
+	struct prep_chunk *ring = NULL;
+	_cleanup_free_ char *bin_path = NULL, *idx_path = NULL, *bin_tmp = NULL;
+	log_set_level(LOG_LEVEL_WARNING);
+
+	if (io_reader_new(IO_ENGINE_AUTO, 64, &io) < 0 || feed_load(&cf, io, &f) < 0) {
+		fprintf(stderr, "feedctl prep: out of memory\n");
+		goto out;
+	}
+	if (f->state != FEED_READY) {
+		fprintf(stderr, "feedctl prep: %s\n", f->error);
+		goto out;
+	}
+	int32_t eos_id = -1;
+	if (eos) {
+		char *end;
+		long v = strtol(eos, &end, 10);
+		if (*eos && !*end && v >= 0 && v <= INT32_MAX)
+			eos_id = (int32_t)v;
+		else if ((eos_id = tok_special_id(f->tok, eos)) < 0) {
+			fprintf(stderr, "feedctl prep: --append-eos %s: the tokenizer has no such special token\n", eos);
+			goto out;
+		}
+	}
+	o.dtype = tok_vocab_size(f->tok) <= 65536 && eos_id < 65536 ? 8 : 4;
+	if (asprintf(&bin_path, "%s.bin", out_prefix) < 0 || asprintf(&idx_path, "%s.idx", out_prefix) < 0 ||
+	    asprintf(&bin_tmp, "%s.bin.tmp", out_prefix) < 0)
+		goto out;
+	o.bin = fopen(bin_tmp, "we");
+	if (!o.bin) {
+		fprintf(stderr, "feedctl prep: cannot create %s: %s\n", bin_tmp, strerror(errno));
+		goto out;
+	}
+
+	p.feed = f;
+	if (pool_new(threads, ctx_new, ctx_free, &p, &pool) < 0) {
+		fprintf(stderr, "feedctl prep: cannot start the tokenizer threads\n");
+		goto out;
+	}
+	threads = pool_threads(pool);
+	const size_t window = 2 * threads + 2;
+	ring = calloc(window, sizeof(*ring));
+	if (!ring)
+		goto out;
+
+	/* Documents in input order: shard by shard, line by line; chunks written in submission order. */
+	uint32_t shard = 0, doc = 0;
+	uint64_t submitted = 0, written = 0, docs_done = 0, bytes_done = 0, skipped = 0;
+	uint64_t t0 = now_ns();
+	bool tty = isatty(STDERR_FILENO);
+	char first_bad[512] = "";
+	for (;;) {
+		/* Fill the window. */
+		while (submitted - written < window && shard < f->n_shards) {
+			struct prep_chunk *pc = &ring[submitted % window];
+			uint32_t cap = 256;
+			pc->prep = &p;
+			pc->c.job.run = chunk_run;
+			pc->c.docs = malloc(cap * sizeof(uint64_t));
+			if (!pc->c.docs)
+				goto out;
+			while (shard < f->n_shards && pc->c.bytes < CHUNK_BYTES) {
+				if (doc >= f->texts[shard]->n_docs) {
+					shard++;
+					doc = 0;
+					continue;
+				}
+				if (pc->c.n == cap) {
+					uint64_t *d = realloc(pc->c.docs, 2 * cap * sizeof(*d));
+					if (!d)
+						goto out;
+					pc->c.docs = d;
+					cap *= 2;
+				}
+				pc->c.docs[pc->c.n++] = ORDER_DOC(shard, doc);
+				pc->c.bytes += f->texts[shard]->lengths[doc];
+				doc++;
+			}
+			if (pc->c.n == 0) {
+				chunk_clear(pc);
+				break;
+			}
+			submitted++;
+			pool_submit(pool, &pc->c.job);
+		}
+		if (written == submitted)
+			break;
+		/* Write the oldest, in order. */
+		struct prep_chunk *pc = &ring[written % window];
+		pthread_mutex_lock(&p.lock);
+		while (!pc->finished)
+			pthread_cond_wait(&p.done, &p.lock);
+		pthread_mutex_unlock(&p.lock);
+		if (pc->c.result < 0) {
+			if (tty)
+				fputc('\n', stderr);
+			fprintf(stderr, "feedctl prep: %s\n", pc->c.error);
+			goto out;
+		}
+		if (pc->c.skipped && !first_bad[0])
+			snprintf(first_bad, sizeof(first_bad), "%s", pc->c.error);
+		skipped += pc->c.skipped;
+		for (uint32_t i = 0; i < pc->c.n; i++) {
+			size_t n = pc->c.start[i + 1] - pc->c.start[i];
+			int32_t *ids = pc->c.ids + pc->c.start[i];
+			int r = out_doc(&o, ids, n);
+			if (r == 0 && eos_id >= 0 && n > 0) {
+				/* One sequence per document: eos joins the document's own. */
+				o.lengths[o.n - 1]++;
+				o.tokens++;
+				r = o.dtype == 4 ? (fwrite(&eos_id, 4, 1, o.bin) == 1 ? 0 : -EIO)
+						 : (fwrite(&(uint16_t){ (uint16_t)eos_id }, 2, 1, o.bin) == 1 ? 0 : -EIO);
+			}
+			if (r < 0) {
+				fprintf(stderr, "feedctl prep: writing %s: %s\n", bin_tmp, strerror(-r));
+				goto out;
+			}
+		}
+		docs_done += pc->c.n;
+		bytes_done += pc->c.bytes;
+		chunk_clear(pc);
+		written++;
+		progress(tty, docs_done, f->n_docs, bytes_done, t0, false);
+	}
+	if (fclose(o.bin) != 0) {
+		o.bin = NULL;
+		fprintf(stderr, "feedctl prep: writing %s: %s\n", bin_tmp, strerror(errno));
+		goto out;
+	}
+	o.bin = NULL;
+	int r = write_idx(idx_path, &o);
+	if (r == 0 && rename(bin_tmp, bin_path) < 0)
+		r = -errno;
+	if (r < 0) {
+		fprintf(stderr, "feedctl prep: writing %s: %s\n", idx_path, strerror(-r));
+		goto out;
+	}
+	progress(tty, docs_done, f->n_docs, bytes_done, t0, true);
+	fprintf(stderr, "prep: %" PRIu64 " documents, %" PRIu64 " tokens (%s), %" PRIu64 " bad records skipped, %u threads -> %s.{bin,idx}\n",
+		docs_done, o.tokens, o.dtype == 4 ? "i32" : "u16", skipped, threads, out_prefix);
+	if (skipped)
+		fprintf(stderr, "prep: first bad record: %s\n", first_bad);
+	ret = 0;
+out:
+	pool = pool_free(pool);
+	for (size_t i = 0; ring && i < 2 * threads + 2; i++)
+		chunk_clear(&ring[i]);
+	free(ring);
+	if (o.bin) {
+		fclose(o.bin);
+		unlink(bin_tmp);
+	}
+	free(o.lengths);
+	free(o.buf);
+	feed_unref(f);
+	io_reader_free(io);
+	if (own_cache)
+		remove_cache(tmpdir);
+	return ret;
+}

@@ -1,0 +1,683 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Text shard indexes (text.h). The cache file, little-endian:
+ *
+ *   struct text_index_header
+ *   u64 offsets[n_docs]
+ *   u64 lines[n_docs]          only when has_lines
+ *   u32 lengths[n_docs]
+ *
+ * `check` is a hash over the header (with check = 0) and the arrays, so a
+ * torn or foreign file is rebuilt rather than trusted.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "daemon/format/text.h"
+#include "daemon/order/order.h"
+#include "proto/macro.h"
+
+#define INDEX_MAGIC "FDTXIDX1"
+#define BLOCK (8u << 20) /* bytes per read while indexing */
+
+struct text_index_header {
+	char magic[8];
+	uint64_t src_size;
+	int64_t mtime_sec, mtime_nsec;
+	uint64_t ino, dev;
+	uint32_t kind, codec;
+	uint64_t data_bytes;
+	uint64_t n_docs;
+	uint64_t has_lines;
+	uint64_t max_doc_bytes;
+	uint64_t check;
+};
+_Static_assert(sizeof(struct text_index_header) == 96, "index header layout");
+
+enum text_codec text_codec_of(const char *path)
+{
+	size_t n = strlen(path);
+	if (n > 3 && strcmp(path + n - 3, ".gz") == 0)
+		return TEXT_CODEC_GZIP;
+	if (n > 4 && strcmp(path + n - 4, ".zst") == 0)
+		return TEXT_CODEC_ZSTD;
+	return TEXT_CODEC_NONE;
+}
+
+static const char *codec_name(enum text_codec c)
+{
+	return c == TEXT_CODEC_GZIP ? "gzip" : c == TEXT_CODEC_ZSTD ? "zstd" : "plain";
+}
+
+static uint64_t hash_words(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (; n >= 8; n -= 8, b += 8) {
+		uint64_t w;
+		memcpy(&w, b, 8);
+		h = order_mix(h ^ w) + 1;
+	}
+	for (; n; n--, b++)
+		h = order_mix(h ^ *b) + 1;
+	return h;
+}
+
+/* ---- building: documents as lines ---------------------------------------- */
+
+struct builder {
+	struct text_shard *s;
+	uint64_t max_doc_bytes;
+	uint64_t pos;         /* data offset of the next byte scanned */
+	uint64_t line;        /* 1-based line being scanned */
+	uint64_t line_start;
+	bool content;         /* the line so far holds a non-whitespace byte */
+	size_t cap;
+	bool need_lines;      /* some line was blank, so lines[] is needed */
+};
+
+static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
+{
+	struct text_shard *s = b->s;
+	if (s->n_docs == UINT32_MAX - 1)
+		return -E2BIG;
+	if (s->n_docs == b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 1024;
+		uint64_t *o = realloc(s->offsets, cap * sizeof(*o));
+		if (o)
+			s->offsets = o;
+		uint64_t *l = realloc(s->lines, cap * sizeof(*l));
+		if (l)
+			s->lines = l;
+		uint32_t *n = realloc(s->lengths, cap * sizeof(*n));
+		if (n)
+			s->lengths = n;
+		if (!o || !l || !n)
+			return -ENOMEM;
+		b->cap = cap;
+	}
+	s->offsets[s->n_docs] = offset;
+	s->lengths[s->n_docs] = (uint32_t)MIN(len, b->max_doc_bytes + 1);
+	s->lines[s->n_docs] = b->line;
+	if (b->line != (uint64_t)s->n_docs + 1)
+		b->need_lines = true;
+	s->n_docs++;
+	return 0;
+}
+
+static inline bool json_space(uint8_t c)
+{
+	return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/* Scans decompressed bytes data[0..n) that sit at b->pos in the data file. */
+static int scan(struct builder *b, const uint8_t *data, size_t n)
+{
+	const uint8_t *p = data, *end = data + n;
+	while (p < end) {
+		const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
+		const uint8_t *stop = nl ? nl : end;
+		for (const uint8_t *q = p; !b->content && q < stop; q++)
+			b->content = !json_space(*q);
+		if (!nl)
+			break;
+		uint64_t at = b->pos + (uint64_t)(nl - data);
+		if (b->content) {
+			int r = add_doc(b, b->line_start, at - b->line_start);
+			if (r < 0)
+				return r;
+		}
+		b->line++;
+		b->line_start = at + 1;
+		b->content = false;
+		p = nl + 1;
+	}
+	b->pos += n;
+	return 0;
+}
+
+/* The last line, when the data does not end with a newline. */
+static int scan_end(struct builder *b)
+{
+	if (!b->content)
+		return 0;
+	b->content = false;
+	return add_doc(b, b->line_start, b->pos - b->line_start);
+}
+
+/* ---- decompression into the cache ----------------------------------------- */
+
+struct decoder {
+	enum text_codec codec;
+	z_stream z;
+	bool z_init;
+	bool z_member_done; /* the last gzip member ended; anything after must start another */
+	ZSTD_DStream *zs;
+	size_t zs_last;     /* ZSTD_decompressStream's last hint: 0 = at a frame boundary */
+};
+
+static void decoder_done(struct decoder *d)
+{
+	if (d->z_init)
+		inflateEnd(&d->z);
+	ZSTD_freeDStream(d->zs);
+}
+
+static int decoder_init(struct decoder *d, enum text_codec codec)
+{
+	*d = (struct decoder){ .codec = codec, .zs_last = 0 };
+	if (codec == TEXT_CODEC_GZIP) {
+		if (inflateInit2(&d->z, 15 + 16) != Z_OK)
+			return -ENOMEM;
+		d->z_init = true;
+		return 0;
+	}
+	d->zs = ZSTD_createDStream();
+	if (!d->zs || ZSTD_isError(ZSTD_initDStream(d->zs)))
+		return -ENOMEM;
+	return 0;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/*
+ * Decompresses in[0..n) (compressed bytes from `in_pos` on), appending the
+ * output to out_fd and scanning it. Returns 0 or a negative errno with a
+ * message.
+ */
+static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos, int out_fd,
+		  uint8_t *out, size_t out_cap, char *err, size_t errlen)
+{
+	int r;
+	const char *path = b->s->path;
+	if (d->codec == TEXT_CODEC_GZIP) {
+		size_t used = 0;
+		while (used < n) {
+			if (d->z_member_done) {
+				/* Concatenated members, as gzip(1) writes with cat a.gz b.gz. */
+				if (inflateReset(&d->z) != Z_OK)
+					return -ENOMEM;
+				d->z_member_done = false;
+			}
+			d->z.next_in = (Bytef *)(in + used);
+			d->z.avail_in = (uInt)MIN(n - used, (size_t)UINT32_MAX);
+			size_t before = d->z.avail_in;
+			int zr;
+			do {
+				d->z.next_out = out;
+				d->z.avail_out = (uInt)out_cap;
+				zr = inflate(&d->z, Z_NO_FLUSH);
+				if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
+					snprintf(err, errlen, "%s: corrupt gzip data near compressed byte %" PRIu64 ": %s", path,
+						 in_pos + used + (before - d->z.avail_in), d->z.msg ? d->z.msg : "inflate failed");
+					return -EBADMSG;
+				}
+				size_t got = out_cap - d->z.avail_out;
+				if (got) {
+					if ((r = write_all(out_fd, out, got)) < 0) {
+						snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", path,
+							 strerror(-r));
+						return r;
+					}
+					if ((r = scan(b, out, got)) < 0)
+						return r;
+				}
+			} while (zr == Z_OK && d->z.avail_out == 0);
+			used += before - d->z.avail_in;
+			if (zr == Z_STREAM_END)
+				d->z_member_done = true;
+			else if (before == d->z.avail_in)
+				break; /* needs more input */
+		}
+		return 0;
+	}
+
+	ZSTD_inBuffer ib = { .src = in, .size = n, .pos = 0 };
+	bool full = false;
+	/* Until the input is used up and the decoder has no more output for it. */
+	while (ib.pos < ib.size || full) {
+		ZSTD_outBuffer ob = { .dst = out, .size = out_cap, .pos = 0 };
+		size_t at = ib.pos;
+		size_t zr = ZSTD_decompressStream(d->zs, &ob, &ib);
+		if (ZSTD_isError(zr)) {
+			snprintf(err, errlen, "%s: corrupt zstd data near compressed byte %" PRIu64 ": %s", path,
+				 in_pos + at, ZSTD_getErrorName(zr));
+			return -EBADMSG;
+		}
+		/* A call that moved nothing says nothing about frames (after one ends it hints at the next). */
+		if (ob.pos || ib.pos != at)
+			d->zs_last = zr;
+		full = ob.pos == ob.size;
+		if (ob.pos) {
+			if ((r = write_all(out_fd, out, ob.pos)) < 0) {
+				snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", path, strerror(-r));
+				return r;
+			}
+			if ((r = scan(b, out, ob.pos)) < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+/* Whether the stream stopped inside a gzip member or zstd frame. */
+static bool decoder_truncated(const struct decoder *d, bool saw_input)
+{
+	if (d->codec == TEXT_CODEC_GZIP)
+		return saw_input ? !d->z_member_done : true;
+	return d->zs_last != 0 || !saw_input;
+}
+
+/* ---- the cache ------------------------------------------------------------ */
+
+static char *cache_name(const char *cache_dir, const char *path, const char *suffix)
+{
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	uint64_t h = hash_words(UINT64_C(0x6665656464), path, strlen(path));
+	char *out;
+	return asprintf(&out, "%s/%016" PRIx64 "-%.64s%s", cache_dir, h, base, suffix) < 0 ? NULL : out;
+}
+
+static struct text_index_header header_of(const struct text_shard *s, uint64_t max_doc_bytes)
+{
+	struct text_index_header h = {
+		.src_size = (uint64_t)s->id.size,
+		.mtime_sec = s->id.mtime.tv_sec,
+		.mtime_nsec = s->id.mtime.tv_nsec,
+		.ino = (uint64_t)s->id.ino,
+		.dev = (uint64_t)s->id.dev,
+		.kind = s->kind,
+		.codec = s->codec,
+		.data_bytes = s->bytes,
+		.n_docs = s->n_docs,
+		.has_lines = s->lines != NULL,
+		.max_doc_bytes = max_doc_bytes,
+	};
+	memcpy(h.magic, INDEX_MAGIC, 8);
+	return h;
+}
+
+static uint64_t index_check(const struct text_index_header *h, const struct text_shard *s)
+{
+	struct text_index_header c = *h;
+	c.check = 0;
+	uint64_t x = hash_words(1, &c, sizeof(c));
+	x = hash_words(x, s->offsets, (size_t)s->n_docs * 8);
+	if (s->lines)
+		x = hash_words(x, s->lines, (size_t)s->n_docs * 8);
+	return hash_words(x, s->lengths, (size_t)s->n_docs * 4);
+}
+
+/* Writes the index atomically (temporary file, then rename). */
+static int cache_store(const struct text_shard *s, const char *idx_path, uint64_t max_doc_bytes)
+{
+	_cleanup_free_ char *tmp = NULL;
+	if (asprintf(&tmp, "%s.tmp-%d", idx_path, (int)getpid()) < 0)
+		return -ENOMEM;
+	_cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	struct text_index_header h = header_of(s, max_doc_bytes);
+	h.check = index_check(&h, s);
+	int r = write_all(fd, (const uint8_t *)&h, sizeof(h));
+	if (r == 0)
+		r = write_all(fd, (const uint8_t *)s->offsets, (size_t)s->n_docs * 8);
+	if (r == 0 && s->lines)
+		r = write_all(fd, (const uint8_t *)s->lines, (size_t)s->n_docs * 8);
+	if (r == 0)
+		r = write_all(fd, (const uint8_t *)s->lengths, (size_t)s->n_docs * 4);
+	if (r == 0 && rename(tmp, idx_path) < 0)
+		r = -errno;
+	if (r < 0)
+		unlink(tmp);
+	return r;
+}
+
+/*
+ * Loads a cached index if it describes this very source (identity, kind,
+ * codec, document size limit) and is intact. Returns 1 when loaded, 0 when
+ * there is none to use.
+ */
+static int cache_load(struct text_shard *s, const char *idx_path, struct io_reader *io, uint64_t max_doc_bytes)
+{
+	_cleanup_close_ int fd = open(idx_path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct text_index_header))
+		return 0;
+	_cleanup_free_ void *buf = NULL;
+	if (io_reader_read_file(io, fd, (size_t)st.st_size, &buf) < 0)
+		return 0;
+	struct text_index_header h;
+	memcpy(&h, buf, sizeof(h));
+	struct text_index_header want = header_of(s, max_doc_bytes);
+	want.data_bytes = h.data_bytes;
+	want.n_docs = h.n_docs;
+	want.has_lines = h.has_lines;
+	want.check = h.check;
+	if (memcmp(&h, &want, sizeof(h)) != 0 || h.n_docs >= UINT32_MAX || h.has_lines > 1)
+		return 0;
+	uint64_t per = 8 + 4 + (h.has_lines ? 8 : 0);
+	if ((uint64_t)st.st_size != sizeof(h) + h.n_docs * per)
+		return 0;
+	size_t n = (size_t)h.n_docs;
+	const uint8_t *p = (const uint8_t *)buf + sizeof(h);
+	uint64_t *offsets = malloc(MAX(n, 1u) * 8), *lines = h.has_lines ? malloc(MAX(n, 1u) * 8) : NULL;
+	uint32_t *lengths = malloc(MAX(n, 1u) * 4);
+	if (!offsets || !lengths || (h.has_lines && !lines)) {
+		free(offsets);
+		free(lines);
+		free(lengths);
+		return 0;
+	}
+	memcpy(offsets, p, n * 8);
+	p += n * 8;
+	if (lines) {
+		memcpy(lines, p, n * 8);
+		p += n * 8;
+	}
+	memcpy(lengths, p, n * 4);
+	s->offsets = offsets;
+	s->lines = lines;
+	s->lengths = lengths;
+	s->n_docs = (uint32_t)n;
+	s->bytes = h.data_bytes;
+	bool ok = index_check(&h, s) == h.check;
+	/* Documents must lie inside the data, in order, as the builder made them. */
+	for (size_t i = 0; ok && i < n; i++) {
+		uint64_t len = MIN((uint64_t)lengths[i], max_doc_bytes);
+		ok = offsets[i] <= h.data_bytes && len <= h.data_bytes - offsets[i] &&
+		     (i == 0 || offsets[i] > offsets[i - 1]);
+	}
+	if (!ok) {
+		free(s->offsets);
+		free(s->lines);
+		free(s->lengths);
+		s->offsets = NULL;
+		s->lines = NULL;
+		s->lengths = NULL;
+		s->n_docs = 0;
+		return 0;
+	}
+	return 1;
+}
+
+/* ---- open ----------------------------------------------------------------- */
+
+static void file_id_of(const struct stat *st, struct file_id *id)
+{
+	*id = (struct file_id){ .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime = st->st_mtim };
+}
+
+/* Reads the whole of fd (size bytes) in large blocks, handing each to fn. */
+static int read_blocks(struct io_reader *io, int fd, uint64_t size, uint8_t *buf,
+		       int (*fn)(void *ctx, const uint8_t *p, size_t n, uint64_t at), void *ctx)
+{
+	for (uint64_t at = 0; at < size;) {
+		size_t n = (size_t)MIN((uint64_t)BLOCK, size - at);
+		struct io_req req = { .fd = fd, .offset = at, .len = n, .dst = buf };
+		size_t failed;
+		int r = io_reader_run(io, &req, 1, &failed);
+		if (r < 0)
+			return r;
+		r = fn(ctx, buf, n, at);
+		if (r < 0)
+			return r;
+		at += n;
+	}
+	return 0;
+}
+
+static int scan_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
+{
+	return scan(ctx, p, n);
+}
+
+struct decode_ctx {
+	struct decoder *d;
+	struct builder *b;
+	int out_fd;
+	uint8_t *out;
+	char *err;
+	size_t errlen;
+};
+
+static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
+{
+	struct decode_ctx *c = ctx;
+	return decode(c->d, c->b, p, n, at, c->out_fd, c->out, BLOCK, c->err, c->errlen);
+}
+
+static int build_index(struct text_shard *s, int src_fd, const struct text_open_opts *o, const char *data_tmp,
+		       struct io_reader *io, char *err, size_t errlen)
+{
+	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
+	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
+	if (!buf)
+		return -ENOMEM;
+	int r;
+	if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
+		/* The whole file is the document; nothing to scan. */
+		b.pos = (uint64_t)s->id.size;
+		r = add_doc(&b, 0, b.pos);
+	} else if (s->codec == TEXT_CODEC_NONE) {
+		r = read_blocks(io, src_fd, (uint64_t)s->id.size, buf, scan_block, &b);
+		if (r == 0)
+			r = scan_end(&b);
+		if (r < 0 && r != -ENOMEM && r != -E2BIG)
+			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
+	} else {
+		_cleanup_free_ uint8_t *out = malloc(BLOCK);
+		_cleanup_close_ int out_fd = open(data_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (!out)
+			return -ENOMEM;
+		if (out_fd < 0) {
+			r = -errno;
+			snprintf(err, errlen, "%s: cannot create its decompressed copy %s: %s", s->path, data_tmp,
+				 strerror(-r));
+			return r;
+		}
+		struct decoder d;
+		r = decoder_init(&d, s->codec);
+		if (r < 0)
+			return r;
+		err[0] = 0;
+		struct decode_ctx c = { .d = &d, .b = &b, .out_fd = out_fd, .out = out, .err = err, .errlen = errlen };
+		r = read_blocks(io, src_fd, (uint64_t)s->id.size, buf, decode_block, &c);
+		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
+			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
+		if (r == 0 && decoder_truncated(&d, s->id.size > 0)) {
+			/* Keep what is whole; the line cut short is not a document. */
+			snprintf(s->truncated, sizeof(s->truncated),
+				 "%s: %s stream ends early (truncated after %" PRIu64 " compressed bytes, line %" PRIu64
+				 "); the %" PRIu32 " documents before the cut are served",
+				 s->path, codec_name(s->codec), (uint64_t)s->id.size, b.line, s->n_docs);
+			b.content = false;
+		}
+		if (r == 0)
+			r = scan_end(&b);
+		decoder_done(&d);
+		if (r == 0 && s->kind == TEXT_PLAIN) {
+			/* A compressed text file is still one document: everything that decompressed. */
+			s->n_docs = 0;
+			b.line = 1;
+			r = add_doc(&b, 0, b.pos);
+		}
+	}
+	if (r == -E2BIG)
+		snprintf(err, errlen, "%s: more than %u documents in one shard; split it", s->path, UINT32_MAX - 2);
+	if (r < 0)
+		return r;
+	s->bytes = b.pos;
+	if (!b.need_lines) {
+		free(s->lines);
+		s->lines = NULL;
+	}
+	return 0;
+}
+
+struct text_shard *text_free(struct text_shard *s)
+{
+	if (!s)
+		return NULL;
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s->offsets);
+	free(s->lengths);
+	free(s->lines);
+	free(s->data_path);
+	free(s->path);
+	free(s);
+	return NULL;
+}
+
+int text_open(const char *path, const struct text_open_opts *o, struct io_reader *io, struct text_shard **ret,
+	      char *err, size_t errlen)
+{
+	int r;
+	struct text_shard *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->fd = -1;
+	s->kind = o->kind;
+	s->codec = text_codec_of(path);
+	s->path = strdup(path);
+	if (!s->path) {
+		text_free(s);
+		return -ENOMEM;
+	}
+	_cleanup_close_ int src = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (src < 0 || fstat(src, &st) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+		text_free(s);
+		return r;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a regular file", path);
+		text_free(s);
+		return -EINVAL;
+	}
+	file_id_of(&st, &s->id);
+
+	_cleanup_free_ char *idx_path = NULL, *data_path = NULL, *data_tmp = NULL;
+	if (o->cache_dir) {
+		idx_path = cache_name(o->cache_dir, path, ".idx");
+		if (s->codec != TEXT_CODEC_NONE) {
+			data_path = cache_name(o->cache_dir, path, ".data");
+			if (data_path && asprintf(&data_tmp, "%s.tmp-%d", data_path, (int)getpid()) < 0)
+				data_tmp = NULL;
+		}
+		if (!idx_path || (s->codec != TEXT_CODEC_NONE && (!data_path || !data_tmp))) {
+			text_free(s);
+			return -ENOMEM;
+		}
+	} else if (s->codec != TEXT_CODEC_NONE) {
+		snprintf(err, errlen, "%s: a %s shard is served from a decompressed copy, and there is no cache_dir to keep it in",
+			 path, codec_name(s->codec));
+		text_free(s);
+		return -EINVAL;
+	}
+
+	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1) {
+		s->cached = true;
+		if (data_path) {
+			/* The decompressed copy must be the one the index describes. */
+			struct stat dst;
+			if (stat(data_path, &dst) < 0 || (uint64_t)dst.st_size != s->bytes) {
+				s->cached = false;
+				free(s->offsets);
+				free(s->lengths);
+				free(s->lines);
+				s->offsets = NULL;
+				s->lengths = NULL;
+				s->lines = NULL;
+				s->n_docs = 0;
+			}
+		}
+	}
+	if (!s->cached) {
+		r = build_index(s, src, o, data_tmp, io, err, errlen);
+		if (r == 0 && data_tmp && rename(data_tmp, data_path) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "%s: cannot keep its decompressed copy as %s: %s", path, data_path,
+				 strerror(-r));
+		}
+		if (r < 0) {
+			if (data_tmp)
+				unlink(data_tmp);
+			text_free(s);
+			return r;
+		}
+		/* A truncated stream is not cached: it says so again on every load. */
+		if (idx_path && !s->truncated[0]) {
+			r = cache_store(s, idx_path, o->max_doc_bytes);
+			if (r < 0 && data_path) {
+				snprintf(err, errlen, "%s: cannot write its index %s: %s", path, idx_path, strerror(-r));
+				unlink(data_path);
+				text_free(s);
+				return r;
+			}
+			/* A plain shard still works with its index in memory only. */
+		}
+	}
+
+	if (data_path) {
+		s->data_path = TAKE_PTR(data_path);
+		s->fd = open(s->data_path, O_RDONLY | O_CLOEXEC);
+		if (s->fd < 0) {
+			r = -errno;
+			snprintf(err, errlen, "%s: cannot open its decompressed copy %s: %s", path, s->data_path,
+				 strerror(-r));
+			text_free(s);
+			return r;
+		}
+	} else {
+		s->data_path = strdup(path);
+		if (!s->data_path) {
+			text_free(s);
+			return -ENOMEM;
+		}
+		s->fd = TAKE_FD(src);
+	}
+	*ret = s;
+	return 0;
+}
+
+int text_check(const struct text_shard *s, char *err, size_t errlen)
+{
+	struct stat st;
+	struct file_id id;
+	if (stat(s->path, &st) < 0) {
+		snprintf(err, errlen, "%s: changed while serving: %s", s->path, strerror(errno));
+		return -ESTALE;
+	}
+	file_id_of(&st, &id);
+	if (id.dev != s->id.dev || id.ino != s->id.ino || id.size != s->id.size ||
+	    id.mtime.tv_sec != s->id.mtime.tv_sec || id.mtime.tv_nsec != s->id.mtime.tv_nsec) {
+		snprintf(err, errlen, "%s: changed while serving (size, mtime or inode differ from when it was loaded)",
+			 s->path);
+		return -ESTALE;
+	}
+	return 0;
+}

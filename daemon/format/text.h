@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Text shards: raw documents that feedd tokenizes online.
+ *
+ *   jsonl  one document per line that holds anything but JSON whitespace
+ *          (blank lines are not documents); the text is a string member of
+ *          the line's object (extracted by jsonl.h).
+ *   text   one document per file, the whole file.
+ *
+ * Either may be compressed: NAME.gz (gzip/zlib, concatenated members) or
+ * NAME.zst (zstd, concatenated frames). Neither format allows seeking into
+ * the middle of a stream without extra state (gzip needs a 32 KiB window per
+ * restart point, zstd has none inside a frame), and the sample order visits
+ * a window's documents in shuffled order. So a compressed shard is
+ * decompressed once, at feed load, into the cache directory, and served from
+ * there exactly like a plain file: one sequential pass at load, then random
+ * reads of single documents at disk speed. The price is disk space equal to
+ * the uncompressed size (docs/configuration.md, cache_dir).
+ *
+ * Documents are found by an index of (offset, length) per document, built
+ * with large io_uring reads and kept in the cache directory under a name
+ * derived from the shard's canonical path; the index records the source's
+ * size, mtime and inode, and a different file rebuilds it. Without a cache
+ * directory a plain shard's index lives in memory only and a compressed shard
+ * cannot be served.
+ *
+ * A shard is immutable after open and read by any thread.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/format/megatron.h"
+#include "daemon/io/reader.h"
+
+enum text_kind {
+	TEXT_JSONL,
+	TEXT_PLAIN,
+};
+
+enum text_codec {
+	TEXT_CODEC_NONE,
+	TEXT_CODEC_GZIP,
+	TEXT_CODEC_ZSTD,
+};
+
+struct text_shard {
+	char *path;            /* the source, canonical */
+	char *data_path;       /* the file documents are read from: the source or its decompressed copy */
+	int fd;                /* data_path, read-only */
+	struct file_id id;     /* of the source, at open */
+	enum text_kind kind;
+	enum text_codec codec;
+	bool cached;           /* the index came from the cache directory */
+
+	uint32_t n_docs;
+	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
+	uint32_t *lengths;     /* n_docs: bytes, without the line end */
+	uint64_t *lines;       /* n_docs: 1-based line of each document; NULL when document i is line i + 1 */
+	uint64_t bytes;        /* of data_path */
+
+	/*
+	 * A compressed stream that ends early: the documents complete before
+	 * the cut are kept, the partial last line is not, and this says why
+	 * (empty when the stream is whole). The feed's bad-record policy
+	 * decides whether that is fatal.
+	 */
+	char truncated[256];
+};
+
+struct text_open_opts {
+	enum text_kind kind;
+	const char *cache_dir;     /* NULL: no cache */
+	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
+};
+
+/* The codec a shard's name implies (".gz", ".zst", else none). */
+enum text_codec text_codec_of(const char *path);
+
+/*
+ * Opens the shard at `path` (canonical), using or building its index.
+ * Returns 0; or a negative errno with a message naming the file and the
+ * offset or line in err.
+ */
+int text_open(const char *path, const struct text_open_opts *o, struct io_reader *io, struct text_shard **ret,
+	      char *err, size_t errlen);
+struct text_shard *text_free(struct text_shard *s);
+
+/* The 1-based line of document d (for messages). */
+static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
+{
+	return s->lines ? s->lines[d] : (uint64_t)d + 1;
+}
+
+/* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
+int text_check(const struct text_shard *s, char *err, size_t errlen);
