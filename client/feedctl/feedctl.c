@@ -12,29 +12,28 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "client/feedctl/feedctl.h"
 #include "client/feedctl/npy.h"
 #include "config.h"
 #include "feed/feed.h"
 #include "proto/macro.h"
 
-static const char *socket_path;
+const char *socket_path;
+
+static const struct command *commands(void);
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"Usage: feedctl [--socket PATH] COMMAND ...\n"
-		"Inspect and use a running feedd.\n\n"
-		"Commands:\n"
-		"  status [--json]                    daemon, feeds and attached clients\n"
-		"  dump FEED --rank R --world W --batches N --out DIR [--cursor C]\n"
-		"                                     write what rank R receives as .npy files\n\n"
-		"Options:\n"
-		"  -s, --socket PATH   control socket (default: $FEEDD_SOCKET, else feedd's default)\n"
-		"  -h, --help          show this help\n"
-		"      --version       show the version\n");
+	fprintf(out, "Usage: feedctl [--socket PATH] COMMAND ...\nInspect and use a running feedd.\n\nCommands:\n");
+	for (const struct command *c = commands(); c->name; c++)
+		fprintf(out, "  %-34s %s\n", c->synopsis, c->help);
+	fprintf(out, "\nOptions:\n"
+		     "  -s, --socket PATH   control socket (default: $FEEDD_SOCKET, else feedd's default)\n"
+		     "  -h, --help          show this help\n"
+		     "      --version       show the version\n");
 }
 
-static int connect_or_say(feed_client **c)
+int connect_or_say(feed_client **c)
 {
 	int r = feed_client_connect(socket_path, c);
 	if (r < 0)
@@ -42,7 +41,7 @@ static int connect_or_say(feed_client **c)
 	return r;
 }
 
-static void human(double v, char *buf, size_t n)
+void human(double v, char *buf, size_t n)
 {
 	const char *units = " kMGTP";
 	int u = 0;
@@ -69,55 +68,123 @@ static void duration(double s, char *buf, size_t n)
 		snprintf(buf, n, "%.1fs", s);
 }
 
-static const char *str(json_t *o, const char *k)
+const char *str(json_t *o, const char *k)
 {
 	const char *s = json_string_value(json_object_get(o, k));
 	return s ? s : "-";
 }
 
-static double num(json_t *o, const char *k)
+double num(json_t *o, const char *k)
 {
 	return json_number_value(json_object_get(o, k));
 }
 
-static void print_status(json_t *root)
+json_t *path(json_t *o, const char *a, const char *b, const char *c)
+{
+	o = json_object_get(o, a);
+	if (b)
+		o = json_object_get(o, b);
+	if (c)
+		o = json_object_get(o, c);
+	return o;
+}
+
+/* A duration in ms as "0.12ms", "45ms", "1.2s"; "-" when absent. */
+void ms(json_t *v, char *buf, size_t n)
+{
+	if (!json_is_number(v)) {
+		snprintf(buf, n, "-");
+		return;
+	}
+	double x = json_number_value(v);
+	if (x >= 1000)
+		snprintf(buf, n, "%.1fs", x / 1000);
+	else if (x >= 10)
+		snprintf(buf, n, "%.0fms", x);
+	else
+		snprintf(buf, n, "%.2fms", x);
+}
+
+void print_status(json_t *root, FILE *out)
 {
 	json_t *d = json_object_get(root, "daemon");
-	char up[32], a[32], b[32];
+	char up[32], a[32], b[32], w50[16], w99[16], s50[16];
 	duration(num(d, "uptime_s"), up, sizeof(up));
-	printf("feedd %s  pid %.0f  up %s  socket %s\n", str(d, "version"), num(d, "pid"), up, str(d, "socket"));
-	printf("threads %.0f (%.0f busy)  io %s%s%s  gpu %s\n", num(d, "threads"), num(d, "threads_busy"),
-	       str(d, "io_engine"), json_is_string(json_object_get(d, "io_fallback")) ? ": " : "",
-	       json_is_string(json_object_get(d, "io_fallback")) ? str(d, "io_fallback") : "", str(d, "gpu"));
+	fprintf(out, "feedd %s  pid %.0f  up %s  socket %s\n", str(d, "version"), num(d, "pid"), up, str(d, "socket"));
+	fprintf(out, "threads %.0f (%.0f busy, %.0f %% over the window)  io %s%s%s  gpu %s\n", num(d, "threads"),
+		num(d, "threads_busy"), num(json_object_get(root, "telemetry"), "pool_busy_pct"), str(d, "io_engine"),
+		json_is_string(json_object_get(d, "io_fallback")) ? ": " : "",
+		json_is_string(json_object_get(d, "io_fallback")) ? str(d, "io_fallback") : "", str(d, "gpu"));
 
 	json_t *feeds = json_object_get(root, "feeds"), *f;
 	size_t i;
-	printf("\n%-16s %-7s %7s %10s %9s %6s %4s %8s %9s\n", "FEED", "STATE", "SHARDS", "DOCUMENTS", "TOKENS",
-	       "SEQLEN", "B", "CLIENTS", "BATCHES");
+	fprintf(out, "\n%-16s %-7s %7s %10s %9s %6s %4s %8s %9s\n", "FEED", "STATE", "SHARDS", "DOCUMENTS", "TOKENS",
+		"SEQLEN", "B", "CLIENTS", "BATCHES");
 	json_array_foreach(feeds, i, f) {
 		human(num(f, "tokens"), a, sizeof(a));
-		printf("%-16s %-7s %7.0f %10.0f %9s %6.0f %4.0f %8.0f %9.0f\n", str(f, "name"), str(f, "state"),
-		       num(f, "shards"), num(f, "documents"), a, num(f, "seq_len"), num(f, "batch_size"),
-		       num(f, "clients"), num(f, "batches"));
+		fprintf(out, "%-16s %-7s %7.0f %10.0f %9s %6.0f %4.0f %8.0f %9.0f\n", str(f, "name"), str(f, "state"),
+			num(f, "shards"), num(f, "documents"), a, num(f, "seq_len"), num(f, "batch_size"),
+			num(f, "clients"), num(f, "batches"));
 		if (json_is_string(json_object_get(f, "error")))
-			printf("  error: %s\n", str(f, "error"));
+			fprintf(out, "  error: %s\n", str(f, "error"));
+		else if (json_is_string(path(f, "diagnosis", "text", NULL)))
+			fprintf(out, "  %s\n", str(json_object_get(f, "diagnosis"), "text"));
 	}
 
 	json_t *clients = json_object_get(root, "clients"), *c;
 	if (json_array_size(clients) == 0) {
-		printf("\nno clients attached\n");
+		fprintf(out, "\nno clients attached\n");
 		return;
 	}
-	printf("\n%-6s %-8s %-16s %-9s %10s %6s %9s %7s %-10s\n", "CLIENT", "PID", "FEED", "RANK", "DELIVERED",
-	       "RING", "TOKENS/S", "STALL%", "STATE");
+	fprintf(out, "\n%-6s %-8s %-16s %-9s %10s %6s %9s %7s %9s %9s %9s %-10s\n", "CLIENT", "PID", "FEED", "RANK",
+		"DELIVERED", "RING", "TOKENS/S", "STALL%", "WAIT-P50", "WAIT-P99", "STEP-P50", "STATE");
 	json_array_foreach(clients, i, c) {
 		char rank[24], ring[24];
 		snprintf(rank, sizeof(rank), "%.0f/%.0f", num(c, "rank"), num(c, "world"));
 		snprintf(ring, sizeof(ring), "%.0f/%.0f", num(c, "ring_fill"), num(c, "ring_slots"));
 		human(num(c, "tokens_per_s"), b, sizeof(b));
-		printf("%-6.0f %-8.0f %-16s %-9s %10.0f %6s %9s %7.1f %-10s\n", num(c, "id"), num(c, "pid"),
-		       str(c, "feed"), rank, num(c, "batches_delivered"), ring, b, num(c, "stall_pct"), str(c, "state"));
+		json_t *win = path(c, "telemetry", "window", NULL);
+		ms(path(win, "wait", "p50_ms", NULL), w50, sizeof(w50));
+		ms(path(win, "wait", "p99_ms", NULL), w99, sizeof(w99));
+		ms(path(win, "step", "p50_ms", NULL), s50, sizeof(s50));
+		/* The window's stall when there is one, else since attach. */
+		double stall = win ? num(win, "stall_pct") : num(c, "stall_pct");
+		fprintf(out, "%-6.0f %-8.0f %-16s %-9s %10.0f %6s %9s %7.1f %9s %9s %9s %-10s\n", num(c, "id"),
+			num(c, "pid"), str(c, "feed"), rank, num(c, "batches_delivered"), ring, b, stall, w50, w99, s50,
+			str(c, "state"));
 	}
+	fprintf(out, "\n");
+	json_array_foreach(clients, i, c) {
+		json_t *dg = json_object_get(c, "diagnosis");
+		if (!json_is_object(dg))
+			continue;
+		fprintf(out, "client %.0f (%s rank %.0f/%.0f): %s\n", num(c, "id"), str(c, "feed"), num(c, "rank"),
+			num(c, "world"), str(dg, "text"));
+	}
+}
+
+int fetch_status(json_t **ret)
+{
+	feed_client *c;
+	if (connect_or_say(&c) < 0)
+		return -1;
+	char *text = NULL;
+	int r = feed_client_status(c, &text);
+	if (r < 0) {
+		fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
+		feed_client_close(c);
+		return -1;
+	}
+	feed_client_close(c);
+	json_error_t e;
+	json_t *root = json_loads(text, 0, &e);
+	free(text);
+	if (!root) {
+		fprintf(stderr, "feedctl: feedd sent status that is not JSON: %s\n", e.text);
+		return -1;
+	}
+	*ret = root;
+	return 0;
 }
 
 static int cmd_status(int argc, char **argv)
@@ -131,30 +198,25 @@ static int cmd_status(int argc, char **argv)
 			return 2;
 		}
 	}
-	feed_client *c;
-	if (connect_or_say(&c) < 0)
-		return 1;
-	char *text = NULL;
-	int r = feed_client_status(c, &text);
-	if (r < 0) {
-		fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
-		feed_client_close(c);
-		return 1;
-	}
-	feed_client_close(c);
 	if (json) {
-		printf("%s\n", text);
+		/* The daemon's document verbatim: everything it knows, in its own order. */
+		feed_client *c;
+		if (connect_or_say(&c) < 0)
+			return 1;
+		char *text = NULL;
+		int r = feed_client_status(c, &text);
+		if (r < 0)
+			fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
+		else
+			printf("%s\n", text);
 		free(text);
-		return 0;
+		feed_client_close(c);
+		return r < 0 ? 1 : 0;
 	}
-	json_error_t e;
-	json_t *root = json_loads(text, 0, &e);
-	free(text);
-	if (!root) {
-		fprintf(stderr, "feedctl: feedd sent status that is not JSON: %s\n", e.text);
+	json_t *root;
+	if (fetch_status(&root) < 0)
 		return 1;
-	}
-	print_status(root);
+	print_status(root, stdout);
 	json_decref(root);
 	return 0;
 }
@@ -287,6 +349,47 @@ out:
 	return ret;
 }
 
+/* reload / drain FEED: an operator command and feedd's one-line answer. */
+static int cmd_admin(int argc, char **argv)
+{
+	bool drain = strcmp(argv[0], "drain") == 0;
+	if (argc != (drain ? 2 : 1)) {
+		fprintf(stderr, "Usage: feedctl %s\n", drain ? "drain FEED" : "reload");
+		return 2;
+	}
+	feed_client *c;
+	if (connect_or_say(&c) < 0)
+		return 1;
+	char *msg = NULL;
+	int r = drain ? feed_client_drain(c, argv[1], &msg) : feed_client_reload(c, &msg);
+	if (r < 0)
+		fprintf(stderr, "feedctl %s: %s\n", argv[0], feed_client_error(c));
+	else
+		printf("%s\n", msg);
+	free(msg);
+	feed_client_close(c);
+	return r < 0 ? 1 : 0;
+}
+
+/* Every subcommand: its name, what it runs (argv[0] is the name), and its line in --help. */
+static const struct command command_table[] = {
+	{ "status", cmd_status, "status [--json]", "daemon, feeds, clients and their diagnoses" },
+	{ "top", cmd_top, "top [--interval S]", "status, refreshed in place (q quits)" },
+	{ "report", cmd_report, "report --out DIR [--minutes N]", "PNG plots per client and a markdown summary" },
+	{ "dump", cmd_dump, "dump FEED --rank R --world W --batches N --out DIR [--cursor C]",
+	  "write what rank R receives as .npy files" },
+	{ "prep", cmd_prep, "prep --tokenizer F --out PREFIX INPUT...",
+	  "tokenize text into a Megatron .bin/.idx (no daemon needed)" },
+	{ "reload", cmd_admin, "reload", "make feedd re-read its config (privileged)" },
+	{ "drain", cmd_admin, "drain FEED", "FEED takes no new attaches; attached clients stream on (privileged)" },
+	{ 0 },
+};
+
+static const struct command *commands(void)
+{
+	return command_table;
+}
+
 int main(int argc, char **argv)
 {
 	int i = 1;
@@ -311,10 +414,9 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (strcmp(argv[i], "status") == 0)
-		return cmd_status(argc - i, argv + i);
-	if (strcmp(argv[i], "dump") == 0)
-		return cmd_dump(argc - i, argv + i);
+	for (const struct command *c = commands(); c->name; c++)
+		if (strcmp(argv[i], c->name) == 0)
+			return c->run(argc - i, argv + i);
 	fprintf(stderr, "feedctl: unknown command '%s'\n", argv[i]);
 	usage(stderr);
 	return 2;

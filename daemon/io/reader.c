@@ -150,6 +150,8 @@ static int run_uring(struct io_reader *r, const struct io_req *reqs, size_t n, s
 		if (inflight == 0)
 			break;
 		r->stats.max_inflight = MAX(r->stats.max_inflight, (uint64_t)inflight);
+		r->stats.depth_sum += inflight;
+		r->stats.depth_n++;
 
 		uint64_t t0 = now_ns();
 		struct io_uring_cqe *cqe;

@@ -31,6 +31,8 @@ struct io_stats {
 	uint64_t bytes;
 	uint64_t wait_ns;    /* time spent waiting for completions */
 	uint64_t max_inflight;
+	uint64_t depth_sum;  /* requests in flight, summed over io_uring submissions ... */
+	uint64_t depth_n;    /* ... and the submissions counted: the mean queue depth */
 };
 
 struct io_reader;

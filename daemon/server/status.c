@@ -7,6 +7,7 @@
 #include "config.h"
 #include "daemon/feed/worker.h"
 #include "daemon/server/status.h"
+#include "daemon/telemetry/telemetry.h"
 #include "proto/macro.h"
 
 static json_t *token_json(int64_t t)
@@ -26,14 +27,31 @@ static json_t *feed_json(const struct feed *f)
 			      "nonempty_documents", (json_int_t)f->n_nonempty, "tokens", (json_int_t)f->n_tokens,
 			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
 			      (int)f->conf.batch_size, "seed", seed, "shuffle", f->conf.shuffle,
-			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->conf.bos), "eos",
-			      token_json(f->conf.eos), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
+			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->bos_id), "eos",
+			      token_json(f->eos_id), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
 			      "tokens_served", (json_int_t)f->tokens_served, "draining", f->draining);
 	if (!o)
 		return NULL;
 	json_object_set_new(o, "fingerprint", f->state == FEED_READY ? json_string(fp) : json_null());
 	json_object_set_new(o, "error", f->state == FEED_READY ? json_null() : json_string(f->error));
 	json_object_set_new(o, "io_engine", json_string(f->io_engine));
+	if (f->kind == FEED_TEXT) {
+		/* Text tokenized on the way: what went in, what came out, what was skipped. */
+		json_t *t = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "tokenizer", f->conf.tokenizer,
+				      "text_bytes", (json_int_t)f->n_bytes, "cached_indexes", (json_int_t)f->n_cached,
+				      "documents_tokenized", (json_int_t)__atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED),
+				      "tokens_tokenized", (json_int_t)__atomic_load_n(&f->tok_tokens, __ATOMIC_RELAXED),
+				      "utf8_replaced", (json_int_t)__atomic_load_n(&f->utf8_replaced, __ATOMIC_RELAXED),
+				      "bad_records", (json_int_t)f->bad_records, "max_bad_fraction", f->conf.max_bad_fraction);
+		if (t) {
+			json_object_set_new(t, "last_bad_record", f->last_bad[0] ? json_string(f->last_bad) : json_null());
+			json_object_set_new(t, "on_bad_record", json_string(f->conf.skip_bad_records ? "skip" : "fail"));
+			json_object_set_new(o, "text", t);
+		}
+	}
+	/* What the feed is bound by, and where its workers' time goes (docs/telemetry.md). */
+	json_object_set_new(o, "diagnosis", telemetry_feed_diagnosis_json(f));
+	json_object_set_new(o, "stages", telemetry_feed_stages_json(f));
 	return o;
 }
 
@@ -66,6 +84,9 @@ static json_t *client_json(const struct status_client *c)
 		json_object_set_new(o, "reported_step_s",
 				    json_real((double)__atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED) / 1e9));
 		json_object_set_new(o, "h2d_s", json_real((double)__atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED) / 1e9));
+		json_t *d = telemetry_client_diagnosis_json(s), *t = telemetry_client_json(s);
+		json_object_set_new(o, "diagnosis", d ? d : json_null());
+		json_object_set_new(o, "telemetry", t ? t : json_null());
 	}
 	return o;
 }
@@ -94,6 +115,7 @@ char *status_json(const struct status_input *in)
 		json_array_append_new(clients, client_json(&in->clients[i]));
 	json_object_set_new(root, "feeds", feeds);
 	json_object_set_new(root, "clients", clients);
+	json_object_set_new(root, "telemetry", telemetry_daemon_json());
 	char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
 	return text;

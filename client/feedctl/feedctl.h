@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What feedctl's subcommands share: the socket option, fetching and printing
+ * the status document (docs/telemetry.md has its schema), and the table of
+ * subcommands. feedctl talks to feedd only through libfeed.
+ */
+#pragma once
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "feed/feed.h"
+
+struct command {
+	const char *name;
+	int (*run)(int argc, char **argv); /* argv[0] is the name; returns the exit status */
+	const char *synopsis;
+	const char *help;
+};
+
+extern const char *socket_path; /* --socket, NULL: libfeed's default */
+
+/* Connects, or says why not on stderr. Returns 0 or a negative errno. */
+int connect_or_say(feed_client **c);
+/* Fetches and parses the status document. Returns 0 with *ret (caller decrefs), or -1 after saying why. */
+int fetch_status(json_t **ret);
+/* The human view of a status document (feedctl status, top). */
+void print_status(json_t *root, FILE *out);
+
+/* Small readers of the document: absent fields read as "-" / 0 / NULL. */
+const char *str(json_t *o, const char *k);
+double num(json_t *o, const char *k);
+json_t *path(json_t *o, const char *a, const char *b, const char *c);
+void human(double v, char *buf, size_t n);
+void ms(json_t *v, char *buf, size_t n);
+
+int cmd_top(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_prep(int argc, char **argv);

@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The diagnosis rules (docs/telemetry.md lists each with its threshold).
+ * They read only the windows telemetry.c keeps and write a verdict in words
+ * and a kind per client and per feed; the first rule that matches wins:
+ *
+ *   client: failed > slow-release > starved (blocked on an empty ring) >
+ *           warming-up / idle (too few batches) > starved > transfer-bound >
+ *           compute-bound; then a straggler check against its peers.
+ *   starved, why: storage (reads off-CPU) > a busy stage (workers busy) >
+ *                 latency (workers idle, batches still late).
+ *   feed:   failed > idle > <cause>-bound (its worst starved client) > keeping up.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/telemetry/telemetry-internal.h"
+#include "proto/macro.h"
+
+static double pct(uint64_t part, uint64_t whole)
+{
+	return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+/* "0.3" below 10, "41" above: the precision a reader needs. */
+static const char *fmt_pct(double v, char buf[static 16])
+{
+	snprintf(buf, 16, v < 1 ? "%.2f" : v < 10 ? "%.1f" : "%.0f", v);
+	return buf;
+}
+
+static void say(struct diag *d, enum diag_severity sev, const char *kind, const char *fmt, ...) _printf_(4, 5);
+static void say(struct diag *d, enum diag_severity sev, const char *kind, const char *fmt, ...)
+{
+	d->severity = sev;
+	d->kind = kind;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(d->text, sizeof(d->text), fmt, ap);
+	va_end(ap);
+}
+
+/* How a stage is named in a sentence: "tokenizer busy on all 2 threads". */
+static const char *stage_noun(enum stage_id id)
+{
+	switch (id) {
+	case STAGE_READ:
+		return "reading";
+	case STAGE_DECOMPRESS:
+		return "decompression";
+	case STAGE_TOKENIZE:
+		return "tokenizer";
+	case STAGE_PACK:
+		return "packing";
+	case STAGE_H2D:
+		return "device copy";
+	default:
+		return "batch assembly";
+	}
+}
+
+/*
+ * Why a client of feed t waits: writes the cause (a stage name, "storage",
+ * "latency" or "none") and a phrase without a kind prefix, e.g. "tokenizer
+ * busy on all 2 threads at 38 MB/s (72 % of worker time); needs ~1.7x more
+ * tokenizer throughput". Returns the feed's kind for this cause.
+ */
+static const char *explain(const struct tfeed *t, double needed, unsigned slots, char *cause, size_t cause_len,
+			   char *out, size_t len)
+{
+	const struct conf_diagnosis *k = &tm.conf;
+	char a[16], need[48];
+	if (isfinite(needed) && needed < 100)
+		snprintf(need, sizeof(need), "~%.1fx", needed);
+	else
+		snprintf(need, sizeof(need), "far more");
+
+	const struct stage *job = t ? &t->win.d.s[STAGE_JOB] : NULL;
+	if (!job || job->busy_ns == 0) {
+		snprintf(cause, cause_len, "none");
+		snprintf(out, len, "the feed produced no batch in the last %.0f s", t ? (double)t->win.span_ns / 1e9 : 0.0);
+		return "stalled";
+	}
+	double span = (double)t->win.span_ns / 1e9;
+	const struct stage *rd = &t->win.d.s[STAGE_READ];
+	double offcpu = pct(rd->offcpu_ns, job->busy_ns);
+	if (offcpu >= k->storage_pct) {
+		snprintf(cause, cause_len, "storage");
+		snprintf(out, len,
+			 "reads at %.0f MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
+			 span > 0 ? (double)rd->bytes / 1e6 / span : 0.0,
+			 rd->depth_n ? (double)rd->depth_sum / (double)rd->depth_n : 1.0, fmt_pct(offcpu, a), need);
+		return "storage-bound";
+	}
+	if (tm.pool_busy_pct >= k->busy_pct) {
+		/* The stage holding most of the workers' time; reads count only their on-CPU part here. */
+		enum stage_id best = STAGE_JOB;
+		uint64_t best_ns = 0, staged = 0;
+		for (unsigned i = 0; i < STAGE_JOB; i++) {
+			const struct stage *s = &t->win.d.s[i];
+			uint64_t ns = s->busy_ns - (i == STAGE_READ ? MIN(s->offcpu_ns, s->busy_ns) : 0);
+			staged += s->busy_ns;
+			if (ns > best_ns) {
+				best = (enum stage_id)i;
+				best_ns = ns;
+			}
+		}
+		if (job->busy_ns > staged && job->busy_ns - staged > best_ns) {
+			best = STAGE_JOB;
+			best_ns = job->busy_ns - staged;
+		}
+		const struct stage *s = &t->win.d.s[best];
+		uint64_t bytes = best == STAGE_JOB ? job->bytes : s->bytes;
+		snprintf(cause, cause_len, "%s", stage_name(best));
+		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
+			 stage_noun(best), tm.threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
+			 fmt_pct(pct(best_ns, job->busy_ns), a), need, stage_noun(best));
+		static char kind[_STAGE_MAX][24];
+		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
+		return kind[best];
+	}
+	snprintf(cause, cause_len, "latency");
+	snprintf(out, len,
+		 "workers are busy only %s %% of the time on %u threads: batches come late, not slowly (a ring of %u slots is refilled once half of it is free; more ring_slots absorb the jitter)",
+		 fmt_pct(tm.pool_busy_pct, a), tm.threads, slots);
+	return "latency-bound";
+}
+
+static double needed_factor(uint64_t wait, uint64_t step)
+{
+	return step ? (double)(wait + step) / (double)step : INFINITY;
+}
+
+static void diagnose_client(struct tclient *c)
+{
+	const struct conf_diagnosis *k = &tm.conf;
+	const struct session *s = c->s;
+	const struct client_sums *w = &c->win;
+	struct diag *d = &c->diag;
+	char a[16], b[16];
+	*d = (struct diag){ 0 };
+
+	if (s->failed) {
+		say(d, DIAG_ERROR, "failed", "failed: the stream stopped with an error (the client was told why; see the log)");
+		return;
+	}
+	unsigned slots = s->ring->slot_count;
+	double full = MIN(100.0, pct(w->full_ns, w->span_ns));
+	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)1);
+	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
+		snprintf(d->cause, sizeof(d->cause), "release");
+		say(d, DIAG_WARNING, "slow-release", "client slow to release: ring full %s %% of the time, holding %" PRIu64 " of %u slots",
+		    fmt_pct(full, a), c->held, slots);
+		return;
+	}
+
+	double stall = pct(w->wait_ns, w->wait_ns + w->step_ns);
+	/* Blocked in next() on an empty ring and nothing delivered for the whole window: waiting is all it does. */
+	bool blocked = c->waiting && w->batches == 0;
+	if (blocked)
+		stall = 100.0;
+	d->stall_pct = stall;
+	if (!blocked && w->batches < k->min_batches) {
+		if (now_ns() - s->attach_ns < (uint64_t)k->window_s * NSEC_PER_SEC)
+			say(d, DIAG_OK, "warming-up", "warming up: %" PRIu64 " batches so far", w->batches);
+		else
+			say(d, DIAG_OK, "idle", "idle: %" PRIu64 " batches taken in the last %.0f s; %" PRIu64 " ready in the ring",
+			    w->batches, (double)w->span_ns / 1e9, c->fill);
+		return;
+	}
+	if (stall >= k->starved_pct) {
+		char why[300];
+		d->needed_x = blocked ? INFINITY : needed_factor(w->wait_ns, w->step_ns);
+		const char *kind = explain(telemetry_find_feed(s->feed), d->needed_x, slots, d->cause, sizeof(d->cause), why,
+					   sizeof(why));
+		say(d, DIAG_WARNING, "starved", "starved: waiting %s %% — %s%s", fmt_pct(stall, a),
+		    strcmp(kind, "storage-bound") == 0 ? "storage-bound: " : "", why);
+		return;
+	}
+	double h2d = pct(w->h2d_ns, w->step_ns);
+	if (w->reports && h2d >= k->h2d_pct) {
+		snprintf(d->cause, sizeof(d->cause), "h2d");
+		say(d, DIAG_NOTICE, "transfer-bound", "transfer-bound: host-to-device copies take %s %% of the step (data wait %s %%)",
+		    fmt_pct(h2d, a), fmt_pct(stall, b));
+		return;
+	}
+	say(d, DIAG_OK, "compute-bound", "compute-bound: data wait %s %% of step time", fmt_pct(stall, a));
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+	double a = *(const double *)x, b = *(const double *)y;
+	return (a > b) - (a < b);
+}
+
+/*
+ * Names a rank whose mean wait or step per batch exceeds the median of its
+ * peers (same feed, same world, at least two of them with enough batches) by
+ * straggler_pct and straggler_min_ms.
+ */
+static void find_straggler(struct tclient *c)
+{
+	const struct conf_diagnosis *k = &tm.conf;
+	c->straggler[0] = 0;
+	if (c->win.batches < k->min_batches)
+		return;
+	size_t n = 0;
+	for (struct tclient *p = tm.clients; p; p = p->next)
+		n += p != c && p->s->feed == c->s->feed && p->s->world == c->s->world && p->win.batches >= k->min_batches;
+	if (n < 2)
+		return;
+	_cleanup_free_ double *v = malloc(n * sizeof(*v));
+	if (!v)
+		return;
+	static const char *const what[2] = { "step", "wait" };
+	for (unsigned m = 0; m < 2; m++) {
+		size_t i = 0;
+		for (struct tclient *p = tm.clients; p; p = p->next)
+			if (p != c && p->s->feed == c->s->feed && p->s->world == c->s->world && p->win.batches >= k->min_batches)
+				v[i++] = (double)(m ? p->win.wait_ns : p->win.step_ns) / (double)p->win.batches / 1e6;
+		qsort(v, n, sizeof(*v), cmp_double);
+		double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+		double mine = (double)(m ? c->win.wait_ns : c->win.step_ns) / (double)c->win.batches / 1e6;
+		if (mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0)) {
+			snprintf(c->straggler, sizeof(c->straggler),
+				 "straggler: %s %.1f ms per batch vs a median of %.1f ms over its %zu peers (+%.0f %%)", what[m],
+				 mine, med, n, med > 0 ? 100.0 * (mine - med) / med : 100.0);
+			return;
+		}
+	}
+}
+
+void diagnose_failed_feed(const struct feed *f, struct diag *d)
+{
+	say(d, DIAG_ERROR, "failed", "failed: %s", f->error);
+}
+
+static void diagnose_feed(struct tfeed *t)
+{
+	const struct feed *f = t->f;
+	struct diag *d = &t->diag;
+	char a[16], b[16];
+	*d = (struct diag){ 0 };
+	if (f->state != FEED_READY) {
+		diagnose_failed_feed(f, d);
+		return;
+	}
+	const struct tclient *worst = NULL;
+	unsigned n = 0;
+	double max_stall = 0;
+	for (const struct tclient *c = tm.clients; c; c = c->next) {
+		if (c->s->feed != f)
+			continue;
+		n++;
+		max_stall = MAX(max_stall, c->diag.stall_pct);
+		if (strcmp(c->diag.kind ? c->diag.kind : "", "starved") == 0 &&
+		    (!worst || c->diag.stall_pct > worst->diag.stall_pct))
+			worst = c;
+	}
+	if (n == 0) {
+		say(d, DIAG_OK, "idle", "idle: no clients attached");
+		return;
+	}
+	if (worst) {
+		char why[300];
+		const char *kind = explain(t, worst->diag.needed_x, worst->s->ring->slot_count, d->cause, sizeof(d->cause),
+					   why, sizeof(why));
+		d->stall_pct = worst->diag.stall_pct;
+		d->needed_x = worst->diag.needed_x;
+		say(d, DIAG_WARNING, kind, "%s: %s (rank %u/%u waits %s %%)", kind, why, worst->s->rank, worst->s->world,
+		    fmt_pct(worst->diag.stall_pct, a));
+		return;
+	}
+	d->stall_pct = max_stall;
+	say(d, DIAG_OK, "keeping-up", "keeping up: %u client%s wait at most %s %%; workers busy %s %%", n, n == 1 ? "" : "s",
+	    fmt_pct(max_stall, a), fmt_pct(tm.pool_busy_pct, b));
+}
+
+void diagnose_all(void)
+{
+	for (struct tclient *c = tm.clients; c; c = c->next)
+		diagnose_client(c);
+	for (struct tclient *c = tm.clients; c; c = c->next) {
+		find_straggler(c);
+		if (c->straggler[0] && c->diag.severity < DIAG_NOTICE) {
+			char old[sizeof(c->diag.text)];
+			memcpy(old, c->diag.text, sizeof(old));
+			say(&c->diag, DIAG_NOTICE, "straggler", "%s; %s", c->straggler, old);
+		}
+	}
+	for (struct tfeed *t = tm.feeds; t; t = t->next)
+		diagnose_feed(t);
+}
+
+int telemetry_worst(char *buf, size_t len)
+{
+	const struct diag *best = NULL;
+	const struct tclient *bc = NULL;
+	const struct tfeed *bf = NULL;
+	for (const struct tclient *c = tm.clients; c; c = c->next) {
+		if (!c->diag.kind)
+			continue;
+		if (!best || c->diag.severity > best->severity ||
+		    (c->diag.severity == best->severity && c->diag.stall_pct > best->stall_pct)) {
+			best = &c->diag;
+			bc = c;
+			bf = NULL;
+		}
+	}
+	for (const struct tfeed *t = tm.feeds; t; t = t->next) {
+		/* A feed's starvation is already told by its client; a failed feed has no client to tell it. */
+		if (t->diag.kind && t->diag.severity == DIAG_ERROR && (!best || best->severity < DIAG_ERROR)) {
+			best = &t->diag;
+			bf = t;
+			bc = NULL;
+		}
+	}
+	if (!best) {
+		snprintf(buf, len, "no clients attached");
+		return DIAG_OK;
+	}
+	if (bc)
+		snprintf(buf, len, "feed %s rank %u/%u: %s", bc->s->feed->name, bc->s->rank, bc->s->world, best->text);
+	else
+		snprintf(buf, len, "feed %s: %s", bf->f->name, best->text);
+	return (int)best->severity;
+}

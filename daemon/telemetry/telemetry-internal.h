@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What telemetry.c (sampling, windows, JSON) and diagnosis.c (the rules)
+ * share: the per-client and per-feed records and the module's state. Main
+ * thread only.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/telemetry/stage.h"
+#include "daemon/telemetry/telemetry.h"
+#include "proto/ring_abi.h"
+
+#define WINDOW_SLOTS 60
+
+struct diag {
+	enum diag_severity severity;
+	const char *kind;   /* "compute-bound", "starved", ... (docs/telemetry.md) */
+	char cause[24];     /* the stage or reason a starved client or a feed is bound by, or "" */
+	double stall_pct;   /* the client's (or the feed's worst client's) data wait share */
+	double needed_x;    /* throughput factor that would end the wait, 0 if none */
+	char text[384];
+};
+
+/* One sub-window of a client, or (with u64 buckets) the running window sums. */
+struct client_slot {
+	uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns;
+	uint32_t wait[FEED_HIST_BUCKETS], step[FEED_HIST_BUCKETS], h2d[FEED_HIST_BUCKETS];
+};
+
+struct client_sums {
+	uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns;
+	uint64_t wait[FEED_HIST_BUCKETS], step[FEED_HIST_BUCKETS], h2d[FEED_HIST_BUCKETS];
+};
+
+/* One second of a client's history: totals within that second. 24 bytes. */
+struct sample {
+	float wait_ms, step_ms, h2d_ms, full_pct;
+	uint32_t batches;
+	uint16_t fill, held;
+};
+
+struct tclient {
+	struct tclient *next;
+	struct session *s;
+	uint64_t last_ns;
+	/* the previous readings, to difference against */
+	uint64_t p_wait, p_step, p_h2d, p_reports, p_delivered, p_full;
+	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS];
+	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
+	struct client_slot *slots;              /* WINDOW_SLOTS */
+	unsigned cur;
+	struct client_sums win;
+	struct sample *hist; /* ring of hist_cap seconds */
+	unsigned hist_cap, hist_head, hist_n;
+	uint64_t fill, held; /* at the last sample */
+	bool waiting;        /* blocked in next() on an empty ring at the last sample */
+	struct diag diag;
+	char straggler[192];
+};
+
+struct feed_slot {
+	uint64_t span_ns;
+	struct feed_stages d;
+};
+
+struct tfeed {
+	struct tfeed *next;
+	const struct feed *f; /* dereferenced only while the server lists it */
+	bool seen;
+	uint64_t last_ns;
+	struct feed_stages prev;
+	struct feed_slot slots[WINDOW_SLOTS];
+	unsigned cur;
+	struct feed_slot win;
+	struct diag diag;
+};
+
+struct telemetry {
+	struct conf_diagnosis conf;
+	struct tclient *clients;
+	struct tfeed *feeds;
+	unsigned threads;
+	double pool_busy_pct; /* all feeds' job time over the window, per thread */
+};
+
+extern struct telemetry tm;
+
+struct tclient *telemetry_find_client(const struct session *s);
+struct tfeed *telemetry_find_feed(const struct feed *f);
+/* Value (ns) at quantile q of a histogram (bucket midpoint, nearest rank); NAN when empty. */
+double telemetry_quantile(const uint64_t *h, double q);
+
+/* Re-runs every rule over the current windows (diagnosis.c). */
+void diagnose_all(void);
+/* The diagnosis of a feed that failed to load or went stale. */
+void diagnose_failed_feed(const struct feed *f, struct diag *d);
