@@ -23,10 +23,23 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "feed/feed.h"
 #include "proto/macro.h"
 #include "proto/ring_abi.h"
 #include "proto/wire.h"
+
+/* Device batches need CUDA's headers (only them); a target that compiles this file without them gets none. */
+#if HAVE_CUDA && __has_include(<cuda.h>)
+#define FEED_CUDA 1
+#else
+#define FEED_CUDA 0
+#endif
+#if FEED_CUDA
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#endif
 
 #define FEED_EXPORT __attribute__((visibility("default")))
 #define REPLY_TIMEOUT_MS 30000
@@ -49,6 +62,8 @@ struct feed_client {
 	uint64_t next_seq; /* next sequence to hand out */
 	uint64_t tail;     /* sequences released */
 	uint64_t last_return_ns;
+	int device;              /* the GPU batches are staged on, -1: host batches only */
+	struct device_ring *dev; /* that GPU's buffers and events (device_attach) */
 	const char *held_cursor;       /* cursor of the last batch delivered, in its slot */
 	char cursor[FEED_CURSOR_MAX];  /* a copy, made when that batch is released */
 };
@@ -185,6 +200,7 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 		return -ENOMEM;
 	}
 	c->data_efd = c->space_efd = -1;
+	c->device = -1;
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int r = c->fd < 0 ? -errno : 0;
 	if (r == 0 && connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
@@ -241,6 +257,9 @@ static int check_ring(feed_client *c, const struct wire_attach_reply *rep)
 		return -EPROTO;
 	if (h->header_size < sizeof(*h) || (uint64_t)h->header_size + (uint64_t)h->slot_size * h->slot_count > c->ring_size)
 		return -EPROTO;
+	/* Page multiples (ring_abi.h): a slot header must be aligned for its u64 fields (found by fuzz-ring). */
+	if (h->header_size % 4096 || h->slot_size % 4096)
+		return -EPROTO;
 	uint64_t arrays[3] = { h->off_input_ids, h->off_labels, h->off_position_ids };
 	for (size_t i = 0; i < 3; i++)
 		if (arrays[i] < FEED_SLOT_HEADER_SIZE || arrays[i] % 4 || arrays[i] + 4 * n > h->slot_size)
@@ -268,13 +287,16 @@ static int map_fd(int fd, size_t size, int prot, void **ret)
 	return 0;
 }
 
-FEED_EXPORT int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world,
-				   const char *cursor)
+static int device_attach(feed_client *c, const struct wire_attach *a);
+
+/* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
+static int attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+		  uint32_t flags, uint32_t device)
 {
 	int saved = errno, r;
 	if (c->attached)
 		return fail(c, -EALREADY, "this client is already attached");
-	struct wire_attach a = { .rank = rank, .world = world };
+	struct wire_attach a = { .rank = rank, .world = world, .flags = flags, .device = device };
 	if (!feed || strlen(feed) >= sizeof(a.feed) || !*feed)
 		return fail(c, -EINVAL, "feed name must be 1..%zu bytes", sizeof(a.feed) - 1);
 	if (world == 0 || rank >= world)
@@ -338,7 +360,7 @@ FEED_EXPORT int feed_client_attach(feed_client *c, const char *feed, uint32_t ra
 	c->next_seq = c->tail = 0;
 	c->attached = true;
 	c->error[0] = 0;
-	r = 0;
+	r = (flags & WIRE_ATTACH_DEVICE) ? device_attach(c, &a) : 0;
 out:
 	free(p);
 	/* The mappings keep the memfds alive; the fds themselves are not needed. */
@@ -491,12 +513,312 @@ out:;
 	return r;
 }
 
+/*
+ * Device batches. The daemon copies each batch into a buffer on the client's
+ * GPU and records the slot's `ready` event; next() hands out the host view,
+ * feed_client_device_batch() makes the caller's stream wait on `ready` (no
+ * CPU wait), and releasing records `release` on the caller's stream before
+ * tail moves, so the daemon's next copy into that buffer waits for the
+ * client's kernels. The CUDA driver is loaded at run time (dlopen of
+ * libcuda.so.1): libfeed itself links no CUDA library and works without one.
+ * Events and buffers are opened once per attach and closed with the client.
+ */
+struct device_ring {
+#if FEED_CUDA
+	void *lib;
+	struct {
+		PFN_cuInit_v2000 init;
+		PFN_cuDeviceGet_v2000 device_get;
+		PFN_cuDevicePrimaryCtxRetain_v7000 retain;
+		PFN_cuDevicePrimaryCtxRelease_v11000 unretain;
+		PFN_cuCtxPushCurrent_v4000 push;
+		PFN_cuCtxPopCurrent_v4000 pop;
+		PFN_cuIpcOpenEventHandle_v4010 open_event;
+		PFN_cuEventDestroy_v4000 event_destroy;
+		PFN_cuStreamWaitEvent_v3020 wait;
+		PFN_cuEventRecord_v2000 record;
+		PFN_cuIpcOpenMemHandle_v11000 open_mem;
+		PFN_cuIpcCloseMemHandle_v4010 close_mem;
+		PFN_cuMemImportFromShareableHandle_v10020 import;
+		PFN_cuMemAddressReserve_v10020 reserve;
+		PFN_cuMemMap_v10020 map;
+		PFN_cuMemSetAccess_v10020 set_access;
+		PFN_cuMemUnmap_v10020 unmap;
+		PFN_cuMemAddressFree_v10020 address_free;
+		PFN_cuMemRelease_v10020 mem_release;
+	} cu;
+	CUdevice dev;
+	CUcontext ctx;
+	CUdeviceptr base;
+	size_t size, stride;
+	bool vmm, reserved, mapped, imported;
+	CUmemGenericAllocationHandle handle;
+	uint32_t slots;
+	CUevent *ready, *release;
+	uint8_t *recorded; /* per slot: `release` recorded for its current batch (atomic) */
+#endif
+	int kind; /* WIRE_DEVICE_* */
+};
+
+#if FEED_CUDA
+static bool cu_entry(struct device_ring *d, PFN_cuGetProcAddress_v12000 get, const char *name, void **fn)
+{
+	CUdriverProcAddressQueryResult q;
+	return get(name, fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS && q == CU_GET_PROC_ADDRESS_SUCCESS &&
+	       *fn;
+}
+
+/* Loads the driver and its entry points. Returns 0, or -ENODEV with the reason in c's error. */
+static int cu_load(feed_client *c, struct device_ring *d)
+{
+	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!d->lib)
+		return fail(c, -ENODEV, "cannot load the CUDA driver (libcuda.so.1): %s", dlerror());
+	PFN_cuGetProcAddress_v12000 get;
+	*(void **)&get = dlsym(d->lib, "cuGetProcAddress_v2"); /* POSIX's way to take a function from dlsym */
+	if (!get)
+		return fail(c, -ENODEV, "the CUDA driver is older than 12.0 (no cuGetProcAddress_v2)");
+#define E(field, name) cu_entry(d, get, name, (void **)&d->cu.field)
+	if (!(E(init, "cuInit") && E(device_get, "cuDeviceGet") && E(retain, "cuDevicePrimaryCtxRetain") &&
+	      E(unretain, "cuDevicePrimaryCtxRelease") && E(push, "cuCtxPushCurrent") && E(pop, "cuCtxPopCurrent") &&
+	      E(open_event, "cuIpcOpenEventHandle") && E(event_destroy, "cuEventDestroy") &&
+	      E(wait, "cuStreamWaitEvent") && E(record, "cuEventRecord") && E(open_mem, "cuIpcOpenMemHandle") &&
+	      E(close_mem, "cuIpcCloseMemHandle") && E(import, "cuMemImportFromShareableHandle") &&
+	      E(reserve, "cuMemAddressReserve") && E(map, "cuMemMap") && E(set_access, "cuMemSetAccess") &&
+	      E(unmap, "cuMemUnmap") && E(address_free, "cuMemAddressFree") && E(mem_release, "cuMemRelease")))
+		return fail(c, -ENODEV, "the CUDA driver lacks an entry point libfeed needs");
+#undef E
+	return 0;
+}
+
+/* Opens the daemon's buffers and events in this process, on the device's primary context. */
+static int cu_open(feed_client *c, struct device_ring *d, const struct wire_device_reply *rep, int fd)
+{
+	CUresult e;
+	if ((e = d->cu.init(0)) != CUDA_SUCCESS || (e = d->cu.device_get(&d->dev, (int)rep->device)) != CUDA_SUCCESS)
+		return fail(c, -ENODEV, "cuda:%u: cannot open the device (CUDA error %d)", rep->device, (int)e);
+	if ((e = d->cu.retain(&d->ctx, d->dev)) != CUDA_SUCCESS)
+		return fail(c, -ENODEV, "cuda:%u: cannot retain its context (CUDA error %d)", rep->device, (int)e);
+	d->cu.push(d->ctx);
+	int r = 0;
+	d->size = rep->mem_size;
+	d->stride = rep->slot_stride;
+	d->slots = rep->slot_count;
+	if (rep->kind == WIRE_DEVICE_VMM) {
+		d->vmm = true;
+		e = d->cu.import(&d->handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		d->imported = e == CUDA_SUCCESS;
+		if (e == CUDA_SUCCESS && (e = d->cu.reserve(&d->base, d->size, 0, 0, 0)) == CUDA_SUCCESS)
+			d->reserved = true;
+		if (e == CUDA_SUCCESS && (e = d->cu.map(d->base, d->size, 0, d->handle, 0)) == CUDA_SUCCESS)
+			d->mapped = true;
+		CUmemAccessDesc access = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)rep->device },
+					   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		if (e == CUDA_SUCCESS)
+			e = d->cu.set_access(d->base, d->size, &access, 1);
+	} else {
+		CUipcMemHandle h;
+		memcpy(&h, rep->mem_handle, sizeof(h));
+		e = d->cu.open_mem(&d->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+		d->mapped = e == CUDA_SUCCESS;
+	}
+	if (e != CUDA_SUCCESS)
+		r = fail(c, -EIO, "cuda:%u: cannot open the batch buffers (CUDA error %d)", rep->device, (int)e);
+	d->ready = r ? NULL : calloc(d->slots, sizeof(*d->ready));
+	d->release = r ? NULL : calloc(d->slots, sizeof(*d->release));
+	d->recorded = r ? NULL : calloc(d->slots, 1);
+	if (!r && (!d->ready || !d->release || !d->recorded))
+		r = fail(c, -ENOMEM, "out of memory");
+	for (uint32_t i = 0; r == 0 && i < d->slots; i++) {
+		CUipcEventHandle h;
+		memcpy(&h, rep->handles + (size_t)i * 2 * WIRE_IPC_HANDLE_SIZE, sizeof(h));
+		e = d->cu.open_event(&d->ready[i], h);
+		if (e == CUDA_SUCCESS) {
+			memcpy(&h, rep->handles + ((size_t)i * 2 + 1) * WIRE_IPC_HANDLE_SIZE, sizeof(h));
+			e = d->cu.open_event(&d->release[i], h);
+		}
+		if (e != CUDA_SUCCESS)
+			r = fail(c, -EIO, "cuda:%u: cannot open the events of slot %u (CUDA error %d)", rep->device, i,
+				 (int)e);
+	}
+	CUcontext popped;
+	d->cu.pop(&popped);
+	return r;
+}
+#endif
+
+/* Frees what device_attach opened. Only while the daemon lives: its events are not ours to touch after. */
+static void device_close(feed_client *c)
+{
+	struct device_ring *d = c->dev;
+	if (!d)
+		return;
+#if FEED_CUDA
+	if (d->ctx) {
+		d->cu.push(d->ctx);
+		for (uint32_t i = 0; i < d->slots; i++) {
+			if (d->ready && d->ready[i])
+				d->cu.event_destroy(d->ready[i]);
+			if (d->release && d->release[i])
+				d->cu.event_destroy(d->release[i]);
+		}
+		if (d->vmm) {
+			if (d->mapped)
+				d->cu.unmap(d->base, d->size);
+			if (d->reserved)
+				d->cu.address_free(d->base, d->size);
+			if (d->imported)
+				d->cu.mem_release(d->handle);
+		} else if (d->mapped) {
+			d->cu.close_mem(d->base);
+		}
+		CUcontext popped;
+		d->cu.pop(&popped);
+		d->cu.unretain(d->dev);
+	}
+	free(d->ready);
+	free(d->release);
+	free(d->recorded);
+	if (d->lib)
+		dlclose(d->lib);
+#endif
+	free(d);
+	c->dev = NULL;
+	c->device = -1;
+}
+
+/*
+ * Reads the DEVICE_REPLY that follows the ATTACH_REPLY and opens what it
+ * names. Host batches instead (device -1, the reason in feed_client_error())
+ * when the daemon has no GPU staging or this process cannot open it, if the
+ * client allowed that; otherwise an error (the attachment stays unusable:
+ * close the client).
+ */
+static int device_attach(feed_client *c, const struct wire_attach *a)
+{
+	bool fallback = a->flags & WIRE_ATTACH_HOST_FALLBACK;
+	int fd = -1;
+	unsigned n_fds = 0;
+	void *p = NULL;
+	size_t len;
+	int type = recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, &fd, 1, &n_fds);
+	if (type < 0)
+		return type;
+	struct wire_device_reply rep;
+	int r = type == WIRE_DEVICE_REPLY && wire_decode_device_reply(p, len, &rep) == 0 && n_fds == rep.n_fds &&
+			rep.slot_count == (rep.kind == WIRE_DEVICE_HOST ? 0 : c->slot_count) &&
+			rep.slot_stride * rep.slot_count <= rep.mem_size && rep.slot_stride >= c->slot_size * !!rep.slot_count
+		? 0 : fail(c, -EPROTO, "feedd sent an unexpected reply to a device attach");
+	if (r == 0 && rep.kind == WIRE_DEVICE_HOST)
+		r = fail(c, -ENODEV, "%s", rep.reason);
+	struct device_ring *d = NULL;
+	if (r == 0) {
+		d = calloc(1, sizeof(*d));
+		r = d ? 0 : fail(c, -ENOMEM, "out of memory");
+	}
+#if FEED_CUDA
+	if (r == 0) {
+		c->dev = d;
+		d->kind = (int)rep.kind;
+		r = cu_load(c, d);
+		if (r == 0)
+			r = cu_open(c, d, &rep, fd);
+		if (r == 0)
+			c->device = (int)rep.device;
+	}
+#else
+	if (r == 0) {
+		free(d);
+		r = fail(c, -ENODEV, "this libfeed was built without CUDA support");
+	}
+#endif
+	if (fd >= 0)
+		close(fd); /* the imported handle keeps the memory */
+	free(p);
+	if (r < 0 && c->dev)
+		device_close(c);
+	/* Host batches still flow through the ring; a caller who allowed that keeps them, with the reason. */
+	if (r < 0 && r != -EPROTO && fallback)
+		return 0;
+	if (r < 0)
+		c->stopped = r;
+	return r;
+}
+
+/* Records `release` of the slot of seq on stream (NULL: the legacy default stream), once per batch. */
+static void device_release(feed_client *c, uint64_t seq, void *stream, bool at_release)
+{
+#if FEED_CUDA
+	struct device_ring *d = c->dev;
+	uint32_t s = (uint32_t)(seq % d->slots);
+	if (__atomic_exchange_n(&d->recorded[s], 1, __ATOMIC_ACQ_REL))
+		goto out;
+	/* After the daemon died its events are gone (using them is undefined): record nothing. */
+	if (c->stopped == -ECONNRESET)
+		goto out;
+	d->cu.push(d->ctx);
+	d->cu.record(d->release[s], stream ? (CUstream)stream : CU_STREAM_LEGACY);
+	CUcontext popped;
+	d->cu.pop(&popped);
+out:
+	/* Released: the slot's next batch starts unrecorded. */
+	if (at_release)
+		__atomic_store_n(&d->recorded[s], 0, __ATOMIC_RELEASE);
+#endif
+}
+
+FEED_EXPORT int feed_client_device(const feed_client *c)
+{
+	return c->device;
+}
+
+FEED_EXPORT int feed_client_device_batch(feed_client *c, const struct feed_batch *b, void *stream,
+					 struct feed_device_batch *ret)
+{
+	if (!c->dev || !b || b->seq < c->tail || b->seq >= c->next_seq)
+		return fail(c, c->dev ? -EINVAL : -ENODEV, c->dev ? "not a batch this client holds" : "not attached to a device");
+#if FEED_CUDA
+	struct device_ring *d = c->dev;
+	uint32_t s = (uint32_t)(b->seq % d->slots);
+	d->cu.push(d->ctx);
+	CUresult e = d->cu.wait(stream ? (CUstream)stream : CU_STREAM_LEGACY, d->ready[s], 0);
+	CUcontext popped;
+	d->cu.pop(&popped);
+	if (e != CUDA_SUCCESS)
+		return fail(c, -EIO, "cuStreamWaitEvent: CUDA error %d", (int)e);
+	const struct feed_ring_header *g = c->hdr;
+	CUdeviceptr base = d->base + (CUdeviceptr)s * d->stride;
+	*ret = (struct feed_device_batch){
+		.input_ids = (uint64_t)(base + g->off_input_ids),
+		.labels = (uint64_t)(base + g->off_labels),
+		.position_ids = (uint64_t)(base + g->off_position_ids),
+		.cu_seqlens = (uint64_t)(base + g->off_cu_seqlens),
+	};
+	return 0;
+#else
+	(void)ret;
+	(void)stream;
+	return -ENODEV;
+#endif
+}
+
+FEED_EXPORT int feed_client_device_done(feed_client *c, const struct feed_batch *b, void *stream)
+{
+	if (!c->dev || !b)
+		return -ENODEV;
+	device_release(c, b->seq, stream, false);
+	return 0;
+}
+
 FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
 {
 	if (!c->attached || !b || b->seq != c->tail || c->tail >= c->next_seq)
 		return fail(c, -EINVAL, "release the oldest batch held, once");
 	if (b->seq + 1 == c->next_seq)
 		memcpy(c->cursor, c->held_cursor, strlen(c->held_cursor) + 1);
+	/* The daemon's next copy into this slot waits on `release`: it must be recorded before tail moves. */
+	if (c->dev)
+		device_release(c, b->seq, NULL, true);
 	c->tail++;
 	__atomic_store_n(&c->cons->tail, c->tail, __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -587,6 +909,70 @@ FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 	return 0;
 }
 
+/* Sends an operator command (encoded in buf) and waits for its ADMIN_REPLY. */
+static int admin_request(feed_client *c, const uint8_t *buf, int n, char **ret_message)
+{
+	int r = n < 0 ? n : send_all(c, buf, (size_t)n);
+	if (r < 0)
+		return fail(c, r, "sending to feedd: %s", feed_strerror(r));
+	void *p;
+	size_t len;
+	int type = recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+	if (type < 0)
+		return type;
+	struct wire_admin_reply rep;
+	r = type == WIRE_ADMIN_REPLY ? wire_decode_admin_reply(p, len, &rep) : -EPROTO;
+	free(p);
+	if (r < 0)
+		return fail(c, -EPROTO, "feedd sent an unexpected reply");
+	char *m = strdup(rep.message);
+	if (!m)
+		return fail(c, -ENOMEM, "out of memory");
+	snprintf(c->error, sizeof(c->error), "%s", rep.message);
+	*ret_message = m;
+	return 0;
+}
+
+FEED_EXPORT int feed_client_reload(feed_client *c, char **ret_message)
+{
+	int saved = errno;
+	struct wire_reload m = { 0 };
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_RELOAD_SIZE];
+	int r = admin_request(c, buf, wire_encode_reload(buf, sizeof(buf), &m), ret_message);
+	errno = saved;
+	return r;
+}
+
+FEED_EXPORT int feed_client_drain(feed_client *c, const char *feed, char **ret_message)
+{
+	int saved = errno;
+	struct wire_drain m;
+	if (!feed || strlen(feed) >= sizeof(m.feed) || !feed[0]) {
+		errno = saved;
+		return fail(c, -EINVAL, "a feed name is 1..%zu bytes", sizeof(m.feed) - 1);
+	}
+	snprintf(m.feed, sizeof(m.feed), "%s", feed);
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_DRAIN_SIZE];
+	int r = admin_request(c, buf, wire_encode_drain(buf, sizeof(buf), &m), ret_message);
+	errno = saved;
+	return r;
+}
+
+FEED_EXPORT int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world,
+				   const char *cursor)
+{
+	return attach(c, feed, rank, world, cursor, 0, 0);
+}
+
+FEED_EXPORT int feed_client_attach_device(feed_client *c, const char *feed, uint32_t rank, uint32_t world,
+					  const char *cursor, int device, unsigned flags)
+{
+	if (device < 0 || device > WIRE_MAX_DEVICE || (flags & ~FEED_ATTACH_HOST_FALLBACK))
+		return fail(c, -EINVAL, "device %d or flags 0x%x are not valid", device, flags);
+	uint32_t wf = WIRE_ATTACH_DEVICE | ((flags & FEED_ATTACH_HOST_FALLBACK) ? WIRE_ATTACH_HOST_FALLBACK : 0);
+	return attach(c, feed, rank, world, cursor, wf, (uint32_t)device);
+}
+
 FEED_EXPORT const char *feed_client_error(const feed_client *c)
 {
 	return c->error;
@@ -605,6 +991,7 @@ FEED_EXPORT feed_client *feed_client_close(feed_client *c)
 		}
 		close(c->fd);
 	}
+	device_close(c);
 	if (c->hdr)
 		munmap(c->hdr, c->ring_size);
 	if (c->cons)
@@ -649,6 +1036,16 @@ FEED_EXPORT const char *feed_strerror(int code)
 		return "no data";
 	case -EPROTONOSUPPORT:
 		return "protocol version not supported";
+	case -ENODEV:
+		return "no GPU staging for that device (see feed_client_error)";
+	case -EACCES:
+		return "permission denied (the socket's mode, or feedd's allow_users / allow_groups)";
+	case -EPERM:
+		return "not permitted (operator commands need root, feedd's user or admin_users)";
+	case -EUSERS:
+		return "feedd's connection limit is reached";
+	case -EDQUOT:
+		return "feedd's ring memory limit is reached";
 	default:
 		return code < 0 ? "error (see feed_client_error)" : "not an error code";
 	}

@@ -300,8 +300,9 @@ def test_errors_carry_the_daemons_message(web, tmp_path, monkeypatch):
     assert e.value.code == -errno.ENOENT
     with pytest.raises(feed.DaemonGoneError, match="cannot reach feedd at .*nothere.sock"):
         feed.Loader("web", socket=str(tmp_path / "nothere.sock"))
-    with pytest.raises(feed.DeviceUnavailableError, match="GPU delivery is not available in this build"):
-        feed.Loader("web", socket=web.socket, device="cuda:0")
+    # No daemon has device 255: refused with the daemon's reason, GPU or not (tests/gpu covers the rest).
+    with pytest.raises(feed.DeviceUnavailableError, match="cuda:255"):
+        feed.Loader("web", socket=web.socket, device="cuda:255")
     with pytest.raises(ValueError, match="rank 2 is not in a world of size 2"):
         feed.Loader("web", rank=2, world_size=2, socket=web.socket)
     monkeypatch.setenv("WORLD_SIZE", "3")

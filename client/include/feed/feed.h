@@ -127,6 +127,54 @@ uint64_t feed_stats_bucket_lower(unsigned b);
  */
 int feed_client_status(feed_client *c, char **ret_json);
 
+/*
+ * Operator commands (docs/operations.md). They need root, the daemon's own
+ * user, or an entry in its admin_users / admin_groups; otherwise -EPERM.
+ * On success they return 0 and the daemon's one-line summary in
+ * *ret_message (malloc'd, caller frees); on failure a negative errno, with
+ * the daemon's reason in feed_client_error().
+ *
+ * reload: re-read the config (as SIGHUP does). A config that does not parse
+ * is rejected whole (the reason names file and line) and the old one stays.
+ * drain: the feed takes no new attaches; attached clients stream on.
+ */
+int feed_client_reload(feed_client *c, char **ret_message);
+int feed_client_drain(feed_client *c, const char *feed, char **ret_message);
+
+/*
+ * Device batches (docs/gpu.md): feedd copies every batch into a buffer on
+ * GPU `device` as well, without a CPU wait on either side.
+ *
+ * feed_client_attach_device() attaches like feed_client_attach(). Without
+ * GPU staging (no driver or device on the daemon's side, or none usable in
+ * this process) it returns -ENODEV with the reason in feed_client_error(),
+ * unless flags has FEED_ATTACH_HOST_FALLBACK: then it returns 0, the batches
+ * are host batches only (feed_client_device() is -1) and feed_client_error()
+ * says why. On any other failure, close the client.
+ *
+ * Per batch from feed_client_next(): feed_client_device_batch() makes
+ * `stream` (a CUstream / cudaStream_t; NULL: the legacy default stream) wait
+ * until the batch is in device memory and gives the device addresses of its
+ * arrays; kernels on that stream may read them. feed_client_device_done()
+ * records on `stream` that they are no longer read (safe from any thread);
+ * feed_client_release() does it on the legacy default stream if it was not
+ * done. The daemon's next copy into that buffer waits for that point on the
+ * GPU. If feedd dies, device memory stays readable (VMM handles) or becomes
+ * undefined (legacy IPC handles); see docs/gpu.md.
+ */
+#define FEED_ATTACH_HOST_FALLBACK 1u
+
+struct feed_device_batch {
+	uint64_t input_ids, labels, position_ids, cu_seqlens; /* device addresses (CUdeviceptr) */
+};
+
+int feed_client_attach_device(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+			      int device, unsigned flags);
+/* The device batches are staged on, or -1 (host batches only). */
+int feed_client_device(const feed_client *c);
+int feed_client_device_batch(feed_client *c, const struct feed_batch *b, void *stream, struct feed_device_batch *ret);
+int feed_client_device_done(feed_client *c, const struct feed_batch *b, void *stream);
+
 /* The daemon's or library's message for the last failure on c ("" if none). */
 const char *feed_client_error(const feed_client *c);
 

@@ -57,6 +57,12 @@ class feed_stats(ctypes.Structure):
     ]
 
 
+class feed_device_batch(ctypes.Structure):
+    """struct feed_device_batch: device addresses of a batch's arrays."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("input_ids", "labels", "position_ids", "cu_seqlens")]
+
+
 # Sizes of the C structs on LP64 (checked by the tests against the header).
 assert ctypes.sizeof(feed_batch) == 88, "struct feed_batch layout"
 assert ctypes.sizeof(feed_stats) == 4152, "struct feed_stats layout"
@@ -76,7 +82,14 @@ _SIGNATURES = {
     "feed_client_error": (ctypes.c_char_p, [_P]),
     "feed_client_close": (_P, [_P]),
     "feed_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "feed_client_attach_device": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                                 ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]),
+    "feed_client_device": (ctypes.c_int, [_P]),
+    "feed_client_device_batch": (ctypes.c_int, [_P, ctypes.POINTER(feed_batch), _P,
+                                                ctypes.POINTER(feed_device_batch)]),
+    "feed_client_device_done": (ctypes.c_int, [_P, ctypes.POINTER(feed_batch), _P]),
 }
+FEED_ATTACH_HOST_FALLBACK = 1
 
 
 def _candidates():

@@ -72,7 +72,8 @@ class SlotsExhaustedError(FeedError, RuntimeError):
 
 
 class DeviceUnavailableError(FeedError, NotImplementedError):
-    """GPU delivery was requested; this build delivers to host memory only."""
+    """GPU delivery was requested and feedd cannot stage batches on that device (str(e) says why:
+    no driver or device on feedd's side, with the CUDA error, or none usable in this process)."""
 
 
 def _strerror(code):
@@ -113,6 +114,7 @@ class _Conn:
         self.ptr = ptr
         self.held = deque()  # _Slot, oldest first
         self.slots = 0
+        self.device = -1  # the GPU batches are staged on, -1: host batches
         # atexit=False: never unmap the ring under arrays still alive at interpreter exit.
         self._close = weakref.finalize(self, lib.feed_client_close, ptr)
         self._close.atexit = False
@@ -120,11 +122,22 @@ class _Conn:
     def error(self):
         return lib.feed_client_error(self.ptr).decode(errors="replace")
 
-    def attach(self, feed, rank, world, cursor):
-        r = lib.feed_client_attach(self.ptr, feed.encode(), rank, world, cursor.encode() if cursor else None)
+    def attach(self, feed, rank, world, cursor, device=None, fallback=False):
+        c = cursor.encode() if cursor else None
+        if device is None:
+            r = lib.feed_client_attach(self.ptr, feed.encode(), rank, world, c)
+        else:
+            flags = _lib.FEED_ATTACH_HOST_FALLBACK if fallback else 0
+            r = lib.feed_client_attach_device(self.ptr, feed.encode(), rank, world, c, device, flags)
+        if r == -errno.ENODEV:
+            raise DeviceUnavailableError(f"feed.Loader(device='cuda:{device}'): {self.error()}", r)
         if r < 0:
             _raise_attach(r, self.error(), bool(cursor))
         self.slots = lib.feed_client_slots(self.ptr)
+        self.device = lib.feed_client_device(self.ptr)
+        if device is not None and self.device < 0:
+            warnings.warn(f"feed.Loader(device='cuda:{device}'): host batches instead ({self.error()})",
+                          RuntimeWarning, stacklevel=4)
 
     def reap(self):
         """Releases the free slots at the front of the ring, oldest first."""
@@ -215,28 +228,41 @@ def _rank_world(rank, world_size):
 
 
 def _check_device(device):
-    if str(device) != "cpu":
-        raise DeviceUnavailableError(
-            f"feed.Loader(device={str(device)!r}): GPU delivery is not available in this build; "
-            "batches are delivered in host shared memory. Use device='cpu' and copy to the GPU "
-            "yourself (batch['input_ids'].to('cuda', non_blocking=True)).")
+    """'cpu' -> None; 'cuda' / 'cuda:N' (or a torch.device) -> N."""
+    text = str(device)
+    if text == "cpu":
+        return None
+    kind, _, index = text.partition(":")
+    if kind == "cuda" and (index == "" or index.isdigit()):
+        return int(index or 0)
+    raise ValueError(f"feed.Loader: device must be 'cpu', 'cuda' or 'cuda:N', not {text!r}")
 
 
 class Loader:
     """Iterates over one rank's batches of a feed (an infinite stream across epochs).
 
     Loader(feed, rank=None, world_size=None, socket=None, device="cpu",
-           timeout=120.0, copy=False, as_numpy=False)
+           timeout=120.0, copy=False, as_numpy=False, allow_host_fallback=False)
 
     rank / world_size default to $RANK / $WORLD_SIZE (torchrun), else
     $SLURM_PROCID / $SLURM_NTASKS, else 0 / 1. socket defaults to libfeed's
     ($FEEDD_SOCKET, then the default path). timeout: seconds to wait for one
     batch (None: forever). See docs/python.md for the lifetime rules.
+
+    device="cuda:N": feedd stages every batch on GPU N as well and the loader
+    yields CUDA tensors over those buffers (DLPack, no copy, no CPU wait; see
+    docs/gpu.md). Without GPU staging it raises DeviceUnavailableError with
+    the reason, or, with allow_host_fallback=True, warns and yields host
+    tensors.
     """
 
     def __init__(self, feed, rank=None, world_size=None, socket=None, device="cpu", timeout=120.0, copy=False,
-                 as_numpy=False):
-        _check_device(device)
+                 as_numpy=False, allow_host_fallback=False):
+        self._device = _check_device(device)
+        self._fallback = bool(allow_host_fallback)
+        if self._device is not None and (as_numpy or copy):
+            raise ValueError("feed.Loader: device='cuda:N' yields zero-copy CUDA tensors; as_numpy and copy "
+                             "do not apply")
         if not isinstance(feed, str) or not feed:
             raise ValueError("feed.Loader: feed must be a non-empty feed name")
         self._feed = feed
@@ -265,7 +291,11 @@ class Loader:
     def _attach(self, cursor):
         # The new attachment first: a refused state leaves the loader where it was.
         conn = _Conn(self._socket)
-        conn.attach(self._feed, self._rank, self._world, cursor)
+        try:
+            conn.attach(self._feed, self._rank, self._world, cursor, self._device, self._fallback)
+        except BaseException:
+            conn.close()  # now, not when the traceback that holds it goes
+            raise
         old, self._conn = self._conn, conn
         if old is not None:
             old.reap()  # closed now, or when its last batch is dropped
@@ -314,7 +344,9 @@ class Loader:
             _raise(r, conn.error())
         self._cursor = b.cursor.decode()
         self._next_index = b.index + 1
-        if self._copy:
+        if conn.device >= 0:
+            arrays = self._device_views(conn, b)
+        elif self._copy:
             arrays = self._copy_out(b)
             lib.feed_client_release(ptr, ref)
         else:
@@ -341,6 +373,16 @@ class Loader:
             # Read-only by design (docs/python.md): torch has no read-only tensors.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
             return [self._torch.from_numpy(a) for a in arrays]
+
+    def _device_views(self, conn, b):
+        from . import dlpack
+        slot = _Slot(b)
+        conn.held.append(slot)
+        owner = dlpack.DeviceBatch(conn, b, slot, conn.device)
+        fields = ("input_ids", "labels", "position_ids", "cu_seqlens")
+        shapes = [shape for _, shape in self._shapes(b)]
+        # torch.from_dlpack passes the current stream of that device: it waits on `ready`, not the CPU.
+        return [self._torch.from_dlpack(dlpack.DeviceArray(owner, f, s)) for f, s in zip(fields, shapes)]
 
     def _copy_out(self, b):
         arrays = [np.array(np.asarray(_Memory(addr, shape, None))) for addr, shape in self._shapes(b)]

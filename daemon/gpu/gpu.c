@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Backend choice and the status line. The CUDA backend exists only when the
+ * build found the toolkit (HAVE_CUDA); otherwise the reason is the build.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/gpu/gpu.h"
+
+#if !HAVE_CUDA
+int gpu_backend_cuda_new(struct gpu_backend **ret, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "feedd was built without CUDA support");
+	return -ENOSYS;
+}
+#endif
+
+int gpu_open(const char *which, struct gpu **ret)
+{
+	struct gpu *g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	char why[256] = "";
+	int r;
+	if (which && strcmp(which, "sim") == 0)
+		r = gpu_backend_sim_new(1, &g->backend);
+	else
+		r = gpu_backend_cuda_new(&g->backend, why, sizeof(why));
+	if (r == -ENOMEM && !why[0]) {
+		free(g);
+		return r;
+	}
+	if (r < 0) {
+		g->backend = NULL;
+		snprintf(g->status, sizeof(g->status), "unavailable: %s", why[0] ? why : strerror(-r));
+	} else {
+		int n = g->backend->ops->device_count(g->backend);
+		snprintf(g->status, sizeof(g->status), "%s: %d device%s", g->backend->ops->name, n, n == 1 ? "" : "s");
+	}
+	*ret = g;
+	return 0;
+}
+
+struct gpu *gpu_free(struct gpu *g)
+{
+	if (!g)
+		return NULL;
+	gpu_backend_free(g->backend);
+	free(g);
+	return NULL;
+}
+
+int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging **ret, char *err, size_t errlen)
+{
+	if (!gpu_available(g)) {
+		snprintf(err, errlen, "cuda:%u was asked for, but feedd has no GPU staging (%s)", device,
+			 g ? g->status : "unavailable");
+		return -ENODEV;
+	}
+	return staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, ret, err, errlen);
+}
+
+int gpu_attach_reply(struct gpu *g, struct ring *ring, const struct wire_attach *a, struct staging **ret_staging,
+		     uint8_t **ret_msg, size_t *ret_len, int *ret_fd, char *err, size_t errlen)
+{
+	struct staging *st = NULL;
+	struct wire_device_reply rep = { .kind = WIRE_DEVICE_HOST };
+	int r = gpu_attach(g, ring, a->device, &st, err, errlen);
+	if (r < 0 && !(a->flags & WIRE_ATTACH_HOST_FALLBACK))
+		return r;
+	if (r < 0)
+		snprintf(rep.reason, sizeof(rep.reason), "%s", err);
+	else
+		staging_reply(st, &rep);
+	size_t len = WIRE_HEADER_SIZE + WIRE_DEVICE_REPLY_SIZE(rep.slot_count);
+	uint8_t *msg = malloc(len);
+	int fd = -1;
+	if (!msg) {
+		snprintf(err, errlen, "out of memory");
+		staging_free(st, NULL);
+		return -ENOMEM;
+	}
+	r = wire_encode_device_reply(msg, len, &rep);
+	if (r >= 0 && st && st->export.fd >= 0 && (fd = fcntl(st->export.fd, F_DUPFD_CLOEXEC, 3)) < 0)
+		r = -errno;
+	if (r < 0) {
+		snprintf(err, errlen, "cannot describe the device buffers: %s", strerror(-r));
+		free(msg);
+		staging_free(st, NULL);
+		return r;
+	}
+	*ret_staging = st;
+	*ret_msg = msg;
+	*ret_len = len;
+	*ret_fd = fd;
+	return 0;
+}

@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's GPU: which backend serves device attachments, or why none
+ * does (host-only mode). Opened once at start; never fails for lack of a
+ * GPU: then every device attach is answered with the reason, and host
+ * batches flow as always.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/gpu/backend.h"
+#include "daemon/gpu/staging.h"
+#include "daemon/ring/ring.h"
+
+struct gpu {
+	struct gpu_backend *backend; /* NULL in host-only mode */
+	char status[320];            /* "cuda: N devices (...)" or "unavailable: <reason>" */
+};
+
+/*
+ * Opens the backend named by `which` ("cuda", "sim", or NULL for the default:
+ * cuda). Returns 0 with *ret set, host-only included (status says why);
+ * -ENOMEM only.
+ */
+int gpu_open(const char *which, struct gpu **ret);
+struct gpu *gpu_free(struct gpu *g);
+
+/* True when device attachments can be served. */
+static inline bool gpu_available(const struct gpu *g)
+{
+	return g && g->backend;
+}
+
+/*
+ * Stages `ring` on `device` for one client. Returns 0; -ENODEV in host-only
+ * mode or for a missing device; other negative errnos from the backend; with
+ * a line in err.
+ */
+int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging **ret, char *err, size_t errlen);
+
+/*
+ * The device half of an ATTACH that set WIRE_ATTACH_DEVICE, for the ring of
+ * the new session. Returns 0 with the DEVICE_REPLY to send after the
+ * ATTACH_REPLY (header included, malloc'd, caller frees) in *ret_msg and
+ * *ret_len, the fd to pass with it in *ret_fd (a duplicate the caller owns,
+ * or -1), and the staging for the session in *ret_staging: NULL when the
+ * client asked for WIRE_ATTACH_HOST_FALLBACK and gets host batches (the
+ * reply's reason says why). Otherwise a negative errno (-ENODEV without GPU
+ * staging or for a missing device, ...) with the reason in err: refuse the
+ * attach with it.
+ */
+int gpu_attach_reply(struct gpu *g, struct ring *ring, const struct wire_attach *a, struct staging **ret_staging,
+		     uint8_t **ret_msg, size_t *ret_len, int *ret_fd, char *err, size_t errlen);
