@@ -224,7 +224,7 @@ int wire_encode_attach(void *buf, size_t cap, const struct wire_attach *m)
 	put_u32(&w, m->rank);
 	put_u32(&w, m->world);
 	put_u32(&w, m->flags);
-	put_u32(&w, 0);
+	put_u32(&w, m->device);
 	put_str(&w, m->feed, sizeof(m->feed));
 	put_str(&w, m->cursor, sizeof(m->cursor));
 	return finish(&w);
@@ -237,15 +237,19 @@ int wire_decode_attach(const void *p, size_t len, struct wire_attach *ret)
 	m.rank = get_u32(&r);
 	m.world = get_u32(&r);
 	m.flags = get_u32(&r);
-	uint32_t reserved = get_u32(&r);
+	m.device = get_u32(&r);
 	get_str(&r, m.feed, sizeof(m.feed));
 	get_str(&r, m.cursor, sizeof(m.cursor));
 	int e = done(&r);
-	if (e < 0 || reserved != 0)
+	if (e < 0)
 		return -EBADMSG;
 	if (m.world == 0 || m.rank >= m.world || m.feed[0] == 0)
 		return -EBADMSG;
-	if (!!(m.flags & WIRE_ATTACH_RESUME) != (m.cursor[0] != 0) || (m.flags & ~WIRE_ATTACH_RESUME))
+	if (!!(m.flags & WIRE_ATTACH_RESUME) != (m.cursor[0] != 0) || (m.flags & ~(uint32_t)WIRE_ATTACH_FLAGS))
+		return -EBADMSG;
+	/* The device field is only meaningful with DEVICE, and the fallback only qualifies a device request. */
+	if ((m.flags & WIRE_ATTACH_DEVICE) ? m.device > WIRE_MAX_DEVICE
+					  : (m.device != 0 || (m.flags & WIRE_ATTACH_HOST_FALLBACK)))
 		return -EBADMSG;
 	*ret = m;
 	return 0;
@@ -334,6 +338,120 @@ int wire_encode_detach(void *buf, size_t cap)
 	return finish(&w);
 }
 
+int wire_encode_device_reply(void *buf, size_t cap, const struct wire_device_reply *m)
+{
+	if (m->slot_count > WIRE_DEVICE_MAX_SLOTS || (m->slot_count && !m->handles))
+		return -EINVAL;
+	struct writer w = writer_start(buf, cap, WIRE_DEVICE_REPLY, WIRE_DEVICE_REPLY_SIZE(m->slot_count));
+	put_u32(&w, m->kind);
+	put_u32(&w, m->device);
+	put_u64(&w, m->mem_size);
+	put_u64(&w, m->slot_stride);
+	put_u32(&w, m->slot_count);
+	put_u32(&w, m->n_fds);
+	put(&w, m->mem_handle, sizeof(m->mem_handle));
+	put_str(&w, m->reason, sizeof(m->reason));
+	if (m->slot_count)
+		put(&w, m->handles, (size_t)m->slot_count * 2 * WIRE_IPC_HANDLE_SIZE);
+	return finish(&w);
+}
+
+int wire_decode_device_reply(const void *p, size_t len, struct wire_device_reply *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_device_reply m;
+	m.kind = get_u32(&r);
+	m.device = get_u32(&r);
+	m.mem_size = get_u64(&r);
+	m.slot_stride = get_u64(&r);
+	m.slot_count = get_u32(&r);
+	m.n_fds = get_u32(&r);
+	get(&r, m.mem_handle, sizeof(m.mem_handle));
+	get_str(&r, m.reason, sizeof(m.reason));
+	m.handles = NULL;
+	if (r.bad || m.slot_count > WIRE_DEVICE_MAX_SLOTS)
+		return -EBADMSG;
+	size_t hl = (size_t)m.slot_count * 2 * WIRE_IPC_HANDLE_SIZE;
+	if (r.len - r.off != hl)
+		return -EBADMSG;
+	m.handles = hl ? r.p + r.off : NULL;
+	r.off += hl;
+	if (done(&r) < 0)
+		return -EBADMSG;
+	switch (m.kind) {
+	case WIRE_DEVICE_HOST:
+		if (m.slot_count || m.n_fds || m.mem_size)
+			return -EBADMSG;
+		break;
+	case WIRE_DEVICE_VMM:
+	case WIRE_DEVICE_IPC:
+		if (m.slot_count < 2 || m.n_fds != (m.kind == WIRE_DEVICE_VMM) || m.slot_stride == 0 ||
+		    m.slot_stride > m.mem_size / m.slot_count)
+			return -EBADMSG;
+		break;
+	default:
+		return -EBADMSG;
+	}
+	*ret = m;
+	return 0;
+}
+
+int wire_encode_reload(void *buf, size_t cap, const struct wire_reload *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_RELOAD, WIRE_RELOAD_SIZE);
+	put_u32(&w, m->flags);
+	put_u32(&w, 0);
+	return finish(&w);
+}
+
+int wire_decode_reload(const void *p, size_t len, struct wire_reload *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_reload m;
+	m.flags = get_u32(&r);
+	uint32_t reserved = get_u32(&r);
+	if (done(&r) < 0 || m.flags != 0 || reserved != 0)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
+int wire_encode_drain(void *buf, size_t cap, const struct wire_drain *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_DRAIN, WIRE_DRAIN_SIZE);
+	put_str(&w, m->feed, sizeof(m->feed));
+	return finish(&w);
+}
+
+int wire_decode_drain(const void *p, size_t len, struct wire_drain *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_drain m;
+	get_str(&r, m.feed, sizeof(m.feed));
+	if (done(&r) < 0 || m.feed[0] == 0)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
+int wire_encode_admin_reply(void *buf, size_t cap, const struct wire_admin_reply *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_ADMIN_REPLY, WIRE_ADMIN_REPLY_SIZE);
+	put_str(&w, m->message, sizeof(m->message));
+	return finish(&w);
+}
+
+int wire_decode_admin_reply(const void *p, size_t len, struct wire_admin_reply *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_admin_reply m;
+	get_str(&r, m.message, sizeof(m.message));
+	if (done(&r) < 0)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
 int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len)
 {
 	if (json_len > WIRE_MAX_REPLY)
@@ -353,6 +471,10 @@ const char *wire_type_name(unsigned type)
 		[WIRE_STATUS] = "STATUS",
 		[WIRE_STATUS_REPLY] = "STATUS_REPLY",
 		[WIRE_DETACH] = "DETACH",
+		[WIRE_DEVICE_REPLY] = "DEVICE_REPLY",
+		[WIRE_RELOAD] = "RELOAD",
+		[WIRE_DRAIN] = "DRAIN",
+		[WIRE_ADMIN_REPLY] = "ADMIN_REPLY",
 	};
 	return type < _WIRE_TYPE_MAX && names[type] ? names[type] : "unknown";
 }

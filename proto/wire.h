@@ -42,6 +42,10 @@ enum wire_type {
 	WIRE_STATUS = 6,
 	WIRE_STATUS_REPLY = 7,
 	WIRE_DETACH = 8,
+	WIRE_DEVICE_REPLY = 9, /* after ATTACH_REPLY, when ATTACH asked for a device */
+	WIRE_RELOAD = 10,      /* operator: re-read the config (privileged) */
+	WIRE_DRAIN = 11,       /* operator: a feed takes no new attaches (privileged) */
+	WIRE_ADMIN_REPLY = 12, /* the outcome of RELOAD or DRAIN */
 	_WIRE_TYPE_MAX,
 };
 
@@ -72,13 +76,18 @@ struct wire_hello_reply {
 #define WIRE_HELLO_REPLY_SIZE 44
 
 enum {
-	WIRE_ATTACH_RESUME = 1u << 0, /* cursor is set */
+	WIRE_ATTACH_RESUME = 1u << 0,        /* cursor is set */
+	WIRE_ATTACH_DEVICE = 1u << 1,        /* stage batches on GPU `device` too (DEVICE_REPLY follows) */
+	WIRE_ATTACH_HOST_FALLBACK = 1u << 2, /* with DEVICE: host batches instead of an error without a GPU */
 };
+#define WIRE_ATTACH_FLAGS (WIRE_ATTACH_RESUME | WIRE_ATTACH_DEVICE | WIRE_ATTACH_HOST_FALLBACK)
+#define WIRE_MAX_DEVICE 255 /* highest device ordinal an ATTACH may name */
 
 struct wire_attach {
 	uint32_t rank;
 	uint32_t world;
 	uint32_t flags;
+	uint32_t device; /* CUDA device ordinal with WIRE_ATTACH_DEVICE, else 0 */
 	char feed[WIRE_NAME_MAX];
 	char cursor[FEED_CURSOR_MAX];
 };
@@ -107,6 +116,56 @@ struct wire_status {
 };
 #define WIRE_STATUS_SIZE 8
 
+/* wire_device_reply.kind: how the client opens the device memory */
+enum {
+	WIRE_DEVICE_HOST = 0, /* no device staging: host batches only (the reason says why) */
+	WIRE_DEVICE_VMM = 1,  /* CUDA VMM allocation, its POSIX fd passed with the message */
+	WIRE_DEVICE_IPC = 2,  /* cudaMalloc'd, opened with the legacy IPC handle in mem_handle */
+};
+#define WIRE_IPC_HANDLE_SIZE 64 /* cudaIpcMemHandle_t, cudaIpcEventHandle_t */
+#define WIRE_DEVICE_REASON_MAX 256
+#define WIRE_DEVICE_MAX_SLOTS 1024 /* the ring's own limit (ring_slots) */
+
+/*
+ * DEVICE_REPLY: the device side of an attachment. One allocation of mem_size
+ * bytes holds one buffer per ring slot, slot s at s * slot_stride, each laid
+ * out like the host slot (same offsets). Per slot, two interprocess events,
+ * both created and owned by the daemon: `ready` (the daemon records it after
+ * the slot's copy; the client's stream waits on it) and `release` (the client
+ * records it on its stream when done; the daemon's copy stream waits on it).
+ * The handles follow the fixed part: slot_count x (ready[64], release[64]),
+ * at `handles` after decoding (pointing into the payload).
+ */
+struct wire_device_reply {
+	uint32_t kind;        /* WIRE_DEVICE_* */
+	uint32_t device;      /* CUDA device ordinal */
+	uint64_t mem_size;    /* bytes of the device allocation */
+	uint64_t slot_stride; /* bytes between consecutive slots' buffers */
+	uint32_t slot_count;  /* equals the ring's; 0 for WIRE_DEVICE_HOST */
+	uint32_t n_fds;       /* 1 for WIRE_DEVICE_VMM, else 0 */
+	uint8_t mem_handle[WIRE_IPC_HANDLE_SIZE]; /* WIRE_DEVICE_IPC, else zeros */
+	char reason[WIRE_DEVICE_REASON_MAX];      /* WIRE_DEVICE_HOST: why; else "" */
+	const uint8_t *handles; /* 2 * WIRE_IPC_HANDLE_SIZE * slot_count bytes */
+};
+#define WIRE_DEVICE_REPLY_FIXED (32 + WIRE_IPC_HANDLE_SIZE + WIRE_DEVICE_REASON_MAX)
+#define WIRE_DEVICE_REPLY_SIZE(n) (WIRE_DEVICE_REPLY_FIXED + (size_t)(n) * 2 * WIRE_IPC_HANDLE_SIZE)
+
+struct wire_reload {
+	uint32_t flags; /* reserved, 0 */
+};
+#define WIRE_RELOAD_SIZE 8
+
+struct wire_drain {
+	char feed[WIRE_NAME_MAX];
+};
+#define WIRE_DRAIN_SIZE WIRE_NAME_MAX
+
+/* Success of a RELOAD or DRAIN (a refusal or failure is an ERROR). */
+struct wire_admin_reply {
+	char message[WIRE_MESSAGE_MAX]; /* what was done, for the operator */
+};
+#define WIRE_ADMIN_REPLY_SIZE WIRE_MESSAGE_MAX
+
 /*
  * Header. Returns 0, or -EBADMSG (magic, version 0, type, reserved) /
  * -EMSGSIZE (length > max_length). Any non-zero version is returned for the
@@ -127,6 +186,11 @@ int wire_encode_attach_reply(void *buf, size_t cap, const struct wire_attach_rep
 int wire_encode_error(void *buf, size_t cap, const struct wire_error *m);
 int wire_encode_status(void *buf, size_t cap, const struct wire_status *m);
 int wire_encode_detach(void *buf, size_t cap);
+/* DEVICE_REPLY of WIRE_DEVICE_REPLY_SIZE(m->slot_count) payload bytes; m->handles may be NULL when slot_count is 0. */
+int wire_encode_device_reply(void *buf, size_t cap, const struct wire_device_reply *m);
+int wire_encode_reload(void *buf, size_t cap, const struct wire_reload *m);
+int wire_encode_drain(void *buf, size_t cap, const struct wire_drain *m);
+int wire_encode_admin_reply(void *buf, size_t cap, const struct wire_admin_reply *m);
 /* Header for a STATUS_REPLY whose payload (JSON text, no NUL) follows separately. */
 int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len);
 
@@ -141,6 +205,11 @@ int wire_decode_attach(const void *p, size_t len, struct wire_attach *ret);
 int wire_decode_attach_reply(const void *p, size_t len, struct wire_attach_reply *ret);
 int wire_decode_error(const void *p, size_t len, struct wire_error *ret);
 int wire_decode_status(const void *p, size_t len, struct wire_status *ret);
+/* ret->handles points into p. Also -EBADMSG for a kind/slot_count/n_fds that do not agree. */
+int wire_decode_device_reply(const void *p, size_t len, struct wire_device_reply *ret);
+int wire_decode_reload(const void *p, size_t len, struct wire_reload *ret);
+int wire_decode_drain(const void *p, size_t len, struct wire_drain *ret);
+int wire_decode_admin_reply(const void *p, size_t len, struct wire_admin_reply *ret);
 
 /* Name of a message type, for logs. */
 const char *wire_type_name(unsigned type);

@@ -1,9 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The control socket: accepts clients, speaks proto/wire.h, attaches
- * sessions, answers status requests. Runs on the main thread's libevent loop.
- * Every connection has bounded buffers and is dropped on the first protocol
- * violation; the daemon keeps serving everyone else.
+ * sessions, answers status requests and operator commands. Runs on the main
+ * thread's libevent loop. Every connection has bounded buffers and is
+ * dropped on the first protocol violation; peers are checked against the
+ * allow lists and the connection and memory limits; a peer whose process
+ * exits is noticed through a pidfd even while another process still holds
+ * its socket. The daemon keeps serving everyone else.
+ *
+ * The server holds a reference on each feed it serves. The feed list changes
+ * on reload (server_set_feeds): feeds that left the config, or whose
+ * definition changed, keep serving their attached clients as "draining" and
+ * are let go when the last one detaches.
  */
 #pragma once
 
@@ -12,25 +20,77 @@
 #include "daemon/conf/conf.h"
 #include "daemon/feed/feed.h"
 #include "daemon/feed/session.h"
+#include "daemon/gpu/gpu.h"
 
 struct event_base;
 struct server;
 
 struct server_config {
 	const char *socket_path;
-	unsigned ring_slots;
-	const char *gpu_status; /* "unavailable: <reason>" or "cuda:N" */
+	int listen_fd;          /* passed by the service manager (taken over), or -1: bind socket_path */
+	const char *gpu_status; /* "unavailable: <reason>" or "cuda: N devices" */
+	struct gpu *gpu;        /* device attachments (daemon/gpu); NULL or unavailable: host-only */
+	/*
+	 * An operator's RELOAD: re-read the config and apply it (server_configure,
+	 * server_set_feeds). Returns 0 with a summary in msg, or a negative errno
+	 * with the reason (the old config stays).
+	 */
+	int (*reload)(void *userdata, char *msg, size_t msglen);
+	void *userdata;
+};
+
+/* Why connections were refused or dropped (status: daemon.refused / daemon.dropped). */
+struct server_counters {
+	uint64_t accepted;            /* connections accepted, refused ones included */
+	uint64_t refused_credentials; /* peer not in allow_users / allow_groups */
+	uint64_t refused_limit;       /* max_connections or max_connections_per_uid reached */
+	uint64_t refused_memory;      /* attach over client_/uid_/memory_max */
+	uint64_t refused_admin;       /* RELOAD/DRAIN from an unprivileged peer */
+	uint64_t protocol_errors;     /* connections dropped for breaking the protocol: the sum of: */
+	uint64_t bad_magic, bad_version, unknown_type, oversized, bad_message, passed_fds, unread_output,
+		ring_protocol;
+	uint64_t clients_reaped;      /* connections closed because the peer process exited (pidfd) */
+	uint64_t stuck_clients;       /* times a client was reported for consuming nothing */
 };
 
 /*
- * Binds the socket and starts serving the given feeds (the server takes a
- * reference on each). Returns 0 or a negative errno with a message in err.
+ * Starts listening (on cfg->listen_fd, or by binding cfg->socket_path with
+ * the config's mode and group) and serves the given feeds (the server takes
+ * a reference on each) under the policy of conf. Returns 0 or a negative
+ * errno with a message in err.
  */
-int server_new(struct event_base *base, const struct server_config *cfg, struct producer *producer,
-	       struct feed **feeds, size_t n_feeds, struct server **ret, char *err, size_t errlen);
+int server_new(struct event_base *base, const struct server_config *cfg, const struct conf *conf,
+	       struct producer *producer, struct feed **feeds, size_t n_feeds, struct server **ret, char *err,
+	       size_t errlen);
+
+/* Applies a (re-read) config's policy: ring_slots, allow lists, limits. Returns 0 or -ENOMEM. */
+int server_configure(struct server *s, const struct conf *conf);
+
+/*
+ * Serves `feeds` from now on (taking a reference on each). A running feed of
+ * the same name that is ready, not draining and has the same fingerprint is
+ * kept instead of the new one, so its clients notice nothing. Others that
+ * are no longer listed drain. Writes a one-line summary into msg.
+ */
+void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, char *msg, size_t msglen);
+
+/* Feed `name` takes no new attaches; attached clients stream on. Returns 0, or -ENOENT (message in msg). */
+int server_drain(struct server *s, const char *name, char *msg, size_t msglen);
 
 /* Stops accepting, tells attached clients the daemon is stopping, and frees everything. */
 struct server *server_free(struct server *s);
 
 /* The status document (docs/protocol.md#status), as JSON text (caller frees). */
 char *server_status_json(struct server *s);
+
+/* The one-line summary for the service manager's STATUS=: feeds, clients, tokens/s, worst stall. */
+void server_status_line(struct server *s, char *buf, size_t len);
+
+/*
+ * Whether the pipeline makes progress: returns 0, or 1 with a description of
+ * the first stuck stage in buf when a session has had a batch in the worker
+ * pool for longer than stuck_ns without one being published.
+ */
+int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len);
+
+void server_counters(const struct server *s, struct server_counters *ret);

@@ -216,13 +216,13 @@ static void test_attach(void)
 	bad.flags = 0; /* a cursor, but no RESUME */
 	attach_rejected("a cursor without RESUME", &bad);
 	bad = m;
-	bad.flags = 1u << 1;
-	attach_rejected("unknown flag bit 1", &bad);
+	bad.flags = 1u << 3;
+	attach_rejected("unknown flag bit 3", &bad);
 	bad = c;
 	bad.flags = WIRE_ATTACH_RESUME | 1u << 31;
 	attach_rejected("unknown flag bit 31", &bad);
 
-	/* The reserved word after flags must be 0. */
+	/* The device word after flags must be 0 without WIRE_ATTACH_DEVICE. */
 	p = encoded(wire_encode_attach(buf, sizeof(buf), &m), WIRE_ATTACH, WIRE_ATTACH_SIZE);
 	buf[WIRE_HEADER_SIZE + 12] = 1;
 	CHECK_INT(wire_decode_attach(buf + WIRE_HEADER_SIZE, WIRE_ATTACH_SIZE, &d), -EBADMSG);

@@ -1,0 +1,389 @@
+# SPDX-License-Identifier: MIT
+"""Hostile and buggy clients against a real feedd (issue #8, server side):
+bytes that are not the protocol, oversized and unknown messages, wrong
+versions, file descriptors nobody asked for, a tail past the ring, floods of
+connections, peers the allow lists refuse, rings over the memory limits, a
+client that dies while a child still holds its socket, and one that stops
+consuming. Each is refused or disconnected, counted in `feedctl status
+--json`, logged once, and the daemon keeps serving a well-behaved client
+throughout.
+
+The raw protocol is spoken here from docs/protocol.md, not through libfeed,
+so the test can say what libfeed never would.
+"""
+
+import array
+import mmap
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import FEEDCTL, feed_conf, gen_megatron, open_fds
+
+MAGIC = 0x57444546
+HELLO, HELLO_REPLY, ATTACH, ATTACH_REPLY, ERROR, STATUS, STATUS_REPLY, DETACH = range(1, 9)
+NAME_MAX, CURSOR_MAX, MESSAGE_MAX = 64, 512, 512
+
+
+def header(type_, length, version=1, magic=MAGIC, reserved=0):
+    return struct.pack("<IHHII", magic, version, type_, length, reserved)
+
+
+def hello(min_v=1, max_v=1, name=b"hostile"):
+    return header(HELLO, 40) + struct.pack("<HHI32s", min_v, max_v, os.getpid(), name)
+
+
+def attach(feed, rank=0, world=1):
+    return header(ATTACH, 16 + NAME_MAX + CURSOR_MAX) + struct.pack(
+        f"<IIII{NAME_MAX}s{CURSOR_MAX}s", rank, world, 0, 0, feed.encode(), b"")
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    return s
+
+
+def recv_exact(s, n, fds=None):
+    buf = b""
+    while len(buf) < n:
+        if fds is None:
+            chunk = s.recv(n - len(buf))
+        else:
+            chunk, got, _, _ = socket.recv_fds(s, n - len(buf), 8)
+            fds.extend(got)
+        if not chunk:
+            raise ConnectionResetError("EOF")
+        buf += chunk
+    return buf
+
+
+def recv_msg(s, fds=None):
+    magic, version, type_, length, _ = struct.unpack("<IHHII", recv_exact(s, 16, fds))
+    assert magic == MAGIC and version == 1
+    return type_, recv_exact(s, length, fds) if length else b""
+
+
+def error_of(payload):
+    code, _ = struct.unpack("<iI", payload[:8])
+    return code, payload[8:].split(b"\0", 1)[0].decode()
+
+
+def closed_by_peer(s, timeout=5):
+    """True when the daemon closed the connection (EOF or reset) within timeout; replies before it are skipped."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def status(sock_path):
+    import json
+    p = subprocess.run([str(FEEDCTL), "--socket", sock_path, "status", "--json"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture
+def data(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    gen_megatron.main([str(d), "--shards", "2", "--docs-per-shard", "200", "--mean-len", "300", "--seed", "5"])
+    return d
+
+
+def web(data, extra=""):
+    return extra + feed_conf("web", f"{data}/shard_*.idx", seq_len=64, batch_size=2)
+
+
+def batches_of(proc_out):
+    return [l for l in proc_out.splitlines() if l.startswith("batch")]
+
+
+def test_protocol_abuse_is_dropped_counted_logged_once_and_others_stream_on(daemon, data, tmp_path):
+    d = daemon(web(data))
+    base = open_fds(d.proc.pid)
+    ref = d.client("web", 0, 1, 300)
+    ref_out, _ = ref.communicate(timeout=60)
+    good = d.client("web", 0, 1, 300, sleep_ms=2)  # streams through all of what follows
+
+    cases = {
+        "bad_magic": [b"GET / HTTP/1.1\r\nHost: feedd\r\n\r\n"],
+        "oversized": [header(HELLO, 1 << 20)],
+        "unknown_type": [header(200, 0)],
+        "bad_version": [hello(), header(STATUS, 8, version=2) + b"\0" * 8],
+        "bad_message": [header(ATTACH, 0)],             # before HELLO, and empty
+    }
+    for kind, msgs in cases.items():
+        s = connect(d.socket)
+        for m in msgs:
+            s.sendall(m)
+        assert closed_by_peer(s), f"{kind}: still connected"
+        s.close()
+
+    # A truncated payload after a good HELLO.
+    s = connect(d.socket)
+    s.sendall(hello())
+    assert recv_msg(s)[0] == HELLO_REPLY
+    s.sendall(header(STATUS, 4) + b"\0" * 4)
+    assert closed_by_peer(s)
+    s.close()
+
+    # A HELLO of versions this daemon does not speak gets an answer, then the door.
+    s = connect(d.socket)
+    s.sendall(hello(7, 9))
+    t, p = recv_msg(s)
+    assert t == ERROR
+    code, text = error_of(p)
+    assert code == -93, (code, text)  # -EPROTONOSUPPORT
+    assert "protocol versions 7..9 are not supported" in text
+    assert closed_by_peer(s)
+    s.close()
+
+    # File descriptors nobody asked for.
+    s = connect(d.socket)
+    r, w = os.pipe()
+    socket.send_fds(s, [hello()], [r, w])
+    os.close(r)
+    os.close(w)
+    assert closed_by_peer(s)
+    s.close()
+
+    out, err = good.communicate(timeout=120)
+    assert good.returncode == 0, err
+    assert batches_of(out) == batches_of(ref_out), "the well-behaved client's stream changed"
+
+    st = status(d.socket)["daemon"]
+    dropped = st["dropped"]
+    assert dropped["bad_magic"] == 1 and dropped["oversized"] == 1 and dropped["unknown_type"] == 1
+    assert dropped["bad_version"] == 2 and dropped["bad_message"] == 2 and dropped["passed_fds"] == 1
+    assert st["protocol_errors"] == sum(dropped.values()) == 8
+    log = d.log_text()
+    for needle in ["not a feedd message (magic", "sent a message of 1048576 bytes", "unknown message type 200",
+                   "protocol version 2", "speaks protocol versions 7..9", "sent file descriptors"]:
+        assert log.count(needle) == 1, (needle, log)
+    assert open_fds(d.proc.pid) == base, "a dropped connection left an fd behind"
+
+
+def test_a_tail_past_the_ring_stops_that_client_only(daemon, data):
+    d = daemon(web(data))
+    good = d.client("web", 1, 2, 200, sleep_ms=2)
+    s = connect(d.socket)
+    s.sendall(hello())
+    assert recv_msg(s)[0] == HELLO_REPLY
+    s.sendall(attach("web", 0, 2))
+    fds = []
+    t, p = recv_msg(s, fds)
+    assert t == ATTACH_REPLY and len(fds) == 4, (t, p)
+    ring_fd, cons_fd, data_efd, space_efd = fds
+    cons = mmap.mmap(cons_fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    cons[64:72] = struct.pack("<Q", 1 << 40)  # tail: released far more than was ever published
+    os.write(space_efd, struct.pack("<Q", 1))
+    t, p = recv_msg(s)
+    assert t == ERROR and error_of(p)[0] == -71, error_of(p)  # -EPROTO
+    assert closed_by_peer(s)
+    cons.close()
+    for fd in fds:
+        os.close(fd)
+    s.close()
+    out, err = good.communicate(timeout=60)
+    assert good.returncode == 0 and len(batches_of(out)) == 200, err
+    st = status(d.socket)["daemon"]
+    assert st["dropped"]["ring_protocol"] == 1
+
+
+def test_connection_flood_is_refused_past_the_limit(daemon, data):
+    d = daemon(web(data, "[feedd]\nmax_connections = 8\nmax_connections_per_uid = 8\n"))
+    good = d.client("web", 0, 1, 10**6, sleep_ms=5)
+    assert good.stdout.readline() == "attached\n"
+    flood = []
+    refused = 0
+    for _ in range(50):
+        s = connect(d.socket)
+        s.sendall(hello())
+        t, p = recv_msg(s)
+        if t == ERROR:
+            code, text = error_of(p)
+            assert code == -87 and "max_connections" in text, (code, text)  # -EUSERS
+            assert closed_by_peer(s)
+            s.close()
+            refused += 1
+        else:
+            assert t == HELLO_REPLY
+            flood.append(s)
+    assert len(flood) == 7 and refused == 43  # 8 connections, the streaming client's among them
+    # The streaming client never noticed.
+    line = good.stdout.readline()
+    assert line.startswith("batch"), line
+    for s in flood:
+        s.close()
+    time.sleep(0.3)
+    st = status(d.socket)["daemon"]  # a new connection is welcome again
+    assert st["refused"]["limit"] == 43
+    # One line for the first refusal of a second, one summing up the rest at the next tick: not 43.
+    deadline = time.time() + 3
+    while not re.search(r"\d+ more connections refused in the last second \(over a connection limit\)", d.log_text()):
+        assert time.time() < deadline, d.log_text()
+        time.sleep(0.1)
+    assert 1 <= d.log_text().count("refused: max_connections") <= 3, d.log_text()
+    good.kill()
+    good.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user (setpriv)")
+def test_allow_lists_refuse_other_users_with_pid_and_uid_logged(tmp_path, data):
+    from conftest import Daemon
+    sockdir = tempfile.mkdtemp(prefix="feedd-hostile-")
+    os.chmod(sockdir, 0o755)
+    nobody = pwd.getpwnam("nobody")
+    conf = web(data, "[feedd]\nsocket_mode = 0666\nallow_users = daemon\n")
+    d = Daemon(sockdir, conf)  # its socket under a directory nobody may traverse into
+    try:
+        as_nobody = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                     str(FEEDCTL), "--socket", d.socket, "status"]
+        p = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30)
+        # libfeed's connect reports the code (the daemon's ERROR says -EACCES); the log has who it was.
+        assert p.returncode == 1 and "permission denied" in p.stderr and "allow_users" in p.stderr, p.stderr
+        log = d.log_text()
+        assert re.search(rf"connection from pid \d+ \(uid {nobody.pw_uid}, gid {nobody.pw_gid}\) refused: "
+                         r"not in allow_users or allow_groups", log), log
+        assert status(d.socket)["daemon"]["refused"]["credentials"] == 1  # root always may
+
+        # Allowed by group instead: a reload applies it.
+        d.conf.write_text(conf.replace("allow_users = daemon", f"allow_groups = {nobody.pw_gid}"))
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while "reloaded" not in d.log_text():
+            assert time.time() < deadline
+            time.sleep(0.05)
+        p = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+    finally:
+        assert d.stop() == 0
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def test_ring_memory_limits_refuse_attaches_with_a_clear_error(daemon, data, tmp_path):
+    # One ring of 4 slots x (1024 + ~3*2*64*4 -> 4096) + 4096 header + 8192 consumer page = 28672 bytes.
+    d = daemon(web(data, "[feedd]\nmemory_max = 60000\n"))
+    a = d.client("web", 0, 3, 10**6, hold=True)
+    b = d.client("web", 1, 3, 10**6, hold=True)
+    assert a.stdout.readline() == "attached\n" and b.stdout.readline() == "attached\n"
+    c = d.client("web", 2, 3, 10)
+    out, err = c.communicate(timeout=30)
+    assert c.returncode == 1
+    assert "passes feedd's memory_max (60000 bytes)" in err, err
+    st = status(d.socket)["daemon"]
+    assert st["refused"]["memory"] == 1 and st["ring_memory_bytes"] == 2 * 28672
+    a.kill()
+    a.wait()
+    deadline = time.time() + 5
+    while status(d.socket)["daemon"]["ring_memory_bytes"] != 28672:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    c = d.client("web", 2, 3, 10)
+    c.communicate(timeout=30)
+    assert c.returncode == 0
+    b.kill()
+    b.wait()
+
+    p = d.ctl("dump", "web", "--batches", "1", "--out", str(tmp_path / "o"), check=False)
+    assert p.returncode == 0
+
+
+def test_client_memory_max_is_per_ring(daemon, data):
+    d = daemon(web(data, "[feedd]\nclient_memory_max = 16K\n"))
+    c = d.client("web", 0, 1, 10)
+    _, err = c.communicate(timeout=30)
+    assert c.returncode == 1 and "passes feedd's client_memory_max (16384 bytes)" in err, err
+
+
+CHILD_HOLDS_SOCKET = r"""
+import os, socket, struct, sys, time
+sys.path.insert(0, sys.argv[2])
+from test_hostile import hello, attach, recv_msg, connect
+s = connect(sys.argv[1])
+s.sendall(hello())
+recv_msg(s)
+s.sendall(attach("web"))
+fds = []
+t, _ = recv_msg(s, fds)
+assert t == 4, t
+child = os.fork()
+if child == 0:              # the child inherits the socket and the ring, and lives on
+    time.sleep(120)
+    os._exit(0)
+print("attached", child, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_dead_client_is_reclaimed_within_a_second_even_if_its_socket_lives_on(daemon, data):
+    d = daemon(web(data))
+    p = subprocess.Popen([sys.executable, "-c", CHILD_HOLDS_SOCKET, d.socket, os.path.dirname(__file__)],
+                         stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        word, child = p.stdout.readline().split()
+        assert word == "attached"
+        st = status(d.socket)
+        assert len(st["clients"]) == 1 and st["clients"][0]["pid"] == p.pid
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t0 = time.time()
+        while status(d.socket)["clients"]:
+            assert time.time() - t0 < 1.0, "the dead client's ring was not reclaimed within a second"
+            time.sleep(0.05)
+        st = status(d.socket)
+        assert st["daemon"]["clients_reaped"] == 1 and st["feeds"][0]["clients"] == 0
+        assert f"(pid {p.pid}, uid {os.getuid()}): the process exited; reclaiming its ring" in d.log_text()
+    finally:
+        p.kill()
+        p.wait()
+        if child:
+            try:
+                os.kill(int(child), signal.SIGKILL)  # the orphan that still held the socket
+            except ProcessLookupError:
+                pass
+
+
+def test_a_client_that_stops_consuming_is_reported_and_blocks_nobody(daemon, data):
+    d = daemon(web(data, "[feedd]\nstuck_client_s = 1\n"))
+    stuck = d.client("web", 0, 2, 10**6, hold=True)
+    assert stuck.stdout.readline() == "attached\n"
+    assert stuck.stdout.readline().startswith("batch")
+    good = d.client("web", 1, 2, 400)
+    deadline = time.time() + 10
+    while True:
+        st = status(d.socket)
+        mine = [c for c in st["clients"] if c["pid"] == stuck.pid]
+        if mine and mine[0]["stuck"]:
+            break
+        assert time.time() < deadline, st
+        time.sleep(0.2)
+    out, err = good.communicate(timeout=60)
+    assert good.returncode == 0 and len(batches_of(out)) == 400, err
+    assert st["daemon"]["stuck_clients"] == 1
+    assert mine[0]["idle_s"] >= 1
+    log = d.log_text()
+    assert log.count("has released no batch for") == 1, log
+    assert re.search(rf"client \d+ \(pid {stuck.pid}, uid \d+\) on feed web rank 0/2 has released no batch", log)
+    stuck.kill()
+    stuck.wait()
