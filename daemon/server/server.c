@@ -1368,8 +1368,12 @@ void server_status_line(struct server *s, char *buf, size_t len)
 	int k = snprintf(buf, len, "%zu feeds (%zu failed, %zu draining), %zu clients, %s tokens/s", s->n_feeds, failed,
 			 draining, clients, rate);
 	if (worst && k >= 0 && (size_t)k < len)
-		snprintf(buf + k, len - (size_t)k, ", worst stall %.1f%% (%s rank %u/%u)", worst->stall_pct,
-			 worst->session->feed->name, worst->session->rank, worst->session->world);
+		k += snprintf(buf + k, len - (size_t)k, ", worst stall %.1f%% (%s rank %u/%u)", worst->stall_pct,
+			      worst->session->feed->name, worst->session->rank, worst->session->world);
+	/* The worst diagnosis says why, when anything is worth saying. */
+	char diag[256];
+	if (clients && telemetry_worst(diag, sizeof(diag)) > 0 && k >= 0 && (size_t)k < len)
+		snprintf(buf + k, len - (size_t)k, "; %s", diag);
 }
 
 int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len)
