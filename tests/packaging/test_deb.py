@@ -90,7 +90,7 @@ def test_every_promised_file_is_packaged(debs):
                   "/lib/systemd/system/feedd.service", "/lib/systemd/system/feedd.socket",
                   "/usr/lib/sysusers.d/feedd.conf", "/usr/share/man/man8/feedd.8.gz",
                   "/usr/share/man/man1/feedctl.1.gz", "/usr/share/man/man5/feedd.conf.5.gz",
-                  "/usr/share/doc/feedd/copyright", "/usr/share/doc/feedd/examples/metrics.conf"],
+                  "/usr/share/doc/feedd/copyright"],
         "libfeed0": [f"/usr/lib/{ma}/libfeed.so.0"],
         "libfeed-dev": ["/usr/include/feed/feed.h", f"/usr/lib/{ma}/libfeed.so",
                         f"/usr/lib/{ma}/pkgconfig/libfeed.pc", "/usr/share/man/man3/libfeed.3.gz"],

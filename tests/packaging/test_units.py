@@ -3,7 +3,6 @@
 the promises feedd depends on (notify, watchdog, socket, sandbox with the GPU
 reachable, io_uring allowed by the syscall filter)."""
 
-import configparser
 import re
 import shutil
 
@@ -14,7 +13,6 @@ from conftest import BUILD, SRC, man_dir, need, run
 # The exposure systemd-analyze security reported when the units were written
 # (docs/packaging.md). Loosening the sandbox past this fails the test.
 MAX_EXPOSURE = 1.0
-MAX_EXPOSURE_WITH_METRICS = 1.7
 
 
 def unit_text():
@@ -82,26 +80,6 @@ def test_security_exposure(units):
     d, env = units
     level, report = exposure(d / "feedd.service", env)
     assert level <= MAX_EXPOSURE, report
-
-
-def test_metrics_dropin_opens_only_what_it_needs(units, tmp_path):
-    """With packaging/metrics.conf merged in, the unit still verifies, may use
-    AF_INET, and stays within its exposure bound."""
-    d, env = units
-    drop = configparser.ConfigParser(strict=False, interpolation=None)
-    drop.optionxform = str
-    drop.read(SRC / "packaging" / "metrics.conf")
-    text = (d / "feedd.service").read_text()
-    for key, value in drop["Service"].items():
-        text, n = re.subn(rf"^{key}=.*$", f"{key}={value}", text, flags=re.M)
-        if n == 0:
-            text = text.replace("[Install]", f"{key}={value}\n\n[Install]")
-    (d / "feedd.service").write_text(text)
-    p = verify(d, env)
-    assert p.returncode == 0 and p.stdout + p.stderr == "", p.stdout + p.stderr
-    level, report = exposure(d / "feedd.service", env)
-    assert "AF_INET" in parse(text)["Service"]["RestrictAddressFamilies"][-1]
-    assert level <= MAX_EXPOSURE_WITH_METRICS, report
 
 
 def test_service_promises():
