@@ -7,7 +7,12 @@ set -eu
 PKGS="build-essential meson ninja-build pkg-config
 liburing-dev libevent-dev libinih-dev libjansson-dev libsystemd-dev
 libpcre2-dev libzstd-dev zlib1g-dev libunistring-dev
-python3 python3-numpy python3-pytest python3-torch"
+python3 python3-numpy python3-pytest python3-torch
+systemd util-linux
+gnuplot-nox
+fio python3-matplotlib libopenblas0-pthread
+scdoc man-db groff-base dpkg-dev debhelper dh-python lintian
+clang libclang-rt-14-dev valgrind"
 # The tokenizer tests fetch their peers from the npm registry; a machine that
 # already has node and npm (not from Debian) keeps them.
 command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"

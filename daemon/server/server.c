@@ -245,7 +245,8 @@ static int queue(struct conn *c, const void *data, size_t len, const int *fds, u
 	m->len = len;
 	m->off = 0;
 	m->n_fds = n_fds;
-	memcpy(m->fds, fds, sizeof(int) * n_fds);
+	if (n_fds) /* fds may be NULL: memcpy(x, NULL, 0) is undefined (UBSan) */
+		memcpy(m->fds, fds, sizeof(int) * n_fds);
 	memcpy(m->data, data, len);
 	if (c->out_tail)
 		c->out_tail->next = m;
