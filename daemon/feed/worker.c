@@ -187,6 +187,7 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 		     io->depth_n > io_depth_n ? io->depth_sum - io_depth_sum : (c.n > 0),
 		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c.n > 0));
 	stage_begin(&stage_clock, false);
+	const uint64_t vocab = f->tok ? tok_vocab_size(f->tok) : 0;
 	for (size_t i = 0; i < c.n; i++) {
 		const struct widen_run *run = &w->runs[i];
 		const struct megatron_shard *sh = f->shards[run->shard];
@@ -196,6 +197,21 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
 				 run->byte_offset + bad * sh->itemsize);
 			return r;
+		}
+		if (vocab) {
+			/* A feed that names its tokenizer knows its vocabulary: an id past it is a corrupt shard. */
+			const int32_t *t = AT(run->pos);
+			int32_t max = 0;
+			for (size_t k = 0; k < run->n; k++)
+				max = t[k] > max ? t[k] : max;
+			if ((uint64_t)max >= vocab) {
+				size_t k = 0;
+				while ((uint64_t)t[k] < vocab)
+					k++;
+				snprintf(err, errlen, "%s: token at byte %" PRIu64 " is %" PRId32 ", beyond the tokenizer's vocabulary of %" PRIu64 " ids",
+					 sh->bin_path, run->byte_offset + k * sh->itemsize, t[k], vocab);
+				return -ERANGE;
+			}
 		}
 	}
 

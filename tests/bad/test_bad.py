@@ -253,9 +253,6 @@ def test_a_1gib_single_line_document_is_skipped_counted_and_never_read_into_memo
     assert rss_mib(d.proc.pid) < 200, f"feedd peaked at {rss_mib(d.proc.pid):.0f} MiB for a 1 GiB line"
 
 
-@pytest.mark.xfail(strict=True, reason="feedd does not check a Megatron feed's token ids against the vocabulary "
-                                       "of the feed's tokenizer (issue #8: 'token id beyond the tokenizer's "
-                                       "vocabulary, when known'); the ids are served as they are")
 def test_a_token_id_beyond_the_tokenizers_vocabulary_names_file_and_byte(daemon, corpus, tmp_path):
     import numpy as np
     import gen_megatron
