@@ -199,6 +199,19 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* Appends decompressed bytes to the copy in the cache and indexes them. */
+static int emit(struct builder *b, int out_fd, const uint8_t *data, size_t n, char *err, size_t errlen)
+{
+	if (!n)
+		return 0;
+	int r = write_all(out_fd, data, n);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", b->s->path, strerror(-r));
+		return r;
+	}
+	return scan(b, data, n);
+}
+
 /*
  * Decompresses in[0..n) (compressed bytes from `in_pos` on), appending the
  * output to out_fd and scanning it. Returns 0 or a negative errno with a
@@ -231,16 +244,8 @@ static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_
 						 in_pos + used + (before - d->z.avail_in), d->z.msg ? d->z.msg : "inflate failed");
 					return -EBADMSG;
 				}
-				size_t got = out_cap - d->z.avail_out;
-				if (got) {
-					if ((r = write_all(out_fd, out, got)) < 0) {
-						snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", path,
-							 strerror(-r));
-						return r;
-					}
-					if ((r = scan(b, out, got)) < 0)
-						return r;
-				}
+				if ((r = emit(b, out_fd, out, out_cap - d->z.avail_out, err, errlen)) < 0)
+					return r;
 			} while (zr == Z_OK && d->z.avail_out == 0);
 			used += before - d->z.avail_in;
 			if (zr == Z_STREAM_END)
@@ -267,14 +272,8 @@ static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_
 		if (ob.pos || ib.pos != at)
 			d->zs_last = zr;
 		full = ob.pos == ob.size;
-		if (ob.pos) {
-			if ((r = write_all(out_fd, out, ob.pos)) < 0) {
-				snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", path, strerror(-r));
-				return r;
-			}
-			if ((r = scan(b, out, ob.pos)) < 0)
-				return r;
-		}
+		if ((r = emit(b, out_fd, out, ob.pos, err, errlen)) < 0)
+			return r;
 	}
 	return 0;
 }
@@ -353,6 +352,18 @@ static int cache_store(const struct text_shard *s, const char *idx_path, uint64_
 	return r;
 }
 
+/* Forgets an index that turned out unusable, so it is built afresh. */
+static void drop_index(struct text_shard *s)
+{
+	free(s->offsets);
+	free(s->lines);
+	free(s->lengths);
+	s->offsets = NULL;
+	s->lines = NULL;
+	s->lengths = NULL;
+	s->n_docs = 0;
+}
+
 /*
  * Loads a cached index if it describes this very source (identity, kind,
  * codec, document size limit) and is intact. Returns 1 when loaded, 0 when
@@ -409,13 +420,7 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct io_read
 		     (i == 0 || offsets[i] > offsets[i - 1]);
 	}
 	if (!ok) {
-		free(s->offsets);
-		free(s->lines);
-		free(s->lengths);
-		s->offsets = NULL;
-		s->lines = NULL;
-		s->lengths = NULL;
-		s->n_docs = 0;
+		drop_index(s);
 		return 0;
 	}
 	return 1;
@@ -606,13 +611,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct io_reader
 			struct stat dst;
 			if (stat(data_path, &dst) < 0 || (uint64_t)dst.st_size != s->bytes) {
 				s->cached = false;
-				free(s->offsets);
-				free(s->lengths);
-				free(s->lines);
-				s->offsets = NULL;
-				s->lengths = NULL;
-				s->lines = NULL;
-				s->n_docs = 0;
+				drop_index(s);
 			}
 		}
 	}
