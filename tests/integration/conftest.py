@@ -130,6 +130,18 @@ class Daemon:
         return self.proc.returncode
 
 
+def assert_batches_equal(got, exp, first=0):
+    """A dump equals the reference's batches, or the first difference is named."""
+    assert got["input_ids"].shape[0] == len(exp)
+    for i, e in enumerate(exp):
+        for k in ("input_ids", "labels", "position_ids"):
+            if not np.array_equal(got[k][i], e[k]):
+                bad = np.argwhere(got[k][i] != e[k])[0]
+                raise AssertionError(f"batch {first + i}: {k} differs first at {tuple(bad)}: "
+                                     f"got {got[k][i][tuple(bad)]}, expected {e[k][tuple(bad)]}")
+        assert np.array_equal(got["cu_seqlens"][i], e["cu_seqlens"]), f"batch {first + i}: cu_seqlens differ"
+
+
 def load_dump(out):
     out = Path(out)
     d = {k: np.load(out / f"{k}.npy") for k in ("input_ids", "labels", "position_ids")}

@@ -15,18 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import feed_conf, gen_megatron, load_dump, open_fds, reference
-
-
-def assert_batches_equal(got, exp, first=0):
-    assert got["input_ids"].shape[0] == len(exp)
-    for i, e in enumerate(exp):
-        for k in ("input_ids", "labels", "position_ids"):
-            if not np.array_equal(got[k][i], e[k]):
-                bad = np.argwhere(got[k][i] != e[k])[0]
-                raise AssertionError(f"batch {first + i}: {k} differs first at {tuple(bad)}: "
-                                     f"got {got[k][i][tuple(bad)]}, expected {e[k][tuple(bad)]}")
-        assert np.array_equal(got["cu_seqlens"][i], e["cu_seqlens"]), f"batch {first + i}: cu_seqlens differ"
+from conftest import assert_batches_equal, feed_conf, gen_megatron, load_dump, open_fds, reference
 
 
 @pytest.mark.parametrize("world,rank,bos,eos,shuffle", [

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BUILD, FEEDCTL, SRC, feed_ref
+from conftest import BUILD, FEEDCTL, SRC, assert_batches_equal, feed_ref
 
 TOKDATA = BUILD / "tokdata"
 RANKS = TOKDATA / "ranks" / "cl100k_base.tiktoken"
@@ -30,17 +30,6 @@ pytestmark = pytest.mark.skipif(
     not RANKS.exists() or not (TOKDATA / "node_modules" / "tiktoken").exists() or not shutil.which("node")
     or not shutil.which("zstd"),
     reason="tokenizer data (scripts/fetch-tok-data.sh), node or zstd missing")
-
-
-def assert_batches_equal(got, exp, first=0):
-    assert got["input_ids"].shape[0] == len(exp)
-    for i, e in enumerate(exp):
-        for k in ("input_ids", "labels", "position_ids"):
-            if not np.array_equal(got[k][i], e[k]):
-                bad = np.argwhere(got[k][i] != e[k])[0]
-                raise AssertionError(f"batch {first + i}: {k} differs first at {tuple(bad)}: "
-                                     f"got {got[k][i][tuple(bad)]}, expected {e[k][tuple(bad)]}")
-        assert np.array_equal(got["cu_seqlens"][i], e["cu_seqlens"]), f"batch {first + i}: cu_seqlens differ"
 
 
 def tiktoken_ids(texts, tmp):
