@@ -26,6 +26,18 @@ import gen_megatron  # noqa: E402,F401  (re-exported for the experiments)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def arg_parser():
+    """The options every experiment takes: --build, --full, --rounds, --json, --note."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(SRC / "build"))
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json")
+    ap.add_argument("--note")
+    return ap
+
+
 def machine(note=None):
     """One line naming the machine this run measured."""
     mem = 0

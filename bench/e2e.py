@@ -22,7 +22,6 @@ mean step time.
   bench/e2e.py [--build build] [--full] [--steps N] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -72,13 +71,8 @@ def repeat(batch):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--full", action="store_true")
+    ap = common.arg_parser()
     ap.add_argument("--steps", type=int)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json")
-    ap.add_argument("--note")
     a = ap.parse_args()
     build = Path(a.build).resolve()
     steps, B, L = SIZES["full" if a.full else "default"]

@@ -23,7 +23,6 @@ Rows, all on the same Megatron shards (u16, lognormal document lengths):
   bench/io.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
-import argparse
 import json
 import os
 import random
@@ -101,12 +100,7 @@ def write_doc_files(idx, binf, outdir, n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--full", action="store_true")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json")
-    ap.add_argument("--note")
+    ap = common.arg_parser()
     a = ap.parse_args()
     build = Path(a.build).resolve()
     if not shutil.which("fio"):

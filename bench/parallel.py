@@ -82,12 +82,7 @@ def run_feedd(build, tmp, shards, threads, batches):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--full", action="store_true")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json")
-    ap.add_argument("--note")
+    ap = common.arg_parser()
     ap.add_argument("--dl-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--shards", help=argparse.SUPPRESS)
     ap.add_argument("--batches", type=int, help=argparse.SUPPRESS)

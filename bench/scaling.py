@@ -21,7 +21,6 @@ must stay flat: every row prints its ratio to the first row of its sweep.
   bench/scaling.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -101,12 +100,7 @@ def gen(tmp, name, shards, docs, mean_len=800):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--full", action="store_true")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json")
-    ap.add_argument("--note")
+    ap = common.arg_parser()
     a = ap.parse_args()
     build = Path(a.build).resolve()
     sz = SIZES["full" if a.full else "default"]
