@@ -13,8 +13,8 @@
 # --results  where the raw results go (default: a new /tmp/feedd-bench.*)
 # --no-doc   print the tables, leave docs/ alone
 # --note     words added to every table's machine line ("loaded by ...")
-# --only     a subset of: io parallel starvation padding gpu_h2d e2e scaling
-#            spine tok
+# --only     a subset of: io parallel starvation padding gpu_h2d gpu_trainer e2e scaling
+#            spine tok textpath
 #
 # Experiments 3, 4 and 5 belong to other parts of the tree (bench/starvation.py,
 # bench/padding.*, bench/gpu_h2d.*): they are run as they are when present,
@@ -30,7 +30,7 @@ rounds=2
 results=""
 doc=1
 note=""
-only="io parallel starvation padding gpu_h2d e2e scaling spine tok"
+only="io parallel starvation padding gpu_h2d gpu_trainer e2e scaling spine tok textpath"
 py=/usr/bin/python3
 
 while [ $# -gt 0 ]; do
@@ -111,8 +111,11 @@ experiment parallel parallel
 foreign starvation
 foreign padding
 foreign gpu_h2d
+foreign gpu_trainer
 experiment e2e e2e
 experiment scaling scaling
+# Needs the corpus of scripts/fetch-tok-data.sh and bench/tok/bench-tok.
+experiment textpath textpath
 
 # The figures of the spine and tokenizer sections are kept by hand in the
 # doc; this run prints its own for comparison.

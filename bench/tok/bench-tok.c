@@ -5,15 +5,21 @@
  * vocabulary.
  *
  *   bench-tok [--encoding cl100k_base] [--no-peers] [--repeat N]
+ *   bench-tok --threads T [--encoding E] [--repeat N]
  *
  * Prints, per encoding: PCRE2 JIT splitting alone (the floor), feedd on one
  * thread, feedd on two threads (each encodes half of the documents; scaling
  * = MB/s(2) / (2 * MB/s(1))), then runs bench/tok/peers.mjs (tiktoken npm
  * WASM, gpt-tokenizer, HF tokenizers on one thread) and prints feedd / peer
  * for each.  Data: scripts/fetch-tok-data.sh ($FEEDD_TOKDATA).
+ *
+ * With --threads T it times only feedd on T threads and prints one line per
+ * repetition, "threads T seconds S cpu_seconds C bytes B ids I docs D" (wall
+ * and process CPU time of the encoding alone), for bench/textpath.py.
  */
 #include <getopt.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +42,13 @@ static double now(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void) {
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double) ru.ru_utime.tv_sec + (double) ru.ru_utime.tv_usec * 1e-6 + (double) ru.ru_stime.tv_sec +
+	       (double) ru.ru_stime.tv_usec * 1e-6;
 }
 
 static int count_ids(const int32_t *ids, size_t n, void *userdata) {
@@ -143,11 +156,12 @@ int main(int argc, char **argv) {
 		{ "no-peers", no_argument, NULL, 'n' },
 		{ "repeat", required_argument, NULL, 'r' },
 		{ "peers-script", required_argument, NULL, 's' },
+		{ "threads", required_argument, NULL, 't' },
 		{ 0 },
 	};
 	const char *enc = "cl100k_base", *script = NULL;
 	bool peers = true;
-	int repeat = 3, c;
+	int repeat = 3, threads = 0, c;
 	struct tok *t = NULL;
 	char *error = NULL;
 
@@ -157,6 +171,7 @@ int main(int argc, char **argv) {
 		case 'n': peers = false; break;
 		case 'r': repeat = atoi(optarg); break;
 		case 's': script = optarg; break;
+		case 't': threads = atoi(optarg); break;
 		default: return 2;
 		}
 
@@ -186,6 +201,21 @@ int main(int argc, char **argv) {
 	if (tok_load_rankfile(rpath, enc, &t, &error) < 0) {
 		fprintf(stderr, "%s\n", error);
 		return 1;
+	}
+
+	if (threads > 0) {
+		if (threads > 8) {
+			fprintf(stderr, "--threads: at most 8\n");
+			return 2;
+		}
+		for (int rep = 0; rep < repeat; rep++) {
+			double c0 = cpu_now(), w = time_threads(t, docs, n_docs, len, threads, 1, &n_ids1);
+			printf("threads %d seconds %.6f cpu_seconds %.6f bytes %zu ids %zu docs %zu\n", threads, w,
+			       cpu_now() - c0, len, n_ids1, n_docs);
+			fflush(stdout);
+		}
+		tok_free(t);
+		return 0;
 	}
 
 	double ts = time_split(t, docs, n_docs, &pieces);

@@ -97,6 +97,7 @@ struct tok {
 	pcre2_code *re[TOK_MAX_REGEX];
 	size_t n_re;
 	bool keep_gaps;         /* HF Isolated keeps unmatched text; tiktoken drops it */
+	bool split_cl100k;      /* re[0] is tiktoken's cl100k_base pattern: ASCII text is split by hand */
 	bool nfc;
 
 	struct tok_added *added;
