@@ -187,24 +187,47 @@ static int recv_msg(feed_client *c, int timeout_ms, void **ret_payload, size_t *
 	return h.type;
 }
 
+/* Writes one line into err (may be NULL) and returns code. */
+static int connect_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int connect_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
 FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
+{
+	return feed_client_connect_err(socket_path, NULL, 0, ret);
+}
+
+FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size_t errlen, feed_client **ret)
 {
 	int saved = errno;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (wire_socket_path(socket_path, sa.sun_path, sizeof(sa.sun_path)) < 0)
-		return -ENAMETOOLONG;
+		return connect_fail(err, errlen, -ENAMETOOLONG, "the socket path is longer than %zu bytes",
+				    sizeof(sa.sun_path) - 1);
 
 	feed_client *c = calloc(1, sizeof(*c));
 	if (!c) {
 		errno = saved;
-		return -ENOMEM;
+		return connect_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	c->data_efd = c->space_efd = -1;
 	c->device = -1;
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int r = c->fd < 0 ? -errno : 0;
-	if (r == 0 && connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+	if (r < 0)
+		fail(c, r, "cannot create a socket: %s", feed_strerror(r));
+	if (r == 0 && connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = -errno;
+		fail(c, r, "cannot reach feedd at %s: %s", sa.sun_path, feed_strerror(r));
+	}
 	if (r == 0) {
 		struct wire_hello h = { .min_version = WIRE_VERSION, .max_version = WIRE_VERSION,
 					.pid = (uint32_t)getpid() };
@@ -219,6 +242,15 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 		uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_SIZE];
 		int n = wire_encode_hello(buf, sizeof(buf), &h);
 		r = n < 0 ? n : send_all(c, buf, (size_t)n);
+		/*
+		 * A daemon that refuses the connection (access control, a connection
+		 * limit) sends its ERROR first and stops reading: the reason may be
+		 * waiting even when the hello could not be sent.
+		 */
+		if (r < 0) {
+			fail(c, r, "cannot send to feedd: %s", feed_strerror(r));
+			r = 0;
+		}
 	}
 	if (r == 0) {
 		void *p;
@@ -227,19 +259,24 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 		if (type == WIRE_HELLO_REPLY) {
 			struct wire_hello_reply hr;
 			r = wire_decode_hello_reply(p, len, &hr) < 0 || hr.version != WIRE_VERSION ? -EPROTO : 0;
+			if (r < 0)
+				fail(c, r, "feedd sent a malformed HELLO_REPLY");
 			c->daemon_pid = hr.daemon_pid;
 			free(p);
 		} else {
 			if (type >= 0)
 				free(p);
-			r = type < 0 ? type : -EPROTO;
+			r = type < 0 ? type : fail(c, -EPROTO, "feedd answered HELLO with message type %d", type);
 		}
 	}
 	if (r < 0) {
+		if (err && errlen)
+			snprintf(err, errlen, "%s", c->error[0] ? c->error : feed_strerror(r));
 		feed_client_close(c);
 		errno = saved;
 		return r;
 	}
+	c->error[0] = 0;
 	*ret = c;
 	errno = saved;
 	return 0;

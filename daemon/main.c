@@ -9,6 +9,11 @@
  * Lifecycle (docs/operations.md): READY=1 once the socket listens and every
  * feed has loaded or failed; STATUS= kept current by the server's tick;
  * RELOADING=1 ... READY=1 around a reload; STOPPING=1 before shutdown.
+ *
+ * The metrics endpoint (metrics_listen) is a side channel: when it cannot
+ * listen, feedd says so in the log and in status and serves its clients
+ * anyway; a reload that changes the address, or finds it not listening,
+ * tries again.
  */
 #include <errno.h>
 #include <event2/event.h>
@@ -25,6 +30,7 @@
 #include "daemon/feed/session.h"
 #include "daemon/gpu/gpu.h"
 #include "daemon/log/log.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server.h"
 #include "proto/macro.h"
@@ -39,6 +45,8 @@ struct daemon {
 	struct conf *conf;
 	struct event_base *base;
 	struct server *server;
+	struct metrics *metrics; /* NULL: off, or it could not listen */
+	char *metrics_listen;    /* metrics_listen it was started for */
 	uint64_t watchdog_usec;
 	bool stuck; /* the watchdog is being starved on purpose */
 };
@@ -133,6 +141,32 @@ static void note_restart_keys(const struct daemon *d, const struct conf *n)
 		log_notice("reload: %s changed; the new value takes effect when feedd restarts", keys[i]);
 }
 
+/* Starts, moves or stops the metrics endpoint as conf says. A failure is logged, never fatal. */
+static void metrics_apply(struct daemon *d, const struct conf *conf)
+{
+	const char *want = conf->metrics_listen;
+	if (same_str(want, d->metrics_listen) && (d->metrics || !want))
+		return;
+	if (d->metrics)
+		log_info("metrics: no longer serving on %s", metrics_address(d->metrics));
+	d->metrics = metrics_free(d->metrics);
+	free(d->metrics_listen);
+	d->metrics_listen = want ? strdup(want) : NULL;
+	server_set_metrics(d->server, NULL, NULL);
+	if (!want)
+		return;
+	char err[256];
+	int r = metrics_new(d->base, (const struct sockaddr *)&conf->metrics_addr, conf->metrics_addrlen, d->server,
+			    &d->metrics, err, sizeof(err));
+	if (r < 0) {
+		log_error("%s; serving clients without metrics (a reload tries again)", err);
+		server_set_metrics(d->server, want, err);
+		return;
+	}
+	log_info("metrics: serving Prometheus text at http://%s/metrics", metrics_address(d->metrics));
+	server_set_metrics(d->server, metrics_address(d->metrics), NULL);
+}
+
 /*
  * Re-reads the config and applies it: new feeds appear, removed or changed
  * ones drain, policy keys apply at once. A config that does not parse is
@@ -180,6 +214,7 @@ static int reload(void *userdata, char *msg, size_t msglen)
 	free_feeds(feeds, n);
 
 	note_restart_keys(d, conf);
+	metrics_apply(d, conf);
 	if (d->threads_override)
 		conf->threads = d->conf->threads;
 	if (!d->level_override)
@@ -374,6 +409,7 @@ int main(int argc, char **argv)
 	free_feeds(feeds, n_feeds); /* the server holds its own references */
 	feeds = NULL;
 	n_feeds = 0;
+	metrics_apply(&d, d.conf);
 
 	static const int signals[] = { SIGTERM, SIGINT, SIGHUP };
 	for (size_t i = 0; i < ARRAY_SIZE(signals); i++) {
@@ -407,6 +443,8 @@ int main(int argc, char **argv)
 	event_base_dispatch(d.base);
 
 out:
+	d.metrics = metrics_free(d.metrics); /* it reads the server's snapshot */
+	free(d.metrics_listen);
 	d.server = server_free(d.server);
 	producer = producer_free(producer);
 	gpu = gpu_free(gpu); /* after the sessions' stagings, which the producer's last completions free */

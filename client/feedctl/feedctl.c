@@ -35,9 +35,13 @@ static void usage(FILE *out)
 
 int connect_or_say(feed_client **c)
 {
-	int r = feed_client_connect(socket_path, c);
-	if (r < 0)
-		fprintf(stderr, "feedctl: cannot reach feedd: %s\n", feed_strerror(r));
+	char why[1024];
+	int r = feed_client_connect_err(socket_path, why, sizeof(why), c);
+	/* The daemon's reason for a refusal, with the code's name unless the line has it already. */
+	if (r < 0 && strstr(why, feed_strerror(r)))
+		fprintf(stderr, "feedctl: %s\n", why);
+	else if (r < 0)
+		fprintf(stderr, "feedctl: %s (%s)\n", why, feed_strerror(r));
 	return r;
 }
 
@@ -125,6 +129,14 @@ void print_status(json_t *root, FILE *out)
 		fprintf(out, "%-16s %-7s %7.0f %10.0f %9s %6.0f %4.0f %8.0f %9.0f\n", str(f, "name"), str(f, "state"),
 			num(f, "shards"), num(f, "documents"), a, num(f, "seq_len"), num(f, "batch_size"),
 			num(f, "clients"), num(f, "batches"));
+		json_t *pk = json_object_get(f, "packing"), *src;
+		size_t k;
+		if (json_is_object(pk) && num(pk, "positions") > 0)
+			fprintf(out, "  packing %s: efficiency %.1f %%, %.0f tokens truncated\n", str(pk, "mode"),
+				100 * num(pk, "efficiency"), num(pk, "truncated"));
+		json_array_foreach(json_object_get(pk, "sources"), k, src)
+			fprintf(out, "  source %s: %.1f %% of documents (weight %.1f %%)\n", str(src, "name"),
+				100 * num(src, "share"), 100 * num(src, "weight"));
 		if (json_is_string(json_object_get(f, "error")))
 			fprintf(out, "  error: %s\n", str(f, "error"));
 		else if (json_is_string(path(f, "diagnosis", "text", NULL)))
@@ -160,6 +172,19 @@ void print_status(json_t *root, FILE *out)
 			continue;
 		fprintf(out, "client %.0f (%s rank %.0f/%.0f): %s\n", num(c, "id"), str(c, "feed"), num(c, "rank"),
 			num(c, "world"), str(dg, "text"));
+	}
+	/* GPU staging per device client (docs/gpu.md, "Counters"). */
+	json_array_foreach(clients, i, c) {
+		json_t *g = json_object_get(c, "gpu");
+		if (!json_is_object(g))
+			continue;
+		char bytes[32], rate[32] = "-";
+		human(num(g, "h2d_bytes"), bytes, sizeof(bytes));
+		if (json_is_number(json_object_get(g, "h2d_gb_per_s")))
+			snprintf(rate, sizeof(rate), "%.1f GB/s", num(g, "h2d_gb_per_s"));
+		fprintf(out, "client %.0f gpu cuda:%.0f (%s): %.0f copies, %sB, H2D %.1f ms (%s), %.0f release waits\n",
+			num(c, "id"), num(g, "device"), str(g, "export"), num(g, "copies"), bytes, num(g, "h2d_ms"), rate,
+			num(g, "events_waited"));
 	}
 }
 

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
@@ -25,6 +26,8 @@ struct parse {
 	bool failed;
 	char **seen;        /* "section\nkey" of every key so far */
 	size_t n_seen;
+	FILE *file;
+	unsigned line;      /* of the line inih handles now */
 };
 
 /*
@@ -216,6 +219,7 @@ static struct conf_feed *feed_for(struct parse *p, const char *name)
 		.shuffle_window = 4,
 		.bos = CONF_TOKEN_NONE,
 		.eos = CONF_TOKEN_NONE,
+		.pad_id = CONF_TOKEN_NONE,
 		.text_key = strdup("text"),
 		.skip_bad_records = true,
 		.max_bad_fraction = 0.001,
@@ -280,8 +284,86 @@ static int set_string(struct parse *p, char **field, const char *value)
 	return 1;
 }
 
+/*
+ * Packing and mixture keys (docs/sample-order.md, section 15). Returns 1 or
+ * bad()'s 0 when the key is one of them, -1 when it is not.
+ */
+static int packing_key(struct parse *p, struct conf_feed *f, const char *name, const char *value)
+{
+	uint64_t x;
+	if (strcmp(name, "packing") == 0) {
+		static const char *const modes[] = { [CONF_PACKING_CONCAT] = "concat", [CONF_PACKING_BESTFIT] = "bestfit",
+						     [CONF_PACKING_PAD] = "pad" };
+		for (size_t i = 0; i < ARRAY_SIZE(modes); i++) {
+			if (strcmp(value, modes[i]) == 0) {
+				f->packing = (enum conf_packing)i;
+				return 1;
+			}
+		}
+		return bad(p, "packing: '%s' is not one of concat, bestfit, pad", value);
+	}
+	if (strcmp(name, "pack_buffer") == 0) {
+		if (parse_u64(value, 1, UINT64_C(1) << 32, &x) < 0)
+			return bad(p, "pack_buffer: '%s' is not an integer in 1..4294967296 (positions)", value);
+		f->pack_buffer = x;
+		f->pack_buffer_line = p->line;
+		return 1;
+	}
+	if (strcmp(name, "pad_id") == 0) {
+		if (parse_u64(value, 0, INT32_MAX, &x) < 0)
+			return bad(p, "pad_id: '%s' is not a token id in 0..2147483647", value);
+		f->pad_id = (int64_t)x;
+		f->pad_id_line = p->line;
+		return 1;
+	}
+	if (strcmp(name, "sources") == 0) {
+		char why[256];
+		struct mix_spec *m = calloc(1, sizeof(*m));
+		if (!m)
+			return bad(p, "out of memory");
+		if (mix_parse(value, m, why, sizeof(why)) < 0) {
+			free(m);
+			return bad(p, "sources: %s", why);
+		}
+		free(f->mix);
+		f->mix = m;
+		f->sources_line = p->line;
+		return 1;
+	}
+	return -1;
+}
+
 static int feed_key(struct parse *p, struct conf_feed *f, const char *name, const char *value)
 {
+	/* Which keys a mixture feed and its source sections may have is checked once every section is known. */
+	static const char *const order_keys[] = { "seq_len", "batch_size", "seed", "shuffle", "shuffle_window", "bos",
+						  "eos", "packing", "pack_buffer", "pad_id", "sources" };
+	bool order = false;
+	for (size_t i = 0; i < ARRAY_SIZE(order_keys); i++)
+		order |= strcmp(name, order_keys[i]) == 0;
+	if (!f->line)
+		f->line = p->line;
+	if (order && !f->order_key_line) {
+		f->order_key_line = p->line;
+		f->order_key = order_keys[0];
+		for (size_t i = 0; i < ARRAY_SIZE(order_keys); i++)
+			if (strcmp(name, order_keys[i]) == 0)
+				f->order_key = order_keys[i];
+	} else if (!order && !f->source_key_line) {
+		static const char *const source_keys[] = { "format", "shards", "text_key", "tokenizer", "tokenizer_preset",
+							   "encode_special_tokens", "on_bad_record", "max_bad_fraction",
+							   "max_document_bytes" };
+		for (size_t i = 0; i < ARRAY_SIZE(source_keys); i++) {
+			if (strcmp(name, source_keys[i]) == 0) {
+				f->source_key_line = p->line;
+				f->source_key = source_keys[i];
+			}
+		}
+	}
+	int k = packing_key(p, f, name, value);
+	if (k >= 0)
+		return k;
+
 	uint64_t x;
 	if (strcmp(name, "format") == 0) {
 		if (strcmp(value, "megatron") != 0 && strcmp(value, "jsonl") != 0 && strcmp(value, "text") != 0)
@@ -406,6 +488,7 @@ static int diagnosis_key(struct parse *p, const char *name, const char *value)
 		{ "starved_pct", offsetof(struct conf_diagnosis, starved_pct), 100 },
 		{ "busy_pct", offsetof(struct conf_diagnosis, busy_pct), 100 },
 		{ "storage_pct", offsetof(struct conf_diagnosis, storage_pct), 100 },
+		{ "host_pct", offsetof(struct conf_diagnosis, host_pct), 100 },
 		{ "full_pct", offsetof(struct conf_diagnosis, full_pct), 100 },
 		{ "held_pct", offsetof(struct conf_diagnosis, held_pct), 100 },
 		{ "h2d_pct", offsetof(struct conf_diagnosis, h2d_pct), 100 },
@@ -444,6 +527,51 @@ static int diagnosis_key(struct parse *p, const char *name, const char *value)
 		return 1;
 	}
 	return bad(p, "unknown key '%s' in [diagnosis]", name);
+}
+
+/*
+ * metrics_listen: "ADDRESS:PORT" with a numeric IPv4 address, or
+ * "[ADDRESS]:PORT" with a numeric IPv6 one. Host names are refused: what
+ * the endpoint binds must not depend on the resolver at start.
+ */
+static int set_metrics_listen(struct parse *p, const char *value)
+{
+	struct conf *c = p->conf;
+	const char *colon = strrchr(value, ':');
+	char host[INET6_ADDRSTRLEN + 2];
+	uint64_t port;
+	if (!colon || (size_t)(colon - value) >= sizeof(host) || parse_u64(colon + 1, 0, 65535, &port) < 0)
+		return bad(p, "metrics_listen: '%s' is not ADDRESS:PORT (e.g. 127.0.0.1:9464 or [::1]:9464; port 0..65535)",
+			   value);
+	memcpy(host, value, (size_t)(colon - value));
+	host[colon - value] = 0;
+	struct sockaddr_storage ss = { 0 };
+	socklen_t len;
+	size_t hl = strlen(host);
+	if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+		host[hl - 1] = 0;
+		if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1)
+			return bad(p, "metrics_listen: '%s' is not a numeric IPv6 address", host + 1);
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons((uint16_t)port);
+		len = sizeof(*a);
+	} else {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+		if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+			return bad(p, "metrics_listen: '%s' is not a numeric IPv4 address (write an IPv6 one as [ADDRESS]:PORT)",
+				   host);
+		a->sin_family = AF_INET;
+		a->sin_port = htons((uint16_t)port);
+		len = sizeof(*a);
+	}
+	free(c->metrics_listen);
+	c->metrics_listen = strdup(value);
+	if (!c->metrics_listen)
+		return bad(p, "out of memory");
+	c->metrics_addr = ss;
+	c->metrics_addrlen = len;
+	return 1;
 }
 
 static int daemon_key(struct parse *p, const char *name, const char *value)
@@ -533,13 +661,30 @@ static int daemon_key(struct parse *p, const char *name, const char *value)
 		*(name[0] == 'c' ? &c->client_memory_max : name[0] == 'u' ? &c->uid_memory_max : &c->memory_max) = x;
 		return 1;
 	}
+	if (strcmp(name, "gpu_memory_max") == 0) {
+		if (parse_size(value, &x) < 0)
+			return bad(p, "gpu_memory_max: '%s' is not a size in bytes (suffix K, M, G or T; 0 = no limit)", value);
+		c->gpu_memory_max = x;
+		return 1;
+	}
 	if (strcmp(name, "stuck_client_s") == 0) {
 		if (parse_u64(value, 0, 86400, &x) < 0)
 			return bad(p, "stuck_client_s: '%s' is not an integer in 0..86400 (0 = never report)", value);
 		c->stuck_client_s = (unsigned)x;
 		return 1;
 	}
+	if (strcmp(name, "metrics_listen") == 0)
+		return set_metrics_listen(p, value);
 	return bad(p, "unknown key '%s' in [feedd]", name);
+}
+
+/* inih's reader: fgets that counts lines, so checks after parsing can name them. */
+static char *read_line(char *str, int num, void *stream)
+{
+	struct parse *p = stream;
+	char *r = fgets(str, num, p->file);
+	p->line += r != NULL;
+	return r;
 }
 
 static int handler(void *user, const char *section, const char *name, const char *value)
@@ -569,24 +714,31 @@ static int handler(void *user, const char *section, const char *name, const char
 	return bad(p, "unknown section [%s] (expected [feedd], [diagnosis] or [feed.NAME])", section);
 }
 
+static void conf_feed_done(struct conf_feed *f)
+{
+	for (size_t j = 0; j < f->n_shards; j++)
+		free(f->shards[j]);
+	free(f->shards);
+	free(f->name);
+	free(f->format);
+	free(f->bos_name);
+	free(f->eos_name);
+	free(f->text_key);
+	free(f->tokenizer);
+	free(f->tokenizer_preset);
+	free(f->cache_dir);
+	for (size_t j = 0; f->sources && j < f->mix->n; j++)
+		conf_feed_done(&f->sources[j]);
+	free(f->sources);
+	free(f->mix);
+}
+
 struct conf *conf_free(struct conf *c)
 {
 	if (!c)
 		return NULL;
-	for (size_t i = 0; i < c->n_feeds; i++) {
-		struct conf_feed *f = &c->feeds[i];
-		for (size_t j = 0; j < f->n_shards; j++)
-			free(f->shards[j]);
-		free(f->shards);
-		free(f->name);
-		free(f->format);
-		free(f->bos_name);
-		free(f->eos_name);
-		free(f->text_key);
-		free(f->tokenizer);
-		free(f->tokenizer_preset);
-		free(f->cache_dir);
-	}
+	for (size_t i = 0; i < c->n_feeds; i++)
+		conf_feed_done(&c->feeds[i]);
 	free(c->feeds);
 	free(c->cache_dir);
 	free(c->allow.uids);
@@ -594,6 +746,7 @@ struct conf *conf_free(struct conf *c)
 	free(c->admin.uids);
 	free(c->admin.gids);
 	free(c->socket);
+	free(c->metrics_listen);
 	free(c->path);
 	free(c);
 	return NULL;
@@ -621,6 +774,97 @@ static const char *conf_feed_tokenizer_problem(const struct conf_feed *f)
 		return "'tokenizer_preset' applies to tiktoken rank files, not to a tokenizer.json";
 	if (f->tokenizer && !conf_tokenizer_is_hf(f->tokenizer) && !f->tokenizer_preset)
 		return "a tiktoken rank file needs 'tokenizer_preset' (its pattern and special tokens)";
+	return NULL;
+}
+
+static size_t find_feed(const struct conf *c, const char *feed, const char *source)
+{
+	size_t n = strlen(feed);
+	for (size_t i = 0; i < c->n_feeds; i++) {
+		const char *name = c->feeds[i].name;
+		if (name && strncmp(name, feed, n) == 0 && name[n] == '.' && strcmp(name + n + 1, source) == 0)
+			return i;
+	}
+	return SIZE_MAX;
+}
+
+/*
+ * Moves each mixture's [feed.NAME.SOURCE] sections into it (docs/sample-order.md,
+ * section 14). A source takes the mixture's order keys (seq_len, seed, bos, ...)
+ * and may not set them; the mixture may not set a source's keys (shards, ...).
+ */
+static int resolve_sources(struct conf *c, const char *path, char *err, size_t errlen)
+{
+	_cleanup_free_ bool *taken = calloc(MAX(c->n_feeds, (size_t)1), sizeof(*taken));
+	if (!taken)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->n_feeds; i++) {
+		const struct conf_feed *f = &c->feeds[i];
+		if (!f->mix)
+			continue;
+		if (f->source_key_line) {
+			snprintf(err, errlen, "%s:%u: '%s' belongs in the sections of [feed.%s]'s sources ([feed.%s.%s], ...), not in the mixture's own",
+				 path, f->source_key_line, f->source_key, f->name, f->name, f->mix->names[0]);
+			return -EINVAL;
+		}
+		for (uint32_t j = 0; j < f->mix->n; j++) {
+			size_t k = find_feed(c, f->name, f->mix->names[j]);
+			if (k == SIZE_MAX) {
+				snprintf(err, errlen, "%s:%u: sources: source '%s' has no section [feed.%s.%s]", path,
+					 f->sources_line, f->mix->names[j], f->name, f->mix->names[j]);
+				return -EINVAL;
+			}
+			const struct conf_feed *sf = &c->feeds[k];
+			if (sf->order_key_line) {
+				snprintf(err, errlen, "%s:%u: '%s' is set for all of [feed.%s]'s sources in [feed.%s], not in the source's [feed.%s]",
+					 path, sf->order_key_line, sf->order_key, f->name, f->name, sf->name);
+				return -EINVAL;
+			}
+			taken[k] = true;
+		}
+	}
+	for (size_t i = 0; i < c->n_feeds; i++) {
+		struct conf_feed *f = &c->feeds[i];
+		if (!f->mix)
+			continue;
+		if (taken[i]) {
+			snprintf(err, errlen, "%s:%u: [feed.%s] is a source and cannot have sources of its own", path,
+				 f->sources_line, f->name);
+			return -EINVAL;
+		}
+		if (!(f->sources = calloc(f->mix->n, sizeof(*f->sources))))
+			return -ENOMEM;
+		for (uint32_t j = 0; j < f->mix->n; j++) {
+			struct conf_feed *sf = &f->sources[j];
+			size_t k = find_feed(c, f->name, f->mix->names[j]);
+			*sf = c->feeds[k];
+			c->feeds[k] = (struct conf_feed){ 0 }; /* moved */
+			sf->seq_len = f->seq_len;
+			sf->batch_size = f->batch_size;
+			sf->seed = f->seed;
+			sf->shuffle = f->shuffle;
+			sf->shuffle_window = f->shuffle_window;
+			sf->bos = f->bos;
+			sf->eos = f->eos;
+		}
+	}
+	size_t n = 0;
+	for (size_t i = 0; i < c->n_feeds; i++)
+		if (!taken[i])
+			c->feeds[n++] = c->feeds[i];
+	c->n_feeds = n;
+	return 0;
+}
+
+/* What is wrong with a feed's packing settings, or NULL; *ret_line gets the line of the key at fault. */
+static const char *conf_feed_packing_problem(const struct conf_feed *f, unsigned *ret_line)
+{
+	*ret_line = f->pack_buffer_line;
+	if (f->packing != CONF_PACKING_BESTFIT && f->pack_buffer)
+		return "pack_buffer: applies to packing = bestfit only";
+	*ret_line = f->pad_id_line;
+	if (f->packing == CONF_PACKING_CONCAT && f->pad_id != CONF_TOKEN_NONE)
+		return "pad_id: applies to packing = bestfit or pad, which pad rows; concat never does";
 	return NULL;
 }
 
@@ -672,7 +916,8 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		free(buf);
 		rewind(f);
 	}
-	int line = ini_parse_file(f, handler, &p);
+	p.file = f;
+	int line = ini_parse_stream(read_line, &p, handler, &p);
 	fclose(f);
 	for (size_t i = 0; i < p.n_seen; i++)
 		free(p.seen[i]);
@@ -694,9 +939,40 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 			return -ENOMEM;
 		}
 	}
+	int r = resolve_sources(c, path, err, errlen);
+	if (r < 0) {
+		conf_free(c);
+		return r;
+	}
 	for (size_t i = 0; i < c->n_feeds; i++) {
-		const struct conf_feed *feed = &c->feeds[i];
-		if (feed->n_shards == 0) {
+		struct conf_feed *feed = &c->feeds[i];
+		unsigned at;
+		const char *why = conf_feed_packing_problem(feed, &at);
+		if (why) {
+			snprintf(err, errlen, "%s:%u: %s", path, at, why);
+			conf_free(c);
+			return -EINVAL;
+		}
+		if (feed->packing == CONF_PACKING_BESTFIT && !feed->pack_buffer)
+			feed->pack_buffer = UINT64_C(64) * feed->seq_len;
+		for (size_t j = 0; feed->mix && j < feed->mix->n; j++) {
+			/* A source is checked as a feed of its own would be. */
+			const struct conf_feed *sf = &feed->sources[j];
+			if (sf->n_shards == 0)
+				why = "'shards' is required";
+			else
+				why = conf_feed_tokenizer_problem(sf);
+			if (why) {
+				snprintf(err, errlen, "%s:%u: [feed.%s]: %s", path, sf->line, sf->name, why);
+				conf_free(c);
+				return -EINVAL;
+			}
+			if (c->cache_dir && !(feed->sources[j].cache_dir = strdup(c->cache_dir))) {
+				conf_free(c);
+				return -ENOMEM;
+			}
+		}
+		if (feed->n_shards == 0 && !feed->mix) {
 			snprintf(err, errlen, "%s: [feed.%s]: 'shards' is required", path, feed->name);
 			conf_free(c);
 			return -EINVAL;
@@ -705,7 +981,7 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 			conf_free(c);
 			return -ENOMEM;
 		}
-		const char *why = conf_feed_tokenizer_problem(feed);
+		why = conf_feed_tokenizer_problem(feed);
 		if (why) {
 			snprintf(err, errlen, "%s: [feed.%s]: %s", path, feed->name, why);
 			conf_free(c);

@@ -10,10 +10,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "daemon/io/reader.h"
+#include "daemon/order/mix.h"
 
 #define CONF_TOKEN_NONE INT64_C(-1)
+
+/* How a feed lays documents into rows (docs/sample-order.md, sections 5, 11, 12). */
+enum conf_packing {
+	CONF_PACKING_CONCAT,
+	CONF_PACKING_BESTFIT,
+	CONF_PACKING_PAD,
+};
 
 struct conf_feed {
 	char *name;
@@ -37,6 +46,16 @@ struct conf_feed {
 	double max_bad_fraction;   /* of the feed's documents; more skipped fails the feed */
 	uint64_t max_document_bytes;
 	char *cache_dir;           /* [feedd] cache_dir, copied here so a feed carries all it needs */
+
+	/* packing and mixtures (docs/sample-order.md, sections 11 to 15) */
+	enum conf_packing packing;
+	uint64_t pack_buffer;      /* bestfit buffer, in positions; 0: 64 * seq_len */
+	int64_t pad_id;            /* padding token; CONF_TOKEN_NONE: eos when it is an id, else 0 */
+	struct mix_spec *mix;      /* `sources`: names and weights; NULL for a feed of one stream */
+	struct conf_feed *sources; /* mix->n sources, each from its [feed.NAME.SOURCE] section; order keys copied from the feed */
+	unsigned line;             /* the section's first key, and the lines of keys checked after parsing (0: absent) */
+	unsigned sources_line, order_key_line, source_key_line, pack_buffer_line, pad_id_line;
+	const char *order_key, *source_key; /* a key only a feed may have (seq_len, ...), one only a source may have (shards, ...) */
 };
 
 /* [diagnosis]: the telemetry window and the thresholds of every rule (docs/telemetry.md). */
@@ -47,6 +66,7 @@ struct conf_diagnosis {
 	double starved_pct;       /* a client waiting more than this share of its time is starved */
 	double busy_pct;          /* workers busier than this: the feed is throughput-bound */
 	double storage_pct;       /* worker time off-CPU in reads above this: storage-bound */
+	double host_pct;          /* workers waiting for a CPU above this share of their runnable time: host-bound */
 	double full_pct;          /* ring full more than this share of the time ... */
 	double held_pct;          /* ... with the client holding this share of its slots: slow to release */
 	double h2d_pct;           /* host-to-device copies above this share of the step: transfer-bound */
@@ -85,7 +105,11 @@ struct conf {
 	uint64_t client_memory_max;    /* bytes of ring memory per client, 0: no limit */
 	uint64_t uid_memory_max;       /* ... per uid */
 	uint64_t memory_max;           /* ... for all clients together */
+	uint64_t gpu_memory_max;       /* device bytes of client staging per GPU, 0: no limit */
 	unsigned stuck_client_s;       /* report a client that consumes nothing this long; 0: never */
+	char *metrics_listen;          /* the Prometheus endpoint's "host:port" as written; NULL: off */
+	struct sockaddr_storage metrics_addr; /* ... parsed: IPv4 or IPv6, port 0 = any free port */
+	socklen_t metrics_addrlen;
 
 	struct conf_diagnosis diagnosis; /* [diagnosis] */
 };
@@ -93,8 +117,8 @@ struct conf {
 /* The [diagnosis] defaults (docs/telemetry.md), an initializer. */
 #define CONF_DIAGNOSIS_DEFAULTS                                                                               \
 	{ .window_s = 60, .history_s = 600, .min_batches = 3, .starved_pct = 5, .busy_pct = 80,               \
-	  .storage_pct = 50, .full_pct = 90, .held_pct = 75, .h2d_pct = 25, .straggler_pct = 50,              \
-	  .straggler_min_ms = 1, .stage_counters = true }
+	  .storage_pct = 50, .host_pct = 25, .full_pct = 90, .held_pct = 75, .h2d_pct = 25,                   \
+	  .straggler_pct = 50, .straggler_min_ms = 1, .stage_counters = true }
 
 /*
  * Parses the file at path. Returns 0; or a negative errno with a message

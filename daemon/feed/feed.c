@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,48 @@ static uint64_t fingerprint_of(const struct feed *f)
 			      (uint64_t)(int64_t)f->bos_id, (uint64_t)(int64_t)f->eos_id };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
 		hash_u64(&h, params[i]);
+	return order_mix(h);
+}
+
+const char *feed_packing_name(enum conf_packing p)
+{
+	return p == CONF_PACKING_BESTFIT ? "bestfit" : p == CONF_PACKING_PAD ? "pad" : "concat";
+}
+
+/* What packing adds to a stream's identity (section 8): the mode, pack_buffer and pad_id. */
+static void hash_packing(uint64_t *h, const struct feed *f)
+{
+	const char *name = feed_packing_name(f->conf.packing);
+	hash_bytes(h, name, strlen(name) + 1);
+	hash_u64(h, f->conf.packing == CONF_PACKING_BESTFIT ? f->conf.pack_buffer : 0);
+	hash_u64(h, f->conf.packing == CONF_PACKING_CONCAT ? UINT64_MAX : (uint64_t)f->pad_id);
+}
+
+/*
+ * A feed of one stream packed other than "concat": its stream's fingerprint
+ * and the packing. "concat" keeps the stream's own, so its cursors stay valid.
+ */
+static uint64_t fingerprint_packed(const struct feed *f, uint64_t stream)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	hash_bytes(&h, "feedd-packing-v1", 16);
+	hash_u64(&h, stream);
+	hash_packing(&h, f);
+	return order_mix(h);
+}
+
+/* A mixture: the packing, then each source's name, weight and own fingerprint, in `sources` order. */
+static uint64_t fingerprint_mixture(const struct feed *f)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	hash_bytes(&h, "feedd-mixture-v1", 16);
+	hash_packing(&h, f);
+	hash_u64(&h, f->n_sources);
+	for (uint32_t i = 0; i < f->n_sources; i++) {
+		hash_bytes(&h, f->conf.mix->names[i], strlen(f->conf.mix->names[i]) + 1);
+		hash_u64(&h, f->conf.mix->units[i]);
+		hash_u64(&h, f->sources[i]->fingerprint);
+	}
 	return order_mix(h);
 }
 
@@ -173,12 +216,75 @@ static int copy_conf(struct conf_feed *dst, const struct conf_feed *src)
 	int r = dup_opt(&dst->bos_name, src->bos_name) | dup_opt(&dst->eos_name, src->eos_name) |
 		dup_opt(&dst->text_key, src->text_key) | dup_opt(&dst->tokenizer, src->tokenizer) |
 		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir);
+	dst->mix = NULL;
+	dst->sources = NULL;
 	if (!dst->name || !dst->format || !dst->shards || r)
 		return -ENOMEM;
 	for (size_t i = 0; i < src->n_shards; i++)
 		if (!(dst->shards[i] = strdup(src->shards[i])))
 			return -ENOMEM;
+	if (src->mix) {
+		if (!(dst->mix = malloc(sizeof(*dst->mix))) ||
+		    !(dst->sources = calloc(src->mix->n, sizeof(*dst->sources))))
+			return -ENOMEM;
+		*dst->mix = *src->mix;
+		for (uint32_t i = 0; i < src->mix->n; i++)
+			if (copy_conf(&dst->sources[i], &src->sources[i]) < 0)
+				return -ENOMEM;
+	}
 	return 0;
+}
+
+/* Frees what copy_conf() allocated (also when it failed half way). */
+static void conf_copy_free(struct conf_feed *c)
+{
+	for (size_t i = 0; c->shards && i < c->n_shards; i++)
+		free(c->shards[i]);
+	free(c->shards);
+	free(c->name);
+	free(c->format);
+	free(c->bos_name);
+	free(c->eos_name);
+	free(c->text_key);
+	free(c->tokenizer);
+	free(c->tokenizer_preset);
+	free(c->cache_dir);
+	for (uint32_t i = 0; c->sources && i < c->mix->n; i++)
+		conf_copy_free(&c->sources[i]);
+	free(c->sources);
+	free(c->mix);
+}
+
+/*
+ * A mixture (docs/sample-order.md, section 14): each source loaded as a feed
+ * of its own; the first that fails fails the mixture.
+ */
+static int load_sources(struct feed *f, struct io_reader *io, char *err, size_t errlen)
+{
+	uint32_t n = f->conf.mix->n;
+	if (!(f->sources = calloc(n, sizeof(*f->sources))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		struct feed *s;
+		int r = feed_load(&f->conf.sources[i], io, &s);
+		if (r < 0)
+			return r;
+		f->sources[f->n_sources++] = s;
+		if (s->state != FEED_READY) {
+			snprintf(err, errlen, "source %s: %.400s", f->conf.mix->names[i], s->error);
+			return s->error_code < 0 ? s->error_code : -EIO;
+		}
+		/* The mixture's telemetry shows its sources' work. */
+		free(s->stages);
+		s->stages = f->stages;
+		s->stages_borrowed = true;
+		f->n_shards += s->n_shards;
+		f->n_docs += s->n_docs;
+		f->n_nonempty += s->n_nonempty;
+		f->n_tokens += s->n_tokens;
+		f->n_bytes += s->n_bytes;
+	}
+	return mix_init(f->conf.seed, f->conf.mix->units, n, &f->mix);
 }
 
 static int load_megatron(struct feed *f, char **paths, size_t n, struct io_reader *io, char *err, size_t errlen)
@@ -308,7 +414,27 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 	char err[512] = "";
 	char **paths = NULL;
 	size_t n = 0;
-	int r = expand(f, &paths, &n, err, sizeof(err));
+	int r = 0;
+	if (cf->mix) {
+		r = load_tokenizer(f, err, sizeof(err));
+		if (r == 0)
+			r = load_sources(f, io, err, sizeof(err));
+		if (r == -ENOMEM) {
+			feed_unref(f);
+			return r;
+		}
+		if (r < 0) {
+			set_failed(f, r, err);
+		} else {
+			f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
+			f->fingerprint = fingerprint_mixture(f);
+			log_info("feed %s: a mixture of %u sources, %" PRIu64 " documents, packing %s", f->name,
+				 f->n_sources, f->n_docs, feed_packing_name(f->conf.packing));
+		}
+		*ret = f;
+		return 0;
+	}
+	r = expand(f, &paths, &n, err, sizeof(err));
 	if (r == -ENOMEM) {
 		feed_unref(f);
 		return r;
@@ -366,6 +492,9 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		log_info("feed %s: %u shards, %" PRIu64 " documents, %" PRIu64 " tokens, read with %s", f->name,
 			 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
 	}
+	f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
+	if (f->conf.packing != CONF_PACKING_CONCAT)
+		f->fingerprint = fingerprint_packed(f, f->fingerprint);
 	*ret = f;
 	return 0;
 }
@@ -392,19 +521,13 @@ struct feed *feed_unref(struct feed *f)
 	free(f->shards);
 	free(f->shard_docs);
 	free(f->doc_tokens);
-	for (size_t i = 0; f->conf.shards && i < f->conf.n_shards; i++)
-		free(f->conf.shards[i]);
-	free(f->conf.shards);
-	free(f->conf.name);
-	free(f->conf.format);
-	free(f->conf.bos_name);
-	free(f->conf.eos_name);
-	free(f->conf.text_key);
-	free(f->conf.tokenizer);
-	free(f->conf.tokenizer_preset);
-	free(f->conf.cache_dir);
+	for (uint32_t i = 0; f->sources && i < f->n_sources; i++)
+		feed_unref(f->sources[i]);
+	free(f->sources);
+	conf_copy_free(&f->conf);
 	free(f->io_engine);
-	free(f->stages);
+	if (!f->stages_borrowed)
+		free(f->stages);
 	free(f->name);
 	free(f);
 	return NULL;
@@ -430,6 +553,16 @@ int feed_check(struct feed *f)
 	if (f->state != FEED_READY)
 		return f->error_code;
 	char err[512];
+	for (uint32_t i = 0; i < f->n_sources; i++) {
+		int r = feed_check(f->sources[i]);
+		if (r < 0) {
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			set_failed(f, r, err);
+			return r;
+		}
+	}
+	if (f->sources)
+		return 0;
 	for (uint32_t i = 0; i < f->n_shards; i++) {
 		int r = f->kind == FEED_TEXT ? text_check(f->texts[i], err, sizeof(err))
 					     : megatron_check(f->shards[i], err, sizeof(err));
@@ -439,4 +572,36 @@ int feed_check(struct feed *f)
 		}
 	}
 	return 0;
+}
+
+json_t *feed_packing_json(const struct feed *f)
+{
+	const struct pack_counters *c = &f->packed;
+	json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "mode", feed_packing_name(f->conf.packing),
+			      "positions", (json_int_t)c->positions, "tokens", (json_int_t)c->tokens, "truncated",
+			      (json_int_t)c->truncated, "documents", (json_int_t)c->docs, "cut_documents",
+			      (json_int_t)c->cut_docs, "efficiency", pack_counters_efficiency(c), "pad_id",
+			      (json_int_t)f->pad_id);
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "pack_buffer", f->conf.packing == CONF_PACKING_BESTFIT
+						      ? json_integer((json_int_t)f->conf.pack_buffer) : json_null());
+	if (f->conf.packing == CONF_PACKING_CONCAT)
+		json_object_set_new(o, "pad_id", json_null());
+	if (!f->conf.mix)
+		return o;
+	/* A mixture: each source's documents served, against its weight (realised proportions). */
+	json_t *a = json_array();
+	uint64_t units = 0, docs = 0;
+	for (uint32_t i = 0; i < f->conf.mix->n; i++) {
+		units += f->conf.mix->units[i];
+		docs += f->source_docs[i];
+	}
+	for (uint32_t i = 0; a && i < f->conf.mix->n; i++)
+		json_array_append_new(a, json_pack("{s:s, s:f, s:I, s:f}", "name", f->conf.mix->names[i], "weight",
+						   (double)f->conf.mix->units[i] / (double)units, "documents",
+						   (json_int_t)f->source_docs[i], "share",
+						   docs ? (double)f->source_docs[i] / (double)docs : 0.0));
+	json_object_set_new(o, "sources", a ? a : json_null());
+	return o;
 }

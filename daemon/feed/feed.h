@@ -13,7 +13,9 @@
 #include "daemon/conf/conf.h"
 #include "daemon/format/megatron.h"
 #include "daemon/format/text.h"
+#include "daemon/order/mix.h"
 #include "daemon/order/order.h"
+#include "daemon/pack/pad.h"
 #include "daemon/telemetry/stage.h"
 
 struct tok;
@@ -48,6 +50,10 @@ struct feed {
 	const uint32_t **doc_tokens;
 	struct order_params params;
 	uint64_t fingerprint;
+	int32_t pad_id;                  /* padding token of packing bestfit and pad (docs/sample-order.md, section 15) */
+	struct feed **sources;           /* a mixture's sources, each loaded as a feed of its own; NULL for one stream */
+	uint32_t n_sources;
+	struct mix mix;                  /* which source the k-th document comes from */
 	uint64_t n_docs, n_nonempty, n_tokens, n_bytes; /* text: n_nonempty = n_docs, n_tokens unknown (0), n_bytes of text */
 	uint32_t n_cached;      /* text shards whose index came from the cache */
 
@@ -60,11 +66,14 @@ struct feed {
 	char last_bad[512];      /* the latest one, "file:line: why" */
 
 	/* telemetry, updated by the main thread */
+	struct pack_counters packed;     /* what the batches published so far held (docs/sample-order.md, section 13.2) */
+	uint64_t source_docs[MIX_MAX_SOURCES]; /* a mixture's documents served, per source */
 	uint64_t batches;
 	uint64_t tokens_served;
 	unsigned clients;
 	bool draining; /* takes no new attaches (removed from the config) */
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/telemetry/stage.h) */
+	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
 };
 
 /*
@@ -83,3 +92,12 @@ int feed_mark_bad(struct feed *f, uint64_t doc);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);
+
+/* The packing mode's name as the configuration spells it: "concat", "bestfit", "pad". */
+const char *feed_packing_name(enum conf_packing p);
+
+/*
+ * The feed's packing and mixture counters for the status JSON
+ * (docs/telemetry.md): a new object, owned by the caller; NULL on no memory.
+ */
+struct json_t *feed_packing_json(const struct feed *f);

@@ -50,11 +50,15 @@ static void job_run(struct pool_job *pj, void *ctx)
 	if (__atomic_load_n(&s->closed, __ATOMIC_RELAXED)) {
 		j->result = -ECANCELED;
 	} else {
-		uint64_t seq = j->plan.batch_index - s->first_batch;
+		uint64_t seq = (s->by_docs ? j->rows.batch_index : j->plan.batch_index) - s->first_batch;
 		uint8_t *slot = ring_slot(s->ring, seq);
 		((struct feed_slot_header *)slot)->seq = seq;
-		j->result = worker_produce(ctx, s->feed, &j->plan, s->rank, s->world, j->cursor, s->ring->hdr, slot,
-					   j->error, sizeof(j->error));
+		if (s->by_docs)
+			j->result = worker_produce_rows(ctx, s->feed, &j->rows, s->rank, s->world, j->cursor,
+							s->ring->hdr, slot, j->error, sizeof(j->error));
+		else
+			j->result = worker_produce(ctx, s->feed, &j->plan, s->rank, s->world, j->cursor, s->ring->hdr,
+						   slot, j->error, sizeof(j->error));
 	}
 
 	pthread_mutex_lock(&p->lock);
@@ -74,7 +78,7 @@ static void chunk_run(struct pool_job *pj, void *ctx)
 	if (__atomic_load_n(&s->closed, __ATOMIC_RELAXED))
 		c->result = -ECANCELED;
 	else
-		c->result = worker_tokenize(ctx, s->feed, c);
+		c->result = worker_tokenize(ctx, c->src->feed, c);
 
 	pthread_mutex_lock(&p->lock);
 	c->next_done = p->chunks_done;
@@ -102,23 +106,23 @@ static struct text_chunk *chunk_free(struct text_chunk *c)
  * The chunk holding visit `seq`, moving chunk_cur forward. Chunks passed are
  * used by plans up to the batch being planned now at the latest.
  */
-static struct text_chunk *chunk_at(struct session *s, uint64_t seq)
+static struct text_chunk *chunk_at(struct session_src *x, uint64_t seq)
 {
-	struct text_chunk *c = s->chunk_cur ? s->chunk_cur : s->chunk_head;
+	struct session *s = x->session;
+	struct text_chunk *c = x->chunk_cur ? x->chunk_cur : x->chunk_head;
 	while (c && seq >= c->first_seq + c->n) {
 		c->last_batch = s->first_batch + s->planned;
 		c = c->next;
 	}
 	if (c)
-		s->chunk_cur = c;
+		x->chunk_cur = c;
 	return c && seq >= c->first_seq ? c : NULL;
 }
 
 /* The stream's source for text feeds: counts and tokens from finished chunks. */
 static int text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids)
 {
-	struct session *s = userdata;
-	struct text_chunk *c = chunk_at(s, seq);
+	struct text_chunk *c = chunk_at(userdata, seq);
 	if (!c || !c->done)
 		return -EAGAIN;
 	uint32_t i = (uint32_t)(seq - c->first_seq);
@@ -131,16 +135,17 @@ static int text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_to
  * Stream positions known from the stream's position on, through finished
  * chunks in order, counting up to `need`.
  */
-static uint64_t text_ready(struct session *s, uint64_t need)
+static uint64_t text_ready(struct session_src *x, uint64_t need)
 {
-	uint64_t seq = s->stream.seq, have = 0;
-	struct text_chunk *c = chunk_at(s, seq);
-	for (; c && c->done && have < need + s->stream.offset; c = c->next) {
+	const struct stream *st = x->stream;
+	uint64_t seq = st->seq, have = 0;
+	struct text_chunk *c = chunk_at(x, seq);
+	for (; c && c->done && have < need + st->offset; c = c->next) {
 		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
-		     i < c->n && have < need + s->stream.offset; i++)
-			have += stream_doc_length(&s->stream, c->start[i + 1] - c->start[i]);
+		     i < c->n && have < need + st->offset; i++)
+			have += stream_doc_length(st, c->start[i + 1] - c->start[i]);
 	}
-	return have > s->stream.offset ? have - s->stream.offset : 0;
+	return have > st->offset ? have - st->offset : 0;
 }
 
 /* Average text bytes per token so far (4 before anything was tokenized). */
@@ -152,24 +157,34 @@ static double bytes_per_token(const struct feed *f)
 }
 
 /*
- * Hands the next documents of the rank's stream to the workers to tokenize,
- * until the finished and in-flight chunks cover the free slots plus one batch.
+ * Hands the next documents of a text stream to the workers to tokenize,
+ * until the finished and in-flight chunks cover the free slots plus one batch
+ * (its share of them in a mixture, plus a bestfit buffer), and always when
+ * the next plan waits for this stream with nothing in flight.
  */
-static int text_submit(struct session *s)
+static int text_submit(struct session *s, struct session_src *x)
 {
-	const struct feed *f = s->feed;
-	const uint64_t bl = (uint64_t)f->conf.batch_size * f->conf.seq_len;
+	const struct feed *f = x->feed, *top = s->feed;
+	const uint64_t bl = (uint64_t)top->conf.batch_size * top->conf.seq_len;
 	const unsigned threads = pool_threads(s->producer->pool);
 	const uint64_t free_slots = s->ring->slot_count - (s->planned - s->ring->tail);
-	const uint64_t target = (free_slots + 1) * bl + 1;
+	uint64_t target = (free_slots + 1) * bl + 1;
+	if (top->conf.packing == CONF_PACKING_BESTFIT)
+		target += top->conf.pack_buffer;
+	if (top->conf.mix) {
+		uint64_t units = 0;
+		for (uint32_t i = 0; i < top->conf.mix->n; i++)
+			units += top->conf.mix->units[i];
+		target = (uint64_t)((double)target * (double)top->conf.mix->units[x->index] / (double)units) + 1;
+	}
 	const double bpt = bytes_per_token(f);
 	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
 	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
 					 UINT64_C(1) << 20);
 
-	while (!s->ahead_end && s->chunks_inflight < 2 * threads + 1) {
-		uint64_t have = text_ready(s, target) + (uint64_t)((double)s->inflight_bytes / bpt);
-		if (have >= target)
+	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+		uint64_t have = x->q_positions + text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
+		if (have >= target && !(s->starved == x->index && x->chunks_inflight == 0))
 			break;
 		struct text_chunk *c = calloc(1, sizeof(*c));
 		uint32_t cap = 64;
@@ -179,8 +194,9 @@ static int text_submit(struct session *s)
 			chunk_free(c);
 			return -ENOMEM;
 		}
-		c->first_seq = s->ahead_seq;
+		c->first_seq = x->ahead_seq;
 		c->session = s;
+		c->src = x;
 		c->job.run = chunk_run;
 		while (c->n < 65536 && c->bytes < chunk_bytes) {
 			if (c->n == cap) {
@@ -192,14 +208,14 @@ static int text_submit(struct session *s)
 				c->docs = d;
 				cap *= 2;
 			}
-			uint64_t doc = doc_walk_doc(&s->ahead);
+			uint64_t doc = doc_walk_doc(&x->ahead);
 			c->docs[c->n++] = doc;
 			c->bytes += f->texts[ORDER_DOC_SHARD(doc)]->lengths[ORDER_DOC_INDEX(doc)];
-			s->ahead_seq++;
+			x->ahead_seq++;
 			unsigned crossed;
-			int r = doc_walk_next(&s->ahead, &crossed);
+			int r = doc_walk_next(&x->ahead, &crossed);
 			if (r == -ENODATA) {
-				s->ahead_end = true;
+				x->ahead_end = true;
 				break;
 			}
 			if (r < 0) {
@@ -207,30 +223,53 @@ static int text_submit(struct session *s)
 				return r;
 			}
 		}
-		if (s->chunk_tail)
-			s->chunk_tail->next = c;
+		if (x->chunk_tail)
+			x->chunk_tail->next = c;
 		else
-			s->chunk_head = c;
-		s->chunk_tail = c;
-		if (!s->chunk_cur)
-			s->chunk_cur = c;
-		s->chunks_inflight++;
-		s->inflight_bytes += c->bytes;
+			x->chunk_head = c;
+		x->chunk_tail = c;
+		if (!x->chunk_cur)
+			x->chunk_cur = c;
+		x->chunks_inflight++;
+		x->inflight_bytes += c->bytes;
 		s->refs++;
 		pool_submit(s->producer->pool, &c->job);
 	}
 	return 0;
 }
 
-/* Frees the chunks no plan in flight or to come uses any more. */
-static void text_retire(struct session *s)
+/*
+ * The oldest visit of stream x whose tokens something still reads: a plan
+ * not yet published, the bestfit buffer, the document in progress, the
+ * queue, or the stream itself (by_docs sessions).
+ */
+static uint64_t text_hold(struct session *s, struct session_src *x)
 {
-	while (s->chunk_head && s->chunk_head != s->chunk_cur && s->chunk_head->done &&
-	       s->chunk_head->last_batch < s->first_batch + s->published) {
-		struct text_chunk *c = s->chunk_head;
-		s->chunk_head = c->next;
-		if (!s->chunk_head)
-			s->chunk_tail = NULL;
+	uint64_t hold = x->stream->seq;
+	if (x->q_n)
+		hold = MIN(hold, x->queue[x->q_head].seq);
+	for (uint32_t i = 0; i < s->ring->slot_count; i++)
+		if (s->jobs[i].state != JOB_IDLE)
+			hold = MIN(hold, s->jobs[i].hold[x->index]);
+	for (size_t i = 0; i < s->bestfit.n_docs && bestfit_rows_left(&s->bestfit) > 0; i++)
+		if (s->bestfit.docs[i].source == x->index)
+			hold = MIN(hold, s->bestfit.docs[i].seq);
+	if (s->concat.have && s->concat.cur.source == x->index)
+		hold = MIN(hold, s->concat.cur.seq);
+	return hold;
+}
+
+/* Frees the chunks no plan in flight or to come uses any more. */
+static void text_retire(struct session *s, struct session_src *x)
+{
+	const uint64_t hold = s->by_docs ? text_hold(s, x) : 0;
+	while (x->chunk_head && x->chunk_head != x->chunk_cur && x->chunk_head->done &&
+	       (s->by_docs ? x->chunk_head->first_seq + x->chunk_head->n <= hold
+			   : x->chunk_head->last_batch < s->first_batch + s->published)) {
+		struct text_chunk *c = x->chunk_head;
+		x->chunk_head = c->next;
+		if (!x->chunk_head)
+			x->chunk_tail = NULL;
 		chunk_free(c);
 	}
 }
@@ -238,10 +277,10 @@ static void text_retire(struct session *s)
 /* A chunk came back from a worker (main thread). */
 static void chunk_done(struct session *s, struct text_chunk *c)
 {
-	struct feed *f = s->feed;
+	struct feed *f = c->src->feed;
 	c->done = true;
-	s->chunks_inflight--;
-	s->inflight_bytes -= c->bytes;
+	c->src->chunks_inflight--;
+	c->src->inflight_bytes -= c->bytes;
 	if (s->failed || s->closed)
 		return;
 	if (c->result < 0) {
@@ -318,14 +357,18 @@ static void advance(struct session *s)
 			break;
 		j->state = JOB_IDLE;
 		s->published++;
-		uint64_t tokens = (uint64_t)j->plan.batch_size * j->plan.seq_len;
-		s->feed->tokens_served += tokens;
-		s->feed->batches++;
+		struct feed *f = s->feed;
+		f->tokens_served += (uint64_t)f->conf.batch_size * f->conf.seq_len;
+		f->batches++;
+		pack_counters_add(&f->packed, &j->counts);
+		for (uint32_t i = 0; f->n_sources && i < f->n_sources; i++)
+			f->source_docs[i] += j->src_docs[i];
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);
-	if (s->feed->kind == FEED_TEXT)
-		text_retire(s);
+	for (uint32_t i = 0; s->has_text && i < s->n_srcs; i++)
+		if (s->srcs[i].feed->kind == FEED_TEXT)
+			text_retire(s, &s->srcs[i]);
 	if (staged < 0)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
@@ -379,10 +422,270 @@ static void on_space(evutil_socket_t fd, short what, void *userdata)
 	pump(s);
 }
 
+/* ---- Packing whole documents: "pad", "bestfit", and mixtures (docs/sample-order.md, sections 11 to 14) ---- */
+
+static struct pack_doc *queue_at(struct session_src *x, size_t i)
+{
+	return &x->queue[(x->q_head + i) & (x->q_cap - 1)];
+}
+
+/*
+ * Takes documents from stream x into its queue until it holds `want`.
+ * Returns 0; -EAGAIN when a count is not known yet (tokenized text);
+ * -ENODATA (the rank gets no tokens); -ENOMEM.
+ */
+static int queue_fill(struct session_src *x, size_t want)
+{
+	struct stream *st = x->stream;
+	while (x->q_n < want) {
+		int r = stream_settle(st);
+		if (r < 0)
+			return r;
+		if (x->q_n == x->q_cap) {
+			size_t cap = MAX(x->q_cap * 2, (size_t)64);
+			struct pack_doc *q = malloc(cap * sizeof(*q));
+			if (!q)
+				return -ENOMEM;
+			for (size_t i = 0; i < x->q_n; i++)
+				q[i] = *queue_at(x, i);
+			free(x->queue);
+			x->queue = q;
+			x->q_cap = cap;
+			x->q_head = 0;
+		}
+		struct pack_doc d = {
+			.length = st->length, .epoch = st->walk.ep.epoch, .source = x->index, .seq = st->seq,
+			.pos = stream_tell(st), .ids = st->ids,
+		};
+		struct stream_piece piece;
+		r = stream_take(st, UINT64_MAX, &piece);
+		if (r < 0)
+			return r;
+		d.id = piece.doc;
+		*queue_at(x, x->q_n++) = d;
+		x->q_positions += d.length;
+	}
+	return 0;
+}
+
+/* The position of stream x's next undrawn document (what a cursor names for it). */
+static int queue_head_pos(struct session_src *x, struct stream_pos *ret)
+{
+	int r = queue_fill(x, 1);
+	if (r < 0)
+		return r;
+	*ret = queue_at(x, 0)->pos;
+	return 0;
+}
+
+static uint32_t source_of(const struct session *s, uint64_t k)
+{
+	return s->feed->n_sources ? mix_source(&s->feed->mix, k) : 0;
+}
+
+/* pack_source.next: the next document of the (mixed) sequence. */
+static int docs_next(void *userdata, struct pack_doc *ret)
+{
+	struct session *s = userdata;
+	struct session_src *x = &s->srcs[source_of(s, s->mix_k)];
+	int r = queue_fill(x, 1);
+	if (r < 0)
+		return r == -EAGAIN ? -EDEADLK : r; /* plan_ready() said every count was known */
+	*ret = *queue_at(x, 0);
+	x->q_head = (x->q_head + 1) & (x->q_cap - 1);
+	x->q_n--;
+	x->q_positions -= ret->length;
+	s->mix_k++;
+	return 0;
+}
+
+/* pack_source.mark: a bestfit buffer starts here; cursors inside it name this place. */
+static void docs_mark(void *userdata)
+{
+	struct session *s = userdata;
+	s->mark.k = s->mix_k;
+	for (uint32_t i = 0; i < s->n_srcs && !s->mark.error; i++) {
+		int r = queue_head_pos(&s->srcs[i], &s->mark.pos[i]);
+		if (r < 0)
+			s->mark.error = r == -EAGAIN ? -EDEADLK : r;
+	}
+}
+
+/* Draws the next document's length in plan_ready()'s dry run, without drawing it. */
+static int dry_take(struct session *s, size_t *used, uint64_t *k, uint64_t *ret_len)
+{
+	uint32_t i = source_of(s, *k);
+	struct session_src *x = &s->srcs[i];
+	int r = queue_fill(x, used[i] + 1);
+	if (r == -EAGAIN)
+		s->starved = i;
+	if (r < 0)
+		return r;
+	*ret_len = queue_at(x, used[i])->length;
+	used[i]++;
+	(*k)++;
+	return 0;
+}
+
+/*
+ * Whether the next plan (and the cursor after it) only needs documents whose
+ * counts are known: a dry run of the packer over the queues, filling them
+ * from the streams. Bestfit counts a buffer's rows from below (its positions
+ * / L), so it may ask for more documents than the plan takes, never fewer.
+ * Returns 0; -EAGAIN with s->starved naming the stream to tokenize further;
+ * -ENODATA, -ENOMEM.
+ */
+static int plan_ready(struct session *s)
+{
+	const struct feed *f = s->feed;
+	const uint64_t B = f->conf.batch_size, L = f->conf.seq_len;
+	size_t used[MIX_MAX_SOURCES] = { 0 };
+	uint64_t k = s->mix_k, len;
+	int r = 0;
+	s->starved = UINT32_MAX;
+	if (f->conf.packing == CONF_PACKING_PAD) {
+		for (uint64_t i = 0; i < B && r == 0; i++)
+			r = dry_take(s, used, &k, &len);
+	} else if (f->conf.packing == CONF_PACKING_CONCAT) {
+		const struct concat *c = &s->concat;
+		uint64_t need = B * L + 1, have = c->have ? c->cur.length - c->offset : 0;
+		need = c->have ? (need > have ? need - have : 0) : need + c->skip;
+		while (need > 0 && r == 0) {
+			r = dry_take(s, used, &k, &len);
+			need -= MIN(need, len);
+		}
+	} else {
+		uint64_t rows = s->resume_row ? 0 : bestfit_rows_left(&s->bestfit), want = B + s->resume_row;
+		while (rows < want && r == 0) {
+			uint64_t total = 0;
+			while (total < f->conf.pack_buffer && r == 0) {
+				r = dry_take(s, used, &k, &len);
+				total += len;
+			}
+			rows += (total + L - 1) / L;
+		}
+	}
+	/* The cursor after the plan names every stream's next document. */
+	for (uint32_t i = 0; i < s->n_srcs && r == 0; i++) {
+		r = queue_fill(&s->srcs[i], used[i] + 1);
+		if (r == -EAGAIN)
+			s->starved = i;
+	}
+	return r;
+}
+
+/* Plans batch `batch` into j (by_docs sessions). Returns 0 or a negative errno with a message in msg. */
+static int plan_docs(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen)
+{
+	const struct feed *f = s->feed;
+	const struct pack_source src = { .next = docs_next, .mark = docs_mark, .userdata = s };
+	int r;
+	if (s->resume_row) {
+		r = bestfit_resume(&s->bestfit, &src, s->resume_row);
+		if (r == -EINVAL) {
+			snprintf(msg, msglen, "cursor names row %" PRIu64 " of a packed buffer of %zu rows: it is not a position of this stream",
+				 s->resume_row, s->bestfit.packing.n_rows);
+			return r;
+		}
+		if (r < 0)
+			goto fail;
+		s->resume_row = 0;
+	}
+	if (f->conf.packing == CONF_PACKING_PAD)
+		r = pad_plan(&src, f->conf.batch_size, f->conf.seq_len, batch, &j->rows);
+	else if (f->conf.packing == CONF_PACKING_BESTFIT)
+		r = bestfit_plan(&s->bestfit, &src, f->conf.batch_size, batch, &j->rows);
+	else
+		r = concat_plan(&s->concat, &src, f->conf.batch_size, batch, &j->rows);
+	if (r == 0)
+		r = s->mark.error;
+	if (r < 0)
+		goto fail;
+
+	j->counts = j->rows.counts;
+	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++) {
+		j->src_docs[i] = 0;
+		j->hold[i] = UINT64_MAX;
+	}
+	for (size_t i = 0; i < j->rows.n_pieces; i++) {
+		const struct row_piece *p = &j->rows.pieces[i];
+		j->src_docs[p->doc.source] += p->offset == 0;
+		j->hold[p->doc.source] = MIN(j->hold[p->doc.source], p->doc.seq);
+	}
+	if (f->conf.packing == CONF_PACKING_CONCAT) {
+		const struct row_piece *p = &j->rows.lookahead;
+		j->hold[p->doc.source] = MIN(j->hold[p->doc.source], p->doc.seq);
+	}
+	return 0;
+fail:
+	snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": %s", batch,
+		 r == -ENODATA ? "this rank receives no tokens"
+		 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
+		 : r == -EDEADLK ? "internal error: planned past the tokenized text"
+				 : strerror(-r));
+	return r;
+}
+
+/* The cursor after the batch just planned (by_docs sessions): sections 12.5 and 14.4. */
+static int cursor_docs(struct session *s, struct cursor *c)
+{
+	const struct feed *f = s->feed;
+	const bool in_buffer = f->conf.packing == CONF_PACKING_BESTFIT && bestfit_rows_left(&s->bestfit) > 0;
+	const uint64_t row = in_buffer ? s->bestfit.row : 0;
+	if (!f->n_sources) {
+		if (in_buffer) {
+			c->pos = s->mark.pos[0];
+		} else {
+			int r = queue_head_pos(&s->srcs[0], &c->pos);
+			if (r < 0)
+				return r;
+		}
+		c->pos.offset = row; /* fc1's <offset> carries the row: a buffer starts at a document's start */
+		return 0;
+	}
+	c->n_sources = f->n_sources;
+	c->row = row;
+	c->k = in_buffer ? s->mark.k : s->mix_k;
+	for (uint32_t i = 0; i < f->n_sources; i++) {
+		if (in_buffer) {
+			c->src[i] = s->mark.pos[i];
+		} else {
+			int r = queue_head_pos(&s->srcs[i], &c->src[i]);
+			if (r < 0)
+				return r;
+		}
+		c->src[i].offset = 0;
+	}
+	if (f->conf.packing == CONF_PACKING_CONCAT) {
+		/* The look-ahead's document is in progress: the position is inside it. */
+		c->k = s->mix_k - 1;
+		c->offset = s->concat.offset;
+		c->src[s->concat.cur.source] = s->concat.cur.pos;
+		c->src[s->concat.cur.source].offset = 0;
+	}
+	return 0;
+}
+
+/* A plain "concat" batch's counters (section 13.2): every position a token; documents crossing a row end. */
+static void count_concat(const struct batch_plan *plan, struct pack_counters *ret)
+{
+	uint64_t pos = 0, L = plan->seq_len;
+	*ret = (struct pack_counters){ .positions = (uint64_t)plan->batch_size * L };
+	ret->tokens = ret->positions;
+	for (size_t i = 0; i + 1 < plan->n_pieces; i++) {
+		const struct stream_piece *p = &plan->pieces[i];
+		if (p->offset == 0) {
+			ret->docs++;
+			ret->cut_docs += pos % L + p->length > L;
+		}
+		pos += p->count;
+	}
+}
+
 /* Plans and submits batches while the client has free slots. */
 static void pump(struct session *s)
 {
-	char msg[256];
+	char msg[512];
 	uint32_t n = s->ring->slot_count;
 	for (;;) {
 		if (s->failed || s->closed)
@@ -396,7 +699,7 @@ static void pump(struct session *s)
 			s->full_ns_total += now_ns() - s->full_since_ns;
 			s->full_since_ns = 0;
 		}
-		const bool text = s->feed->kind == FEED_TEXT;
+		const bool text = s->has_text;
 		const uint64_t bl = (uint64_t)s->feed->conf.batch_size * s->feed->conf.seq_len;
 		while (s->planned - tail < n) {
 			struct session_job *j = &s->jobs[s->planned % n];
@@ -408,29 +711,50 @@ static void pump(struct session *s)
 					session_fail(s, r, s->staging->backend->error);
 				return;
 			}
-			if (text) {
-				/* Plan only what is tokenized: every position of the batch and the look-ahead. */
-				r = stream_settle(&s->stream);
-				if (r == -EAGAIN || (r == 0 && text_ready(s, bl + 1) < bl + 1))
-					break;
-			}
-			if (r == 0)
-				r = pack_plan(&s->stream, s->feed->conf.batch_size, s->feed->conf.seq_len, batch, &j->plan);
-			if (r < 0) {
-				snprintf(msg, sizeof(msg), "cannot plan batch %" PRIu64 ": %s", batch,
-					 r == -ENODATA ? "this rank receives no tokens"
-					 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
-							: strerror(-r));
-				session_fail(s, r, msg);
-				return;
-			}
 			struct cursor c = {
 				.fingerprint = s->feed->fingerprint,
 				.world = s->world,
 				.rank = s->rank,
 				.batch = batch + 1,
-				.pos = j->plan.next,
 			};
+			if (s->by_docs) {
+				/* Plan only from known counts: every document the packer may draw, and the next of each stream. */
+				r = text ? plan_ready(s) : 0;
+				if (r == -EAGAIN)
+					break;
+				if (r < 0)
+					snprintf(msg, sizeof(msg), "cannot plan batch %" PRIu64 ": %s", batch,
+						 r == -ENODATA ? "this rank receives no tokens" : strerror(-r));
+				else
+					r = plan_docs(s, j, batch, msg, sizeof(msg));
+				if (r == 0 && (r = cursor_docs(s, &c)) < 0)
+					snprintf(msg, sizeof(msg), "cannot name the cursor after batch %" PRIu64 ": %s", batch,
+						 strerror(-r));
+				if (r < 0) {
+					session_fail(s, r, msg);
+					return;
+				}
+			} else {
+				if (text) {
+					/* Plan only what is tokenized: every position of the batch and the look-ahead. */
+					r = stream_settle(&s->stream);
+					if (r == -EAGAIN || (r == 0 && text_ready(&s->srcs[0], bl + 1) < bl + 1))
+						break;
+				}
+				if (r == 0)
+					r = pack_plan(&s->stream, s->feed->conf.batch_size, s->feed->conf.seq_len, batch,
+						      &j->plan);
+				if (r < 0) {
+					snprintf(msg, sizeof(msg), "cannot plan batch %" PRIu64 ": %s", batch,
+						 r == -ENODATA ? "this rank receives no tokens"
+						 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
+								: strerror(-r));
+					session_fail(s, r, msg);
+					return;
+				}
+				c.pos = j->plan.next;
+				count_concat(&j->plan, &j->counts);
+			}
 			if (cursor_format(&c, j->cursor, sizeof(j->cursor)) < 0) {
 				session_fail(s, -ENOBUFS, "cursor does not fit");
 				return;
@@ -441,8 +765,10 @@ static void pump(struct session *s)
 			s->planned++;
 			pool_submit(s->producer->pool, &j->job);
 		}
-		if (text) {
-			int r = text_submit(s);
+		for (uint32_t i = 0; text && i < s->n_srcs; i++) {
+			if (s->srcs[i].feed->kind != FEED_TEXT)
+				continue;
+			int r = text_submit(s, &s->srcs[i]);
 			if (r < 0) {
 				session_fail(s, r, "cannot queue documents to tokenize: out of memory");
 				return;
@@ -516,20 +842,63 @@ static void session_unref(struct session *s)
 	if (leaked)
 		log_warning("feed %s rank %u/%u: GPU copies did not finish; keeping their memory", s->feed->name,
 			    s->rank, s->world);
-	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++)
+	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++) {
 		pack_plan_clear(&s->jobs[i].plan);
-	free(s->jobs);
-	stream_clear(&s->stream);
-	doc_walk_clear(&s->ahead);
-	while (s->chunk_head) {
-		struct text_chunk *c = s->chunk_head;
-		s->chunk_head = c->next;
-		chunk_free(c);
+		pad_batch_clear(&s->jobs[i].rows);
 	}
+	free(s->jobs);
+	for (uint32_t i = 0; s->srcs && i < s->n_srcs; i++) {
+		struct session_src *x = &s->srcs[i];
+		if (x->stream)
+			stream_clear(x->stream);
+		free(x->queue);
+		doc_walk_clear(&x->ahead);
+		while (x->chunk_head) {
+			struct text_chunk *c = x->chunk_head;
+			x->chunk_head = c->next;
+			chunk_free(c);
+		}
+	}
+	free(s->srcs);
+	bestfit_clear(&s->bestfit);
 	ring_free(s->ring);
 	s->feed->clients--;
 	feed_unref(s->feed);
 	free(s);
+}
+
+/*
+ * Opens stream x at pos (NULL: the start). Returns 0 or a negative errno
+ * with the attach error in err.
+ */
+static int src_open(struct session *s, struct session_src *x, const struct stream_pos *pos, char *err, size_t errlen)
+{
+	const struct feed *f = x->feed;
+	int r;
+	struct stream_source src = { .doc = text_doc, .userdata = x };
+	if (f->kind == FEED_TEXT)
+		r = stream_init_source(x->stream, &f->params, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
+				       pos);
+	else
+		r = stream_init(x->stream, &f->params, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
+				pos);
+	if (r == 0 && f->kind == FEED_TEXT) {
+		/* Tokenizing starts at the stream's own document and runs ahead of it. */
+		const struct doc_walk *w = &x->stream->walk;
+		r = doc_walk_seek(&x->ahead, &f->params, s->rank, s->world, w->ep.epoch, w->window, w->at);
+		x->ahead_seq = x->stream->seq;
+		if (r < 0) {
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+			return r;
+		}
+	}
+	if (r == -EINVAL)
+		snprintf(err, errlen, "cursor does not name a position in rank %u's stream of feed %s", s->rank, f->name);
+	else if (r == -ENODATA)
+		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s", s->rank, s->world, f->name);
+	else if (r < 0)
+		snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+	return r;
 }
 
 int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
@@ -541,12 +910,16 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
 		return f->error_code < 0 ? f->error_code : -EIO;
 	}
-	if (world > f->n_nonempty) {
-		snprintf(err, errlen,
-			 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
-			 f->name, f->n_nonempty, world);
-		return -EINVAL;
+	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
+		const struct feed *sf = f->n_sources ? f->sources[i] : f;
+		if (world > sf->n_nonempty) {
+			snprintf(err, errlen,
+				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
+				 sf->name, sf->n_nonempty, world);
+			return -EINVAL;
+		}
 	}
+	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
 		if (c->fingerprint != f->fingerprint) {
 			snprintf(err, errlen,
@@ -558,6 +931,14 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		if (c->world != world || c->rank != rank) {
 			snprintf(err, errlen, "cursor is for rank %u of world %u, not rank %u of world %u", c->rank,
 				 c->world, rank, world);
+			return -EINVAL;
+		}
+		/* Only bestfit has rows inside a buffer, only a mixture's concat an offset inside its document k. */
+		uint64_t row = f->n_sources ? c->row : by_docs ? c->pos.offset : 0;
+		if (c->n_sources != f->n_sources || (row && f->conf.packing != CONF_PACKING_BESTFIT) ||
+		    (c->offset && f->conf.packing != CONF_PACKING_CONCAT)) {
+			snprintf(err, errlen, "cursor does not name a position in rank %u's stream of feed %s", rank,
+				 f->name);
 			return -EINVAL;
 		}
 	}
@@ -575,6 +956,8 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->on_fail = on_fail;
 	s->userdata = userdata;
 	s->attach_ns = now_ns();
+	s->by_docs = by_docs;
+	s->starved = UINT32_MAX;
 
 	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
 				   .rank = rank, .world = world };
@@ -585,7 +968,9 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		goto fail;
 	}
 	s->jobs = calloc(slots, sizeof(*s->jobs));
-	if (!s->jobs) {
+	s->n_srcs = MAX(f->n_sources, 1u);
+	s->srcs = calloc(s->n_srcs, sizeof(*s->srcs));
+	if (!s->jobs || !s->srcs) {
 		r = -ENOMEM;
 		snprintf(err, errlen, "out of memory");
 		goto fail;
@@ -593,33 +978,56 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	for (unsigned i = 0; i < slots; i++)
 		s->jobs[i].job.run = job_run;
 
-	struct stream_source src = { .doc = text_doc, .userdata = s };
-	if (f->kind == FEED_TEXT)
-		r = stream_init_source(&s->stream, &f->params, &src, rank, world, f->bos_id >= 0, f->eos_id >= 0,
-				       c ? &c->pos : NULL);
-	else
-		r = stream_init(&s->stream, &f->params, f->doc_tokens, rank, world, f->bos_id >= 0, f->eos_id >= 0,
-				c ? &c->pos : NULL);
-	if (r == 0 && f->kind == FEED_TEXT) {
-		/* Tokenizing starts at the stream's own document and runs ahead of it. */
-		const struct doc_walk *w = &s->stream.walk;
-		r = doc_walk_seek(&s->ahead, &f->params, rank, world, w->ep.epoch, w->window, w->at);
-		s->ahead_seq = s->stream.seq;
-		if (r < 0) {
-			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+	for (uint32_t i = 0; i < s->n_srcs; i++) {
+		struct session_src *x = &s->srcs[i];
+		*x = (struct session_src){ .session = s, .feed = f->n_sources ? f->sources[i] : f, .index = i };
+		x->stream = i == 0 ? &s->stream : &x->own;
+		s->has_text |= x->feed->kind == FEED_TEXT;
+		struct stream_pos at;
+		const struct stream_pos *pos = NULL;
+		if (c) {
+			at = f->n_sources ? c->src[i] : c->pos;
+			if (by_docs)
+				at.offset = 0; /* by_docs streams stand at a document's start; fc1 carries the row there */
+			pos = &at;
+		}
+		r = src_open(s, x, pos, err, errlen);
+		if (r < 0)
+			goto fail;
+	}
+
+	if (by_docs) {
+		s->mix_k = c && f->n_sources ? c->k : 0;
+		concat_init(&s->concat, f->conf.seq_len, c ? c->offset : 0);
+		if (f->conf.packing == CONF_PACKING_BESTFIT &&
+		    (r = bestfit_init(&s->bestfit, f->conf.seq_len, f->conf.pack_buffer)) < 0) {
+			snprintf(err, errlen, "pack_buffer %" PRIu64 " is out of range", f->conf.pack_buffer);
 			goto fail;
 		}
-	}
-	if (r < 0) {
-		if (r == -EINVAL)
-			snprintf(err, errlen, "cursor does not name a position in rank %u's stream of feed %s", rank,
-				 f->name);
-		else if (r == -ENODATA)
-			snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s", rank, world,
-				 f->name);
-		else
-			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
-		goto fail;
+		if (c)
+			s->resume_row = f->n_sources ? c->row : c->pos.offset;
+		if (!s->has_text) {
+			/* Stored tokens: every count is known, so a cursor that names no position is refused now. */
+			const struct pack_source src = { .next = docs_next, .mark = docs_mark, .userdata = s };
+			if (s->resume_row) {
+				r = bestfit_resume(&s->bestfit, &src, s->resume_row);
+				s->resume_row = 0;
+			} else if (s->concat.skip) {
+				struct session_src *x = &s->srcs[source_of(s, s->mix_k)];
+				r = queue_fill(x, 1);
+				if (r == 0 && s->concat.skip >= queue_at(x, 0)->length)
+					r = -EINVAL;
+			}
+			if (r == 0)
+				r = s->mark.error;
+			if (r == -EINVAL)
+				snprintf(err, errlen, "cursor does not name a position in rank %u's stream of feed %s", rank,
+					 f->name);
+			else if (r < 0)
+				snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+			if (r < 0)
+				goto fail;
+		}
 	}
 
 	s->space_ev = event_new(p->base, s->ring->space_efd, EV_READ | EV_PERSIST, on_space, s);

@@ -7,6 +7,15 @@
  * whatever the thread count or timing, and a slow client only ever holds its
  * own slots.
  *
+ * Packing other than "concat" of one stream, and mixtures, plan by whole
+ * documents (docs/sample-order.md, sections 11 to 14): each stream (the
+ * feed's, or each source's) queues the documents taken from it, the packer
+ * (pad.h, bestfit.h, concat.h) draws them in mixed order, and a dry run over
+ * the queues first checks that every count a plan needs is known, so text
+ * tokenized on the way is never planned on a guess. Cursors name the
+ * bestfit buffer's start (recorded when the packer starts a buffer) or each
+ * stream's next document.
+ *
  * Lifetime: the server owns a session; each job in flight holds a reference,
  * so a client that vanishes mid-batch frees its ring only after the workers
  * are done with it.
@@ -19,12 +28,16 @@
 #include "daemon/feed/feed.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/order/cursor.h"
+#include "daemon/pack/bestfit.h"
+#include "daemon/pack/concat.h"
 #include "daemon/pack/pack.h"
+#include "daemon/pack/pad.h"
 #include "daemon/pool/pool.h"
 #include "daemon/ring/ring.h"
 
 struct producer;
 struct session;
+struct session_src;
 
 /* Called on the main thread when a session stops producing for good (error text in msg). */
 typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, void *userdata);
@@ -38,6 +51,7 @@ typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, vo
 struct text_chunk {
 	struct pool_job job;
 	struct session *session;
+	struct session_src *src;      /* the stream it belongs to */
 	struct text_chunk *next;      /* in stream order */
 	struct text_chunk *next_done; /* completion list */
 	uint64_t first_seq;
@@ -67,24 +81,27 @@ struct session_job {
 	int result;
 	char error[512];
 	struct session_job *next_done;
+	struct pad_batch rows;          /* by_docs sessions: the plan */
+	struct pack_counters counts;    /* what the batch holds, added to the feed's when it is published */
+	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
+	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
 };
 
-struct session {
-	unsigned refs;
-	struct producer *producer;
-	struct feed *feed;
-	struct ring *ring;
-	struct stream stream;
-	uint32_t rank, world;
-	uint64_t first_batch;  /* batch index of ring sequence 0 */
-	uint64_t planned;      /* sequences planned and handed to workers */
-	uint64_t published;    /* sequences published (ring head) */
-	struct session_job *jobs; /* one per slot */
-	bool failed, closed;
-	session_fail_fn on_fail;
-	void *userdata;
-	struct event *space_ev;
-	struct staging *staging; /* GPU staging of this ring (daemon/gpu), NULL for host batches */
+/*
+ * One stream of a session: the rank's stream of the feed, or of one of a
+ * mixture's sources. Documents taken from it wait in `queue` until the
+ * packer draws them, so that a plan can be checked (all its documents'
+ * counts known) before it is made.
+ */
+struct session_src {
+	struct session *session;
+	struct feed *feed;       /* the source's feed; the session's own for one stream */
+	uint32_t index;
+	struct stream *stream;   /* &session->stream for the first, else &own */
+	struct stream own;
+	struct pack_doc *queue;  /* ring of taken, undrawn documents */
+	size_t q_head, q_n, q_cap;
+	uint64_t q_positions;    /* their contributions' positions */
 
 	/* tokenized text (FEED_TEXT) */
 	struct text_chunk *chunk_head, *chunk_tail; /* oldest still in use .. newest */
@@ -94,6 +111,40 @@ struct session {
 	bool ahead_end;                /* the walk ended (the rank's documents run out) */
 	unsigned chunks_inflight;
 	uint64_t inflight_bytes;
+};
+
+struct session {
+	unsigned refs;
+	struct producer *producer;
+	struct feed *feed;
+	struct ring *ring;
+	struct stream stream;  /* the first stream (status reads its epoch) */
+	uint32_t rank, world;
+	uint64_t first_batch;  /* batch index of ring sequence 0 */
+	uint64_t planned;      /* sequences planned and handed to workers */
+	uint64_t published;    /* sequences published (ring head) */
+	struct session_job *jobs; /* one per slot */
+	struct session_src *srcs; /* the streams: one, or a mixture's sources in `sources` order */
+	uint32_t n_srcs;
+	bool has_text;            /* a stream is tokenized on the way: plan only from known counts */
+
+	/* packing other than plain "concat" of one stream (docs/sample-order.md, sections 11 to 14) */
+	bool by_docs;             /* plans are pad_batch rows of whole documents drawn from the streams */
+	uint64_t mix_k;           /* the next mixed document to draw (0, 1, ... without a mixture too) */
+	struct bestfit bestfit;
+	struct concat concat;     /* a mixture's "concat" */
+	uint64_t resume_row;      /* bestfit resuming inside a buffer: gather it and start at this row */
+	struct {                  /* where the current bestfit buffer started, for cursors */
+		uint64_t k;
+		struct stream_pos pos[MIX_MAX_SOURCES];
+		int error;
+	} mark;
+	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
+	bool failed, closed;
+	session_fail_fn on_fail;
+	void *userdata;
+	struct event *space_ev;
+	struct staging *staging; /* GPU staging of this ring (daemon/gpu), NULL for host batches */
 
 	/* telemetry */
 	uint64_t attach_ns;

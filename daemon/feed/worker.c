@@ -18,7 +18,8 @@
 struct widen_run {
 	size_t pos;
 	size_t n;
-	uint32_t shard;
+	const struct feed *feed;            /* whose shard (a mixture's source) */
+	const struct megatron_shard *shard;
 	uint64_t byte_offset; /* in .bin, for messages */
 };
 
@@ -82,8 +83,8 @@ static int reserve(struct worker *w, size_t positions, size_t pieces)
 
 struct emit_ctx {
 	struct worker *w;
+	const struct feed *feed;
 	const struct megatron_shard *shard;
-	uint32_t shard_index;
 	size_t n;
 	size_t pos; /* stream position of the next token */
 };
@@ -103,11 +104,126 @@ static int emit_range(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
 		.len = n_tokens * c->shard->itemsize,
 		.dst = w->raw + c->pos * 8,
 	};
-	w->runs[c->n] = (struct widen_run){ .pos = c->pos, .n = n_tokens, .shard = c->shard_index,
+	w->runs[c->n] = (struct widen_run){ .pos = c->pos, .n = n_tokens, .feed = c->feed, .shard = c->shard,
 					    .byte_offset = byte_offset };
 	c->n++;
 	c->pos += n_tokens;
 	return 0;
+}
+
+/*
+ * Lays out positions offset .. offset + count - 1 of a document's contribution
+ * (document `doc` of feed sf, `length` positions) at batch positions pos ..:
+ * bos/eos written inline, tokens copied from memory (tokenized text) or
+ * queued as reads into w->raw. Position n is the look-ahead, kept aside.
+ */
+static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf, uint64_t doc, const int32_t *tokens,
+		     uint64_t offset, uint64_t count, uint64_t length, size_t pos, int32_t *ids, size_t n,
+		     int32_t *lookahead, char *err, size_t errlen)
+{
+#define AT(p) ((p) < n ? ids + (p) : lookahead)
+	const bool bos = sf->bos_id >= 0, eos = sf->eos_id >= 0;
+	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
+	uint64_t n_tokens = length - bos - eos;
+	uint64_t lo = MAX(offset, (uint64_t)bos), hi = MIN(offset + count, bos + n_tokens);
+
+	if (bos && offset == 0)
+		*AT(pos) = sf->bos_id;
+	if (eos && offset + count == length)
+		*AT(pos + count - 1) = sf->eos_id;
+	if (lo < hi && tokens) {
+		/* Tokenized text: the tokens are in memory already. */
+		if (pos >= n)
+			*lookahead = tokens[lo - bos];
+		else
+			memcpy(ids + pos + (lo - offset), tokens + (lo - bos), (hi - lo) * sizeof(int32_t));
+	} else if (lo < hi) {
+		c->feed = sf;
+		c->shard = sf->shards[s];
+		c->pos = pos + (lo - offset);
+		int r = megatron_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
+		if (r < 0) {
+			snprintf(err, errlen, "%s: document %" PRIu32 ": cannot map tokens %" PRIu64 "..%" PRIu64,
+				 c->shard->idx_path, d, lo - bos, hi - bos);
+			return r;
+		}
+	}
+	return 0;
+#undef AT
+}
+
+/*
+ * Runs the reads lay_piece() queued and widens their tokens into place,
+ * checking each against its feed's vocabulary when it names a tokenizer.
+ */
+static int read_tokens(struct worker *w, const struct feed *f, const struct emit_ctx *c, int32_t *ids, size_t n,
+		       int32_t *lookahead, char *err, size_t errlen)
+{
+#define AT(p) ((p) < n ? ids + (p) : lookahead)
+	struct stage_clock stage_clock;
+	size_t failed = 0;
+	const struct io_stats *io = io_reader_stats(w->io);
+	uint64_t io_bytes = io->bytes, io_depth_sum = io->depth_sum, io_depth_n = io->depth_n;
+	stage_begin(&stage_clock, true);
+	int r = io_reader_run(w->io, w->reqs, c->n, &failed);
+	if (r < 0) {
+		const struct megatron_shard *sh = w->runs[failed].shard;
+		if (r == -ENODATA)
+			snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its .idx points to: the file changed while serving",
+				 sh->bin_path, w->runs[failed].byte_offset + w->reqs[failed].len);
+		else
+			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", sh->bin_path,
+				 w->runs[failed].byte_offset, strerror(-r));
+		return r;
+	}
+	/* pread has no queue: one request at a time. */
+	stage_end_io(&f->stages->read, &stage_clock, io->bytes - io_bytes,
+		     io->depth_n > io_depth_n ? io->depth_sum - io_depth_sum : (c->n > 0),
+		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c->n > 0));
+	for (size_t i = 0; i < c->n; i++) {
+		const struct widen_run *run = &w->runs[i];
+		const struct megatron_shard *sh = run->shard;
+		size_t bad;
+		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
+		if (r < 0) {
+			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
+				 run->byte_offset + bad * sh->itemsize);
+			return r;
+		}
+		const uint64_t vocab = run->feed->tok ? tok_vocab_size(run->feed->tok) : 0;
+		if (vocab) {
+			/* A feed that names its tokenizer knows its vocabulary: an id past it is a corrupt shard. */
+			const int32_t *t = AT(run->pos);
+			int32_t max = 0;
+			for (size_t k = 0; k < run->n; k++)
+				max = t[k] > max ? t[k] : max;
+			if ((uint64_t)max >= vocab) {
+				size_t k = 0;
+				while ((uint64_t)t[k] < vocab)
+					k++;
+				snprintf(err, errlen, "%s: token at byte %" PRIu64 " is %" PRId32 ", beyond the tokenizer's vocabulary of %" PRIu64 " ids",
+					 sh->bin_path, run->byte_offset + k * sh->itemsize, t[k], vocab);
+				return -ERANGE;
+			}
+		}
+	}
+	return 0;
+#undef AT
+}
+
+static void write_header(uint8_t *slot, uint64_t batch_index, uint64_t epoch, uint32_t rank, uint32_t world,
+			 uint32_t batch_size, uint32_t seq_len, uint32_t n_cu, uint32_t docs, const char *cursor)
+{
+	struct feed_slot_header *h = (struct feed_slot_header *)slot;
+	h->batch_index = batch_index;
+	h->epoch = epoch;
+	h->rank = rank;
+	h->world = world;
+	h->batch_size = batch_size;
+	h->seq_len = seq_len;
+	h->n_cu_seqlens = n_cu;
+	h->n_docs = docs;
+	snprintf(h->cursor, sizeof(h->cursor), "%s", cursor);
 }
 
 int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
@@ -129,109 +245,83 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 	 */
 	const size_t n = n_pos - 1;
 	int32_t *ids = (int32_t *)(slot + geom->off_input_ids), lookahead = 0;
-#define AT(p) ((p) < n ? ids + (p) : &lookahead)
 
 	/* Lay out the positions: bos/eos inline, token ranges as reads. */
-	const bool bos = f->bos_id >= 0, eos = f->eos_id >= 0;
 	struct emit_ctx c = { .w = w };
 	size_t pos = 0;
 	for (size_t i = 0; i < plan->n_pieces; i++) {
 		const struct stream_piece *p = &plan->pieces[i];
-		uint32_t s = ORDER_DOC_SHARD(p->doc), d = ORDER_DOC_INDEX(p->doc);
-		uint64_t tokens = p->length - bos - eos;
-		uint64_t lo = MAX(p->offset, (uint64_t)bos), hi = MIN(p->offset + p->count, bos + tokens);
-
 		memset(w->is_start + pos, 0, p->count);
 		w->is_start[pos] = p->offset == 0;
-		if (bos && p->offset == 0)
-			*AT(pos) = f->bos_id;
-		if (eos && p->offset + p->count == p->length)
-			*AT(pos + p->count - 1) = f->eos_id;
-		if (lo < hi && p->ids) {
-			/* Tokenized text: the tokens are in memory already. */
-			if (pos >= n)
-				lookahead = p->ids[lo - bos];
-			else
-				memcpy(ids + pos + (lo - p->offset), p->ids + (lo - bos), (hi - lo) * sizeof(int32_t));
-		} else if (lo < hi) {
-			c.shard = f->shards[s];
-			c.shard_index = s;
-			c.pos = pos + (lo - p->offset);
-			r = megatron_doc_ranges(c.shard, d, lo - bos, hi - lo, emit_range, &c);
-			if (r < 0) {
-				snprintf(err, errlen, "%s: document %" PRIu32 ": cannot map tokens %" PRIu64 "..%" PRIu64,
-					 f->shards[s]->idx_path, d, lo - bos, hi - bos);
-				return r;
-			}
-		}
+		r = lay_piece(w, &c, f, p->doc, p->ids, p->offset, p->count, p->length, pos, ids, n, &lookahead, err,
+			      errlen);
+		if (r < 0)
+			return r;
 		pos += p->count;
 	}
-
-	size_t failed = 0;
-	const struct io_stats *io = io_reader_stats(w->io);
-	uint64_t io_bytes = io->bytes, io_depth_sum = io->depth_sum, io_depth_n = io->depth_n;
-	stage_begin(&stage_clock, true);
-	r = io_reader_run(w->io, w->reqs, c.n, &failed);
-	if (r < 0) {
-		const struct megatron_shard *sh = f->shards[w->runs[failed].shard];
-		if (r == -ENODATA)
-			snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its .idx points to: the file changed while serving",
-				 sh->bin_path, w->runs[failed].byte_offset + w->reqs[failed].len);
-		else
-			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", sh->bin_path,
-				 w->runs[failed].byte_offset, strerror(-r));
+	r = read_tokens(w, f, &c, ids, n, &lookahead, err, errlen);
+	if (r < 0)
 		return r;
-	}
-	/* pread has no queue: one request at a time. */
-	stage_end_io(&f->stages->read, &stage_clock, io->bytes - io_bytes,
-		     io->depth_n > io_depth_n ? io->depth_sum - io_depth_sum : (c.n > 0),
-		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c.n > 0));
-	stage_begin(&stage_clock, false);
-	const uint64_t vocab = f->tok ? tok_vocab_size(f->tok) : 0;
-	for (size_t i = 0; i < c.n; i++) {
-		const struct widen_run *run = &w->runs[i];
-		const struct megatron_shard *sh = f->shards[run->shard];
-		size_t bad;
-		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
-		if (r < 0) {
-			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
-				 run->byte_offset + bad * sh->itemsize);
-			return r;
-		}
-		if (vocab) {
-			/* A feed that names its tokenizer knows its vocabulary: an id past it is a corrupt shard. */
-			const int32_t *t = AT(run->pos);
-			int32_t max = 0;
-			for (size_t k = 0; k < run->n; k++)
-				max = t[k] > max ? t[k] : max;
-			if ((uint64_t)max >= vocab) {
-				size_t k = 0;
-				while ((uint64_t)t[k] < vocab)
-					k++;
-				snprintf(err, errlen, "%s: token at byte %" PRIu64 " is %" PRId32 ", beyond the tokenizer's vocabulary of %" PRIu64 " ids",
-					 sh->bin_path, run->byte_offset + k * sh->itemsize, t[k], vocab);
-				return -ERANGE;
-			}
-		}
-	}
 
-	struct feed_slot_header *h = (struct feed_slot_header *)slot;
+	stage_begin(&stage_clock, false);
 	uint32_t docs;
-#undef AT
 	uint32_t n_cu = pack_fill(ids, lookahead, w->is_start, plan->batch_size, plan->seq_len, ids,
 				  (int32_t *)(slot + geom->off_labels),
 				  (int32_t *)(slot + geom->off_position_ids), (int32_t *)(slot + geom->off_cu_seqlens),
 				  &docs);
 	stage_end(&f->stages->pack, &stage_clock, n * sizeof(int32_t));
-	h->batch_index = plan->batch_index;
-	h->epoch = plan->epoch;
-	h->rank = rank;
-	h->world = world;
-	h->batch_size = plan->batch_size;
-	h->seq_len = plan->seq_len;
-	h->n_cu_seqlens = n_cu;
-	h->n_docs = docs;
-	snprintf(h->cursor, sizeof(h->cursor), "%s", cursor);
+	write_header(slot, plan->batch_index, plan->epoch, rank, world, plan->batch_size, plan->seq_len, n_cu, docs,
+		     cursor);
+	stage_end(&f->stages->job, &job_clock, n * sizeof(int32_t));
+	return 0;
+}
+
+int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad_batch *plan, uint32_t rank,
+			uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
+			char *err, size_t errlen)
+{
+	const uint32_t L = plan->seq_len;
+	const size_t n = (size_t)plan->batch_size * L;
+	const bool concat = f->conf.packing == CONF_PACKING_CONCAT;
+	struct stage_clock job_clock, stage_clock;
+	stage_begin(&job_clock, false);
+	int r = reserve(w, n + 1, MAX(plan->n_pieces + 1, (size_t)16));
+	if (r < 0) {
+		snprintf(err, errlen, "out of memory for a batch of %zu positions", n + 1);
+		return r;
+	}
+	int32_t *ids = (int32_t *)(slot + geom->off_input_ids), lookahead = 0;
+	struct emit_ctx c = { .w = w };
+	if (concat)
+		memset(w->is_start, 0, n + 1);
+	/* Each piece at its row and column; a mixture's pieces come from their sources' shards. */
+	for (size_t i = 0; i <= plan->n_pieces; i++) {
+		if (i == plan->n_pieces && !concat)
+			break;
+		const struct row_piece *p = i < plan->n_pieces ? &plan->pieces[i] : &plan->lookahead;
+		const struct feed *sf = f->n_sources ? f->sources[p->doc.source] : f;
+		size_t pos = i < plan->n_pieces ? (size_t)p->row * L + p->column : n;
+		if (concat)
+			w->is_start[pos] = p->offset == 0;
+		r = lay_piece(w, &c, sf, p->doc.id, p->doc.ids, p->offset, p->count, p->doc.length, pos, ids, n,
+			      &lookahead, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	r = read_tokens(w, f, &c, ids, n, &lookahead, err, errlen);
+	if (r < 0)
+		return r;
+
+	stage_begin(&stage_clock, false);
+	uint32_t docs, n_cu;
+	int32_t *labels = (int32_t *)(slot + geom->off_labels), *position_ids = (int32_t *)(slot + geom->off_position_ids);
+	int32_t *cu = (int32_t *)(slot + geom->off_cu_seqlens);
+	if (concat)
+		n_cu = pack_fill(ids, lookahead, w->is_start, plan->batch_size, L, ids, labels, position_ids, cu, &docs);
+	else
+		n_cu = pad_fill(plan, f->pad_id, ids, labels, position_ids, cu, &docs);
+	stage_end(&f->stages->pack, &stage_clock, n * sizeof(int32_t));
+	write_header(slot, plan->batch_index, plan->epoch, rank, world, plan->batch_size, L, n_cu, docs, cursor);
 	stage_end(&f->stages->job, &job_clock, n * sizeof(int32_t));
 	return 0;
 }

@@ -13,6 +13,7 @@
 #include "daemon/format/jsonl.h"
 #include "daemon/io/reader.h"
 #include "daemon/pack/pack.h"
+#include "daemon/pack/pad.h"
 #include "proto/ring_abi.h"
 
 struct worker {
@@ -58,3 +59,12 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c);
 int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
 		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
 		   char *err, size_t errlen);
+
+/*
+ * Produces a batch planned as rows of whole documents (packing pad or
+ * bestfit, or a mixture's concat): each piece's tokens at its row and column,
+ * then pad_fill() (pack_fill() for concat). Returns like worker_produce().
+ */
+int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad_batch *plan, uint32_t rank,
+			uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
+			char *err, size_t errlen);

@@ -40,6 +40,9 @@ struct vmm {
 	PFN_cuMemSetAccess_v10020 set_access;
 	PFN_cuMemGetAllocationGranularity_v10020 granularity;
 	PFN_cuDeviceGetAttribute_v2000 attribute;
+	/* for messages only: NULL when the driver lacks them */
+	PFN_cuGetErrorName_v6000 error_name;
+	PFN_cuGetErrorString_v6000 error_string;
 };
 
 struct cuda {
@@ -101,10 +104,28 @@ static int fail(struct cuda *c, cudaError_t e, const char *what)
 	return errno_of(e);
 }
 
+/* As fail() for a driver entry point: the driver's own text and name when it can give them. */
 static int fail_drv(struct cuda *c, CUresult e, const char *what)
 {
-	snprintf(c->b.error, sizeof(c->b.error), "%s: CUDA driver error %d", what, (int)e);
-	return e == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+	const char *name = NULL, *text = NULL;
+	if (c->vmm.error_name && c->vmm.error_name(e, &name) != CUDA_SUCCESS)
+		name = NULL;
+	if (c->vmm.error_string && c->vmm.error_string(e, &text) != CUDA_SUCCESS)
+		text = NULL;
+	if (name && text)
+		snprintf(c->b.error, sizeof(c->b.error), "%s: %s (%s)", what, text, name);
+	else
+		snprintf(c->b.error, sizeof(c->b.error), "%s: CUDA driver error %d", what, (int)e);
+	switch (e) {
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return -ENOMEM;
+	case CUDA_ERROR_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	case CUDA_ERROR_INVALID_VALUE:
+		return -EINVAL;
+	default:
+		return -EIO;
+	}
 }
 
 static int use_device(struct cuda *c, int device)
@@ -400,6 +421,44 @@ static int cuda_notify(struct gpu_backend *b, struct gpu_stream *s, int fd)
 	return e == cudaSuccess ? 0 : fail(c, e, "cudaLaunchHostFunc");
 }
 
+static int cuda_timer_new(struct gpu_backend *b, int device, struct gpu_event **ret)
+{
+	struct cuda *c = to_cuda(b);
+	int r = use_device(c, device);
+	if (r < 0)
+		return r;
+	struct gpu_event *ev = calloc(1, sizeof(*ev));
+	if (!ev)
+		return -ENOMEM;
+	ev->device = device;
+	/* Timing on, so not interprocess (CUDA allows interprocess events only with timing disabled). */
+	cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDefault);
+	if (e != cudaSuccess) {
+		free(ev);
+		return fail(c, e, "cudaEventCreateWithFlags");
+	}
+	*ret = ev;
+	return 0;
+}
+
+static int cuda_elapsed(struct gpu_backend *b, struct gpu_event *start, struct gpu_event *end, uint64_t *ret_ns)
+{
+	/* Queried first so that cudaEventElapsedTime never meets an unfinished event (it would not block, but fail). */
+	cudaError_t e = cudaEventQuery(end->e);
+	if (e == cudaErrorNotReady)
+		return 0;
+	if (e != cudaSuccess)
+		return fail(to_cuda(b), e, "cudaEventQuery");
+	float ms = 0;
+	e = cudaEventElapsedTime(&ms, start->e, end->e);
+	if (e == cudaErrorNotReady)
+		return 0;
+	if (e != cudaSuccess)
+		return fail(to_cuda(b), e, "cudaEventElapsedTime");
+	*ret_ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+	return 1;
+}
+
 static const struct gpu_backend_ops cuda_ops = {
 	.name = "cuda",
 	.free = cuda_free,
@@ -417,6 +476,8 @@ static const struct gpu_backend_ops cuda_ops = {
 	.record = cuda_record,
 	.query = cuda_query,
 	.notify = cuda_notify,
+	.timer_new = cuda_timer_new,
+	.elapsed = cuda_elapsed,
 };
 
 /* Resolves one driver entry point; false when this driver lacks it. */
@@ -453,6 +514,10 @@ int gpu_backend_cuda_new(struct gpu_backend **ret, char *err, size_t errlen)
 		      entry("cuMemUnmap", (void **)&v->unmap) && entry("cuMemSetAccess", (void **)&v->set_access) &&
 		      entry("cuMemGetAllocationGranularity", (void **)&v->granularity) &&
 		      entry("cuDeviceGetAttribute", (void **)&v->attribute);
+	if (!entry("cuGetErrorName", (void **)&v->error_name) || !entry("cuGetErrorString", (void **)&v->error_string)) {
+		v->error_name = NULL;
+		v->error_string = NULL;
+	}
 	*ret = &c->b;
 	return 0;
 }

@@ -39,6 +39,7 @@ struct gpu_event {
 	uint64_t magic;
 	uint64_t recorded;  /* records queued so far */
 	uint64_t completed; /* records the streams have reached */
+	uint64_t at_ns;     /* when the stream reached the latest record (timers) */
 };
 
 enum op_kind { OP_WAIT, OP_COPY, OP_RECORD, OP_NOTIFY };
@@ -104,8 +105,10 @@ static void *stream_run(void *arg)
 			break;
 		}
 		case OP_RECORD:
-			if (o->event->completed < o->target)
+			if (o->event->completed < o->target) {
 				o->event->completed = o->target;
+				o->event->at_ns = now_ns();
+			}
 			pthread_cond_broadcast(&sim->cond);
 			break;
 		}
@@ -296,6 +299,23 @@ static int sim_notify(struct gpu_backend *b, struct gpu_stream *s, int fd)
 	return enqueue(s, &(struct op){ .kind = OP_NOTIFY, .fd = fd });
 }
 
+static int sim_timer_new(struct gpu_backend *b, int device, struct gpu_event **ret)
+{
+	uint8_t handle[WIRE_IPC_HANDLE_SIZE];
+	return sim_event_new(b, device, ret, handle);
+}
+
+static int sim_elapsed(struct gpu_backend *b, struct gpu_event *start, struct gpu_event *end, uint64_t *ret_ns)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	int done = end->completed >= end->recorded && start->completed >= start->recorded;
+	if (done)
+		*ret_ns = end->at_ns > start->at_ns ? end->at_ns - start->at_ns : 0;
+	pthread_mutex_unlock(&sim->lock);
+	return done;
+}
+
 static const struct gpu_backend_ops sim_ops = {
 	.name = "sim",
 	.free = sim_free,
@@ -313,6 +333,8 @@ static const struct gpu_backend_ops sim_ops = {
 	.record = sim_record,
 	.query = sim_query,
 	.notify = sim_notify,
+	.timer_new = sim_timer_new,
+	.elapsed = sim_elapsed,
 };
 
 int gpu_backend_sim_new(unsigned devices, struct gpu_backend **ret)

@@ -68,6 +68,17 @@ struct gpu_backend_ops {
 	int (*query)(struct gpu_backend *b, struct gpu_event *e);
 	/* Queues "write 1 to the eventfd fd" on s, after the work queued so far (a host callback). */
 	int (*notify)(struct gpu_backend *b, struct gpu_stream *s, int fd);
+	/*
+	 * A timing event, private to the daemon (not interprocess), recorded
+	 * around the daemon's own copies to measure them on the GPU's clock.
+	 * Freed with event_free.
+	 */
+	int (*timer_new)(struct gpu_backend *b, int device, struct gpu_event **ret);
+	/*
+	 * The GPU time between the most recent records of two timers: 1 with it
+	 * in *ret_ns once `end` has run, 0 while it is pending; never blocks.
+	 */
+	int (*elapsed)(struct gpu_backend *b, struct gpu_event *start, struct gpu_event *end, uint64_t *ret_ns);
 };
 
 struct gpu_backend {

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,10 @@
 
 #include "config.h"
 #include "daemon/gpu/gpu.h"
+#include "proto/macro.h"
+
+/* Device allocations are made in these units (VMM granularity and the cudaMalloc fallback alike). */
+#define GPU_ALLOC_UNIT (UINT64_C(2) << 20)
 
 #if !HAVE_CUDA
 int gpu_backend_cuda_new(struct gpu_backend **ret, char *err, size_t errlen)
@@ -42,6 +47,13 @@ int gpu_open(const char *which, struct gpu **ret)
 	} else {
 		int n = g->backend->ops->device_count(g->backend);
 		snprintf(g->status, sizeof(g->status), "%s: %d device%s", g->backend->ops->name, n, n == 1 ? "" : "s");
+		g->devices = MAX(n, 0);
+		g->used = calloc(MAX(g->devices, 1), sizeof(*g->used));
+		if (!g->used) {
+			gpu_backend_free(g->backend);
+			free(g);
+			return -ENOMEM;
+		}
 	}
 	*ret = g;
 	return 0;
@@ -52,8 +64,28 @@ struct gpu *gpu_free(struct gpu *g)
 	if (!g)
 		return NULL;
 	gpu_backend_free(g->backend);
+	free(g->used);
 	free(g);
 	return NULL;
+}
+
+void gpu_configure(struct gpu *g, uint64_t memory_max)
+{
+	if (g)
+		g->memory_max = memory_max;
+}
+
+json_t *gpu_client_json(struct staging *st)
+{
+	staging_collect(st);
+	const struct staging_counters *n = &st->n;
+	return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I}", "device", st->device, "export",
+			 st->export.kind == WIRE_DEVICE_VMM ? "vmm" : "ipc", "memory_bytes",
+			 (json_int_t)st->mem_size, "copies", (json_int_t)n->copies, "h2d_bytes", (json_int_t)n->bytes,
+			 "events_waited", (json_int_t)n->waits, "h2d_ms", (double)n->h2d_ns / 1e6, "copies_timed",
+			 (json_int_t)n->timed, "h2d_gb_per_s",
+			 n->h2d_ns ? json_real((double)n->timed_bytes / (double)n->h2d_ns) : json_null(),
+			 "refills_deferred", (json_int_t)n->not_ready);
 }
 
 int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging **ret, char *err, size_t errlen)
@@ -63,7 +95,27 @@ int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging
 			 g ? g->status : "unavailable");
 		return -ENODEV;
 	}
-	return staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, ret, err, errlen);
+	if (device >= (uint32_t)g->devices) {
+		snprintf(err, errlen, "there is no device cuda:%u (feedd sees %d)", device, g->devices);
+		return -ENODEV;
+	}
+	/* Checked before allocating, at the size the allocation will round to. */
+	uint64_t need = ALIGN_UP((uint64_t)ring->hdr->slot_size * ring->hdr->slot_count, GPU_ALLOC_UNIT);
+	if (g->memory_max && g->used[device] + need > g->memory_max) {
+		snprintf(err, errlen,
+			 "its device buffers need %" PRIu64 " bytes on cuda:%u, and with %" PRIu64
+			 " bytes already staged there that passes feedd's gpu_memory_max (%" PRIu64 " bytes)",
+			 need, device, g->used[device], g->memory_max);
+		return -EDQUOT;
+	}
+	struct staging *st;
+	int r = staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, &st, err, errlen);
+	if (r < 0)
+		return r;
+	st->charge = &g->used[device];
+	*st->charge += st->mem_size;
+	*ret = st;
+	return 0;
 }
 
 int gpu_attach_reply(struct gpu *g, struct ring *ring, const struct wire_attach *a, struct staging **ret_staging,

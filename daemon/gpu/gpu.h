@@ -7,6 +7,7 @@
  */
 #pragma once
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,9 @@
 struct gpu {
 	struct gpu_backend *backend; /* NULL in host-only mode */
 	char status[320];            /* "cuda: N devices (...)" or "unavailable: <reason>" */
+	uint64_t memory_max;         /* [feedd] gpu_memory_max: device bytes of client staging per device, 0: no limit */
+	uint64_t *used;              /* device bytes staged now, per device (backend's device_count entries) */
+	int devices;
 };
 
 /*
@@ -28,6 +32,12 @@ struct gpu {
 int gpu_open(const char *which, struct gpu **ret);
 struct gpu *gpu_free(struct gpu *g);
 
+/* Applies the limits of a (re)loaded config; attachments made before keep their memory. */
+void gpu_configure(struct gpu *g, uint64_t memory_max);
+
+/* The per-client "gpu" member of status: device, copies, bytes, H2D time, waits (new reference). */
+json_t *gpu_client_json(struct staging *st);
+
 /* True when device attachments can be served. */
 static inline bool gpu_available(const struct gpu *g)
 {
@@ -36,8 +46,8 @@ static inline bool gpu_available(const struct gpu *g)
 
 /*
  * Stages `ring` on `device` for one client. Returns 0; -ENODEV in host-only
- * mode or for a missing device; other negative errnos from the backend; with
- * a line in err.
+ * mode or for a missing device; -EDQUOT when its device buffers would pass
+ * gpu_memory_max; other negative errnos from the backend; with a line in err.
  */
 int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging **ret, char *err, size_t errlen);
 

@@ -79,6 +79,10 @@ int staging_new(struct gpu_backend *b, int device, struct feed_ring_header *hdr,
 		r = b->ops->event_new(b, device, &st->slots[i].ready, h);
 		if (r == 0)
 			r = b->ops->event_new(b, device, &st->slots[i].release, h + WIRE_IPC_HANDLE_SIZE);
+		if (r == 0)
+			r = b->ops->timer_new(b, device, &st->slots[i].t0);
+		if (r == 0)
+			r = b->ops->timer_new(b, device, &st->slots[i].t1);
 		if (r < 0) {
 			fail(err, errlen, r, "cannot create the slot events", b);
 			goto fail;
@@ -89,6 +93,24 @@ int staging_new(struct gpu_backend *b, int device, struct feed_ring_header *hdr,
 fail:
 	staging_free(st, NULL);
 	return r;
+}
+
+/* Adds a finished timed copy of slot to the counters; a copy still running stays pending. */
+static void collect_slot(struct staging *st, struct staging_slot *slot)
+{
+	uint64_t ns;
+	if (!slot->timing || st->backend->ops->elapsed(st->backend, slot->t0, slot->t1, &ns) != 1)
+		return;
+	st->n.h2d_ns += ns;
+	st->n.timed++;
+	st->n.timed_bytes += slot->len;
+	slot->timing = false;
+}
+
+void staging_collect(struct staging *st)
+{
+	for (uint32_t i = 0; i < st->slot_count; i++)
+		collect_slot(st, &st->slots[i]);
 }
 
 int staging_publish(struct staging *st, uint64_t seq, uint64_t tail)
@@ -115,19 +137,30 @@ int staging_publish(struct staging *st, uint64_t seq, uint64_t tail)
 	/* The header and the arrays in use: the unused tail of cu_seqlens is not worth the bandwidth. */
 	size_t len = MIN((size_t)st->hdr->off_cu_seqlens + 4u * (size_t)n_cu, st->stride);
 
+	/* The previous copy's time, before its timers are recorded again (one still running goes uncounted). */
+	collect_slot(st, slot);
+	slot->timing = false;
 	int r = 0;
 	if (reused)
 		r = b->ops->wait(b, st->stream, slot->release);
 	if (r == 0)
+		r = b->ops->record(b, st->stream, slot->t0);
+	if (r == 0)
 		r = b->ops->copy_h2d(b, st->stream, st->mem, (size_t)(seq % n) * st->stride, host, len);
+	if (r == 0)
+		r = b->ops->record(b, st->stream, slot->t1);
 	if (r == 0)
 		r = b->ops->record(b, st->stream, slot->ready);
 	if (r < 0)
 		return r;
 	slot->seq = seq;
 	slot->state = STAGING_SLOT_PUBLISHED;
+	slot->timing = true;
+	slot->len = len;
 	st->next_seq++;
-	st->bytes += len;
+	st->n.copies++;
+	st->n.bytes += len;
+	st->n.waits += reused;
 	return 0;
 }
 
@@ -140,8 +173,11 @@ int staging_host_reusable(struct staging *st, uint64_t seq)
 	int r = b->ops->query(b, slot->ready);
 	if (r != 0) {
 		st->notify_armed = false;
+		if (r == 1)
+			collect_slot(st, slot);
 		return r;
 	}
+	st->n.not_ready++;
 	/* The stream runs in order: a kick queued now comes after that copy. One is enough. */
 	if (!st->notify_armed) {
 		r = b->ops->notify(b, st->stream, st->wake_fd);
@@ -180,9 +216,16 @@ struct staging *staging_free(struct staging *st, bool *ret_leaked)
 			b->ops->event_free(b, st->slots[i].ready);
 		if (st->slots[i].release)
 			b->ops->event_free(b, st->slots[i].release);
+		if (st->slots[i].t0)
+			b->ops->event_free(b, st->slots[i].t0);
+		if (st->slots[i].t1)
+			b->ops->event_free(b, st->slots[i].t1);
 	}
 	if (st->mem && !leaked)
 		b->ops->mem_free(b, st->mem);
+	/* Memory kept under a copy that may still run stays counted against gpu_memory_max: it is still in use. */
+	if (st->mem && st->charge && !leaked)
+		*st->charge -= MIN(*st->charge, (uint64_t)st->mem_size);
 	if (st->registered && !leaked)
 		b->ops->host_unregister(b, st->hdr);
 	free(st->slots);

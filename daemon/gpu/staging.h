@@ -48,8 +48,22 @@ enum {
 
 struct staging_slot {
 	struct gpu_event *ready, *release;
+	struct gpu_event *t0, *t1; /* daemon-private timers around the slot's copy */
 	uint64_t seq;   /* the batch last staged here */
 	uint32_t state; /* STAGING_SLOT_* */
+	bool timing;    /* t0/t1 hold a copy not yet added to h2d_ns */
+	size_t len;     /* bytes of the slot's last copy */
+};
+
+/* What one client's staging did (status JSON "gpu"), counted on the main thread. */
+struct staging_counters {
+	uint64_t copies;       /* batches copied host to device */
+	uint64_t bytes;        /* bytes copied */
+	uint64_t waits;        /* release events the copy stream waited on (a slot reused) */
+	uint64_t h2d_ns;       /* GPU time of the copies timed so far (timer events, read without blocking) */
+	uint64_t timed;        /* copies whose time is in h2d_ns */
+	uint64_t timed_bytes;  /* their bytes */
+	uint64_t not_ready;    /* host slot refills deferred because its copy had not run yet */
 };
 
 struct staging {
@@ -68,7 +82,8 @@ struct staging {
 	uint64_t next_seq; /* the next batch to stage */
 	int wake_fd;       /* kicked when a pending copy finishes (not owned) */
 	bool notify_armed; /* a kick is queued and not yet consumed */
-	uint64_t bytes;    /* bytes copied so far */
+	struct staging_counters n;
+	uint64_t *charge;  /* device bytes accounted to (struct gpu, per device): mem_size is taken off when freed */
 };
 
 /*
@@ -97,6 +112,13 @@ int staging_host_reusable(struct staging *st, uint64_t seq);
  * would still be reading it); a backend error (text in the backend's error).
  */
 int staging_publish(struct staging *st, uint64_t seq, uint64_t tail);
+
+/*
+ * Adds the GPU time of every finished, not yet counted copy to st->n (never
+ * blocks; a copy still running is counted later). Call before reading the
+ * counters.
+ */
+void staging_collect(struct staging *st);
 
 /* The DEVICE_REPLY describing this staging; ret->handles points into st. */
 void staging_reply(const struct staging *st, struct wire_device_reply *ret);

@@ -2,10 +2,13 @@
 /* Cursor text encoding with a check value, so typos are caught, not resumed from. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "daemon/order/cursor.h"
+#include "proto/macro.h"
 
 static uint32_t check_of(const char *s, size_t n)
 {
@@ -15,18 +18,48 @@ static uint32_t check_of(const char *s, size_t n)
 	return (uint32_t)order_mix(h);
 }
 
+/* Appends printf output at *n; false when it does not fit. */
+static bool append(char *buf, size_t cap, size_t *n, const char *fmt, ...) _printf_(4, 5);
+static bool append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int m = vsnprintf(buf + *n, cap - *n, fmt, ap);
+	va_end(ap);
+	if (m < 0 || (size_t)m >= cap - *n)
+		return false;
+	*n += (size_t)m;
+	return true;
+}
+
 int cursor_format(const struct cursor *c, char *buf, size_t cap)
 {
-	int n = snprintf(buf, cap, "fc1-%016" PRIx64 "-%" PRIx32 "-%" PRIx32 "-%" PRIx64 "-%" PRIx64 "-%" PRIx32
-			 "-%" PRIx64 "-%" PRIx64,
-			 c->fingerprint, c->world, c->rank, c->batch, c->pos.epoch, c->pos.window, c->pos.index,
-			 c->pos.offset);
-	if (n < 0 || (size_t)n >= cap)
+	size_t n = 0;
+	bool ok;
+	if (cap < 4)
 		return -ENOBUFS;
-	int m = snprintf(buf + n, cap - (size_t)n, "-%08" PRIx32, check_of(buf, (size_t)n));
-	if (m < 0 || (size_t)(n + m) >= cap)
+	if (c->n_sources == 0) {
+		memcpy(buf, "fc1", 4);
+		n = 3;
+		ok = append(buf, cap, &n, "-%016" PRIx64, c->fingerprint) && append(buf, cap, &n, "-%" PRIx32, c->world) &&
+		     append(buf, cap, &n, "-%" PRIx32, c->rank) && append(buf, cap, &n, "-%" PRIx64, c->batch) &&
+		     append(buf, cap, &n, "-%" PRIx64, c->pos.epoch) && append(buf, cap, &n, "-%" PRIx32, c->pos.window) &&
+		     append(buf, cap, &n, "-%" PRIx64, c->pos.index) && append(buf, cap, &n, "-%" PRIx64, c->pos.offset);
+	} else {
+		memcpy(buf, "fc2", 4);
+		n = 3;
+		ok = append(buf, cap, &n, "-%016" PRIx64, c->fingerprint) && append(buf, cap, &n, "-%" PRIx32, c->world) &&
+		     append(buf, cap, &n, "-%" PRIx32, c->rank) && append(buf, cap, &n, "-%" PRIx64, c->batch) &&
+		     append(buf, cap, &n, "-%" PRIx64, c->k) && append(buf, cap, &n, "-%" PRIx64, c->offset) &&
+		     append(buf, cap, &n, "-%" PRIx64, c->row) && append(buf, cap, &n, "-%" PRIx32, c->n_sources);
+		for (uint32_t i = 0; ok && i < c->n_sources && i < MIX_MAX_SOURCES; i++)
+			ok = append(buf, cap, &n, "-%" PRIx64, c->src[i].epoch) &&
+			     append(buf, cap, &n, "-%" PRIx32, c->src[i].window) &&
+			     append(buf, cap, &n, "-%" PRIx64, c->src[i].index);
+	}
+	if (!ok || !append(buf, cap, &n, "-%08" PRIx32, check_of(buf, n)))
 		return -ENOBUFS;
-	return n + m;
+	return (int)n;
 }
 
 /* Parses one '-'-led lower-case hex field of at most 16 digits. */
@@ -52,30 +85,53 @@ static int hex_field(const char **p, uint64_t *ret)
 
 int cursor_parse(const char *text, struct cursor *ret)
 {
-	if (strncmp(text, "fc1", 3) != 0)
+	bool mixed;
+	if (strncmp(text, "fc1", 3) == 0)
+		mixed = false;
+	else if (strncmp(text, "fc2", 3) == 0)
+		mixed = true;
+	else
 		return -EINVAL;
 	const char *p = text + 3;
-	uint64_t f[8], check;
-	for (size_t i = 0; i < 8; i++) {
+	/* fc1: 8 fields before the check; fc2: 8, then 3 per source. */
+	uint64_t f[8 + 3 * MIX_MAX_SOURCES], check;
+	size_t fields = 8;
+	for (size_t i = 0; i < fields; i++) {
 		const char *start = p;
 		if (hex_field(&p, &f[i]) < 0)
 			return -EINVAL;
 		if (i == 0 && p - start != 17) /* '-' and exactly 16 digits */
 			return -EINVAL;
+		if (mixed && i == 7) {
+			if (f[7] == 0 || f[7] > MIX_MAX_SOURCES)
+				return -EINVAL;
+			fields += 3 * (size_t)f[7];
+		}
 	}
 	size_t body = (size_t)(p - text);
 	if (hex_field(&p, &check) < 0 || *p != 0 || p - text - (ptrdiff_t)body != 9)
 		return -EINVAL;
 	if (check != check_of(text, body))
 		return -EINVAL;
-	if (f[1] == 0 || f[1] > UINT32_MAX || f[2] >= f[1] || f[5] > UINT32_MAX)
+	if (f[1] == 0 || f[1] > UINT32_MAX || f[2] >= f[1])
 		return -EINVAL;
-	*ret = (struct cursor){
-		.fingerprint = f[0],
-		.world = (uint32_t)f[1],
-		.rank = (uint32_t)f[2],
-		.batch = f[3],
-		.pos = { .epoch = f[4], .window = (uint32_t)f[5], .index = f[6], .offset = f[7] },
-	};
+	struct cursor c = { .fingerprint = f[0], .world = (uint32_t)f[1], .rank = (uint32_t)f[2], .batch = f[3] };
+	if (!mixed) {
+		if (f[5] > UINT32_MAX)
+			return -EINVAL;
+		c.pos = (struct stream_pos){ .epoch = f[4], .window = (uint32_t)f[5], .index = f[6], .offset = f[7] };
+	} else {
+		c.k = f[4];
+		c.offset = f[5];
+		c.row = f[6];
+		c.n_sources = (uint32_t)f[7];
+		for (uint32_t i = 0; i < c.n_sources; i++) {
+			const uint64_t *t = &f[8 + 3 * i];
+			if (t[1] > UINT32_MAX)
+				return -EINVAL;
+			c.src[i] = (struct stream_pos){ .epoch = t[0], .window = (uint32_t)t[1], .index = t[2] };
+		}
+	}
+	*ret = c;
 	return 0;
 }

@@ -21,12 +21,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/order/stream.h"
+
 /* One document as a packer sees it: who it is, and how many positions it contributes. */
 struct pack_doc {
 	uint64_t id;     /* the caller's name for it (ORDER_DOC(shard, doc) for a plain feed) */
 	uint64_t length; /* positions of its contribution (bos + tokens + eos), > 0 */
 	uint64_t epoch;  /* epoch of its source's stream it belongs to */
 	uint32_t source; /* mixture source index; 0 without a mixture */
+	/* Where it came from, for the session: cursors and the lifetime of tokenized text. */
+	uint64_t seq;          /* its visit number in its source's stream */
+	struct stream_pos pos; /* its place in its source's stream (offset 0) */
+	const int32_t *ids;    /* its tokens (bos/eos excluded) when they are in memory (tokenized text), else NULL */
 };
 
 /*
@@ -86,6 +92,7 @@ struct pad_batch {
 	uint32_t batch_size, seq_len;
 	struct row_piece *pieces; /* ordered by row, then column; each row's pieces start at column 0, no gaps */
 	size_t n_pieces, cap;
+	struct row_piece lookahead; /* "concat" over documents (concat.h): the position after the batch, count 1 */
 	struct pack_counters counts; /* this batch's share */
 };
 

@@ -21,6 +21,7 @@
 #include "daemon/feed/feed.h"
 #include "daemon/feed/session.h"
 #include "daemon/gpu/gpu.h"
+#include "daemon/server/status.h"
 
 struct event_base;
 struct server;
@@ -37,20 +38,6 @@ struct server_config {
 	 */
 	int (*reload)(void *userdata, char *msg, size_t msglen);
 	void *userdata;
-};
-
-/* Why connections were refused or dropped (status: daemon.refused / daemon.dropped). */
-struct server_counters {
-	uint64_t accepted;            /* connections accepted, refused ones included */
-	uint64_t refused_credentials; /* peer not in allow_users / allow_groups */
-	uint64_t refused_limit;       /* max_connections or max_connections_per_uid reached */
-	uint64_t refused_memory;      /* attach over client_/uid_/memory_max */
-	uint64_t refused_admin;       /* RELOAD/DRAIN from an unprivileged peer */
-	uint64_t protocol_errors;     /* connections dropped for breaking the protocol: the sum of: */
-	uint64_t bad_magic, bad_version, unknown_type, oversized, bad_message, passed_fds, unread_output,
-		ring_protocol;
-	uint64_t clients_reaped;      /* connections closed because the peer process exited (pidfd) */
-	uint64_t stuck_clients;       /* times a client was reported for consuming nothing */
 };
 
 /*
@@ -80,7 +67,14 @@ int server_drain(struct server *s, const char *name, char *msg, size_t msglen);
 /* Stops accepting, tells attached clients the daemon is stopping, and frees everything. */
 struct server *server_free(struct server *s);
 
-/* The status document (docs/protocol.md#status), as JSON text (caller frees). */
+/*
+ * Takes the status snapshot (status.h) that the status document, the
+ * STATUS= line and the metrics are made of. Returns 0 (clear it with
+ * status_input_clear) or -ENOMEM.
+ */
+int server_snapshot(struct server *s, struct status_input *ret);
+
+/* The status document (docs/protocol.md#status), as JSON text (caller frees); NULL when out of memory. */
 char *server_status_json(struct server *s);
 
 /* The one-line summary for the service manager's STATUS=: feeds, clients, tokens/s, worst stall. */
@@ -94,3 +88,9 @@ void server_status_line(struct server *s, char *buf, size_t len);
 int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len);
 
 void server_counters(const struct server *s, struct server_counters *ret);
+
+/*
+ * Records where the metrics endpoint listens (listen, e.g. "127.0.0.1:9464";
+ * NULL: off) or why it does not (error, or NULL), for the status document.
+ */
+void server_set_metrics(struct server *s, const char *listen, const char *error);

@@ -1,11 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The status document: what `feedctl status --json` prints. Its schema is
- * documented in docs/protocol.md and kept stable: fields are added, never
- * renamed or removed.
+ * The status snapshot and what is made of it: the status document that
+ * `feedctl status --json` prints (its schema is documented in
+ * docs/protocol.md and kept stable: fields are added, never renamed or
+ * removed), the service manager's STATUS= line, and the Prometheus metrics
+ * (daemon/metrics). Each reads the same snapshot, so a number is computed in
+ * one place: server_snapshot() reads every value that needs care once
+ * (client-written consumer pages are clamped here) and the renderers only
+ * format.
+ *
+ * A snapshot points into the server's feeds and sessions: use it on the main
+ * thread before returning to the event loop, then status_input_clear() it.
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -13,15 +22,48 @@
 #include "daemon/feed/feed.h"
 #include "daemon/feed/session.h"
 #include "daemon/pool/pool.h"
+#include "proto/ring_abi.h"
 
+/* Why connections were refused or dropped (status: daemon.refused / daemon.dropped). */
+struct server_counters {
+	uint64_t accepted;            /* connections accepted, refused ones included */
+	uint64_t refused_credentials; /* peer not in allow_users / allow_groups */
+	uint64_t refused_limit;       /* max_connections or max_connections_per_uid reached */
+	uint64_t refused_memory;      /* attach over client_/uid_/memory_max */
+	uint64_t refused_admin;       /* RELOAD/DRAIN from an unprivileged peer */
+	uint64_t protocol_errors;     /* connections dropped for breaking the protocol: the sum of: */
+	uint64_t bad_magic, bad_version, unknown_type, oversized, bad_message, passed_fds, unread_output,
+		ring_protocol;
+	uint64_t clients_reaped;      /* connections closed because the peer process exited (pidfd) */
+	uint64_t stuck_clients;       /* times a client was reported for consuming nothing */
+};
+
+/* One attached client. */
 struct status_client {
+	/* the connection, as the server knows it */
 	uint64_t id;
 	pid_t pid;
 	uid_t uid;
 	const char *name;
 	struct session *session;
-	uint64_t connected_ns;
-	double tokens_per_s;
+	uint64_t connected_ns;  /* since the connection was accepted */
+	double tokens_per_s;    /* delivered over the last tick */
+	double stall_pct_tick;  /* its wait share over the last tick (the STATUS= line's "worst stall") */
+	bool stuck;             /* reported for releasing nothing for stuck_client_s */
+	uint64_t idle_ns;       /* since it last released a batch */
+	uint64_t memory;        /* ring bytes its session holds */
+
+	/* the session and its consumer page, read once; client-written values clamped */
+	uint64_t attached_ns;       /* since attach */
+	uint64_t published;         /* batches published into its ring */
+	uint64_t delivered;         /* batches next() returned (at most published) */
+	uint64_t wait_ns, step_ns;  /* time blocked in next(), and between next() calls */
+	uint64_t h2d_ns, reports, reported_step_ns; /* what the trainer reported itself */
+	uint64_t full_ns;           /* time its ring spent full */
+	uint64_t fill;              /* batches published and not released */
+	uint64_t epoch;             /* the epoch its stream is planned in (0 = the first pass) */
+	double stall_pct;           /* wait / (wait + step) since attach, in percent */
+	uint64_t hist_wait[FEED_HIST_BUCKETS]; /* next() waits, log-linear buckets (feed_hist_bucket) */
 };
 
 struct status_input {
@@ -29,12 +71,28 @@ struct status_input {
 	uint64_t uptime_ns;
 	struct pool *pool;
 	const char *gpu_status;
+	bool gpu_available;
+	const char *metrics_listen; /* the metrics endpoint's address, or NULL when off */
+	const char *metrics_error;  /* why it does not listen, or NULL */
 	struct feed **feeds;
 	size_t n_feeds;
+	uint64_t *feed_memory;      /* per feed: ring bytes of its clients */
 	struct status_client *clients;
 	size_t n_clients;
-	uint64_t accepted, protocol_errors;
+	size_t connections;         /* open connections, attached or not */
+	uint64_t ring_memory;       /* ring bytes of all sessions */
+	struct server_counters counters;
 };
+
+/* Frees what a snapshot allocated (server_snapshot) and zeroes it. */
+void status_input_clear(struct status_input *in);
 
 /* Returns the JSON text (caller frees), or NULL on allocation failure. */
 char *status_json(const struct status_input *in);
+
+/*
+ * The one-line summary for the service manager's STATUS=: feeds, clients,
+ * tokens/s, the worst stall over the last tick and the worst diagnosis.
+ * Always NUL-terminated.
+ */
+void status_line(const struct status_input *in, char *buf, size_t len);

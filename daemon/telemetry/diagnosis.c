@@ -7,8 +7,9 @@
  *   client: failed > slow-release > starved (blocked on an empty ring) >
  *           warming-up / idle (too few batches) > starved > transfer-bound >
  *           compute-bound; then a straggler check against its peers.
- *   starved, why: storage (reads off-CPU) > a busy stage (workers busy) >
- *                 latency (workers idle, batches still late).
+ *   starved, why: host (workers wait for a CPU) > storage (reads off-CPU) >
+ *                 a busy stage (workers busy) > latency (workers idle, batches
+ *                 still late).
  *   feed:   failed > idle > <cause>-bound (its worst starved client) > keeping up.
  */
 #include <inttypes.h>
@@ -86,8 +87,29 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 		return "stalled";
 	}
 	double span = (double)t->win.span_ns / 1e9;
+	/*
+	 * The host first: time waiting for a CPU is also off-CPU time of the
+	 * read stage and wall time of every stage, so on an oversubscribed host
+	 * the rules below would blame storage or a stage for the scheduler.
+	 * Workers that were runnable less than 5 % of one CPU say too little.
+	 */
+	const struct host *h = &tm.host;
+	double runq = telemetry_host_runqueue_pct();
+	if (!h->unavailable && h->win.span_ns && (h->win.cpu_ns + h->win.delay_ns) * 20 >= h->win.span_ns &&
+	    runq >= k->host_pct) {
+		char b[16];
+		snprintf(cause, cause_len, "host");
+		snprintf(out, len,
+			 "host CPUs oversubscribed: feedd's workers waited for a CPU %s %% of the time they could run, "
+			 "getting %.2f CPUs for %u threads (load average %s on %u CPUs); free CPUs for feedd before "
+			 "adding threads",
+			 fmt_pct(runq, a), (double)h->win.cpu_ns / (double)h->win.span_ns, tm.threads,
+			 fmt_pct(h->load_avg, b), h->cpus);
+		return "host-bound";
+	}
 	const struct stage *rd = &t->win.d.s[STAGE_READ];
-	double offcpu = pct(rd->offcpu_ns, job->busy_ns);
+	uint64_t worker_ns = tfeed_worker_ns(t);
+	double offcpu = pct(rd->offcpu_ns, worker_ns);
 	if (offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
@@ -109,16 +131,17 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 				best_ns = ns;
 			}
 		}
-		if (job->busy_ns > staged && job->busy_ns - staged > best_ns) {
+		/* Worker time no stage claims ("other"): batch assembly outside pack and read. */
+		if (worker_ns > staged && worker_ns - staged > best_ns) {
 			best = STAGE_JOB;
-			best_ns = job->busy_ns - staged;
+			best_ns = worker_ns - staged;
 		}
 		const struct stage *s = &t->win.d.s[best];
 		uint64_t bytes = best == STAGE_JOB ? job->bytes : s->bytes;
 		snprintf(cause, cause_len, "%s", stage_name(best));
 		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
 			 stage_noun(best), tm.threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
-			 fmt_pct(pct(best_ns, job->busy_ns), a), need, stage_noun(best));
+			 fmt_pct(pct(best_ns, worker_ns), a), need, stage_noun(best));
 		static char kind[_STAGE_MAX][24];
 		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
 		return kind[best];

@@ -70,6 +70,7 @@ struct tfeed {
 	struct tfeed *next;
 	const struct feed *f; /* dereferenced only while the server lists it */
 	bool seen;
+	bool text; /* FEED_TEXT: reads and tokenizing run in jobs of their own, outside `job` */
 	uint64_t last_ns;
 	struct feed_stages prev;
 	struct feed_slot slots[WINDOW_SLOTS];
@@ -78,8 +79,40 @@ struct tfeed {
 	struct diag diag;
 };
 
+/*
+ * The host as feedd's worker threads see it (/proc/self/task/TID/schedstat):
+ * CPU time they got and time they spent runnable on a run queue, waiting for
+ * a CPU. One sub-window per second group, like the feeds'.
+ */
+struct host_slot {
+	uint64_t span_ns, cpu_ns, delay_ns;
+};
+
+struct host_thread {
+	int tid;
+	bool worker;               /* named like the main thread: a pool worker (not io_uring's, not CUDA's) */
+	uint64_t cpu_ns, delay_ns; /* the previous reading */
+};
+
+struct host {
+	struct host_slot slots[WINDOW_SLOTS];
+	unsigned cur;
+	struct host_slot win;
+	uint64_t last_ns;
+	struct host_thread *threads; /* sorted by tid */
+	size_t n_threads;
+	bool unavailable;    /* no schedstat (kernel without CONFIG_SCHED_INFO): the rule stays silent */
+	unsigned cpus;       /* CPUs feedd may run on (sched_getaffinity) */
+	double load_avg;     /* the 1-minute load average at the last sample */
+	unsigned runnable;   /* runnable tasks on the host at the last sample (/proc/loadavg) */
+};
+
+/* Of the workers' runnable time over the window, the share spent waiting for a CPU (0 when unknown). */
+double telemetry_host_runqueue_pct(void);
+
 struct telemetry {
 	struct conf_diagnosis conf;
+	struct host host;
 	struct tclient *clients;
 	struct tfeed *feeds;
 	unsigned threads;
@@ -87,6 +120,20 @@ struct telemetry {
 };
 
 extern struct telemetry tm;
+
+/*
+ * All the worker time of a feed over its window: its batch jobs, plus for a
+ * text feed the jobs that read and tokenize documents ahead of them (their
+ * stages are not inside `job`; a Megatron feed reads inside its batch jobs).
+ */
+static inline uint64_t tfeed_worker_ns(const struct tfeed *t)
+{
+	const struct feed_stages *d = &t->win.d;
+	uint64_t ns = d->s[STAGE_JOB].busy_ns;
+	if (t->text)
+		ns += d->s[STAGE_READ].busy_ns + d->s[STAGE_DECOMPRESS].busy_ns + d->s[STAGE_TOKENIZE].busy_ns;
+	return ns;
+}
 
 struct tclient *telemetry_find_client(const struct session *s);
 struct tfeed *telemetry_find_feed(const struct feed *f);

@@ -10,10 +10,15 @@
  * backwards counts as no progress, and deltas are clamped, so a lying client
  * only ever distorts its own figures.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
@@ -278,6 +283,135 @@ void telemetry_tick_feed(const struct feed *f)
 		feed_sample(t, f, now, n_slots, step_ns);
 	}
 	t->seen = true;
+	t->text = f->kind == FEED_TEXT;
+}
+
+/* Reads a small /proc file into buf (NUL-terminated). Returns its length or a negative errno. */
+static ssize_t read_small(const char *path, char *buf, size_t len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = read(fd, buf, len - 1);
+	int e = errno;
+	close(fd);
+	if (n < 0)
+		return -e;
+	buf[n] = 0;
+	return n;
+}
+
+static int cmp_tid(const void *a, const void *b)
+{
+	int x = ((const struct host_thread *)a)->tid, y = ((const struct host_thread *)b)->tid;
+	return (x > y) - (x < y);
+}
+
+/*
+ * Once a second: the CPU time feedd's worker threads got and the time they
+ * waited on a run queue (schedstat), differenced per thread, so threads that
+ * come and go (a reload resizing the pool) add only what they did. Workers
+ * are the threads named like the main thread other than the main thread:
+ * io_uring's (iou-*) and CUDA's helpers rename themselves.
+ */
+static void host_sample(uint64_t now, unsigned n_slots, uint64_t step_ns)
+{
+	struct host *h = &tm.host;
+	char buf[256], path[64];
+	uint64_t dt = h->last_ns && now > h->last_ns ? now - h->last_ns : 0;
+	h->last_ns = now;
+
+	cpu_set_t set;
+	h->cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? (unsigned)CPU_COUNT(&set) : 0;
+	if (h->cpus == 0)
+		h->cpus = (unsigned)MAX(sysconf(_SC_NPROCESSORS_ONLN), 1L);
+	unsigned running = 0;
+	if (read_small("/proc/loadavg", buf, sizeof(buf)) > 0 && sscanf(buf, "%lf %*f %*f %u/", &h->load_avg, &running) >= 1)
+		h->runnable = running;
+
+	char comm[32] = "";
+	if (read_small("/proc/self/comm", comm, sizeof(comm)) < 0 || h->unavailable)
+		return;
+	DIR *d = opendir("/proc/self/task");
+	if (!d)
+		return;
+	struct host_thread *now_threads = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t cpu = 0, delay = 0;
+	int self = getpid();
+	for (struct dirent *e; (e = readdir(d));) {
+		int tid = atoi(e->d_name);
+		if (tid <= 0 || tid == self)
+			continue;
+		struct host_thread key = { .tid = tid }, *old = h->threads ?
+			bsearch(&key, h->threads, h->n_threads, sizeof(key), cmp_tid) : NULL;
+		bool worker;
+		if (old) {
+			worker = old->worker;
+		} else {
+			char c[32];
+			snprintf(path, sizeof(path), "/proc/self/task/%d/comm", tid);
+			if (read_small(path, c, sizeof(c)) < 0)
+				continue;
+			worker = strcmp(c, comm) == 0;
+		}
+		struct host_thread t = { .tid = tid, .worker = worker };
+		if (worker) {
+			unsigned long long on = 0, wait = 0;
+			snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
+			ssize_t r = read_small(path, buf, sizeof(buf));
+			if (r == -ENOENT && !old) {
+				/* No schedstat at all (CONFIG_SCHED_INFO off): say nothing rather than guess. */
+				h->unavailable = true;
+				break;
+			}
+			if (r < 0 || sscanf(buf, "%llu %llu", &on, &wait) != 2)
+				continue;
+			t.cpu_ns = on;
+			t.delay_ns = wait;
+			if (old) {
+				cpu += on >= old->cpu_ns ? on - old->cpu_ns : 0;
+				delay += wait >= old->delay_ns ? wait - old->delay_ns : 0;
+			}
+		}
+		if (n == cap) {
+			size_t ncap = cap ? 2 * cap : 16;
+			struct host_thread *x = realloc(now_threads, ncap * sizeof(*x));
+			if (!x)
+				break;
+			now_threads = x;
+			cap = ncap;
+		}
+		now_threads[n++] = t;
+	}
+	closedir(d);
+	if (n)
+		qsort(now_threads, n, sizeof(*now_threads), cmp_tid);
+	free(h->threads);
+	h->threads = now_threads;
+	h->n_threads = n;
+
+	struct host_slot *sl = &h->slots[h->cur];
+	sl->span_ns += dt;
+	sl->cpu_ns += cpu;
+	sl->delay_ns += delay;
+	h->win.span_ns += dt;
+	h->win.cpu_ns += cpu;
+	h->win.delay_ns += delay;
+	if (sl->span_ns < step_ns)
+		return;
+	h->cur = (h->cur + 1) % n_slots;
+	struct host_slot *o = &h->slots[h->cur];
+	h->win.span_ns -= o->span_ns;
+	h->win.cpu_ns -= o->cpu_ns;
+	h->win.delay_ns -= o->delay_ns;
+	*o = (struct host_slot){ 0 };
+}
+
+double telemetry_host_runqueue_pct(void)
+{
+	const struct host_slot *w = &tm.host.win;
+	return w->delay_ns ? 100.0 * (double)w->delay_ns / (double)(w->delay_ns + w->cpu_ns) : 0.0;
 }
 
 void telemetry_tick_end(struct pool *pool)
@@ -299,11 +433,12 @@ void telemetry_tick_end(struct pool *pool)
 
 	for (struct tclient *c = tm.clients; c; c = c->next)
 		client_sample(c, now, n_slots, step_ns);
+	host_sample(now, n_slots, step_ns);
 
 	/* The pool is shared: its busy share over the window is every feed's job time together. */
 	uint64_t job = 0, span = 0;
 	for (struct tfeed *t = tm.feeds; t; t = t->next) {
-		job += t->win.d.s[STAGE_JOB].busy_ns;
+		job += tfeed_worker_ns(t);
 		span = MAX(span, t->win.span_ns);
 	}
 	tm.threads = pool ? pool_threads(pool) : 1;
@@ -486,6 +621,10 @@ json_t *telemetry_feed_stages_json(const struct feed *f)
 	double span = t ? (double)t->win.span_ns / 1e9 : 0.0;
 	json_object_set_new(o, "window_s", json_real(span));
 	json_object_set_new(o, "threads", json_integer(tm.threads));
+	/* All the feed's worker time (batch jobs, and a text feed's read-and-tokenize jobs), per batch produced. */
+	uint64_t wns = t ? tfeed_worker_ns(t) : 0, batches = t ? t->win.d.s[STAGE_JOB].items : 0;
+	json_object_set_new(o, "workers", json_pack("{s:f, s:o}", "busy_threads", span > 0 ? (double)wns / 1e9 / span : 0.0,
+						    "ms_per_batch", batches ? json_real((double)wns / 1e6 / (double)batches) : json_null()));
 	for (unsigned i = 0; i < _STAGE_MAX; i++) {
 		const struct stage *w = t ? &t->win.d.s[i] : &(struct stage){ 0 };
 		json_t *s = json_object();
@@ -514,11 +653,17 @@ json_t *telemetry_daemon_json(void)
 	char line[512];
 	int sev = telemetry_worst(line, sizeof(line));
 	const struct conf_diagnosis *d = &tm.conf;
-	json_t *th = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "min_batches", (int)d->min_batches,
+	json_t *th = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "min_batches", (int)d->min_batches,
 			       "starved_pct", d->starved_pct, "busy_pct", d->busy_pct, "storage_pct", d->storage_pct,
-			       "full_pct", d->full_pct, "held_pct", d->held_pct, "h2d_pct", d->h2d_pct, "straggler_pct",
-			       d->straggler_pct, "straggler_min_ms", d->straggler_min_ms);
-	return json_pack("{s:i, s:i, s:o, s:f, s:{s:i, s:s}}", "window_s", (int)d->window_s, "history_s",
-			 (int)d->history_s, "thresholds", th, "pool_busy_pct", tm.pool_busy_pct, "worst", "severity",
-			 sev, "text", line);
+			       "host_pct", d->host_pct, "full_pct", d->full_pct, "held_pct", d->held_pct, "h2d_pct",
+			       d->h2d_pct, "straggler_pct", d->straggler_pct, "straggler_min_ms", d->straggler_min_ms);
+	const struct host *h = &tm.host;
+	double span = (double)h->win.span_ns / 1e9;
+	json_t *host = json_pack("{s:i, s:f, s:i, s:o, s:o}", "cpus", (int)h->cpus, "load_avg", h->load_avg, "runnable",
+				 (int)h->runnable, "workers_cpu_per_s",
+				 h->unavailable || span <= 0 ? json_null() : json_real((double)h->win.cpu_ns / 1e9 / span),
+				 "runqueue_pct", h->unavailable ? json_null() : json_real(telemetry_host_runqueue_pct()));
+	return json_pack("{s:i, s:i, s:o, s:f, s:o, s:{s:i, s:s}}", "window_s", (int)d->window_s, "history_s",
+			 (int)d->history_s, "thresholds", th, "pool_busy_pct", tm.pool_busy_pct, "host", host, "worst",
+			 "severity", sev, "text", line);
 }

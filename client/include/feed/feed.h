@@ -65,6 +65,15 @@ struct feed_batch {
 int feed_client_connect(const char *socket_path, feed_client **ret);
 
 /*
+ * As feed_client_connect(), and on failure writes one line saying why into
+ * err (errlen bytes, always NUL-terminated; err may be NULL): the daemon's
+ * own message when it refused the connection (-EACCES: not in allow_users /
+ * allow_groups; -EUSERS: max_connections or max_connections_per_uid
+ * reached), else what failed on this side.
+ */
+int feed_client_connect_err(const char *socket_path, char *err, size_t errlen, feed_client **ret);
+
+/*
  * Attaches to `feed` as `rank` of `world`, from the start of the stream or
  * from `cursor` (the cursor of the last batch consumed: the next batch
  * follows it). Returns 0, or a negative code with the daemon's message in

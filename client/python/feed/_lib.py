@@ -70,6 +70,7 @@ assert ctypes.sizeof(feed_stats) == 4152, "struct feed_stats layout"
 _P = ctypes.c_void_p
 _SIGNATURES = {
     "feed_client_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_P)]),
+    "feed_client_connect_err": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "feed_client_attach": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]),
     "feed_client_next": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(feed_batch)]),
     "feed_client_release": (ctypes.c_int, [_P, ctypes.POINTER(feed_batch)]),

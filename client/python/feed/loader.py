@@ -104,10 +104,12 @@ class _Conn:
 
     def __init__(self, socket):
         ptr = ctypes.c_void_p()
-        r = lib.feed_client_connect(socket.encode() if socket else None, ctypes.byref(ptr))
+        why = ctypes.create_string_buffer(1024)
+        r = lib.feed_client_connect_err(socket.encode() if socket else None, why, len(why), ctypes.byref(ptr))
         if r < 0:
             where = socket or os.environ.get("FEEDD_SOCKET") or "the default socket"
-            msg = f"cannot reach feedd at {where}: {_strerror(r)}"
+            # The daemon's own words when it refused us (a limit, access control), else libfeed's.
+            msg = why.value.decode(errors="replace") or f"cannot reach feedd at {where}: {_strerror(r)}"
             if r in (-errno.ENOENT, -errno.ECONNREFUSED):
                 raise DaemonGoneError(msg, r)
             _raise(r, msg)

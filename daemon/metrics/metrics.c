@@ -1,0 +1,464 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The metrics endpoint and the exposition text (metrics.h). Names follow
+ * Prometheus' conventions: the feedd_ prefix, base units (seconds, bytes),
+ * _total on counters, a HELP and a TYPE line before each family, and every
+ * sample of a family together. Label values are escaped as the format says
+ * (backslash, double quote, newline).
+ *
+ * Client series carry feed, rank, world, pid and client (the connection id):
+ * one process may hold two connections for the same rank, and two series
+ * with the same labels would make the whole scrape invalid.
+ *
+ * The wait histogram is the consumer page's log-linear histogram (4 buckets
+ * per power of two, in ns) folded into one Prometheus bucket per power of
+ * two from 2^10 ns to 2^34 ns: every `le` is a boundary of the ring's
+ * buckets, so the counts are exact, not interpolated. Ring buckets are
+ * half-open, [lo, hi): `le` = 2^k ns counts the waits below 2^k ns, which at
+ * nanosecond resolution is the waits of at most 2^k - 1 ns.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/server/server.h"
+#include "daemon/telemetry/stage.h"
+#include "proto/macro.h"
+
+#define HIST_FIRST_POW 10 /* 1.024 us */
+#define HIST_LAST_POW 34  /* 17.2 s */
+
+struct metrics {
+	struct evhttp *http;
+	struct server *srv;
+	char address[INET6_ADDRSTRLEN + 16];
+	struct metrics_self self;
+};
+
+/* The output buffer and whether any append failed (checked once at the end). */
+struct out {
+	struct evbuffer *b;
+	bool failed;
+};
+
+static void put(struct out *o, const char *fmt, ...) _printf_(2, 3);
+static void put(struct out *o, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	if (evbuffer_add_vprintf(o->b, fmt, ap) < 0)
+		o->failed = true;
+	va_end(ap);
+}
+
+static void family(struct out *o, const char *name, const char *type, const char *help)
+{
+	put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Seconds from nanoseconds, exactly: "12.000345678". */
+static const char *secs(uint64_t ns, char buf[static 32])
+{
+	snprintf(buf, 32, "%" PRIu64 ".%09" PRIu64, ns / NSEC_PER_SEC, ns % NSEC_PER_SEC);
+	return buf;
+}
+
+/* A float as the format spells it: NaN, +Inf, -Inf, or the shortest exact decimal. */
+static const char *num(double v, char buf[static 32])
+{
+	if (isnan(v))
+		return "NaN";
+	if (isinf(v))
+		return v > 0 ? "+Inf" : "-Inf";
+	snprintf(buf, 32, "%.17g", v);
+	return buf;
+}
+
+/* Appends v to a label string, escaped; returns the new length (capped at cap - 1). */
+static size_t escape(char *buf, size_t len, size_t cap, const char *v)
+{
+	for (; *v && len + 3 < cap; v++) {
+		if (*v == '\\' || *v == '"') {
+			buf[len++] = '\\';
+			buf[len++] = *v;
+		} else if (*v == '\n') {
+			buf[len++] = '\\';
+			buf[len++] = 'n';
+		} else {
+			buf[len++] = *v;
+		}
+	}
+	buf[len] = 0;
+	return len;
+}
+
+/* feed="name" */
+static void feed_labels(const struct feed *f, char *buf, size_t cap)
+{
+	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
+	n = escape(buf, n, cap, f->name);
+	snprintf(buf + n, cap - n, "\"");
+}
+
+/* feed="name",rank="r",world="w",pid="p",client="id" */
+static void client_labels(const struct status_client *c, char *buf, size_t cap)
+{
+	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
+	n = escape(buf, n, cap, c->session->feed->name);
+	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->session->rank,
+		 c->session->world, (int)c->pid, c->id);
+}
+
+#define LABELS_MAX 640 /* a feed name is a config section name: far shorter */
+
+static void render_daemon(struct out *o, const struct status_input *in, const struct metrics_self *self)
+{
+	char a[32];
+	const struct server_counters *n = &in->counters;
+	family(o, "feedd_build_info", "gauge", "The feedd version running; always 1.");
+	put(o, "feedd_build_info{version=\"%s\",systemd=\"%s\"} 1\n", FEEDD_VERSION, HAVE_SYSTEMD ? "yes" : "no");
+	family(o, "feedd_uptime_seconds", "gauge", "Seconds since feedd started serving.");
+	put(o, "feedd_uptime_seconds %s\n", secs(in->uptime_ns, a));
+	family(o, "feedd_gpu_available", "gauge", "1 when batches can be staged on a GPU, 0 in host-only mode.");
+	put(o, "feedd_gpu_available %d\n", in->gpu_available ? 1 : 0);
+	family(o, "feedd_worker_threads", "gauge", "Threads of the worker pool.");
+	put(o, "feedd_worker_threads %u\n", pool_threads(in->pool));
+	family(o, "feedd_worker_threads_busy", "gauge", "Worker threads running a job now.");
+	put(o, "feedd_worker_threads_busy %u\n", pool_busy(in->pool));
+	family(o, "feedd_worker_jobs_queued", "gauge", "Jobs waiting for a worker thread.");
+	put(o, "feedd_worker_jobs_queued %u\n", pool_queued(in->pool));
+	family(o, "feedd_clients", "gauge", "Clients attached to a feed.");
+	put(o, "feedd_clients %zu\n", in->n_clients);
+	family(o, "feedd_connections", "gauge", "Open connections on the control socket, attached or not.");
+	put(o, "feedd_connections %zu\n", in->connections);
+	family(o, "feedd_connections_accepted_total", "counter", "Connections accepted, refused ones included.");
+	put(o, "feedd_connections_accepted_total %" PRIu64 "\n", n->accepted);
+	family(o, "feedd_connections_refused_total", "counter",
+	       "Connections or requests refused: credentials (allow lists), limit (connection limits), "
+	       "memory (ring memory limits, at attach), admin (reload or drain from an unprivileged peer).");
+	put(o, "feedd_connections_refused_total{reason=\"credentials\"} %" PRIu64 "\n", n->refused_credentials);
+	put(o, "feedd_connections_refused_total{reason=\"limit\"} %" PRIu64 "\n", n->refused_limit);
+	put(o, "feedd_connections_refused_total{reason=\"memory\"} %" PRIu64 "\n", n->refused_memory);
+	put(o, "feedd_connections_refused_total{reason=\"admin\"} %" PRIu64 "\n", n->refused_admin);
+	family(o, "feedd_connections_dropped_total", "counter", "Connections dropped for breaking the protocol, by what they did.");
+	static const struct {
+		const char *reason;
+		size_t off;
+	} dropped[] = {
+		{ "bad_magic", offsetof(struct server_counters, bad_magic) },
+		{ "bad_version", offsetof(struct server_counters, bad_version) },
+		{ "unknown_type", offsetof(struct server_counters, unknown_type) },
+		{ "oversized", offsetof(struct server_counters, oversized) },
+		{ "bad_message", offsetof(struct server_counters, bad_message) },
+		{ "passed_fds", offsetof(struct server_counters, passed_fds) },
+		{ "unread_output", offsetof(struct server_counters, unread_output) },
+		{ "ring_protocol", offsetof(struct server_counters, ring_protocol) },
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(dropped); i++)
+		put(o, "feedd_connections_dropped_total{reason=\"%s\"} %" PRIu64 "\n", dropped[i].reason,
+		    *(const uint64_t *)((const char *)n + dropped[i].off));
+	family(o, "feedd_clients_reaped_total", "counter", "Connections closed because the client process exited.");
+	put(o, "feedd_clients_reaped_total %" PRIu64 "\n", n->clients_reaped);
+	family(o, "feedd_stuck_clients_total", "counter", "Times a client was reported for releasing no batch for stuck_client_s.");
+	put(o, "feedd_stuck_clients_total %" PRIu64 "\n", n->stuck_clients);
+	family(o, "feedd_ring_memory_bytes", "gauge", "Shared memory held by all clients' rings.");
+	put(o, "feedd_ring_memory_bytes %" PRIu64 "\n", in->ring_memory);
+	family(o, "feedd_metrics_scrapes_total", "counter", "Scrapes of this endpoint answered before this one.");
+	put(o, "feedd_metrics_scrapes_total %" PRIu64 "\n", self->scrapes);
+	family(o, "feedd_metrics_scrape_duration_seconds", "gauge",
+	       "Time the previous scrape took to take the snapshot and render it.");
+	put(o, "feedd_metrics_scrape_duration_seconds %s\n", secs(self->scrape_ns, a));
+}
+
+/* A per-feed family with an integer value per feed. */
+#define FEED_FAMILY(name, type, help, expr)                                                       \
+	do {                                                                                      \
+		family(o, name, type, help);                                                      \
+		for (size_t i = 0; i < in->n_feeds; i++) {                                        \
+			const struct feed *f = in->feeds[i];                                      \
+			(void)f;                                                                  \
+			put(o, name "{%s} %" PRIu64 "\n", fl[i], (uint64_t)(expr));                \
+		}                                                                                 \
+	} while (0)
+
+static void render_feeds(struct out *o, const struct status_input *in, char (*fl)[LABELS_MAX])
+{
+	char a[32];
+	FEED_FAMILY("feedd_feed_ready", "gauge", "1 while the feed serves, 0 when it failed to load or went stale.",
+		    f->state == FEED_READY);
+	FEED_FAMILY("feedd_feed_draining", "gauge", "1 when the feed takes no new attaches (drained or removed by a reload).",
+		    f->draining);
+	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", f->clients);
+	FEED_FAMILY("feedd_feed_documents", "gauge", "Documents in one epoch of the feed, empty ones included.", f->n_docs);
+	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->batches);
+	FEED_FAMILY("feedd_feed_tokens_total", "counter", "Tokens in the batches published to the feed's clients.",
+		    f->tokens_served);
+	FEED_FAMILY("feedd_feed_read_bytes_total", "counter", "Bytes read from the feed's shards by the workers.",
+		    f->stages ? __atomic_load_n(&f->stages->read.bytes, __ATOMIC_RELAXED) : 0);
+	FEED_FAMILY("feedd_feed_documents_tokenized_total", "counter",
+		    "Documents of a text feed tokenized by the workers (0 for stored tokens).",
+		    __atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED));
+	FEED_FAMILY("feedd_feed_bad_records_total", "counter",
+		    "Distinct records of a text feed skipped as bad (on_bad_record = skip), whatever the epoch or rank.",
+		    f->bad_records);
+	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
+		    in->feed_memory[i]);
+
+	family(o, "feedd_feed_stage_busy_seconds_total", "counter",
+	       "Worker thread time spent in each stage of the feed's pipeline (docs/telemetry.md); job is a whole batch.");
+	for (size_t i = 0; i < in->n_feeds; i++) {
+		const struct feed *f = in->feeds[i];
+		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+			put(o, "feedd_feed_stage_busy_seconds_total{%s,stage=\"%s\"} %s\n", fl[i], stage_name(s),
+			    secs(__atomic_load_n(&f->stages->s[s].busy_ns, __ATOMIC_RELAXED), a));
+	}
+	family(o, "feedd_feed_stage_bytes_total", "counter",
+	       "Bytes through each stage of the feed's pipeline (read: from shards; pack: int32 tokens into rings).");
+	for (size_t i = 0; i < in->n_feeds; i++) {
+		const struct feed *f = in->feeds[i];
+		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+			put(o, "feedd_feed_stage_bytes_total{%s,stage=\"%s\"} %" PRIu64 "\n", fl[i], stage_name(s),
+			    (uint64_t)__atomic_load_n(&f->stages->s[s].bytes, __ATOMIC_RELAXED));
+	}
+}
+
+/* A per-client family; `value` formats the sample's value for client c. */
+#define CLIENT_FAMILY(name, type, help, fmt, value)                                    \
+	do {                                                                           \
+		family(o, name, type, help);                                           \
+		for (size_t i = 0; i < in->n_clients; i++) {                           \
+			const struct status_client *c = &in->clients[i];               \
+			put(o, name "{%s} " fmt "\n", cl[i], value);                   \
+		}                                                                      \
+	} while (0)
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+/* The "le" of 2^k ns in seconds, exactly, without trailing zeros: "0.000001024". */
+static const char *le_text(unsigned k, char buf[static 32])
+{
+	secs(UINT64_C(1) << k, buf);
+	size_t n = strlen(buf);
+	while (buf[n - 1] == '0')
+		buf[--n] = 0;
+	if (buf[n - 1] == '.')
+		buf[--n] = 0;
+	return buf;
+}
+
+static void render_clients(struct out *o, const struct status_input *in, char (*cl)[LABELS_MAX])
+{
+	char a[32];
+	CLIENT_FAMILY("feedd_client_batches_total", "counter", "Batches the client's next() returned.", "%" PRIu64,
+		      c->delivered);
+	CLIENT_FAMILY("feedd_client_batches_published_total", "counter", "Batches published into the client's ring.",
+		      "%" PRIu64, c->published);
+	CLIENT_FAMILY("feedd_client_wait_seconds_total", "counter",
+		      "Time the client spent blocked in next() waiting for a batch (measured by libfeed).", "%s",
+		      secs(c->wait_ns, a));
+	CLIENT_FAMILY("feedd_client_step_seconds_total", "counter",
+		      "Time the client spent between batches, computing (measured by libfeed).", "%s", secs(c->step_ns, a));
+	CLIENT_FAMILY("feedd_client_stall_ratio", "gauge",
+		      "Share of the client's time spent waiting for data since attach: wait / (wait + step).", "%s",
+		      num(c->stall_pct / 100.0, a));
+	CLIENT_FAMILY("feedd_client_ring_fill", "gauge", "Batches published to the client and not yet released.", "%" PRIu64,
+		      c->fill);
+	CLIENT_FAMILY("feedd_client_ring_slots", "gauge", "Slots of the client's ring.", "%u",
+		      c->session->ring->slot_count);
+	CLIENT_FAMILY("feedd_client_ring_full_seconds_total", "counter",
+		      "Time the client's ring spent full (feedd waiting for the client to release a batch).", "%s",
+		      secs(c->full_ns, a));
+	CLIENT_FAMILY("feedd_client_epoch", "gauge", "The epoch the client's stream is planned in (0 = the first pass).",
+		      "%" PRIu64, c->epoch);
+	CLIENT_FAMILY("feedd_client_stuck", "gauge", "1 while the client is reported for releasing no batch.", "%d",
+		      c->stuck ? 1 : 0);
+
+	family(o, "feedd_client_batch_wait_seconds", "histogram",
+	       "How long each next() call of the client waited for a batch (libfeed's histogram, exact at powers of two).");
+	for (size_t i = 0; i < in->n_clients; i++) {
+		const struct status_client *c = &in->clients[i];
+		uint64_t acc = 0;
+		unsigned b = 0;
+		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
+			/* Ring bucket 4(k-1) is the first at or above 2^k ns. */
+			for (; b < 4 * (k - 1); b++)
+				acc = sat_add(acc, c->hist_wait[b]);
+			put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"%s\"} %" PRIu64 "\n", cl[i], le_text(k, a), acc);
+		}
+		for (; b < FEED_HIST_BUCKETS; b++)
+			acc = sat_add(acc, c->hist_wait[b]);
+		put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", cl[i], acc);
+		put(o, "feedd_client_batch_wait_seconds_sum{%s} %s\n", cl[i], secs(c->wait_ns, a));
+		put(o, "feedd_client_batch_wait_seconds_count{%s} %" PRIu64 "\n", cl[i], acc);
+	}
+}
+
+int metrics_render(const struct status_input *in, const struct metrics_self *self, struct evbuffer *out)
+{
+	char(*fl)[LABELS_MAX] = calloc(MAX(in->n_feeds, 1u), LABELS_MAX);
+	char(*cl)[LABELS_MAX] = calloc(MAX(in->n_clients, 1u), LABELS_MAX);
+	if (!fl || !cl) {
+		free(fl);
+		free(cl);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < in->n_feeds; i++)
+		feed_labels(in->feeds[i], fl[i], LABELS_MAX);
+	for (size_t i = 0; i < in->n_clients; i++)
+		client_labels(&in->clients[i], cl[i], LABELS_MAX);
+	struct out o = { .b = out };
+	render_daemon(&o, in, self);
+	render_feeds(&o, in, fl);
+	render_clients(&o, in, cl);
+	free(fl);
+	free(cl);
+	return o.failed ? -ENOMEM : 0;
+}
+
+static void reply_text(struct evhttp_request *req, int code, const char *reason, const char *text)
+{
+	struct evbuffer *body = evbuffer_new();
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; charset=utf-8");
+	if (body)
+		evbuffer_add(body, text, strlen(text));
+	evhttp_send_reply(req, code, reason, body);
+	if (body)
+		evbuffer_free(body);
+}
+
+static void on_request(struct evhttp_request *req, void *userdata)
+{
+	struct metrics *m = userdata;
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	if (!path || strcmp(path, "/metrics") != 0) {
+		reply_text(req, HTTP_NOTFOUND, "Not Found", "feedd serves Prometheus metrics at /metrics only\n");
+		return;
+	}
+	uint64_t t0 = now_ns();
+	struct status_input in;
+	struct evbuffer *body = evbuffer_new();
+	if (!body || server_snapshot(m->srv, &in) < 0) {
+		if (body)
+			evbuffer_free(body);
+		reply_text(req, HTTP_INTERNAL, "Internal Server Error", "feedd is out of memory\n");
+		return;
+	}
+	int r = metrics_render(&in, &m->self, body);
+	status_input_clear(&in);
+	if (r < 0) {
+		evbuffer_free(body);
+		reply_text(req, HTTP_INTERNAL, "Internal Server Error", "feedd is out of memory\n");
+		return;
+	}
+	m->self.scrape_ns = now_ns() - t0;
+	m->self.scrapes++;
+	/*
+	 * A reply of several segments would wait for the scraper's delayed ACK
+	 * (40 ms) before its last one under Nagle's algorithm: send at once.
+	 */
+	struct bufferevent *bev = evhttp_connection_get_bufferevent(evhttp_request_get_connection(req));
+	if (bev)
+		(void)setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+	evhttp_send_reply(req, HTTP_OK, "OK", body);
+	evbuffer_free(body);
+}
+
+/* "127.0.0.1:9464" or "[::1]:9464" of a bound socket. */
+static void format_address(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "[%s]:%u", host, ntohs(a->sin6_port));
+	} else {
+		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+		inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "%s:%u", host, ntohs(a->sin_port));
+	}
+}
+
+int metrics_new(struct event_base *base, const struct sockaddr *addr, socklen_t addrlen, struct server *srv,
+		struct metrics **ret, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss = { 0 };
+	memcpy(&ss, addr, MIN((size_t)addrlen, sizeof(ss)));
+	char want[sizeof(((struct metrics *)0)->address)];
+	format_address(&ss, want, sizeof(want));
+
+	_cleanup_close_ int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int one = 1;
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 || bind(fd, addr, addrlen) < 0 ||
+	    listen(fd, 64) < 0) {
+		int e = -errno;
+		snprintf(err, errlen, "metrics_listen %s: cannot listen: %s", want, strerror(-e));
+		return e;
+	}
+	socklen_t l = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &l) < 0) {
+		int e = -errno;
+		snprintf(err, errlen, "metrics_listen %s: getsockname: %s", want, strerror(-e));
+		return e;
+	}
+	struct metrics *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->srv = srv;
+	format_address(&ss, m->address, sizeof(m->address));
+	m->http = evhttp_new(base);
+	struct evconnlistener *lev = m->http ? evconnlistener_new(base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE |
+								  LEV_OPT_CLOSE_ON_EXEC, 0, fd) : NULL;
+	if (lev)
+		TAKE_FD(fd); /* the listener closes it */
+	if (!lev || !evhttp_bind_listener(m->http, lev)) {
+		if (lev)
+			evconnlistener_free(lev);
+		snprintf(err, errlen, "metrics_listen %s: cannot start the HTTP server", want);
+		metrics_free(m);
+		return -ENOMEM;
+	}
+	/* A scraper sends a GET and reads the answer: bound everything else. */
+	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+	evhttp_set_max_headers_size(m->http, 8192);
+	evhttp_set_max_body_size(m->http, 1024);
+	evhttp_set_timeout(m->http, 5);
+	evhttp_set_gencb(m->http, on_request, m);
+	*ret = m;
+	return 0;
+}
+
+struct metrics *metrics_free(struct metrics *m)
+{
+	if (!m)
+		return NULL;
+	if (m->http)
+		evhttp_free(m->http);
+	free(m);
+	return NULL;
+}
+
+const char *metrics_address(const struct metrics *m)
+{
+	return m->address;
+}

@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The requests a connection may send, after HELLO: ATTACH (a session and its
+ * ring, within the memory limits), STATUS, DETACH, and the operator commands
+ * RELOAD and DRAIN (root, feedd's own user, or admin_users / admin_groups).
+ * A request that cannot be served is answered with ERROR and the connection
+ * stays; one that breaks the protocol drops it (conn.c).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/server/server-internal.h"
+#include "daemon/telemetry/telemetry.h"
+
+static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
+{
+	struct conn *c = userdata;
+	conn_send_error(c, code, "%s", msg);
+	/* A client that broke the ring protocol is dropped; freeing happens from the write event, not here. */
+	if (code == -EPROTO) {
+		c->srv->n.protocol_errors++;
+		c->srv->n.ring_protocol++;
+		c->closing = true;
+	}
+	event_active(c->wev, EV_WRITE, 0);
+}
+
+static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_hello h;
+	if (wire_decode_hello(p, len, &h) < 0)
+		return -EBADMSG;
+	if (h.min_version > WIRE_VERSION || h.max_version < WIRE_VERSION) {
+		c->srv->n.protocol_errors++;
+		c->srv->n.bad_version++;
+		log_warning("client %" PRIu64 " (pid %d, uid %u): speaks protocol versions %u..%u, not %u; disconnecting",
+			    c->id, (int)c->pid, (unsigned)c->uid, h.min_version, h.max_version, WIRE_VERSION);
+		conn_send_error(c, -EPROTONOSUPPORT, "protocol versions %u..%u are not supported (this daemon speaks %u)",
+			   h.min_version, h.max_version, WIRE_VERSION);
+		c->closing = true;
+		return 0;
+	}
+	snprintf(c->name, sizeof(c->name), "%s", h.name);
+	c->hello = true;
+	struct wire_hello_reply r = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid(),
+				      .flags = gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0 };
+	snprintf(r.daemon_version, sizeof(r.daemon_version), "%s", FEEDD_VERSION);
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
+	int n = wire_encode_hello_reply(buf, sizeof(buf), &r);
+	return n < 0 ? n : conn_queue(c, buf, (size_t)n, NULL, 0);
+}
+
+static uint64_t uid_memory(struct server *s, uid_t uid)
+{
+	uint64_t m = 0;
+	for (struct conn *c = s->conns; c; c = c->next)
+		if (c->uid == uid)
+			m += c->memory;
+	return m;
+}
+
+/* Refuses an attach whose ring would pass a memory limit. Returns 0, or -EDQUOT with the ERROR queued. */
+static int check_memory(struct conn *c, const struct feed *f)
+{
+	struct server *s = c->srv;
+	size_t slot = ring_slot_bytes(f->conf.batch_size, f->conf.seq_len);
+	if (slot == 0)
+		return 0; /* session_new explains what is wrong with the geometry */
+	uint64_t need = FEED_RING_HEADER_SIZE + (uint64_t)slot * s->ring_slots + FEED_CONSUMER_PAGE_SIZE;
+	const char *key = NULL;
+	uint64_t limit = 0, have = 0;
+	if (s->client_memory_max && need > s->client_memory_max) {
+		key = "client_memory_max";
+		limit = s->client_memory_max;
+	} else if (s->uid_memory_max && (have = uid_memory(s, c->uid)) + need > s->uid_memory_max) {
+		key = "uid_memory_max";
+		limit = s->uid_memory_max;
+	} else if (s->memory_max && (have = s->memory) + need > s->memory_max) {
+		key = "memory_max";
+		limit = s->memory_max;
+	}
+	if (!key)
+		return 0;
+	s->n.refused_memory++;
+	log_warning("client %" PRIu64 " (pid %d, uid %u): attach to feed %s refused: a ring of %" PRIu64
+		    " bytes with %" PRIu64 " in use passes %s = %" PRIu64,
+		    c->id, (int)c->pid, (unsigned)c->uid, f->name, need, have, key, limit);
+	conn_send_error(c, -EDQUOT, "attach to feed %s refused: its ring needs %" PRIu64 " bytes, and with %" PRIu64
+		   " bytes already in use that passes feedd's %s (%" PRIu64 " bytes)", f->name, need, have, key, limit);
+	return -EDQUOT;
+}
+
+static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct server *s = c->srv;
+	struct wire_attach a;
+	if (wire_decode_attach(p, len, &a) < 0)
+		return -EBADMSG;
+	if (c->session) {
+		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->session->feed->name);
+		return 0;
+	}
+	bool draining;
+	struct feed *f = server_find_feed(s, a.feed, &draining);
+	if (!f) {
+		if (draining)
+			conn_send_error(c, -ENOENT, "feed '%s' is draining (drained by an operator or removed from the config): "
+				   "it takes no new attaches", a.feed);
+		else
+			conn_send_error(c, -ENOENT, "no feed named '%s'", a.feed);
+		return 0;
+	}
+	struct cursor cur;
+	if (a.cursor[0] && cursor_parse(a.cursor, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "cursor '%.64s' is malformed or damaged (bad check digits)", a.cursor);
+		return 0;
+	}
+	if (check_memory(c, f) < 0)
+		return 0;
+	char err[512];
+	struct session *sess;
+	int r = session_new(s->producer, f, a.rank, a.world, a.cursor[0] ? &cur : NULL, s->ring_slots,
+			    on_session_fail, c, &sess, err, sizeof(err));
+	if (r < 0) {
+		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
+			    a.feed, a.rank, a.world, err);
+		conn_send_error(c, r, "%s", err);
+		return 0;
+	}
+	/* GPU: the device half (daemon/gpu), or the reason there is none; refused before anything is sent. */
+	_cleanup_free_ uint8_t *dev_msg = NULL;
+	size_t dev_len = 0;
+	int dev_fd = -1;
+	if ((a.flags & WIRE_ATTACH_DEVICE) && (r = gpu_attach_reply(s->cfg.gpu, sess->ring, &a, &sess->staging, &dev_msg,
+								      &dev_len, &dev_fd, err, sizeof(err))) < 0) {
+		log_warning("client %" PRIu64 " (pid %d): attach to feed %s on cuda:%u refused: %s", c->id, (int)c->pid,
+			    a.feed, a.device, err);
+		session_close(sess);
+		conn_send_error(c, r, "%s", err);
+		return 0;
+	}
+	c->session = sess;
+	telemetry_attach(sess);
+	c->memory = sess->ring->size + FEED_CONSUMER_PAGE_SIZE;
+	s->memory += c->memory;
+	c->log.feed = f->name;
+	c->log.rank = a.rank;
+	c->log.world = a.world;
+	c->idle_released = 0;
+	c->idle_since_ns = now_ns();
+
+	struct ring *ring = sess->ring;
+	int fds[WIRE_ATTACH_FDS] = { -1, -1, -1, -1 };
+	int src[WIRE_ATTACH_FDS] = { ring->ring_fd, ring->consumer_fd, ring->data_efd, ring->space_efd };
+	for (unsigned i = 0; i < WIRE_ATTACH_FDS; i++) {
+		fds[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+		if (fds[i] < 0) {
+			r = -errno;
+			for (unsigned k = 0; k < i; k++)
+				close(fds[k]);
+			telemetry_detach(c->session);
+			c->session = session_close(c->session);
+			s->memory -= c->memory;
+			c->memory = 0;
+			conn_send_error(c, r, "cannot pass the ring: %s", strerror(-r));
+			return 0;
+		}
+	}
+	struct wire_attach_reply rep = {
+		.ring_size = ring->size,
+		.consumer_size = FEED_CONSUMER_PAGE_SIZE,
+		.fingerprint = f->fingerprint,
+		.first_batch = sess->first_batch,
+		.slot_count = ring->slot_count,
+		.batch_size = f->conf.batch_size,
+		.seq_len = f->conf.seq_len,
+		.n_fds = WIRE_ATTACH_FDS,
+	};
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ATTACH_REPLY_SIZE];
+	int n = wire_encode_attach_reply(buf, sizeof(buf), &rep);
+	log_info("client %" PRIu64 " (pid %d, %s) attached to feed %s rank %u/%u%s%s", c->id, (int)c->pid, c->name,
+		 f->name, a.rank, a.world, a.cursor[0] ? " at cursor " : "", a.cursor);
+	r = n < 0 ? n : conn_queue(c, buf, (size_t)n, fds, WIRE_ATTACH_FDS);
+	if (r == 0 && dev_msg) {
+		log_info("client %" PRIu64 " (pid %d): %s", c->id, (int)c->pid,
+			 sess->staging ? "batches staged on its GPU" : "asked for a GPU, gets host batches (no GPU staging)");
+		r = conn_queue(c, dev_msg, dev_len, &dev_fd, dev_fd >= 0);
+	} else if (dev_fd >= 0) {
+		close(dev_fd);
+	}
+	return r;
+}
+
+static int handle_status(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_status st;
+	if (wire_decode_status(p, len, &st) < 0)
+		return -EBADMSG;
+	_cleanup_free_ char *json = server_status_json(c->srv);
+	if (!json) {
+		conn_send_error(c, -ENOMEM, "cannot build the status document");
+		return 0;
+	}
+	size_t jl = strlen(json);
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + jl);
+	if (!buf)
+		return -ENOMEM;
+	int n = wire_encode_status_reply_header(buf, WIRE_HEADER_SIZE, jl);
+	if (n < 0)
+		return n;
+	memcpy(buf + WIRE_HEADER_SIZE, json, jl);
+	return conn_queue(c, buf, WIRE_HEADER_SIZE + jl, NULL, 0);
+}
+
+static int admin_reply(struct conn *c, const char *msg)
+{
+	struct wire_admin_reply rep;
+	snprintf(rep.message, sizeof(rep.message), "%s", msg);
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ADMIN_REPLY_SIZE];
+	int n = wire_encode_admin_reply(buf, sizeof(buf), &rep);
+	return n < 0 ? n : conn_queue(c, buf, (size_t)n, NULL, 0);
+}
+
+/* Operator commands need root, feedd's own user, or admin_users / admin_groups. Returns true when allowed. */
+static bool admin_allowed(struct conn *c, const char *what)
+{
+	struct server *s = c->srv;
+	if (listen_peer_trusted(c) || listen_peer_listed(c, &s->admin))
+		return true;
+	s->n.refused_admin++;
+	log_warning("client %" PRIu64 " (pid %d, uid %u, gid %u): %s refused: not root, not feedd's user, "
+		    "not in admin_users or admin_groups",
+		    c->id, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid, what);
+	conn_send_error(c, -EPERM, "%s is not allowed for uid %u: it needs root, feedd's own user, or an entry in "
+		   "admin_users / admin_groups", what, (unsigned)c->uid);
+	return false;
+}
+
+static int handle_reload(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_reload m;
+	if (wire_decode_reload(p, len, &m) < 0)
+		return -EBADMSG;
+	if (!admin_allowed(c, "reload"))
+		return 0;
+	struct server *s = c->srv;
+	log_notice("client %" PRIu64 " (pid %d, uid %u) asks for a reload", c->id, (int)c->pid, (unsigned)c->uid);
+	char msg[WIRE_MESSAGE_MAX];
+	int r = s->cfg.reload ? s->cfg.reload(s->cfg.userdata, msg, sizeof(msg)) : -EOPNOTSUPP;
+	if (r < 0) {
+		if (!s->cfg.reload)
+			snprintf(msg, sizeof(msg), "this feedd cannot reload");
+		conn_send_error(c, r, "%s", msg);
+		return 0;
+	}
+	return admin_reply(c, msg);
+}
+
+static int handle_drain(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_drain m;
+	if (wire_decode_drain(p, len, &m) < 0)
+		return -EBADMSG;
+	if (!admin_allowed(c, "drain"))
+		return 0;
+	char msg[WIRE_MESSAGE_MAX];
+	int r = server_drain(c->srv, m.feed, msg, sizeof(msg));
+	if (r < 0) {
+		conn_send_error(c, r, "%s", msg);
+		return 0;
+	}
+	log_notice("client %" PRIu64 " (pid %d, uid %u): %s", c->id, (int)c->pid, (unsigned)c->uid, msg);
+	return admin_reply(c, msg);
+}
+
+int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t *payload)
+{
+	if (!c->hello && h->type != WIRE_HELLO)
+		return -EPROTO;
+	switch (h->type) {
+	case WIRE_HELLO:
+		return c->hello ? -EPROTO : handle_hello(c, payload, h->length);
+	case WIRE_ATTACH:
+		return handle_attach(c, payload, h->length);
+	case WIRE_STATUS:
+		return handle_status(c, payload, h->length);
+	case WIRE_DETACH:
+		if (h->length != 0)
+			return -EBADMSG;
+		c->closing = true;
+		return 0;
+	case WIRE_RELOAD:
+		return handle_reload(c, payload, h->length);
+	case WIRE_DRAIN:
+		return handle_drain(c, payload, h->length);
+	default:
+		return -EPROTO; /* a daemon-to-client type, sent by a client */
+	}
+}

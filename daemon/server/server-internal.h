@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the files of the server share: the server and connection objects and
+ * the functions one file calls in another. Main thread only.
+ *
+ *   server.c   the server object: start, policy, feeds, reload, drain, the
+ *              once-a-second tick, the watchdog's progress check, stop
+ *   listen.c   the listening socket: binding it, accepting, credentials,
+ *              allow lists and connection limits, refusals, peer pidfds
+ *   conn.c     one connection: framing, bounded input and output queues,
+ *              fds passed with replies, dropping a peer that breaks the protocol
+ *   request.c  the requests: HELLO, ATTACH, STATUS, DETACH, RELOAD, DRAIN
+ *   status.c   the status snapshot, the status document and the STATUS= line
+ *
+ * The server owns its connections (a list) and holds a reference on each
+ * feed it serves; a connection owns its session.
+ */
+#pragma once
+
+#include <event2/event.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "daemon/log/log.h"
+#include "daemon/server/server.h"
+#include "proto/macro.h"
+#include "proto/wire.h"
+
+#define MAX_OUT_BYTES (16u << 20) /* a client that does not read its replies is dropped */
+#define MAX_PEER_GROUPS 64
+#define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
+
+struct out_msg {
+	struct out_msg *next;
+	size_t len, off;
+	int fds[WIRE_ATTACH_FDS];
+	unsigned n_fds;
+	uint8_t data[];
+};
+
+struct conn {
+	struct server *srv;
+	struct conn *prev, *next;
+	int fd, pidfd;
+	struct event *rev, *wev, *pidev;
+	uint8_t in[WIRE_MAX_REQUEST];
+	size_t in_len;
+	struct out_msg *out_head, *out_tail;
+	size_t out_bytes;
+	bool hello, closing;
+	uint64_t id;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	gid_t groups[MAX_PEER_GROUPS];
+	unsigned n_groups;
+	char name[32];
+	struct session *session;
+	uint64_t memory; /* ring bytes this connection's session holds */
+	struct log_context log;
+	uint64_t connect_ns;
+	/* a rate over the last status interval */
+	uint64_t rate_delivered, rate_ns, rate_wait, rate_step;
+	double tokens_per_s, stall_pct;
+	/* consumption watch: released count (tail) and when it last moved */
+	uint64_t idle_released, idle_since_ns;
+	bool stuck;
+	/* pipeline watch: published count and when it last moved */
+	uint64_t prog_published, prog_since_ns;
+};
+
+/* A feed as the server serves it. */
+struct served {
+	struct feed *feed;
+	bool removed; /* no longer in the config: let go when its last client detaches */
+};
+
+/* Refusals of one kind: the first in a tick is logged, the rest counted and summed up at the tick. */
+struct refusal_log {
+	uint64_t suppressed;
+	bool logged;
+};
+
+enum { REFUSE_CREDENTIALS, REFUSE_LIMIT, REFUSE_MEMORY, _REFUSE_MAX };
+
+struct server {
+	struct event_base *base;
+	struct server_config cfg;
+	char *path;
+	bool own_path; /* bound by us: unlink at exit */
+	int listen_fd;
+	struct event *listen_ev, *tick_ev;
+	struct producer *producer;
+	struct served *feeds;
+	size_t n_feeds;
+	struct conn *conns;
+	size_t n_conns;
+	uint64_t next_id;
+	uint64_t start_ns;
+	struct server_counters n;
+	struct refusal_log refusal_logs[_REFUSE_MAX];
+	int linger[MAX_LINGER]; /* refused: ERROR sent, write side shut, closed at the next tick */
+	size_t n_linger;
+	uint64_t memory; /* ring bytes of all sessions */
+	char metrics_listen[80];  /* the metrics endpoint's bound address, or "" (server_set_metrics) */
+	char metrics_error[256];  /* why it is not listening, or "" */
+
+	/* policy, from the config (server_configure) */
+	unsigned ring_slots;
+	struct conf_ids allow, admin;
+	unsigned max_connections, max_connections_per_uid;
+	uint64_t client_memory_max, uid_memory_max, memory_max;
+	unsigned stuck_client_s;
+};
+
+/* server.c */
+/* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
+struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining);
+
+/* listen.c */
+/* Binds path for the control socket. Returns the listening fd, or a negative errno with a message in err. */
+int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_t errlen);
+/* The listening socket's read event: accepts every pending connection. */
+void listen_on_accept(evutil_socket_t fd, short what, void *userdata);
+/* Closes a refused connection kept half-open, reading what the client sent first. */
+void listen_linger_close(int fd);
+/* Whether the peer is root or feedd's own user, or is listed in ids by uid, gid or a supplementary group. */
+bool listen_peer_trusted(const struct conn *c);
+bool listen_peer_listed(const struct conn *c, const struct conf_ids *ids);
+
+/* conn.c */
+/* Frees a connection and closes its session. */
+void conn_free(struct conn *c);
+/* Drops a connection. When why is set it was a protocol error: counted (and in *counter) and logged. */
+void conn_drop(struct conn *c, uint64_t *counter, const char *why);
+/* Sends queued output. Returns 0, or -EPIPE etc. when the peer is gone. */
+int conn_flush(struct conn *c);
+/* Queues a message; takes ownership of fds (dup'd by the caller). Returns 0, -ENOBUFS (over MAX_OUT_BYTES), -ENOMEM. */
+int conn_queue(struct conn *c, const void *data, size_t len, const int *fds, unsigned n_fds);
+/* Queues an ERROR message (code < 0; others are sent as -EIO). */
+void conn_send_error(struct conn *c, int code, const char *fmt, ...) _printf_(3, 4);
+/* Encodes an ERROR message into buf. Returns its size or a negative errno. */
+int conn_encode_error(uint8_t *buf, size_t cap, int code, const char *fmt, va_list ap) _printf_(4, 0);
+/* The read, write and peer-exit events of a connection. */
+void conn_on_read(evutil_socket_t fd, short what, void *userdata);
+void conn_on_write(evutil_socket_t fd, short what, void *userdata);
+void conn_on_peer_exit(evutil_socket_t fd, short what, void *userdata);
+
+/* request.c */
+/* Handles one complete message. Returns 0, -ENOBUFS (output over its limit), or another negative errno to drop the client. */
+int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t *payload);
