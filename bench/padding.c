@@ -6,6 +6,12 @@
  * and how fast each packs, all in one run on the same documents.
  *
  *   padding [--tokdata DIR] [--seq-len 4096] [--batch 32] [--seconds 1.5]
+ *   padding [--tokdata DIR] --write-docs DIR
+ *
+ * --write-docs writes both distributions' documents (tokens without eos) as
+ * DIR/NAME.tok (int32, back to back) and DIR/NAME.len (uint32 per document)
+ * and exits: bench/padding.py turns them into shards and measures each
+ * packing mode end to end through a real feedd and client.
  *
  * Documents: the Debian docs corpus of scripts/fetch-tok-data.sh (linux-doc-6.1
  * and python3.11-doc reST sources), tokenized with feedd's own tokenizer
@@ -199,6 +205,24 @@ static void load(const char *dir, struct corpus *paras, struct corpus *files)
 	tok_free(t);
 	free(text);
 	free(idx);
+}
+
+/* Writes c's documents for bench/padding.py: DIR/NAME.tok and DIR/NAME.len. */
+static void write_docs(const struct corpus *c, const char *dir)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s.tok", dir, c->name);
+	FILE *t = fopen(path, "we");
+	snprintf(path, sizeof(path), "%s/%s.len", dir, c->name);
+	FILE *l = fopen(path, "we");
+	if (!t || !l)
+		die("cannot create the --write-docs files");
+	for (uint32_t d = 0; d < c->n_docs; d++)
+		if (fwrite(c->tok + c->start[d], sizeof(int32_t), c->tokens[d], t) != c->tokens[d] ||
+		    fwrite(&c->tokens[d], sizeof(uint32_t), 1, l) != 1)
+			die("cannot write the --write-docs files");
+	if (fclose(t) != 0 || fclose(l) != 0)
+		die("cannot write the --write-docs files");
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -430,10 +454,11 @@ int main(int argc, char **argv)
 	const char *dir = getenv("FEEDD_TOKDATA") ? getenv("FEEDD_TOKDATA") : FEEDD_TOKDATA_DEFAULT;
 	uint32_t L = 4096, B = 32;
 	double seconds = 1.5;
+	const char *docs_dir = NULL;
 	static const struct option opts[] = {
 		{ "tokdata", required_argument, NULL, 'd' }, { "seq-len", required_argument, NULL, 'L' },
 		{ "batch", required_argument, NULL, 'B' },   { "seconds", required_argument, NULL, 's' },
-		{ 0 },
+		{ "write-docs", required_argument, NULL, 'w' }, { 0 },
 	};
 	for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
 		switch (o) {
@@ -441,6 +466,7 @@ int main(int argc, char **argv)
 		case 'L': L = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 'B': B = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 's': seconds = strtod(optarg, NULL); break;
+		case 'w': docs_dir = optarg; break;
 		default:
 			fprintf(stderr, "usage: padding [--tokdata DIR] [--seq-len L] [--batch B] [--seconds S]\n");
 			return 2;
@@ -452,6 +478,11 @@ int main(int argc, char **argv)
 	struct corpus paras = { .name = "paragraphs" }, files = { .name = "files" };
 	double t0 = now();
 	load(dir, &paras, &files);
+	if (docs_dir) {
+		write_docs(&paras, docs_dir);
+		write_docs(&files, docs_dir);
+		return 0;
+	}
 	char host[256] = "?";
 	gethostname(host, sizeof(host) - 1);
 	time_t now_s = time(NULL);

@@ -136,6 +136,14 @@ CONFIGS = {
     "missing-shards": "[feed.web]\nseq_len = 128\n",
     "not-ini": "this is not a config\n",
     "bad-format": "[feed.web]\nshards = {good}\nformat = parquet\n",
+    "bad-packing": "[feed.web]\nshards = {good}\npacking = firstfit\n",
+    "bad-pack-buffer": "[feed.web]\nshards = {good}\npacking = bestfit\npack_buffer = 0\n",
+    "pack-buffer-without-bestfit": "[feed.web]\nshards = {good}\npacking = pad\npack_buffer = 4096\n",
+    "bad-pad-id": "[feed.web]\nshards = {good}\npacking = pad\npad_id = -1\n",
+    "bad-weight": "[feed.mix]\nsources = web:0.7, code:-0.3\n[feed.mix.web]\nshards = {good}\n",
+    "undefined-source": "[feed.mix]\nseq_len = 128\nsources = web:0.7, code:0.3\n[feed.mix.web]\nshards = {good}\n",
+    "order-key-in-source": "[feed.mix]\nsources = web:1\n[feed.mix.web]\nshards = {good}\nseq_len = 64\n",
+    "shards-in-mixture": "[feed.mix]\nsources = web:1\nshards = {good}\n[feed.mix.web]\nshards = {good}\n",
 }
 
 

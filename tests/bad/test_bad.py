@@ -171,6 +171,14 @@ CONFIG_FAILURES = {
     "missing-shards": " [feed.web]: 'shards' is required",
     "not-ini": "1: syntax error",
     "bad-format": "3: format: 'parquet' is not supported",
+    "bad-packing": "3: packing: 'firstfit' is not one of concat, bestfit, pad",
+    "bad-pack-buffer": "4: pack_buffer: '0' is not an integer in 1..4294967296",
+    "pack-buffer-without-bestfit": "4: pack_buffer: applies to packing = bestfit only",
+    "bad-pad-id": "4: pad_id: '-1' is not a token id",
+    "bad-weight": "2: sources: entry 2",
+    "undefined-source": "3: sources: source 'code' has no section [feed.mix.code]",
+    "order-key-in-source": "5: 'seq_len' is set for all of [feed.mix]'s sources in [feed.mix]",
+    "shards-in-mixture": "3: 'shards' belongs in the sections of [feed.mix]'s sources",
 }
 
 

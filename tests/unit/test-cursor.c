@@ -202,10 +202,52 @@ static void test_short_fingerprint(void)
 	rejected("a 1-digit fingerprint", text);
 }
 
+/* fc2, a mixture's cursor (docs/sample-order.md, section 14.4): round trip, the longest fits the ABI, damage is refused. */
+static void test_mixture_cursors(void)
+{
+	struct cursor c = { .fingerprint = UINT64_MAX, .world = UINT32_MAX, .rank = UINT32_MAX - 1, .batch = UINT64_MAX,
+			    .n_sources = MIX_MAX_SOURCES, .k = UINT64_MAX, .offset = UINT64_MAX, .row = UINT64_MAX };
+	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++)
+		c.src[i] = (struct stream_pos){ .epoch = UINT64_MAX - i, .window = UINT32_MAX, .index = UINT64_MAX / (i + 1) };
+	char text[FEED_CURSOR_MAX], bad[FEED_CURSOR_MAX];
+	int n = cursor_format(&c, text, sizeof(text));
+	CHECK(n > 0 && n < FEED_CURSOR_MAX, "the longest fc2 cursor does not fit the ABI's %d bytes (%d)", FEED_CURSOR_MAX, n);
+	CHECK(strncmp(text, "fc2-", 4) == 0, "a mixture's cursor \"%s\" does not start with fc2-", text);
+	struct cursor d;
+	CHECK_INT(cursor_parse(text, &d), 0);
+	bool same = d.n_sources == c.n_sources && d.k == c.k && d.offset == c.offset && d.row == c.row &&
+		    d.fingerprint == c.fingerprint && d.world == c.world && d.rank == c.rank && d.batch == c.batch;
+	for (uint32_t i = 0; same && i < MIX_MAX_SOURCES; i++)
+		same = d.src[i].epoch == c.src[i].epoch && d.src[i].window == c.src[i].window &&
+		       d.src[i].index == c.src[i].index;
+	CHECK(same, "fc2 cursor \"%s\" parsed back to different values", text);
+
+	struct cursor two = { .fingerprint = 0x1234, .world = 2, .rank = 1, .batch = 5, .n_sources = 2, .k = 9, .row = 3,
+			      .src = { { .epoch = 1, .window = 0, .index = 7 }, { .epoch = 0, .window = 2, .index = 4 } } };
+	n = cursor_format(&two, text, sizeof(text));
+	CHECK(n > 0 && strncmp(text, "fc2-0000000000001234-2-1-5-9-0-3-2-1-0-7-0-2-4-", 47) == 0, "fc2 text \"%s\"", text);
+	/* Any damage to any digit is caught by the check. */
+	for (int i = 4; i < n; i++) {
+		if (text[i] == '-')
+			continue;
+		memcpy(bad, text, (size_t)n + 1);
+		bad[i] = bad[i] == '0' ? '1' : '0';
+		CHECK(cursor_parse(bad, &d) == -EINVAL, "fc2 cursor with digit %d changed (\"%s\") parsed", i, bad);
+	}
+	/* A source count that disagrees with the triples, or 0 sources, is malformed. */
+	with_check("fc2-0000000000001234-2-1-5-9-0-3-3-1-0-7-0-2-4", bad, sizeof(bad));
+	rejected("3 sources and 2 triples", bad);
+	with_check("fc2-0000000000001234-2-1-5-9-0-3-0", bad, sizeof(bad));
+	rejected("0 sources", bad);
+	with_check("fc2-0000000000001234-2-1-5-9-0-3-1-1-100000000-7", bad, sizeof(bad));
+	rejected("a window past 2^32 - 1", bad);
+}
+
 int main(void)
 {
 	test_round_trips();
 	test_rejects();
 	test_short_fingerprint();
+	test_mixture_cursors();
 	return unit_exit("test-cursor");
 }
