@@ -4,7 +4,8 @@ activation by systemd-socket-activate, sd_notify datagrams received on a
 NOTIFY_SOCKET of the test's own (READY, STATUS, WATCHDOG, RELOADING,
 STOPPING), reloads with good and broken configs, operator commands
 (feedctl reload / drain) and who may send them, SIGTERM with attached
-clients, and the socket's own safety (symlinks, mode, group).
+clients, the socket's own safety (symlinks, mode, group), and journal
+entries with structured fields (FEEDD_FEED=, FEEDD_RANK=, FEEDD_CLIENT_PID=).
 
 Runs with Debian's /usr/bin/python3; see conftest.py.
 """
@@ -422,3 +423,99 @@ def test_no_fds_leak_across_reloads(daemon, tmp_path):
             time.sleep(0.05)
         d.ctl("dump", "web", "--batches", "2", "--out", str(tmp_path / f"o{i}"))
     assert fd_kinds() == base
+
+
+def parse_journal_datagram(data):
+    """The journal's native protocol: KEY=VALUE lines, or KEY, a little-endian u64 size, the value and a newline."""
+    fields, pos = {}, 0
+    while pos < len(data):
+        nl = data.index(b"\n", pos)
+        line = data[pos:nl]
+        if b"=" in line:
+            k, v = line.split(b"=", 1)
+            pos = nl + 1
+        else:
+            k = line
+            size = int.from_bytes(data[nl + 1:nl + 9], "little")
+            v = data[nl + 9:nl + 9 + size]
+            assert data[nl + 9 + size:nl + 10 + size] == b"\n", "a binary field not ended by a newline"
+            pos = nl + 10 + size
+        assert re.fullmatch(rb"[A-Z0-9][A-Z0-9_]*", k), f"{k!r} is not a journal field name"
+        fields[k.decode()] = v.decode()
+    return fields
+
+
+def can_private_mount():
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@needs_notify
+def test_journal_entries_carry_feed_rank_and_client_fields(tmp_path):
+    """With stderr connected to the journal ($JOURNAL_STREAM), feedd logs through libsystemd's
+    sd_journal_sendv to /run/systemd/journal/socket. The test runs feedd in a private mount namespace where
+    /run is a directory of its own, so that socket is the test's: the datagrams are libsystemd's real ones."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not can_private_mount():
+        pytest.skip("needs root and unshare --mount (a private mount namespace) to give feedd a journal socket")
+    run = tmp_path / "run"
+    (run / "systemd" / "journal").mkdir(parents=True)
+    journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    journal.bind(str(run / "systemd" / "journal" / "socket"))
+    journal.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    data = small_data(tmp_path)
+    conf = tmp_path / "feedd.conf"
+    conf.write_text(feed_conf("web", f"{data}/shard_*.idx", seq_len=64, batch_size=2))
+    sock = str(tmp_path / "j.sock")
+    stderr = open(tmp_path / "stderr", "w")
+    st = os.fstat(stderr.fileno())
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /run && exec "$@"',
+         str(run), str(FEEDD), "-c", str(conf), "-s", sock],
+        stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    entries = []
+
+    def read_until(pred, what, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for e in entries:
+                if pred(e):
+                    return e
+            journal.settimeout(max(0.01, deadline - time.time()))
+            try:
+                entries.append(parse_journal_datagram(journal.recv(1 << 20)))
+            except socket.timeout:
+                pass
+            assert proc.poll() is None, f"feedd exited: {(tmp_path / 'stderr').read_text()}"
+        raise AssertionError(f"no journal entry {what} within {timeout} s; got {entries}")
+
+    try:
+        read_until(lambda e: "ready" in e.get("MESSAGE", ""), "saying feedd is ready")
+        client = subprocess.Popen([str(STREAM_CLIENT), sock, "web", "2", "3", "5", "-", "0", "0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        attached = read_until(lambda e: "attached to feed web" in e.get("MESSAGE", ""), "about the attach")
+        assert attached["FEEDD_FEED"] == "web"
+        assert attached["FEEDD_RANK"] == "2" and attached["FEEDD_WORLD"] == "3"
+        assert attached["FEEDD_CLIENT_PID"] == str(client.pid)
+        assert attached["FEEDD_CLIENT_UID"] == str(os.getuid())
+        assert int(attached["FEEDD_CLIENT_ID"]) > 0
+        assert attached["PRIORITY"] == "6" and attached["SYSLOG_IDENTIFIER"] == "feedd"
+        # The message is the text alone: the journal adds the identifier, pid and level itself.
+        assert attached["MESSAGE"].startswith("client ") and "feedd[" not in attached["MESSAGE"]
+        detached = read_until(lambda e: "detached from feed web" in e.get("MESSAGE", ""), "about the detach")
+        assert detached["FEEDD_CLIENT_PID"] == str(client.pid) and detached["FEEDD_RANK"] == "2"
+        # Lines about no client carry no client fields.
+        ready = read_until(lambda e: "ready" in e.get("MESSAGE", ""), "saying feedd is ready")
+        assert ready["PRIORITY"] == "5" and not any(k.startswith("FEEDD_") for k in ready)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)
+        journal.close()
+        stderr.close()
+    assert rc == 0
+    # Everything went to the journal, nothing to stderr.
+    assert (tmp_path / "stderr").read_text() == ""

@@ -125,3 +125,42 @@ def test_socket_and_user():
     entries = [ln.split() for ln in (SRC / "packaging" / "feedd.sysusers").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
     assert ["u", "feed", "-"] == entries[0][:3], entries
+
+
+# With the metrics drop-in (packaging/feedd-metrics.conf) the service may open
+# IPv4/IPv6 sockets in the host's network, loopback only: docs/packaging.md
+# reports the exposure it costs.
+MAX_EXPOSURE_WITH_METRICS = 1.7
+
+
+@pytest.fixture
+def units_with_metrics(units):
+    d, env = units
+    (d / "feedd.service.d").mkdir()
+    shutil.copy(SRC / "packaging" / "feedd-metrics.conf", d / "feedd.service.d" / "metrics.conf")
+    return d, env
+
+
+def test_metrics_drop_in_verifies_clean(units_with_metrics):
+    d, env = units_with_metrics
+    p = verify(d, env)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    # The drop-in is read: a typo in it is reported.
+    dropin = d / "feedd.service.d" / "metrics.conf"
+    dropin.write_text(dropin.read_text().replace("PrivateNetwork=no", "PrivateNetwrk=no"))
+    p = verify(d, env)
+    assert "PrivateNetwrk" in p.stdout + p.stderr
+
+
+def test_metrics_drop_in_opens_only_what_the_endpoint_needs(units_with_metrics):
+    d, env = units_with_metrics
+    s = parse((d / "feedd.service.d" / "metrics.conf").read_text())["Service"]
+    # An empty RestrictAddressFamilies= would lift the restriction altogether; allow lists add up.
+    assert s["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+    assert s["PrivateNetwork"] == ["no"] and s["IPAddressAllow"] == ["localhost"]
+    assert "IPAddressDeny" not in s
+    level, report = exposure(d / "feedd.service", env)
+    assert level <= MAX_EXPOSURE_WITH_METRICS, report
+    assert "Service may allocate Internet sockets" in report
+    # The packaged unit itself stays off the network.
+    assert parse(unit_text())["Service"]["RestrictAddressFamilies"] == ["AF_UNIX"]
