@@ -12,7 +12,8 @@
  *  - pageable: cudaMemcpy from malloc'd memory (what an unpinned DataLoader pays);
  * and prints GB/s of each, staging/plain (goal >= 0.9), pinned/pageable, and the
  * client's CPU time per batch (its wait + record calls; goal <= 10 us).
- * Without a CUDA device it prints one "skipped" line with the CUDA error.
+ * Without a CUDA device it prints one "skipped" line with the CUDA error and
+ * exits 77 (bench/run.sh and scripts/gpu-check.sh report it as skipped).
  */
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
@@ -50,7 +51,7 @@ int main(int argc, char **argv)
 	int r = gpu_backend_cuda_new(&b, err, sizeof(err));
 	if (r < 0) {
 		printf("gpu_h2d: skipped: no CUDA device (%s)\n", err);
-		return 0;
+		return 77;
 	}
 	struct ring_geometry g = { .slot_count = 8, .batch_size = B, .seq_len = L, .rank = 0, .world = 1 };
 	struct ring *ring;

@@ -342,6 +342,104 @@ static void test_host_only(void)
 	gpu_free(g);
 }
 
+/*
+ * Device memory counts against gpu_memory_max: attaches fit until their
+ * buffers would pass it, the one that would is refused with -EDQUOT and a
+ * message naming the key and the figures, nothing of it stays allocated,
+ * and a freed staging gives its bytes back. The host fallback turns the
+ * refusal into host batches with the same reason.
+ */
+static void test_device_memory_limit(void)
+{
+	struct gpu *g;
+	REQUIRE(gpu_open("sim", &g) == 0, "gpu_open sim");
+	struct ring_geometry geo = { .slot_count = 4, .batch_size = 8, .seq_len = 4096, .rank = 0, .world = 1 };
+	struct ring *r[3];
+	for (unsigned i = 0; i < 3; i++)
+		REQUIRE(ring_new(&geo, &r[i]) == 0, "ring");
+	uint64_t each = ALIGN_UP((uint64_t)r[0]->hdr->slot_size * r[0]->hdr->slot_count, UINT64_C(2) << 20);
+	gpu_configure(g, 2 * each);
+	struct staging *st[3] = { NULL };
+	char err[512] = "";
+	CHECK_INT(gpu_attach(g, r[0], 0, &st[0], err, sizeof(err)), 0);
+	CHECK_INT(gpu_attach(g, r[1], 0, &st[1], err, sizeof(err)), 0);
+	CHECK_U64(g->used[0], st[0]->mem_size + st[1]->mem_size);
+	unsigned live = gpu_backend_sim_live_objects(g->backend);
+	CHECK_INT(gpu_attach(g, r[2], 0, &st[2], err, sizeof(err)), -EDQUOT);
+	CHECK(!st[2], "no staging when refused");
+	CHECK_CONTAINS(err, "gpu_memory_max");
+	CHECK_CONTAINS(err, "cuda:0");
+	char want[64];
+	snprintf(want, sizeof(want), "%" PRIu64 " bytes", 2 * each);
+	CHECK_CONTAINS(err, want);
+	CHECK_INT(gpu_backend_sim_live_objects(g->backend), live);
+
+	/* Asking for the host fallback: host batches, the reason in the reply. */
+	struct wire_attach a = { .device = 0, .flags = WIRE_ATTACH_DEVICE | WIRE_ATTACH_HOST_FALLBACK };
+	uint8_t *msg = NULL;
+	size_t len = 0;
+	int fd = -1;
+	CHECK_INT(gpu_attach_reply(g, r[2], &a, &st[2], &msg, &len, &fd, err, sizeof(err)), 0);
+	CHECK(!st[2], "host batches only");
+	struct wire_header h;
+	struct wire_device_reply rep;
+	REQUIRE(wire_header_decode(msg, len, WIRE_MAX_REPLY, &h) == 0, "reply header");
+	REQUIRE(wire_decode_device_reply(msg + WIRE_HEADER_SIZE, h.length, &rep) == 0, "reply");
+	CHECK_INT(rep.kind, WIRE_DEVICE_HOST);
+	CHECK_CONTAINS(rep.reason, "gpu_memory_max");
+	free(msg);
+
+	/* A client leaves: its bytes come back, and the third fits. */
+	st[0] = staging_free(st[0], NULL);
+	CHECK_U64(g->used[0], st[1]->mem_size);
+	CHECK_INT(gpu_attach(g, r[2], 0, &st[2], err, sizeof(err)), 0);
+	/* No limit (0): anything fits. */
+	gpu_configure(g, 0);
+	CHECK_INT(gpu_attach(g, r[0], 0, &st[0], err, sizeof(err)), 0);
+	for (unsigned i = 0; i < 3; i++) {
+		st[i] = staging_free(st[i], NULL);
+		ring_free(r[i]);
+	}
+	CHECK_U64(g->used[0], 0);
+	CHECK_INT(gpu_backend_sim_live_objects(g->backend), 0);
+	gpu_free(g);
+}
+
+/*
+ * The per-client counters of status ("gpu"): every copy and its bytes, the
+ * release waits of reused slots, and the copies' time on the stream's own
+ * clock (timer events read without blocking).
+ */
+static void test_counters(void)
+{
+	struct fixture f;
+	fixture_init(&f, 2);
+	gpu_backend_sim_set_copy_delay(f.b, 2000);
+	uint64_t bytes = 0;
+	for (uint64_t seq = 0; seq < 6; seq++) {
+		while (staging_host_reusable(f.st, seq) == 0)
+			CHECK(wait_wake(f.wake_fd, 10000), "no kick");
+		fill(f.ring, seq);
+		bytes += used_bytes(f.ring, seq);
+		CHECK_INT(staging_publish(f.st, seq, seq >= 2 ? seq - 1 : 0), 0);
+	}
+	gpu_backend_sim_stream_sync(f.b, f.st->stream);
+	staging_collect(f.st);
+	CHECK_U64(f.st->n.copies, 6);
+	CHECK_U64(f.st->n.bytes, bytes);
+	CHECK_U64(f.st->n.waits, 4); /* batches 2..5 reuse a slot */
+	CHECK_U64(f.st->n.timed, 6);
+	/* Each copy slept 2 ms on the stream before copying: the timers saw at least that. */
+	CHECK(f.st->n.h2d_ns >= 6 * 2000000u, "h2d_ns %" PRIu64, f.st->n.h2d_ns);
+	json_t *j = gpu_client_json(f.st);
+	CHECK(j && json_integer_value(json_object_get(j, "copies")) == 6, "json copies");
+	CHECK(json_integer_value(json_object_get(j, "events_waited")) == 4, "json events_waited");
+	CHECK(json_real_value(json_object_get(j, "h2d_ms")) >= 12.0, "json h2d_ms");
+	json_decref(j);
+	gpu_backend_sim_set_copy_delay(f.b, 0);
+	fixture_done(&f);
+}
+
 /* DEVICE_REPLY and the ATTACH device fields reject what does not agree. */
 static void test_wire(void)
 {
@@ -407,6 +505,8 @@ int main(void)
 	test_missing_device();
 	test_host_only();
 	test_dead_client_does_not_hang_teardown();
+	test_device_memory_limit();
+	test_counters();
 	/* Thousands of batches with every copy slowed down, a small ring, and a plain one. */
 	test_batches_arrive_bit_for_bit(2, 600, 200);
 	test_batches_arrive_bit_for_bit(4, 3000, 0);
