@@ -317,17 +317,18 @@ static int packing_key(struct parse *p, struct conf_feed *f, const char *name, c
 		return 1;
 	}
 	if (strcmp(name, "sources") == 0) {
-		char why[256];
-		struct mix_spec *m = calloc(1, sizeof(*m));
-		if (!m)
+		/* It may go on over indented lines, like shards; parsed whole in resolve_sources(). */
+		const char *sep = "";
+		size_t have = f->sources_text ? strlen(f->sources_text) : 0;
+		if (have && f->sources_text[have - 1] != ',' && value[0] != ',')
+			sep = ", ";
+		char *joined;
+		if (asprintf(&joined, "%s%s%s", have ? f->sources_text : "", sep, value) < 0)
 			return bad(p, "out of memory");
-		if (mix_parse(value, m, why, sizeof(why)) < 0) {
-			free(m);
-			return bad(p, "sources: %s", why);
-		}
-		free(f->mix);
-		f->mix = m;
-		f->sources_line = p->line;
+		free(f->sources_text);
+		f->sources_text = joined;
+		if (!f->sources_line)
+			f->sources_line = p->line;
 		return 1;
 	}
 	return -1;
@@ -457,6 +458,7 @@ static int feed_key(struct parse *p, struct conf_feed *f, const char *name, cons
 			return bad(p, "%s: '%s' is not 'none', a token id in 0..2147483647 or a special token's name", name,
 				   value);
 		*t = CONF_TOKEN_NONE;
+		*(name[0] == 'b' ? &f->bos_name_line : &f->eos_name_line) = p->line;
 		return set_string(p, tname, value);
 	}
 	return bad(p, "unknown key '%s' in [feed.%s]", name, f->name);
@@ -678,6 +680,13 @@ static int daemon_key(struct parse *p, const char *name, const char *value)
 	return bad(p, "unknown key '%s' in [feedd]", name);
 }
 
+/*
+ * libinih keeps at most this many bytes of a section name (its MAX_SECTION,
+ * not exported) and silently cuts the rest: a longer [feed.NAME] or
+ * [feed.NAME.SOURCE] is refused before parsing instead.
+ */
+#define CONF_MAX_SECTION 50
+
 /* inih's reader: fgets that counts lines, so checks after parsing can name them. */
 static char *read_line(char *str, int num, void *stream)
 {
@@ -692,11 +701,11 @@ static int handler(void *user, const char *section, const char *name, const char
 	struct parse *p = user;
 	if (p->failed)
 		return 1;
-	/* A shards list may go on over indented lines: inih hands each over as the key again. */
-	bool list = strncmp(section, "feed.", 5) == 0 && strcmp(name, "shards") == 0;
+	/* A shards or sources list may go on over indented lines: inih hands each over as the key again. */
+	bool list = strncmp(section, "feed.", 5) == 0 && (strcmp(name, "shards") == 0 || strcmp(name, "sources") == 0);
 	int e = list ? 0 : check_repeat(p, section, name);
 	if (e == -EEXIST)
-		return bad(p, "'%s' is given twice in [%s] (only shards may go on over indented lines)", name, section);
+		return bad(p, "'%s' is given twice in [%s] (only shards and sources may go on over indented lines)", name, section);
 	if (e < 0)
 		return bad(p, "out of memory");
 	if (strcmp(section, "feedd") == 0)
@@ -731,6 +740,7 @@ static void conf_feed_done(struct conf_feed *f)
 		conf_feed_done(&f->sources[j]);
 	free(f->sources);
 	free(f->mix);
+	free(f->sources_text);
 }
 
 struct conf *conf_free(struct conf *c)
@@ -798,6 +808,25 @@ static int resolve_sources(struct conf *c, const char *path, char *err, size_t e
 	_cleanup_free_ bool *taken = calloc(MAX(c->n_feeds, (size_t)1), sizeof(*taken));
 	if (!taken)
 		return -ENOMEM;
+	for (size_t i = 0; i < c->n_feeds; i++) {
+		struct conf_feed *f = &c->feeds[i];
+		if (!f->sources_text)
+			continue;
+		char why[256];
+		if (!(f->mix = calloc(1, sizeof(*f->mix))))
+			return -ENOMEM;
+		if (mix_parse(f->sources_text, f->mix, why, sizeof(why)) < 0) {
+			snprintf(err, errlen, "%s:%u: sources: %s", path, f->sources_line, why);
+			return -EINVAL;
+		}
+		/* Each source names its own tokenizer, so a name means nothing for the mixture as a whole. */
+		if (f->bos_name || f->eos_name) {
+			bool b = f->bos_name != NULL;
+			snprintf(err, errlen, "%s:%u: %s: a mixture's %s must be a token id or 'none' (each source would resolve a name in its own vocabulary)",
+				 path, b ? f->bos_name_line : f->eos_name_line, b ? "bos" : "eos", b ? "bos" : "eos");
+			return -EINVAL;
+		}
+	}
 	for (size_t i = 0; i < c->n_feeds; i++) {
 		const struct conf_feed *f = &c->feeds[i];
 		if (!f->mix)
@@ -901,17 +930,23 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		size_t cap = 0;
 		ssize_t len;
 		for (int no = 1; (len = getline(&buf, &cap, f)) >= 0; no++) {
-			if ((size_t)len - (len > 0 && buf[len - 1] == '\n') >= INI_MAX_LINE - 1) {
+			const char *sec = buf + strspn(buf, " \t");
+			size_t sec_len = *sec == '[' ? strcspn(sec + 1, "]\n") : 0;
+			if ((size_t)len - (len > 0 && buf[len - 1] == '\n') >= INI_MAX_LINE - 1)
 				snprintf(err, errlen, "%s:%d: the line is %zd bytes long, more than the %d an INI line may have; "
-					 "continue a shards list on indented lines", path, no, len, INI_MAX_LINE - 2);
-				free(buf);
-				fclose(f);
-				for (size_t i = 0; i < p.n_seen; i++)
-					free(p.seen[i]);
-				free(p.seen);
-				conf_free(c);
-				return -EINVAL;
-			}
+					 "continue a shards or sources list on indented lines", path, no, len, INI_MAX_LINE - 2);
+			else if (sec_len >= CONF_MAX_SECTION)
+				snprintf(err, errlen, "%s:%d: the section name '%.*s' is %zu characters long, more than the %d a "
+					 "section name may have", path, no, (int)sec_len, sec + 1, sec_len, CONF_MAX_SECTION - 1);
+			else
+				continue;
+			free(buf);
+			fclose(f);
+			for (size_t i = 0; i < p.n_seen; i++)
+				free(p.seen[i]);
+			free(p.seen);
+			conf_free(c);
+			return -EINVAL;
 		}
 		free(buf);
 		rewind(f);

@@ -51,9 +51,11 @@ struct conf_feed {
 	enum conf_packing packing;
 	uint64_t pack_buffer;      /* bestfit buffer, in positions; 0: 64 * seq_len */
 	int64_t pad_id;            /* padding token; CONF_TOKEN_NONE: eos when it is an id, else 0 */
+	char *sources_text;        /* `sources` as written, its lines joined; parsed into mix after the file */
 	struct mix_spec *mix;      /* `sources`: names and weights; NULL for a feed of one stream */
 	struct conf_feed *sources; /* mix->n sources, each from its [feed.NAME.SOURCE] section; order keys copied from the feed */
 	unsigned line;             /* the section's first key, and the lines of keys checked after parsing (0: absent) */
+	unsigned bos_name_line, eos_name_line; /* where bos/eos name a special token */
 	unsigned sources_line, order_key_line, source_key_line, pack_buffer_line, pad_id_line;
 	const char *order_key, *source_key; /* a key only a feed may have (seq_len, ...), one only a source may have (shards, ...) */
 };

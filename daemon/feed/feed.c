@@ -218,6 +218,7 @@ static int copy_conf(struct conf_feed *dst, const struct conf_feed *src)
 		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir);
 	dst->mix = NULL;
 	dst->sources = NULL;
+	dst->sources_text = NULL; /* parsed into mix already */
 	if (!dst->name || !dst->format || !dst->shards || r)
 		return -ENOMEM;
 	for (size_t i = 0; i < src->n_shards; i++)
