@@ -109,6 +109,23 @@ void ms(json_t *v, char *buf, size_t n)
 		snprintf(buf, n, "%.2fms", x);
 }
 
+void host_line(json_t *root, char *buf, size_t n)
+{
+	json_t *tm = json_object_get(root, "telemetry"), *h = json_object_get(tm, "host");
+	if (!json_is_object(h)) {
+		snprintf(buf, n, "-");
+		return;
+	}
+	char cpu[32] = "-", rq[96] = "an unknown share of their runnable time (no schedstat)";
+	if (json_is_number(json_object_get(h, "workers_cpu_per_s")))
+		snprintf(cpu, sizeof(cpu), "%.2f", num(h, "workers_cpu_per_s"));
+	if (json_is_number(json_object_get(h, "runqueue_pct")))
+		snprintf(rq, sizeof(rq), "%.0f %% of their runnable time", num(h, "runqueue_pct"));
+	snprintf(buf, n, "%.0f CPUs, load %.2f, %.0f runnable; workers got %s CPU/s and waited for a CPU %s (host-bound from %.0f %%)",
+		 num(h, "cpus"), num(h, "load_avg"), num(h, "runnable"), cpu, rq,
+		 num(json_object_get(tm, "thresholds"), "host_pct"));
+}
+
 void print_status(json_t *root, FILE *out)
 {
 	json_t *d = json_object_get(root, "daemon");
@@ -119,6 +136,9 @@ void print_status(json_t *root, FILE *out)
 		num(d, "threads_busy"), num(json_object_get(root, "telemetry"), "pool_busy_pct"), str(d, "io_engine"),
 		json_is_string(json_object_get(d, "io_fallback")) ? ": " : "",
 		json_is_string(json_object_get(d, "io_fallback")) ? str(d, "io_fallback") : "", str(d, "gpu"));
+	char host[320];
+	host_line(root, host, sizeof(host));
+	fprintf(out, "host %s\n", host);
 
 	json_t *feeds = json_object_get(root, "feeds"), *f;
 	size_t i;
@@ -132,8 +152,9 @@ void print_status(json_t *root, FILE *out)
 		json_t *pk = json_object_get(f, "packing"), *src;
 		size_t k;
 		if (json_is_object(pk) && num(pk, "positions") > 0)
-			fprintf(out, "  packing %s: efficiency %.1f %%, %.0f tokens truncated\n", str(pk, "mode"),
-				100 * num(pk, "efficiency"), num(pk, "truncated"));
+			fprintf(out, "  packing %s: efficiency %.1f %%; %.0f/%.0f documents cut across rows, %.0f tokens truncated\n",
+				str(pk, "mode"), 100 * num(pk, "efficiency"), num(pk, "cut_documents"), num(pk, "documents"),
+				num(pk, "truncated"));
 		json_array_foreach(json_object_get(pk, "sources"), k, src)
 			fprintf(out, "  source %s: %.1f %% of documents (weight %.1f %%)\n", str(src, "name"),
 				100 * num(src, "share"), 100 * num(src, "weight"));

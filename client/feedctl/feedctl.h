@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What feedctl's subcommands share: the socket option, fetching and printing
- * the status document (docs/telemetry.md has its schema), and the table of
+ * the status document (docs/protocol.md, section 10, has its schema), and the table of
  * subcommands. feedctl talks to feedd only through libfeed.
  */
 #pragma once
@@ -26,6 +26,8 @@ int connect_or_say(feed_client **c);
 int fetch_status(json_t **ret);
 /* The human view of a status document (feedctl status, top). */
 void print_status(json_t *root, FILE *out);
+/* What the diagnosis's host rule reads (telemetry.host), in one line of words; "-" when absent. */
+void host_line(json_t *root, char *buf, size_t n);
 
 /* Small readers of the document: absent fields read as "-" / 0 / NULL. */
 const char *str(json_t *o, const char *k);

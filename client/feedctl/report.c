@@ -214,6 +214,9 @@ int cmd_report(int argc, char **argv)
 	fprintf(md, "feedd %s, pid %.0f, up %.0f s, %.0f worker threads (busy %.0f %% over the window).\n\n",
 		str(d, "version"), num(d, "pid"), num(d, "uptime_s"), num(d, "threads"), num(tm, "pool_busy_pct"));
 	fprintf(md, "**Worst:** %s\n\n", str(json_object_get(tm, "worst"), "text"));
+	char host[320];
+	host_line(root, host, sizeof(host));
+	fprintf(md, "**Host:** %s.\n\n", host);
 
 	json_t *feeds = json_object_get(root, "feeds"), *f;
 	size_t i;
@@ -221,6 +224,28 @@ int cmd_report(int argc, char **argv)
 	json_array_foreach(feeds, i, f)
 		fprintf(md, "| %s | %s | %.0f | %s |\n", str(f, "name"), str(f, "state"), num(f, "clients"),
 			str(json_object_get(f, "diagnosis"), "text"));
+	/* What the batches held (docs/sample-order.md, 13.2): padding, cut and truncated documents, mixture shares. */
+	fprintf(md, "\n### Packing\n\n| feed | mode | efficiency | positions | padding | documents | cut across rows | tokens truncated |\n"
+		    "|---|---|---|---|---|---|---|---|\n");
+	json_array_foreach(feeds, i, f) {
+		json_t *pk = json_object_get(f, "packing");
+		if (!json_is_object(pk))
+			continue;
+		fprintf(md, "| %s | %s | %.1f %% | %.0f | %.0f | %.0f | %.0f | %.0f |\n", str(f, "name"), str(pk, "mode"),
+			100 * num(pk, "efficiency"), num(pk, "positions"), num(pk, "positions") - num(pk, "tokens"),
+			num(pk, "documents"), num(pk, "cut_documents"), num(pk, "truncated"));
+	}
+	json_array_foreach(feeds, i, f) {
+		json_t *srcs = path(f, "packing", "sources", NULL), *src;
+		size_t k;
+		if (json_array_size(srcs) == 0)
+			continue;
+		fprintf(md, "\n### Mixture %s\n\n| source | weight | documents served | share |\n|---|---|---|---|\n",
+			str(f, "name"));
+		json_array_foreach(srcs, k, src)
+			fprintf(md, "| %s | %.1f %% | %.0f | %.1f %% |\n", str(src, "name"), 100 * num(src, "weight"),
+				num(src, "documents"), 100 * num(src, "share"));
+	}
 	json_array_foreach(feeds, i, f) {
 		json_t *st = json_object_get(f, "stages");
 		fprintf(md, "\n### Stages of feed %s (last %.0f s, %.0f threads)\n\n", str(f, "name"), num(st, "window_s"),
@@ -232,6 +257,12 @@ int cmd_report(int argc, char **argv)
 			if (!json_is_object(s))
 				continue;
 			char per[16];
+			if (strcmp(key, "workers") == 0) {
+				/* Not a stage: all the feed's worker time, per batch. */
+				ms(json_object_get(s, "ms_per_batch"), per, sizeof(per));
+				fprintf(md, "| all workers | | | %.2f | | %s per batch |\n", num(s, "busy_threads"), per);
+				continue;
+			}
 			ms(json_object_get(s, "busy_ms_per_item"), per, sizeof(per));
 			fprintf(md, "| %s | %.1f | %.1f | %.2f | %.0f | %s |\n", key, num(s, "mb_per_s"), num(s, "items_per_s"),
 				num(s, "busy_threads"), num(s, "offcpu_pct"), per);
@@ -270,8 +301,9 @@ int cmd_report(int argc, char **argv)
 	}
 	if (fclose(md) != 0)
 		ret = 1;
+	size_t plots = json_array_size(clients); /* before the document that holds the array goes */
 	json_decref(root);
 	if (ret == 0)
-		fprintf(stderr, "feedctl report: wrote %s/summary.md and %zu plots\n", out, json_array_size(clients));
+		fprintf(stderr, "feedctl report: wrote %s/summary.md and %zu plots\n", out, plots);
 	return ret;
 }

@@ -139,6 +139,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	int dev_fd = -1;
 	if ((a.flags & WIRE_ATTACH_DEVICE) && (r = gpu_attach_reply(s->cfg.gpu, sess->ring, &a, &sess->staging, &dev_msg,
 								      &dev_len, &dev_fd, err, sizeof(err))) < 0) {
+		s->n.refused_memory += r == -EDQUOT; /* gpu_memory_max, counted with the ring limits */
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s on cuda:%u refused: %s", c->id, (int)c->pid,
 			    a.feed, a.device, err);
 		session_close(sess);

@@ -44,6 +44,17 @@ static void window_geometry(unsigned *ret_slots, uint64_t *ret_step_ns)
 	*ret_step_ns = (uint64_t)step_s * NSEC_PER_SEC;
 }
 
+/*
+ * Whether a sub-window of this span is complete. Ticks come about a second
+ * apart but never exactly: a sub-window closes within half a tick of its
+ * length, so one that falls a little short does not wait a whole extra tick
+ * (which made a 60 s window span up to 86 s).
+ */
+static bool subwindow_done(uint64_t span_ns, uint64_t step_ns)
+{
+	return span_ns + NSEC_PER_SEC / 2 >= step_ns;
+}
+
 void telemetry_configure(const struct conf_diagnosis *d)
 {
 	tm.conf = *d;
@@ -185,7 +196,7 @@ static void client_sample(struct tclient *c, uint64_t now, unsigned n_slots, uin
 	}
 
 	/* Close the sub-window when complete: the oldest leaves the sums and is reused. */
-	if (cur->span_ns < step_ns)
+	if (!subwindow_done(cur->span_ns, step_ns))
 		return;
 	c->cur = (c->cur + 1) % n_slots;
 	struct client_slot *o = &c->slots[c->cur];
@@ -247,7 +258,7 @@ static void feed_sample(struct tfeed *t, const struct feed *f, uint64_t now, uns
 	stages_add(&sl->d, &d, 1);
 	t->win.span_ns += dt;
 	stages_add(&t->win.d, &d, 1);
-	if (sl->span_ns < step_ns)
+	if (!subwindow_done(sl->span_ns, step_ns))
 		return;
 	t->cur = (t->cur + 1) % n_slots;
 	struct feed_slot *o = &t->slots[t->cur];
@@ -398,7 +409,7 @@ static void host_sample(uint64_t now, unsigned n_slots, uint64_t step_ns)
 	h->win.span_ns += dt;
 	h->win.cpu_ns += cpu;
 	h->win.delay_ns += delay;
-	if (sl->span_ns < step_ns)
+	if (!subwindow_done(sl->span_ns, step_ns))
 		return;
 	h->cur = (h->cur + 1) % n_slots;
 	struct host_slot *o = &h->slots[h->cur];

@@ -187,7 +187,7 @@ def test_status_reports_the_references_efficiency_and_truncation(daemon, shards,
     cc = status["cc"]["packing"]
     assert cc["mode"] == "concat" and cc["efficiency"] == 1.0 and cc["truncated"] == 0 and cc["pad_id"] is None
     table = d.ctl("status").stdout
-    assert re.search(r"packing pad: efficiency \d+\.\d %, \d+ tokens truncated", table), table
+    assert re.search(r"packing pad: efficiency \d+\.\d %; \d+/\d+ documents cut across rows, \d+ tokens truncated", table), table
 
 
 def test_mixture_proportions_in_status_converge_to_the_weights(daemon, shards, tmp_path):

@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: MIT
+"""feedctl status and report show what the status document says about packing, mixtures and the host.
+
+A real feedd serves a bestfit feed and a two-source pad mixture to clients that
+hold their whole ring (so the counters stop moving), and the human views are
+checked figure by figure against `feedctl status --json`.
+"""
+
+import os
+import shutil
+import time
+
+import pytest
+
+from conftest import feed_conf
+
+
+def holding(p):
+    """Waits until a stream-client in HOLD mode holds every slot of its ring."""
+    for line in p.stdout:
+        if line.startswith("holding"):
+            return
+        assert not line.startswith("error"), line
+    raise AssertionError(f"stream-client ended without holding its ring: {p.stderr.read()}")
+
+
+@pytest.fixture
+def served(daemon, dataset):
+    conf = (feed_conf("bf", f"{dataset}/shard_*.idx", eos=1, extra="packing = bestfit\n") + "\n"
+            "[feed.mix]\nsources = a:3, b:1\nseq_len = 256\nbatch_size = 4\neos = 1\npacking = pad\n\n"
+            f"[feed.mix.a]\nshards = {dataset}/shard_*[01].idx\n\n"
+            f"[feed.mix.b]\nshards = {dataset}/shard_*[23].idx\n")
+    d = daemon(conf)
+    ps = [d.client("bf", 0, 1, 100000, hold=True), d.client("mix", 0, 1, 100000, hold=True)]
+    try:
+        for p in ps:
+            holding(p)
+        # The host figures come with the first once-a-second sample.
+        deadline = time.time() + 10
+        while d.status()["telemetry"]["host"]["cpus"] == 0:
+            assert time.time() < deadline, "no host sample within 10 s"
+            time.sleep(0.2)
+        yield d
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            p.stderr.close()
+
+
+def packing_line(pk):
+    return (f"packing {pk['mode']}: efficiency {100 * pk['efficiency']:.1f} %; "
+            f"{pk['cut_documents']}/{pk['documents']} documents cut across rows, "
+            f"{pk['truncated']} tokens truncated")
+
+
+def test_status_shows_packing_mixture_shares_and_the_host(served):
+    d = served
+    before = d.status()
+    text = d.ctl("status").stdout
+    st = d.status()
+    assert [f["packing"] for f in st["feeds"]] == [f["packing"] for f in before["feeds"]], \
+        "the counters moved while every client held its ring"
+    feeds = {f["name"]: f for f in st["feeds"]}
+    bf, mix = feeds["bf"]["packing"], feeds["mix"]["packing"]
+    assert bf["mode"] == "bestfit" and bf["positions"] > 0 and bf["pack_buffer"] == 64 * 256
+    assert mix["mode"] == "pad" and mix["truncated"] > 0
+    for pk in (bf, mix):
+        assert packing_line(pk) in text, f"{packing_line(pk)!r} not in:\n{text}"
+    assert [s["name"] for s in mix["sources"]] == ["a", "b"]
+    for s in mix["sources"]:
+        line = f"source {s['name']}: {100 * s['share']:.1f} % of documents (weight {100 * s['weight']:.1f} %)"
+        assert line in text, f"{line!r} not in:\n{text}"
+    assert "(weight 75.0 %)" in text and "(weight 25.0 %)" in text
+
+    host = st["telemetry"]["host"]
+    assert host["cpus"] == len(os.sched_getaffinity(d.proc.pid))
+    hl = next(l for l in text.splitlines() if l.startswith("host "))
+    assert hl.startswith(f"host {host['cpus']} CPUs, load ")
+    assert hl.endswith(f"(host-bound from {st['telemetry']['thresholds']['host_pct']:.0f} %)")
+
+
+@pytest.mark.skipif(shutil.which("gnuplot") is None, reason="gnuplot is not installed (scripts/install-deps.sh)")
+def test_report_has_packing_and_mixture_tables(served, tmp_path):
+    d = served
+    out = tmp_path / "report"
+    r = d.ctl("report", "--out", str(out))
+    st = d.status()
+    assert f"wrote {out}/summary.md and {len(st['clients'])} plots" in r.stderr
+    for c in st["clients"]:
+        png = out / f"client-{c['id']}-{c['feed']}-rank0.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    md = (out / "summary.md").read_text()
+    for f in st["feeds"]:
+        pk = f["packing"]
+        row = (f"| {f['name']} | {pk['mode']} | {100 * pk['efficiency']:.1f} % | {pk['positions']} | "
+               f"{pk['positions'] - pk['tokens']} | {pk['documents']} | {pk['cut_documents']} | {pk['truncated']} |")
+        assert row in md, f"{row!r} not in:\n{md}"
+    assert "### Mixture mix" in md
+    for s in next(f for f in st["feeds"] if f["name"] == "mix")["packing"]["sources"]:
+        row = f"| {s['name']} | {100 * s['weight']:.1f} % | {s['documents']} | {100 * s['share']:.1f} % |"
+        assert row in md, f"{row!r} not in:\n{md}"
+    assert f"**Host:** {st['telemetry']['host']['cpus']} CPUs, load " in md
+    assert "| all workers |" in md
