@@ -219,6 +219,26 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    f->bad_records);
 	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
 		    in->feed_memory[i]);
+	/* Packing (docs/sample-order.md, 13.2): efficiency is rate(tokens) / rate(positions). */
+	FEED_FAMILY("feedd_feed_packed_positions_total", "counter", "Positions (B * L per batch) of the batches packed.",
+		    f->packed.positions);
+	FEED_FAMILY("feedd_feed_packed_tokens_total", "counter",
+		    "Positions of the batches packed that hold a token, bos or eos rather than padding.", f->packed.tokens);
+	FEED_FAMILY("feedd_feed_truncated_tokens_total", "counter",
+		    "Tokens dropped by packing = pad (document tails past seq_len); 0 in the other modes.",
+		    f->packed.truncated);
+	FEED_FAMILY("feedd_feed_packed_documents_total", "counter", "Documents starting in the batches packed.",
+		    f->packed.docs);
+	FEED_FAMILY("feedd_feed_cut_documents_total", "counter",
+		    "Documents of the batches packed that are spread over more than one row.", f->packed.cut_docs);
+	family(o, "feedd_feed_source_documents_total", "counter",
+	       "A mixture's documents packed, per source (docs/sample-order.md, 14); their shares follow the weights.");
+	for (size_t i = 0; i < in->n_feeds; i++) {
+		const struct feed *f = in->feeds[i];
+		for (uint32_t k = 0; f->conf.mix && k < f->conf.mix->n; k++)
+			put(o, "feedd_feed_source_documents_total{%s,source=\"%s\"} %" PRIu64 "\n", fl[i],
+			    f->conf.mix->names[k], f->source_docs[k]);
+	}
 
 	family(o, "feedd_feed_stage_busy_seconds_total", "counter",
 	       "Worker thread time spent in each stage of the feed's pipeline (docs/telemetry.md); job is a whole batch.");

@@ -421,6 +421,33 @@ def test_numbers_equal_the_status_document(daemon, tmp_path):
             p.wait()
 
 
+def test_packing_and_mixture_counters_equal_the_status_document(daemon, tmp_path):
+    data = small_data(tmp_path)
+    conf = (f"[feedd]\nmetrics_listen = 127.0.0.1:0\n"
+            + feed_conf("padded", f"{data}/*.idx", seq_len=64, batch_size=2, extra="packing = pad\npad_id = 0\n")
+            + "[feed.mix]\nsources = a:0.7, b:0.3\nseq_len = 64\nbatch_size = 2\npacking = bestfit\n"
+            + f"[feed.mix.a]\nshards = {data}/shard_000.idx\n[feed.mix.b]\nshards = {data}/shard_001.idx\n")
+    d = daemon(conf)
+    d.dump("padded", tmp_path / "p", batches=30)
+    d.dump("mix", tmp_path / "m", batches=30)
+    endpoint(d)
+    st = d.status()
+    fams = scrape(d)
+    for f in st["feeds"]:
+        n, pk = f["name"], f["packing"]
+        assert fams["feedd_feed_packed_positions_total"].value(feed=n) == pk["positions"] == f["batches"] * 2 * 64
+        assert fams["feedd_feed_packed_tokens_total"].value(feed=n) == pk["tokens"] > 0
+        assert fams["feedd_feed_truncated_tokens_total"].value(feed=n) == pk["truncated"]
+        assert fams["feedd_feed_packed_documents_total"].value(feed=n) == pk["documents"] > 0
+        assert fams["feedd_feed_cut_documents_total"].value(feed=n) == pk["cut_documents"]
+    padded = next(f for f in st["feeds"] if f["name"] == "padded")
+    assert padded["packing"]["truncated"] > 0  # mean length 300 > seq_len 64
+    mix = next(f for f in st["feeds"] if f["name"] == "mix")
+    for src in mix["packing"]["sources"]:
+        assert fams["feedd_feed_source_documents_total"].value(feed="mix", source=src["name"]) == src["documents"] > 0
+    assert fams["feedd_feed_source_documents_total"].type == "counter"
+
+
 def test_counters_grow_while_a_client_consumes(daemon, tmp_path):
     data = small_data(tmp_path)
     d = daemon(metrics_conf(data))
