@@ -409,6 +409,12 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 	const unsigned flags = f->conf.encode_special_tokens ? TOK_ENCODE_SPECIALS : 0;
 	size_t at = 0, replaced_total = 0;
 	char why[384];
+	/*
+	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
+	 * so that they are not copied again and again while the array grows.
+	 */
+	if (tok_ids_reserve(&out, bytes / 3 + 256) < 0)
+		goto oom;
 	for (uint32_t i = 0; i < c->n; i++) {
 		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
 		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
@@ -423,6 +429,7 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 			at += len;
 			const char *text = (const char *)doc;
 			size_t text_len = len;
+			unsigned doc_flags = flags;
 			if (jsonl) {
 				r = jsonl_extract(&w->record, doc, len, f->conf.text_key, why, sizeof(why));
 				if (r == -ENOMEM)
@@ -430,10 +437,12 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 				text = w->record.text;
 				text_len = w->record.len;
 				replaced = w->record.replaced;
+				if (w->record.utf8_valid)
+					doc_flags |= TOK_ENCODE_UTF8_VALID;
 			}
 			if (!why[0]) {
 				size_t rep = 0;
-				r = tok_encode(f->tok, st, text, text_len, flags, &out, &rep);
+				r = tok_encode(f->tok, st, text, text_len, doc_flags, &out, &rep);
 				if (r == -ENOMEM)
 					goto oom_ids;
 				if (r < 0) {

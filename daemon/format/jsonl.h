@@ -19,6 +19,7 @@ struct jsonl_record {
 	const char *text;  /* points into root, text_buf or the line */
 	size_t len;
 	size_t replaced;   /* invalid UTF-8 sequences replaced */
+	bool utf8_valid;   /* text is known to be valid UTF-8 (the scanner read it) */
 	uint8_t *scratch;  /* the line with invalid UTF-8 replaced, reused */
 	size_t scratch_cap;
 	uint8_t *text_buf; /* the text with its escapes decoded, reused */

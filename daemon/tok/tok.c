@@ -60,6 +60,7 @@ struct tok_state {
 	tok_sink_fn sink;
 	void *userdata;
 	int sink_error;
+	bool utf8_valid;        /* this call's text carries TOK_ENCODE_UTF8_VALID */
 	int32_t batch[TOK_BATCH];
 	size_t n_batch;
 
@@ -854,7 +855,7 @@ static int tok_ordinary_windowed(struct tok_state *st, const uint8_t *s, size_t 
 static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
 	if (n == 0)
 		return 0;
-	if (!st->t->nfc && tok_utf8_valid_prefix(s, n) == n)
+	if (!st->t->nfc && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
 		return tok_split(st, 0, s, n);
 	return tok_ordinary_windowed(st, s, n, n_replaced);
 }
@@ -879,6 +880,7 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 	st->userdata = userdata;
 	st->sink_error = 0;
 	st->n_batch = 0;
+	st->utf8_valid = flags & TOK_ENCODE_UTF8_VALID;
 
 	while (sre && pos < len && st->sink_error == 0) {
 		PCRE2_SIZE *ov;
@@ -911,9 +913,7 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 	return 0;
 }
 
-static int tok_append(const int32_t *ids, size_t n, void *userdata) {
-	struct tok_ids *v = userdata;
-
+int tok_ids_reserve(struct tok_ids *v, size_t n) {
 	if (v->n + n > v->cap) {
 		size_t cap = v->cap ? v->cap : 1024;
 		while (cap < v->n + n)
@@ -924,6 +924,14 @@ static int tok_append(const int32_t *ids, size_t n, void *userdata) {
 		v->ids = p;
 		v->cap = cap;
 	}
+	return 0;
+}
+
+static int tok_append(const int32_t *ids, size_t n, void *userdata) {
+	struct tok_ids *v = userdata;
+
+	if (tok_ids_reserve(v, n) < 0)
+		return -ENOMEM;
 	memcpy(v->ids + v->n, ids, n * sizeof(*ids));
 	v->n += n;
 	return 0;

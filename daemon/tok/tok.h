@@ -53,6 +53,10 @@ enum {
 	 * ordinary text (encode_ordinary), which is what training text
 	 * wants. */
 	TOK_ENCODE_SPECIALS = 1u << 0,
+	/* The caller vouches that the text is valid UTF-8 (its reader
+	 * checked it already), so it is not checked again.  Text that is
+	 * not valid UTF-8 under this flag is a caller bug. */
+	TOK_ENCODE_UTF8_VALID = 1u << 1,
 };
 
 /*
@@ -121,6 +125,9 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 /* As tok_encode_stream(), appending the ids to out (not cleared first). */
 int tok_encode(const struct tok *t, struct tok_state *st, const char *text, size_t len,
 	       unsigned flags, struct tok_ids *out, size_t *ret_n_replaced);
+
+/* Makes room for at least n ids in v (beyond those it holds). Returns 0 or -ENOMEM. */
+int tok_ids_reserve(struct tok_ids *v, size_t n);
 
 /* Frees the ids of a struct tok_ids and zeroes it. */
 void tok_ids_done(struct tok_ids *v);
