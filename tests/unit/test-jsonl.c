@@ -138,6 +138,36 @@ static void mutate_and_check(const char *seed)
 	check_line(buf, n, rnd() % 8 ? "text" : "b");
 }
 
+/*
+ * The scanner reads the text 16 bytes at a time: put two of every kind of
+ * escape, special byte and invalid UTF-8 at every offset around those
+ * blocks, in whole and in cut lines, and compare with jansson.
+ */
+static void check_block_edges(void)
+{
+	static const char *const ins[] = { "\\n", "\\\"", "\\\\", "\\u00e9", "\\ud83d\\ude00", "\\u0000", "\"",
+					   "\x01", "\\x", "\\ud800", "\xc3\xa9", "\xff", "\\/", "\\t\\r" };
+	uint8_t buf[512];
+	for (size_t pre = 0; pre < 36; pre++)
+		for (size_t post = 0; post < 36; post += 5)
+			for (size_t a = 0; a < sizeof(ins) / sizeof(ins[0]); a++)
+				for (size_t b = 0; b < sizeof(ins) / sizeof(ins[0]); b++)
+					for (size_t mid = 0; mid < 20; mid += 3) {
+						size_t k = (size_t)sprintf((char *)buf, "{\"text\": \"");
+						for (size_t i = 0; i < pre; i++)
+							buf[k++] = (uint8_t)('a' + i % 26);
+						k += (size_t)sprintf((char *)buf + k, "%s", ins[a]);
+						memset(buf + k, 'M', mid);
+						k += mid;
+						k += (size_t)sprintf((char *)buf + k, "%s", ins[b]);
+						memset(buf + k, 'z', post);
+						k += post;
+						k += (size_t)sprintf((char *)buf + k, "\", \"id\": 3}");
+						check_line(buf, k, "text");
+						check_line(buf, k - 11, "text"); /* cut inside the text */
+					}
+}
+
 int main(void)
 {
 	for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++)
@@ -156,6 +186,7 @@ int main(void)
 	CHECK_INT(jsonl_extract(&fast, (const uint8_t *)num, strlen(num), "text", err, sizeof(err)), -EINVAL);
 	CHECK_CONTAINS(err, "not a string");
 
+	check_block_edges();
 	for (int round = 0; round < 4000; round++)
 		for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++)
 			mutate_and_check(seeds[i]);
