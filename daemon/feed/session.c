@@ -306,12 +306,18 @@ static void chunk_done(struct session *s, struct text_chunk *c)
 				log_warning("feed %s: skipped a bad record: %s%s", f->name, c->bad[i],
 					    f->bad_records == 10 ? " (further ones are only counted)" : "");
 		}
-		if ((double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
+		/* Every document bad fails too (max_bad_fraction = 1): nothing is left to serve, however many epochs are walked. */
+		bool all = f->bad_records >= f->n_docs;
+		if (all || (double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
 			char msg[1024];
-			snprintf(msg, sizeof(msg),
-				 "%" PRIu64 " bad records skipped, more than max_bad_fraction %g of the feed's %" PRIu64
-				 " documents; the latest: %s",
-				 f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
+			if (all)
+				snprintf(msg, sizeof(msg), "feed %s: every one of its %" PRIu64 " documents is a bad record; the latest: %s",
+					 f->name, f->n_docs, f->last_bad);
+			else
+				snprintf(msg, sizeof(msg),
+					 "%" PRIu64 " bad records skipped, more than max_bad_fraction %g of the feed's %" PRIu64
+					 " documents; the latest: %s",
+					 f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
 			if (f->state == FEED_READY) {
 				f->state = FEED_FAILED;
 				f->error_code = -EBADMSG;
@@ -517,8 +523,8 @@ static int dry_take(struct session *s, size_t *used, uint64_t *k, uint64_t *ret_
 	uint32_t i = source_of(s, *k);
 	struct session_src *x = &s->srcs[i];
 	int r = queue_fill(x, used[i] + 1);
-	if (r == -EAGAIN)
-		s->starved = i;
+	if (r == -EAGAIN || r == -ENODATA)
+		s->starved = i; /* to tokenize further, or the stream that ran dry */
 	if (r < 0)
 		return r;
 	*ret_len = queue_at(x, used[i])->length;
@@ -574,6 +580,16 @@ static int plan_ready(struct session *s)
 	return r;
 }
 
+/* Why a plan found no tokens: a mixture names the source that ran dry. */
+static const char *no_tokens_why(const struct session *s, char *buf, size_t len)
+{
+	if (s->n_srcs < 2 || s->starved >= s->n_srcs)
+		return "this rank receives no tokens";
+	snprintf(buf, len, "source %s gives this rank no tokens (every document it reached was empty or skipped as bad)",
+		 s->srcs[s->starved].feed->name);
+	return buf;
+}
+
 /* Plans batch `batch` into j (by_docs sessions). Returns 0 or a negative errno with a message in msg. */
 static int plan_docs(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen)
 {
@@ -617,9 +633,10 @@ static int plan_docs(struct session *s, struct session_job *j, uint64_t batch, c
 		j->hold[p->doc.source] = MIN(j->hold[p->doc.source], p->doc.seq);
 	}
 	return 0;
-fail:
+fail:;
+	char why[160];
 	snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": %s", batch,
-		 r == -ENODATA ? "this rank receives no tokens"
+		 r == -ENODATA ? no_tokens_why(s, why, sizeof(why))
 		 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
 		 : r == -EDEADLK ? "internal error: planned past the tokenized text"
 				 : strerror(-r));
@@ -722,9 +739,10 @@ static void pump(struct session *s)
 				r = text ? plan_ready(s) : 0;
 				if (r == -EAGAIN)
 					break;
+				char why[160];
 				if (r < 0)
 					snprintf(msg, sizeof(msg), "cannot plan batch %" PRIu64 ": %s", batch,
-						 r == -ENODATA ? "this rank receives no tokens" : strerror(-r));
+						 r == -ENODATA ? no_tokens_why(s, why, sizeof(why)) : strerror(-r));
 				else
 					r = plan_docs(s, j, batch, msg, sizeof(msg));
 				if (r == 0 && (r = cursor_docs(s, &c)) < 0)
