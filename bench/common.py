@@ -95,6 +95,20 @@ def stop(p):
             p.wait()
 
 
+def consume(build, sock, feed, batches, daemon=None, samples=1):
+    """bench/consume takes `batches` batches of `feed` back to back (timing `samples` of
+    them one by one); returns its JSON with "cpu_s" (the client's CPU, plus the daemon's
+    when `daemon`, its Popen, is given) and "daemon_cpu_s"."""
+    d_cpu0, c_cpu0 = (proc_cpu(daemon.pid) if daemon else 0.0), children_cpu()
+    out = subprocess.run([str(Path(build) / "bench/consume"), str(sock), feed, str(batches), str(samples), "0"],
+                         capture_output=True, text=True, check=True).stdout
+    d_cpu = proc_cpu(daemon.pid) - d_cpu0 if daemon else 0.0
+    r = json.loads(out)
+    r["daemon_cpu_s"] = d_cpu
+    r["cpu_s"] = d_cpu + children_cpu() - c_cpu0
+    return r
+
+
 def proc_cpu(pid):
     """User + system CPU seconds of a live process, from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as f:

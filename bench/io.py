@@ -71,13 +71,10 @@ def feedd_read(build, tmp, idx_glob, bins, shuffle, batches):
     try:
         # The daemon has read the .idx files; the .bin files are what a batch reads.
         common.make_cold(bins)
-        d_cpu0, c_cpu0 = common.proc_cpu(d.pid), common.children_cpu()
-        out = subprocess.run([str(build / "bench/consume"), sock, "b", str(batches), "1", "0"],
-                             capture_output=True, text=True, check=True).stdout
-        cpu = common.proc_cpu(d.pid) - d_cpu0 + common.children_cpu() - c_cpu0
+        r = common.consume(build, sock, "b", batches, daemon=d)
     finally:
         common.stop(d)
-    r = json.loads(out)
+    cpu = r["cpu_s"]
     # u16 tokens: 2 bytes of .bin per position (B*L + 1 per batch, the look-ahead included).
     return {"mb_per_s": r["tokens_per_s"] * 2 / 1e6, "bytes": batches * (B * L + 1) * 2, "seconds": r["seconds"],
             "cpu_s": cpu}

@@ -24,13 +24,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +35,9 @@ import numpy as np
 SRC = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SRC / "scripts"))
 import gen_megatron  # noqa: E402
+
+sys.path.insert(0, str(SRC / "bench"))
+import common  # noqa: E402
 
 EOT = 100257  # <|endoftext|> in cl100k_base, the eos of bench/padding.c
 MODES = ("concat", "pad", "bestfit")
@@ -50,32 +50,6 @@ def write_shard(out, name):
     docs = [[tok[e - n:e]] for e, n in zip(ends.tolist(), lens.tolist())]
     gen_megatron.write_shard(str(out / name), docs, "i32")
     return len(docs)
-
-
-def start_feedd(build, conf, sock, log):
-    p = subprocess.Popen([str(build / "daemon" / "feedd"), "-c", str(conf), "-s", str(sock)],
-                         stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if p.poll() is not None:
-            raise SystemExit(f"feedd exited: {Path(log).read_text()}")
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(sock))
-            s.close()
-            return p
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise SystemExit("feedd did not start")
-
-
-def consume(build, sock, feed, batches):
-    r = subprocess.run([str(build / "bench" / "consume"), str(sock), feed, str(batches), "0", "0"],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise SystemExit(f"consume {feed}: {r.stderr}")
-    return json.loads(r.stdout)
 
 
 def main():
@@ -112,9 +86,7 @@ def main():
                          f"batch_size = {a.batch}\nseed = 1\nshuffle = true\neos = {EOT}\n")
                 if mode != "concat":
                     conf += f"packing = {mode}\n"
-        (tmp / "feedd.conf").write_text(conf)
-        sock = tmp / "feedd.sock"
-        feedd = start_feedd(build, tmp / "feedd.conf", sock, tmp / "feedd.log")
+        feedd, sock = common.start_feedd(build, conf, tmp)
 
         print(f"\n## End to end: feedd + libfeed client (bench/consume), {a.batches} batches of "
               f"{a.batch} x {a.seq_len} per mode and round, {a.rounds} rounds interleaved, median\n")
@@ -122,7 +94,7 @@ def main():
             rates = {m: [] for m in MODES}
             for _ in range(a.rounds):
                 for mode in MODES:
-                    rates[mode].append(consume(build, sock, f"{name}-{mode}", a.batches))
+                    rates[mode].append(common.consume(build, sock, f"{name}-{mode}", a.batches, samples=0))
             st = json.loads(subprocess.run([str(build / "client" / "feedctl" / "feedctl"), "--socket", str(sock),
                                             "status", "--json"], capture_output=True, text=True,
                                            check=True).stdout)
@@ -148,8 +120,7 @@ def main():
               "that rate over concat's, same run, same machine.")
     finally:
         if feedd:
-            feedd.send_signal(signal.SIGTERM)
-            feedd.wait(timeout=30)
+            common.stop(feedd)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -69,15 +69,10 @@ def run_feedd(build, tmp, shards, threads, batches):
             f"batch_size = {B}\nseed = 1\nshuffle = true\nshuffle_window = 2\n")
     d, sock = common.start_feedd(build, conf, tmp)
     try:
-        d_cpu0, c_cpu0 = common.proc_cpu(d.pid), common.children_cpu()
-        out = subprocess.run([str(build / "bench/consume"), sock, "b", str(batches), "1", "0"],
-                             capture_output=True, text=True, check=True).stdout
-        d_cpu = common.proc_cpu(d.pid) - d_cpu0
-        c_cpu = common.children_cpu() - c_cpu0
+        r = common.consume(build, sock, "b", batches, daemon=d)
     finally:
         common.stop(d)
-    r = json.loads(out)
-    return {"tokens_per_s": r["tokens_per_s"], "cpu_s": d_cpu + c_cpu, "daemon_cpu_s": d_cpu,
+    return {"tokens_per_s": r["tokens_per_s"], "cpu_s": r["cpu_s"], "daemon_cpu_s": r["daemon_cpu_s"],
             "tokens": batches * B * L, "seconds": r["seconds"]}
 
 

@@ -93,15 +93,10 @@ def full_path(build, tmp, paths, ranks, threads, batches):
     """A feedd with `threads` workers serving `batches` batches to bench/consume."""
     d, sock = common.start_feedd(build, conf(paths, ranks, tmp / "cache", threads), tmp)
     try:
-        d_cpu0, c_cpu0 = common.proc_cpu(d.pid), common.children_cpu()
-        out = subprocess.run([str(build / "bench/consume"), sock, "t", str(batches), "1", "0"],
-                             capture_output=True, text=True, check=True).stdout
-        d_cpu = common.proc_cpu(d.pid) - d_cpu0
-        c_cpu = common.children_cpu() - c_cpu0
+        r = common.consume(build, sock, "t", batches, daemon=d)
     finally:
         common.stop(d)
-    r = json.loads(out)
-    return {"tokens_per_s": r["tokens_per_s"], "seconds": r["seconds"], "cpu_s": d_cpu + c_cpu,
+    return {"tokens_per_s": r["tokens_per_s"], "seconds": r["seconds"], "cpu_s": r["cpu_s"],
             "tokens": batches * B * L}
 
 
