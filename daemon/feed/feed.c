@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <assert.h>
 #include <errno.h>
 #include <glob.h>
 #include <inttypes.h>
@@ -128,13 +129,14 @@ static uint64_t fingerprint_mixture(const struct feed *f)
 	return order_mix(h);
 }
 
-static int set_failed(struct feed *f, int code, const char *msg)
+void feed_fail(struct feed *f, int code, const char *msg)
 {
+	if (f->state == FEED_FAILED)
+		return;
 	f->state = FEED_FAILED;
 	f->error_code = code;
-	snprintf(f->error, sizeof(f->error), "%s", msg);
+	snprintf(f->error, sizeof(f->error), "%.*s", (int)sizeof(f->error) - 1, msg);
 	log_error("feed %s: %s", f->name, msg);
-	return 0;
 }
 
 /*
@@ -343,15 +345,16 @@ static int load_text(struct feed *f, char **paths, size_t n, struct io_reader *i
 				snprintf(err, errlen, "%s (on_bad_record = fail)", t->truncated);
 				return -EBADMSG;
 			}
-			f->bad_records++;
-			snprintf(f->last_bad, sizeof(f->last_bad), "%s", t->truncated);
+			f->counters.bad_records++;
+			snprintf(f->counters.last_bad, sizeof(f->counters.last_bad), "%s", t->truncated);
 			log_warning("feed %s: %s", f->name, t->truncated);
 		}
 	}
 	f->n_nonempty = f->n_docs;
-	if ((double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
+	const struct feed_counters *k = &f->counters;
+	if ((double)k->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
 		snprintf(err, errlen, "%" PRIu64 " bad records, more than max_bad_fraction %g of the feed's %" PRIu64
-			 " documents; the latest: %.300s", f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
+			 " documents; the latest: %.300s", k->bad_records, f->conf.max_bad_fraction, f->n_docs, k->last_bad);
 		return -EBADMSG;
 	}
 	return 0;
@@ -425,7 +428,7 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 			return r;
 		}
 		if (r < 0) {
-			set_failed(f, r, err);
+			feed_fail(f, r, err);
 		} else {
 			f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 			f->fingerprint = fingerprint_mixture(f);
@@ -441,7 +444,7 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		return r;
 	}
 	if (r < 0) {
-		set_failed(f, r, err);
+		feed_fail(f, r, err);
 		*ret = f;
 		return 0;
 	}
@@ -468,7 +471,7 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		r = -ENODATA;
 	}
 	if (r < 0) {
-		set_failed(f, r, err);
+		feed_fail(f, r, err);
 		*ret = f;
 		return 0;
 	}
@@ -508,16 +511,19 @@ struct feed *feed_ref(struct feed *f)
 
 struct feed *feed_unref(struct feed *f)
 {
-	if (!f || --f->refs > 0)
+	if (!f)
+		return NULL;
+	assert(f->refs > 0);
+	if (--f->refs > 0)
 		return NULL;
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
 		megatron_free(f->shards[i]);
 	for (uint32_t i = 0; f->texts && i < f->n_shards; i++)
 		text_free(f->texts[i]);
 	free(f->texts);
-	for (uint32_t i = 0; f->bad_seen && i < f->n_shards; i++)
-		free(f->bad_seen[i]);
-	free(f->bad_seen);
+	for (uint32_t i = 0; f->counters.bad_seen && i < f->n_shards; i++)
+		free(f->counters.bad_seen[i]);
+	free(f->counters.bad_seen);
 	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);
@@ -534,19 +540,54 @@ struct feed *feed_unref(struct feed *f)
 	return NULL;
 }
 
-int feed_mark_bad(struct feed *f, uint64_t doc)
+int feed_mark_bad(struct feed *f, uint64_t doc, const char *why)
 {
+	struct feed_counters *k = &f->counters;
 	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
-	if (!f->bad_seen && !(f->bad_seen = calloc(f->n_shards, sizeof(*f->bad_seen))))
+	if (!k->bad_seen && !(k->bad_seen = calloc(f->n_shards, sizeof(*k->bad_seen))))
 		return -ENOMEM;
-	if (!f->bad_seen[s] && !(f->bad_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
+	if (!k->bad_seen[s] && !(k->bad_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
 		return -ENOMEM;
 	uint64_t bit = UINT64_C(1) << (d % 64);
-	if (f->bad_seen[s][d / 64] & bit)
+	if (k->bad_seen[s][d / 64] & bit)
 		return 0;
-	f->bad_seen[s][d / 64] |= bit;
-	f->bad_records++;
+	k->bad_seen[s][d / 64] |= bit;
+	k->bad_records++;
+	snprintf(k->last_bad, sizeof(k->last_bad), "%s", why);
+	/* Logged, but not a line per record for a feed full of them. */
+	if (k->bad_records <= 10)
+		log_warning("feed %s: skipped a bad record: %s%s", f->name, why,
+			    k->bad_records == 10 ? " (further ones are only counted)" : "");
 	return 1;
+}
+
+int feed_check_bad(struct feed *f, char *msg, size_t msglen)
+{
+	const struct feed_counters *k = &f->counters;
+	/* Every document bad fails too (max_bad_fraction = 1): nothing is left to serve, however many epochs are walked. */
+	const bool all = k->bad_records >= f->n_docs;
+	if (!all && (double)k->bad_records <= f->conf.max_bad_fraction * (double)f->n_docs)
+		return 0;
+	if (all)
+		snprintf(msg, msglen, "feed %s: every one of its %" PRIu64 " documents is a bad record; the latest: %s", f->name,
+			 f->n_docs, k->last_bad);
+	else
+		snprintf(msg, msglen,
+			 "%" PRIu64 " bad records skipped, more than max_bad_fraction %g of the feed's %" PRIu64
+			 " documents; the latest: %s",
+			 k->bad_records, f->conf.max_bad_fraction, f->n_docs, k->last_bad);
+	feed_fail(f, -EBADMSG, msg);
+	return -EBADMSG;
+}
+
+void feed_count_batch(struct feed *f, const struct pack_counters *counts, const uint64_t *src_docs)
+{
+	struct feed_counters *k = &f->counters;
+	k->tokens_served += (uint64_t)f->conf.batch_size * f->conf.seq_len;
+	k->batches++;
+	pack_counters_add(&k->packed, counts);
+	for (uint32_t i = 0; src_docs && i < f->n_sources; i++)
+		k->source_docs[i] += src_docs[i];
 }
 
 int feed_check(struct feed *f)
@@ -558,7 +599,7 @@ int feed_check(struct feed *f)
 		int r = feed_check(f->sources[i]);
 		if (r < 0) {
 			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
-			set_failed(f, r, err);
+			feed_fail(f, r, err);
 			return r;
 		}
 	}
@@ -568,7 +609,7 @@ int feed_check(struct feed *f)
 		int r = f->kind == FEED_TEXT ? text_check(f->texts[i], err, sizeof(err))
 					     : megatron_check(f->shards[i], err, sizeof(err));
 		if (r < 0) {
-			set_failed(f, r, err);
+			feed_fail(f, r, err);
 			return r;
 		}
 	}
@@ -577,7 +618,7 @@ int feed_check(struct feed *f)
 
 json_t *feed_packing_json(const struct feed *f)
 {
-	const struct pack_counters *c = &f->packed;
+	const struct pack_counters *c = &f->counters.packed;
 	json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "mode", feed_packing_name(f->conf.packing),
 			      "positions", (json_int_t)c->positions, "tokens", (json_int_t)c->tokens, "truncated",
 			      (json_int_t)c->truncated, "documents", (json_int_t)c->docs, "cut_documents",
@@ -596,13 +637,13 @@ json_t *feed_packing_json(const struct feed *f)
 	uint64_t units = 0, docs = 0;
 	for (uint32_t i = 0; i < f->conf.mix->n; i++) {
 		units += f->conf.mix->units[i];
-		docs += f->source_docs[i];
+		docs += f->counters.source_docs[i];
 	}
 	for (uint32_t i = 0; a && i < f->conf.mix->n; i++)
 		json_array_append_new(a, json_pack("{s:s, s:f, s:I, s:f}", "name", f->conf.mix->names[i], "weight",
 						   (double)f->conf.mix->units[i] / (double)units, "documents",
-						   (json_int_t)f->source_docs[i], "share",
-						   docs ? (double)f->source_docs[i] / (double)docs : 0.0));
+						   (json_int_t)f->counters.source_docs[i], "share",
+						   docs ? (double)f->counters.source_docs[i] / (double)docs : 0.0));
 	json_object_set_new(o, "sources", a ? a : json_null());
 	return o;
 }

@@ -3,8 +3,18 @@
  * A feed: a named dataset from the config, its shards opened and validated,
  * and the order parameters that define every rank's stream. A feed that
  * fails to load stays listed, in state FAILED with its reason, so the other
- * feeds keep serving and operators see why. Loaded feeds are immutable and
- * shared read-only by the workers; counters are atomics.
+ * feeds keep serving and operators see why.
+ *
+ * One writer per field. What feed_load() sets (the dataset, params,
+ * tokenizer, mixture, config copy) is immutable afterwards and shared
+ * read-only by the workers. The rest has one writer each:
+ *   - state/error/error_code: feed_fail() (and feed_check(), through it);
+ *   - counters: the main thread, only through feed_count_batch() and
+ *     feed_mark_bad(); anyone on the main thread may read them;
+ *   - tok_docs/tok_tokens/utf8_replaced: workers, with relaxed atomic adds
+ *     (read them with __atomic_load_n);
+ *   - stages: workers, through stage.h;
+ *   - clients/draining: the server (daemon/server).
  */
 #pragma once
 
@@ -28,6 +38,20 @@ enum feed_kind {
 enum feed_state {
 	FEED_READY,
 	FEED_FAILED,
+};
+
+/*
+ * What a feed served and skipped. Written on the main thread only, through
+ * feed_count_batch() and feed_mark_bad(); read by status and metrics.
+ */
+struct feed_counters {
+	uint64_t tokens_served;
+	uint64_t batches;
+	struct pack_counters packed;     /* what the batches published so far held (docs/sample-order.md, section 13.2) */
+	uint64_t source_docs[MIX_MAX_SOURCES]; /* a mixture's documents served, per source */
+	uint64_t bad_records;    /* distinct records skipped (on_bad_record = skip), whatever the epoch or rank */
+	uint64_t **bad_seen;     /* per shard, a bit per document once skipped (allocated on the first) */
+	char last_bad[512];      /* the latest one, "file:line: why" */
 };
 
 struct feed {
@@ -57,19 +81,12 @@ struct feed {
 	uint64_t n_docs, n_nonempty, n_tokens, n_bytes; /* text: n_nonempty = n_docs, n_tokens unknown (0), n_bytes of text */
 	uint32_t n_cached;      /* text shards whose index came from the cache */
 
-	/* tokenizing, updated by workers (atomics; time and bytes are in the stages) */
+	/* tokenizing, updated by workers only (relaxed atomics; time and bytes are in the stages) */
 	uint64_t tok_docs, tok_tokens;
 	uint64_t utf8_replaced;  /* invalid UTF-8 sequences replaced by U+FFFD */
-	/* bad records, updated by the main thread */
-	uint64_t bad_records;    /* distinct records skipped (on_bad_record = skip), whatever the epoch or rank */
-	uint64_t **bad_seen;     /* per shard, a bit per document once skipped (allocated on the first) */
-	char last_bad[512];      /* the latest one, "file:line: why" */
 
-	/* telemetry, updated by the main thread */
-	struct pack_counters packed;     /* what the batches published so far held (docs/sample-order.md, section 13.2) */
-	uint64_t source_docs[MIX_MAX_SOURCES]; /* a mixture's documents served, per source */
-	uint64_t batches;
-	uint64_t tokens_served;
+	struct feed_counters counters; /* main thread, through feed_count_batch() and feed_mark_bad() */
+
 	unsigned clients;
 	bool draining; /* takes no new attaches (removed from the config) */
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/telemetry/stage.h) */
@@ -86,9 +103,29 @@ struct feed *feed_unref(struct feed *f);
 
 /*
  * Counts a skipped bad record once, however often epochs and ranks meet it
- * (main thread). Returns 1 when it was new, 0 when known, -ENOMEM.
+ * (main thread); a new one becomes last_bad (`why`, "file:line: reason") and
+ * the first ten are logged. Returns 1 when it was new, 0 when known, -ENOMEM.
  */
-int feed_mark_bad(struct feed *f, uint64_t doc);
+int feed_mark_bad(struct feed *f, uint64_t doc, const char *why);
+
+/*
+ * Whether the bad records skipped so far pass the feed's max_bad_fraction,
+ * or cover every document. Returns 0, or -EBADMSG with the reason in msg
+ * after failing the feed (feed_fail).
+ */
+int feed_check_bad(struct feed *f, char *msg, size_t msglen);
+
+/*
+ * Counts a published batch (main thread): its tokens, its packing counters,
+ * and a mixture's documents per source (src_docs: n_sources entries, or NULL).
+ */
+void feed_count_batch(struct feed *f, const struct pack_counters *counts, const uint64_t *src_docs);
+
+/*
+ * Marks the feed FAILED with code and msg, and logs it; the only way a feed
+ * fails. The first failure stays: later calls do nothing.
+ */
+void feed_fail(struct feed *f, int code, const char *msg);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);

@@ -148,12 +148,14 @@ static uint64_t text_ready(struct session_src *x, uint64_t need)
 	return have > st->offset ? have - st->offset : 0;
 }
 
-/* Average text bytes per token so far (4 before anything was tokenized). */
-static double bytes_per_token(const struct feed *f)
+/*
+ * Average text bytes per token of stream x so far (4 before enough was
+ * tokenized): this session's own count of its own source, so a mixture's
+ * sources each size their own chunks, and telemetry switches do not matter.
+ */
+static double bytes_per_token(const struct session_src *x)
 {
-	uint64_t tokens = __atomic_load_n(&f->tok_tokens, __ATOMIC_RELAXED);
-	uint64_t bytes = __atomic_load_n(&f->stages->tokenize.bytes, __ATOMIC_RELAXED);
-	return tokens > 4096 && bytes ? (double)bytes / (double)tokens : 4.0;
+	return x->tok_tokens > 4096 && x->tok_bytes ? (double)x->tok_bytes / (double)x->tok_tokens : 4.0;
 }
 
 /*
@@ -177,7 +179,7 @@ static int text_submit(struct session *s, struct session_src *x)
 			units += top->conf.mix->units[i];
 		target = (uint64_t)((double)target * (double)top->conf.mix->units[x->index] / (double)units) + 1;
 	}
-	const double bpt = bytes_per_token(f);
+	const double bpt = bytes_per_token(x);
 	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
 	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
 					 UINT64_C(1) << 20);
@@ -289,42 +291,19 @@ static void chunk_done(struct session *s, struct text_chunk *c)
 		session_fail(s, c->result, c->error);
 		return;
 	}
+	c->src->tok_bytes += c->bytes;
+	c->src->tok_tokens += c->start[c->n];
 	if (c->skipped) {
 		for (uint32_t i = 0; i < c->n; i++) {
-			if (!c->bad[i])
-				continue;
-			int r = feed_mark_bad(f, c->docs[i]);
-			if (r < 0) {
+			if (c->bad[i] && feed_mark_bad(f, c->docs[i], c->bad[i]) < 0) {
 				session_fail(s, -ENOMEM, "out of memory counting bad records");
 				return;
 			}
-			if (r == 0)
-				continue; /* met before, in another epoch or by another rank */
-			snprintf(f->last_bad, sizeof(f->last_bad), "%s", c->bad[i]);
-			/* Logged, but not a line per record for a feed full of them. */
-			if (f->bad_records <= 10)
-				log_warning("feed %s: skipped a bad record: %s%s", f->name, c->bad[i],
-					    f->bad_records == 10 ? " (further ones are only counted)" : "");
 		}
-		/* Every document bad fails too (max_bad_fraction = 1): nothing is left to serve, however many epochs are walked. */
-		bool all = f->bad_records >= f->n_docs;
-		if (all || (double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
-			char msg[1024];
-			if (all)
-				snprintf(msg, sizeof(msg), "feed %s: every one of its %" PRIu64 " documents is a bad record; the latest: %s",
-					 f->name, f->n_docs, f->last_bad);
-			else
-				snprintf(msg, sizeof(msg),
-					 "%" PRIu64 " bad records skipped, more than max_bad_fraction %g of the feed's %" PRIu64
-					 " documents; the latest: %s",
-					 f->bad_records, f->conf.max_bad_fraction, f->n_docs, f->last_bad);
-			if (f->state == FEED_READY) {
-				f->state = FEED_FAILED;
-				f->error_code = -EBADMSG;
-				snprintf(f->error, sizeof(f->error), "%.*s", (int)sizeof(f->error) - 1, msg);
-			}
-			session_fail(s, -EBADMSG, msg);
-		}
+		char msg[1024];
+		int r = feed_check_bad(f, msg, sizeof(msg));
+		if (r < 0)
+			session_fail(s, r, msg);
 	}
 }
 
@@ -363,12 +342,7 @@ static void advance(struct session *s)
 			break;
 		j->state = JOB_IDLE;
 		s->published++;
-		struct feed *f = s->feed;
-		f->tokens_served += (uint64_t)f->conf.batch_size * f->conf.seq_len;
-		f->batches++;
-		pack_counters_add(&f->packed, &j->counts);
-		for (uint32_t i = 0; f->n_sources && i < f->n_sources; i++)
-			f->source_docs[i] += j->src_docs[i];
+		feed_count_batch(s->feed, &j->counts, j->src_docs);
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);

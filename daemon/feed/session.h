@@ -111,6 +111,7 @@ struct session_src {
 	bool ahead_end;                /* the walk ended (the rank's documents run out) */
 	unsigned chunks_inflight;
 	uint64_t inflight_bytes;
+	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
 };
 
 struct session {

@@ -206,9 +206,9 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    f->draining);
 	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", f->clients);
 	FEED_FAMILY("feedd_feed_documents", "gauge", "Documents in one epoch of the feed, empty ones included.", f->n_docs);
-	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->batches);
+	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->counters.batches);
 	FEED_FAMILY("feedd_feed_tokens_total", "counter", "Tokens in the batches published to the feed's clients.",
-		    f->tokens_served);
+		    f->counters.tokens_served);
 	FEED_FAMILY("feedd_feed_read_bytes_total", "counter", "Bytes read from the feed's shards by the workers.",
 		    f->stages ? __atomic_load_n(&f->stages->read.bytes, __ATOMIC_RELAXED) : 0);
 	FEED_FAMILY("feedd_feed_documents_tokenized_total", "counter",
@@ -216,28 +216,28 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    __atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED));
 	FEED_FAMILY("feedd_feed_bad_records_total", "counter",
 		    "Distinct records of a text feed skipped as bad (on_bad_record = skip), whatever the epoch or rank.",
-		    f->bad_records);
+		    f->counters.bad_records);
 	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
 		    in->feed_memory[i]);
 	/* Packing (docs/sample-order.md, 13.2): efficiency is rate(tokens) / rate(positions). */
 	FEED_FAMILY("feedd_feed_packed_positions_total", "counter", "Positions (B * L per batch) of the batches packed.",
-		    f->packed.positions);
+		    f->counters.packed.positions);
 	FEED_FAMILY("feedd_feed_packed_tokens_total", "counter",
-		    "Positions of the batches packed that hold a token, bos or eos rather than padding.", f->packed.tokens);
+		    "Positions of the batches packed that hold a token, bos or eos rather than padding.", f->counters.packed.tokens);
 	FEED_FAMILY("feedd_feed_truncated_tokens_total", "counter",
 		    "Tokens dropped by packing = pad (document tails past seq_len); 0 in the other modes.",
-		    f->packed.truncated);
+		    f->counters.packed.truncated);
 	FEED_FAMILY("feedd_feed_packed_documents_total", "counter", "Documents starting in the batches packed.",
-		    f->packed.docs);
+		    f->counters.packed.docs);
 	FEED_FAMILY("feedd_feed_cut_documents_total", "counter",
-		    "Documents of the batches packed that are spread over more than one row.", f->packed.cut_docs);
+		    "Documents of the batches packed that are spread over more than one row.", f->counters.packed.cut_docs);
 	family(o, "feedd_feed_source_documents_total", "counter",
 	       "A mixture's documents packed, per source (docs/sample-order.md, 14); their shares follow the weights.");
 	for (size_t i = 0; i < in->n_feeds; i++) {
 		const struct feed *f = in->feeds[i];
 		for (uint32_t k = 0; f->conf.mix && k < f->conf.mix->n; k++)
 			put(o, "feedd_feed_source_documents_total{%s,source=\"%s\"} %" PRIu64 "\n", fl[i],
-			    f->conf.mix->names[k], f->source_docs[k]);
+			    f->conf.mix->names[k], f->counters.source_docs[k]);
 	}
 
 	family(o, "feedd_feed_stage_busy_seconds_total", "counter",

@@ -36,8 +36,8 @@ static json_t *feed_json(const struct feed *f)
 			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
 			      (int)f->conf.batch_size, "seed", seed, "shuffle", f->conf.shuffle,
 			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->bos_id), "eos",
-			      token_json(f->eos_id), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
-			      "tokens_served", (json_int_t)f->tokens_served, "draining", f->draining);
+			      token_json(f->eos_id), "clients", (int)f->clients, "batches", (json_int_t)f->counters.batches,
+			      "tokens_served", (json_int_t)f->counters.tokens_served, "draining", f->draining);
 	if (!o)
 		return NULL;
 	json_object_set_new(o, "fingerprint", f->state == FEED_READY ? json_string(fp) : json_null());
@@ -50,9 +50,9 @@ static json_t *feed_json(const struct feed *f)
 				      "documents_tokenized", (json_int_t)__atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED),
 				      "tokens_tokenized", (json_int_t)__atomic_load_n(&f->tok_tokens, __ATOMIC_RELAXED),
 				      "utf8_replaced", (json_int_t)__atomic_load_n(&f->utf8_replaced, __ATOMIC_RELAXED),
-				      "bad_records", (json_int_t)f->bad_records, "max_bad_fraction", f->conf.max_bad_fraction);
+				      "bad_records", (json_int_t)f->counters.bad_records, "max_bad_fraction", f->conf.max_bad_fraction);
 		if (t) {
-			json_object_set_new(t, "last_bad_record", f->last_bad[0] ? json_string(f->last_bad) : json_null());
+			json_object_set_new(t, "last_bad_record", f->counters.last_bad[0] ? json_string(f->counters.last_bad) : json_null());
 			json_object_set_new(t, "on_bad_record", json_string(f->conf.skip_bad_records ? "skip" : "fail"));
 			json_object_set_new(o, "text", t);
 		}
