@@ -261,7 +261,7 @@ int cmd_prep(int argc, char **argv)
 	}
 
 	int ret = 1;
-	struct io_reader *io = NULL;
+	struct source_reader *io = NULL;
 	struct feed *f = NULL;
 	struct pool *pool = NULL;
 	struct prep p = { .lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER };
@@ -270,7 +270,7 @@ int cmd_prep(int argc, char **argv)
 	_cleanup_free_ char *bin_path = NULL, *idx_path = NULL, *bin_tmp = NULL;
 	log_set_level(LOG_LEVEL_WARNING);
 
-	if (io_reader_new(IO_ENGINE_AUTO, 64, &io) < 0 || feed_load(&cf, io, &f) < 0) {
+	if (source_reader_new(IO_ENGINE_AUTO, 64, &io) < 0 || feed_load(&cf, io, &f) < 0) {
 		fprintf(stderr, "feedctl prep: out of memory\n");
 		goto out;
 	}
@@ -327,7 +327,7 @@ int cmd_prep(int argc, char **argv)
 			if (!pc->c.docs)
 				goto out;
 			while (shard < f->n_shards && pc->c.bytes < CHUNK_BYTES) {
-				if (doc >= f->texts[shard]->n_docs) {
+				if (doc >= f->shards[shard]->n_docs) {
 					shard++;
 					doc = 0;
 					continue;
@@ -340,7 +340,7 @@ int cmd_prep(int argc, char **argv)
 					cap *= 2;
 				}
 				pc->c.docs[pc->c.n++] = ORDER_DOC(shard, doc);
-				pc->c.bytes += f->texts[shard]->lengths[doc];
+				pc->c.bytes += format_doc_bytes(f->shards[shard], doc);
 				doc++;
 			}
 			if (pc->c.n == 0) {
@@ -420,7 +420,7 @@ out:
 	free(o.lengths);
 	free(o.buf);
 	feed_unref(f);
-	io_reader_free(io);
+	source_reader_free(io);
 	if (own_cache)
 		remove_cache(tmpdir);
 	return ret;

@@ -19,8 +19,8 @@ struct widen_run {
 	size_t pos;
 	size_t n;
 	const struct feed *feed;            /* whose shard (a mixture's source) */
-	const struct megatron_shard *shard;
-	uint64_t byte_offset; /* in .bin, for messages */
+	const struct shard *shard;
+	uint64_t byte_offset; /* in the source, for messages */
 };
 
 struct worker *worker_new(enum io_engine engine, unsigned depth)
@@ -28,7 +28,7 @@ struct worker *worker_new(enum io_engine engine, unsigned depth)
 	struct worker *w = calloc(1, sizeof(*w));
 	if (!w)
 		return NULL;
-	if (io_reader_new(engine, depth, &w->io) < 0) {
+	if (source_reader_new(engine, depth, &w->io) < 0) {
 		free(w);
 		return NULL;
 	}
@@ -39,14 +39,14 @@ struct worker *worker_free(struct worker *w)
 {
 	if (!w)
 		return NULL;
-	io_reader_free(w->io);
+	source_reader_free(w->io);
 	free(w->raw);
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
 	free(w->text);
 	free(w->text_reqs);
-	jsonl_record_done(&w->record);
+	format_state_done(&w->fmt);
 	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
 		tok_state_free(w->toks[i].st);
 	free(w);
@@ -84,12 +84,12 @@ static int reserve(struct worker *w, size_t positions, size_t pieces)
 struct emit_ctx {
 	struct worker *w;
 	const struct feed *feed;
-	const struct megatron_shard *shard;
+	const struct shard *shard;
 	size_t n;
 	size_t pos; /* stream position of the next token */
 };
 
-static int emit_range(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
+static int emit_range(void *userdata, struct source *src, uint64_t byte_offset, uint64_t n_tokens)
 {
 	struct emit_ctx *c = userdata;
 	struct worker *w = c->w;
@@ -98,8 +98,8 @@ static int emit_range(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
 		if (r < 0)
 			return r;
 	}
-	w->reqs[c->n] = (struct io_req){
-		.fd = c->shard->bin_fd,
+	w->reqs[c->n] = (struct source_read){
+		.src = src,
 		.offset = byte_offset,
 		.len = n_tokens * c->shard->itemsize,
 		.dst = w->raw + c->pos * 8,
@@ -141,10 +141,10 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 		c->feed = sf;
 		c->shard = sf->shards[s];
 		c->pos = pos + (lo - offset);
-		int r = megatron_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
+		int r = format_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
 		if (r < 0) {
 			snprintf(err, errlen, "%s: document %" PRIu32 ": cannot map tokens %" PRIu64 "..%" PRIu64,
-				 c->shard->idx_path, d, lo - bos, hi - bos);
+				 c->shard->name, d, lo - bos, hi - bos);
 			return r;
 		}
 	}
@@ -162,17 +162,19 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 #define AT(p) ((p) < n ? ids + (p) : lookahead)
 	struct stage_clock stage_clock;
 	size_t failed = 0;
-	const struct io_stats *io = io_reader_stats(w->io);
+	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, io_depth_sum = io->depth_sum, io_depth_n = io->depth_n;
 	stage_begin(&stage_clock, true);
-	int r = io_reader_run(w->io, w->reqs, c->n, &failed);
+	int r = source_read(w->io, w->reqs, c->n, &failed);
 	if (r < 0) {
-		const struct megatron_shard *sh = w->runs[failed].shard;
-		if (r == -ENODATA)
+		const char *path = r == -ENOMEM ? "" : source_name(w->reqs[failed].src);
+		if (r == -ENOMEM)
+			snprintf(err, errlen, "out of memory queueing %zu reads", c->n);
+		else if (r == -ENODATA)
 			snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its .idx points to: the file changed while serving",
-				 sh->bin_path, w->runs[failed].byte_offset + w->reqs[failed].len);
+				 path, w->runs[failed].byte_offset + w->reqs[failed].len);
 		else
-			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", sh->bin_path,
+			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", path,
 				 w->runs[failed].byte_offset, strerror(-r));
 		return r;
 	}
@@ -182,12 +184,12 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c->n > 0));
 	for (size_t i = 0; i < c->n; i++) {
 		const struct widen_run *run = &w->runs[i];
-		const struct megatron_shard *sh = run->shard;
+		const struct shard *sh = run->shard;
 		size_t bad;
-		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
+		r = format_widen(sh, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
 		if (r < 0) {
-			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
-				 run->byte_offset + bad * sh->itemsize);
+			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647",
+				 source_name(w->reqs[i].src), run->byte_offset + bad * sh->itemsize);
 			return r;
 		}
 		const uint64_t vocab = run->feed->tok ? tok_vocab_size(run->feed->tok) : 0;
@@ -202,7 +204,7 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 				while ((uint64_t)t[k] < vocab)
 					k++;
 				snprintf(err, errlen, "%s: token at byte %" PRIu64 " is %" PRId32 ", beyond the tokenizer's vocabulary of %" PRIu64 " ids",
-					 sh->bin_path, run->byte_offset + k * sh->itemsize, t[k], vocab);
+					 source_name(w->reqs[i].src), run->byte_offset + k * sh->itemsize, t[k], vocab);
 				return -ERANGE;
 			}
 		}
@@ -355,7 +357,6 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 
 int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 {
-	const bool jsonl = strcmp(f->conf.format, "jsonl") == 0;
 	const uint64_t max = f->conf.max_document_bytes;
 	struct stage_clock clock;
 	int r;
@@ -365,29 +366,29 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 	if (grow((void **)&w->text_reqs, &w->text_reqs_cap, c->n, sizeof(*w->text_reqs)) < 0)
 		goto oom;
 	for (uint32_t i = 0; i < c->n; i++) {
-		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
-		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
-		if (t->lengths[d] > max || t->lengths[d] == 0)
+		const struct shard *t = f->shards[ORDER_DOC_SHARD(c->docs[i])];
+		struct source_read *q = &w->text_reqs[n_reqs];
+		format_doc_read(t, ORDER_DOC_INDEX(c->docs[i]), q);
+		if (q->len > max || q->len == 0)
 			continue;
-		w->text_reqs[n_reqs++] = (struct io_req){ .fd = t->fd, .offset = t->offsets[d], .len = t->lengths[d],
-							   .dst = (void *)(uintptr_t)bytes };
-		bytes += t->lengths[d];
+		q->dst = (void *)(uintptr_t)bytes;
+		bytes += q->len;
+		n_reqs++;
 	}
 	if (grow((void **)&w->text, &w->text_cap, MAX(bytes, (size_t)1), 1) < 0)
 		goto oom;
 	for (size_t i = 0; i < n_reqs; i++)
 		w->text_reqs[i].dst = w->text + (uintptr_t)w->text_reqs[i].dst;
-	const struct io_stats *io = io_reader_stats(w->io);
+	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
 	stage_begin(&clock, true);
 	size_t failed = 0;
-	r = io_reader_run(w->io, w->text_reqs, n_reqs, &failed);
+	r = source_read(w->io, w->text_reqs, n_reqs, &failed);
+	if (r == -ENOMEM)
+		goto oom;
 	if (r < 0) {
-		const struct io_req *q = &w->text_reqs[failed];
-		const char *path = "?";
-		for (uint32_t s = 0; s < f->n_shards; s++)
-			if (f->texts[s]->fd == q->fd)
-				path = f->texts[s]->data_path;
+		const struct source_read *q = &w->text_reqs[failed];
+		const char *path = source_name(q->src);
 		if (r == -ENODATA)
 			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
 				 path, q->offset + q->len);
@@ -416,10 +417,10 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 	if (tok_ids_reserve(&out, bytes / 3 + 256) < 0)
 		goto oom;
 	for (uint32_t i = 0; i < c->n; i++) {
-		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
+		const struct shard *t = f->shards[ORDER_DOC_SHARD(c->docs[i])];
 		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
 		const uint8_t *doc = w->text + at;
-		size_t len = t->lengths[d], replaced = 0;
+		size_t len = format_doc_bytes(t, d), replaced = 0;
 		size_t before = out.n;
 		c->start[i] = out.n;
 		why[0] = 0;
@@ -427,22 +428,17 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
 		} else {
 			at += len;
-			const char *text = (const char *)doc;
-			size_t text_len = len;
-			unsigned doc_flags = flags;
-			if (jsonl) {
-				r = jsonl_extract(&w->record, doc, len, f->conf.text_key, why, sizeof(why));
-				if (r == -ENOMEM)
-					goto oom_ids;
-				text = w->record.text;
-				text_len = w->record.len;
-				replaced = w->record.replaced;
-				if (w->record.utf8_valid)
-					doc_flags |= TOK_ENCODE_UTF8_VALID;
-			}
+			struct format_text text;
+			r = format_doc_text(t, d, doc, len, &w->fmt, &text, why, sizeof(why));
+			if (r == -ENOMEM)
+				goto oom_ids;
+			if (r < 0 && !why[0])
+				snprintf(why, sizeof(why), "%s", strerror(-r));
 			if (!why[0]) {
 				size_t rep = 0;
-				r = tok_encode(f->tok, st, text, text_len, doc_flags, &out, &rep);
+				replaced = text.replaced;
+				r = tok_encode(f->tok, st, text.text, text.len,
+					       flags | (text.utf8_valid ? TOK_ENCODE_UTF8_VALID : 0), &out, &rep);
 				if (r == -ENOMEM)
 					goto oom_ids;
 				if (r < 0) {
@@ -455,16 +451,15 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 		if (why[0]) {
 			/* A bad record: fatal, or an empty document that still counts in k mod R. */
 			out.n = before;
-			char where[64] = "";
-			if (t->kind == TEXT_JSONL)
-				snprintf(where, sizeof(where), ":%" PRIu64, text_doc_line(t, d));
+			char where[64];
+			format_doc_where(t, d, where, sizeof(where));
 			if (!f->conf.skip_bad_records) {
-				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->path, where, why);
+				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->name, where, why);
 				tok_ids_done(&out);
 				return -EBADMSG;
 			}
 			if ((!c->bad && !(c->bad = calloc(c->n, sizeof(*c->bad)))) ||
-			    asprintf(&c->bad[i], "%s%s: %s", t->path, where, why) < 0) {
+			    asprintf(&c->bad[i], "%s%s: %s", t->name, where, why) < 0) {
 				if (c->bad)
 					c->bad[i] = NULL;
 				tok_ids_done(&out);
