@@ -8,6 +8,7 @@
 #include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
 #include "proto/ring_abi.h"
 
@@ -44,11 +45,7 @@ struct worker *worker_free(struct worker *w)
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
-	free(w->text);
-	free(w->text_reqs);
-	format_state_done(&w->fmt);
-	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
-		tok_state_free(w->toks[i].st);
+	tokenize_scratch_done(&w->tk);
 	free(w);
 	return NULL;
 }
@@ -328,162 +325,42 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 	return 0;
 }
 
-/* This thread's state for the feed's tokenizer, made on first use. */
-static struct tok_state *tok_state_for(struct worker *w, const struct feed *f)
-{
-	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
-		if (w->toks[i].st && w->toks[i].generation == f->tok_generation)
-			return w->toks[i].st;
-	struct worker_tok *slot = &w->toks[w->toks_next++ % ARRAY_SIZE(w->toks)];
-	slot->st = tok_state_free(slot->st);
-	if (tok_state_new(f->tok, &slot->st) < 0)
-		return NULL;
-	slot->generation = f->tok_generation;
-	return slot->st;
-}
-
-static int grow(void **p, size_t *cap, size_t want, size_t size)
-{
-	if (want <= *cap)
-		return 0;
-	size_t n = MAX(want, *cap * 2);
-	void *q = realloc(*p, n * size);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = n;
-	return 0;
-}
-
 int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 {
-	const uint64_t max = f->conf.max_document_bytes;
+	const struct tokenize_params p = {
+		.shards = f->shards,
+		.tok = f->tok,
+		.tok_generation = f->tok_generation,
+		.max_doc_bytes = f->conf.max_document_bytes,
+		.encode_specials = f->conf.encode_special_tokens,
+		.skip_bad_records = f->conf.skip_bad_records,
+	};
+	struct tokenize_chunk t = { .n = c->n, .docs = c->docs, .bytes = c->bytes };
 	struct stage_clock clock;
-	int r;
-
-	/* Every document of the chunk in one batch of reads, all in flight at once. */
-	size_t bytes = 0, n_reqs = 0;
-	if (grow((void **)&w->text_reqs, &w->text_reqs_cap, c->n, sizeof(*w->text_reqs)) < 0)
-		goto oom;
-	for (uint32_t i = 0; i < c->n; i++) {
-		const struct shard *t = f->shards[ORDER_DOC_SHARD(c->docs[i])];
-		struct source_read *q = &w->text_reqs[n_reqs];
-		format_doc_read(t, ORDER_DOC_INDEX(c->docs[i]), q);
-		if (q->len > max || q->len == 0)
-			continue;
-		q->dst = (void *)(uintptr_t)bytes;
-		bytes += q->len;
-		n_reqs++;
-	}
-	if (grow((void **)&w->text, &w->text_cap, MAX(bytes, (size_t)1), 1) < 0)
-		goto oom;
-	for (size_t i = 0; i < n_reqs; i++)
-		w->text_reqs[i].dst = w->text + (uintptr_t)w->text_reqs[i].dst;
 	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
 	stage_begin(&clock, true);
-	size_t failed = 0;
-	r = source_read(w->io, w->text_reqs, n_reqs, &failed);
-	if (r == -ENOMEM)
-		goto oom;
-	if (r < 0) {
-		const struct source_read *q = &w->text_reqs[failed];
-		const char *path = source_name(q->src);
-		if (r == -ENODATA)
-			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
-				 path, q->offset + q->len);
-		else
-			snprintf(c->error, sizeof(c->error), "%s: read at byte %" PRIu64 " failed: %s", path, q->offset,
-				 strerror(-r));
+	int r = tokenize_read(&w->tk, w->io, &p, &t);
+	if (r == 0) {
+		const size_t n_reqs = w->tk.n_reqs;
+		/* pread has no queue: one request at a time. */
+		stage_end_io(&f->stages->read, &clock, io->bytes - io_bytes,
+			     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
+			     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
+		stage_begin(&clock, false);
+		r = tokenize_encode(&w->tk, &p, &t);
+	}
+	/* The chunk owns what was made, also on failure. */
+	c->start = t.start;
+	c->ids = t.ids;
+	c->bad = t.bad;
+	c->skipped = t.skipped;
+	memcpy(c->error, t.error, sizeof(c->error));
+	if (r < 0)
 		return r;
-	}
-	stage_end_io(&f->stages->read, &clock, io->bytes - io_bytes,
-		     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
-		     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
-
-	struct tok_state *st = tok_state_for(w, f);
-	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
-	if (!st || !c->start)
-		goto oom;
-	stage_begin(&clock, false);
-	struct tok_ids out = { 0 };
-	const unsigned flags = f->conf.encode_special_tokens ? TOK_ENCODE_SPECIALS : 0;
-	size_t at = 0, replaced_total = 0;
-	char why[384];
-	/*
-	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
-	 * so that they are not copied again and again while the array grows.
-	 */
-	if (tok_ids_reserve(&out, bytes / 3 + 256) < 0)
-		goto oom;
-	for (uint32_t i = 0; i < c->n; i++) {
-		const struct shard *t = f->shards[ORDER_DOC_SHARD(c->docs[i])];
-		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
-		const uint8_t *doc = w->text + at;
-		size_t len = format_doc_bytes(t, d), replaced = 0;
-		size_t before = out.n;
-		c->start[i] = out.n;
-		why[0] = 0;
-		if (len > max) {
-			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
-		} else {
-			at += len;
-			struct format_text text;
-			r = format_doc_text(t, d, doc, len, &w->fmt, &text, why, sizeof(why));
-			if (r == -ENOMEM)
-				goto oom_ids;
-			if (r < 0 && !why[0])
-				snprintf(why, sizeof(why), "%s", strerror(-r));
-			if (!why[0]) {
-				size_t rep = 0;
-				replaced = text.replaced;
-				r = tok_encode(f->tok, st, text.text, text.len,
-					       flags | (text.utf8_valid ? TOK_ENCODE_UTF8_VALID : 0), &out, &rep);
-				if (r == -ENOMEM)
-					goto oom_ids;
-				if (r < 0) {
-					out.n = before;
-					snprintf(why, sizeof(why), "the tokenizer failed: %s", strerror(-r));
-				}
-				replaced += rep;
-			}
-		}
-		if (why[0]) {
-			/* A bad record: fatal, or an empty document that still counts in k mod R. */
-			out.n = before;
-			char where[64];
-			format_doc_where(t, d, where, sizeof(where));
-			if (!f->conf.skip_bad_records) {
-				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->name, where, why);
-				tok_ids_done(&out);
-				return -EBADMSG;
-			}
-			if ((!c->bad && !(c->bad = calloc(c->n, sizeof(*c->bad)))) ||
-			    asprintf(&c->bad[i], "%s%s: %s", t->name, where, why) < 0) {
-				if (c->bad)
-					c->bad[i] = NULL;
-				tok_ids_done(&out);
-				goto oom;
-			}
-			if (c->skipped++ == 0)
-				snprintf(c->error, sizeof(c->error), "%s", c->bad[i]);
-		}
-		replaced_total += replaced;
-	}
-	c->start[c->n] = out.n;
-	c->ids = out.ids ? out.ids : malloc(sizeof(int32_t));
-	if (!c->ids)
-		goto oom;
-	stage_end(&f->stages->tokenize, &clock, at);
+	stage_end(&f->stages->tokenize, &clock, t.read_bytes);
 	__atomic_fetch_add(&f->tok_docs, c->n, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->tok_tokens, out.n, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->utf8_replaced, replaced_total, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->tok_tokens, t.tokens, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->utf8_replaced, t.replaced, __ATOMIC_RELAXED);
 	return 0;
-
-oom_ids:
-	tok_ids_done(&out);
-oom:
-	snprintf(c->error, sizeof(c->error), "out of memory tokenizing %" PRIu32 " documents (%" PRIu64 " bytes)", c->n,
-		 c->bytes);
-	return -ENOMEM;
 }

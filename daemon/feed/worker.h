@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/format/format.h"
 #include "daemon/source/source.h"
+#include "daemon/tokenize/tokenize.h"
 #include "daemon/pack/pack.h"
 #include "daemon/pack/pad.h"
 #include "proto/ring_abi.h"
@@ -26,17 +26,7 @@ struct worker {
 	struct widen_run *runs;
 	size_t cap_reqs;
 
-	/* tokenizing text */
-	uint8_t *text;            /* a chunk's documents as read */
-	size_t text_cap;
-	struct source_read *text_reqs;
-	size_t text_reqs_cap;
-	struct format_state fmt;  /* finding a document's text in its bytes */
-	struct worker_tok {
-		uint64_t generation;  /* the feed's tok_generation */
-		struct tok_state *st;
-	} toks[4];                /* per-thread states of the tokenizers met lately */
-	unsigned toks_next;
+	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
 };
 
 struct text_chunk;
