@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
-#include <glob.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -12,11 +11,6 @@
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
 #include "proto/macro.h"
-
-static int cmp_path(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
 
 static void hash_bytes(uint64_t *h, const void *p, size_t n)
 {
@@ -134,70 +128,6 @@ static int set_failed(struct feed *f, int code, const char *msg)
 	snprintf(f->error, sizeof(f->error), "%s", msg);
 	log_error("feed %s: %s", f->name, msg);
 	return 0;
-}
-
-/*
- * Expands the globs: each in config order, its matches sorted by path bytes,
- * then made canonical (realpath) so that the fingerprint and the duplicate
- * check do not depend on how the config spells a path.
- */
-static int expand(struct feed *f, char ***ret, size_t *ret_n, char *err, size_t errlen)
-{
-	char **paths = NULL;
-	size_t n = 0;
-	int r = 0;
-	for (size_t g = 0; g < f->conf.n_shards; g++) {
-		glob_t gl = { 0 };
-		int e = glob(f->conf.shards[g], GLOB_NOSORT, NULL, &gl);
-		if (e == GLOB_NOMATCH) {
-			snprintf(err, errlen, "shards: '%s' matches no file", f->conf.shards[g]);
-			r = -ENOENT;
-		} else if (e != 0) {
-			snprintf(err, errlen, "shards: cannot expand '%s'", f->conf.shards[g]);
-			r = e == GLOB_NOSPACE ? -ENOMEM : -EIO;
-		}
-		if (r < 0) {
-			globfree(&gl);
-			goto fail;
-		}
-		qsort(gl.gl_pathv, gl.gl_pathc, sizeof(char *), cmp_path);
-		char **grown = realloc(paths, (n + gl.gl_pathc) * sizeof(*paths));
-		if (!grown) {
-			globfree(&gl);
-			r = -ENOMEM;
-			goto fail;
-		}
-		paths = grown;
-		for (size_t i = 0; i < gl.gl_pathc; i++) {
-			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
-			char *real = realpath(gl.gl_pathv[i], NULL);
-			if (!real) {
-				r = -errno;
-				snprintf(err, errlen, "shards: %s: %s", gl.gl_pathv[i], strerror(-r));
-				globfree(&gl);
-				goto fail;
-			}
-			for (size_t j = 0; j < n; j++) {
-				if (strcmp(paths[j], real) == 0) {
-					snprintf(err, errlen, "shards: %s is listed twice", real);
-					free(real);
-					globfree(&gl);
-					r = -EINVAL;
-					goto fail;
-				}
-			}
-			paths[n++] = real;
-		}
-		globfree(&gl);
-	}
-	*ret = paths;
-	*ret_n = n;
-	return 0;
-fail:
-	for (size_t i = 0; i < n; i++)
-		free(paths[i]);
-	free(paths);
-	return r;
 }
 
 static int dup_opt(char **dst, const char *src)
@@ -421,7 +351,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		*ret = f;
 		return 0;
 	}
-	r = expand(f, &paths, &n, err, sizeof(err));
+	r = source_glob((const char *const *)f->conf.shards, f->conf.n_shards, &paths, &n, err, sizeof(err));
 	if (r == -ENOMEM) {
 		feed_unref(f);
 		return r;

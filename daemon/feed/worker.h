@@ -11,10 +11,10 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/source/source.h"
-#include "daemon/tokenize/tokenize.h"
 #include "daemon/pack/pack.h"
 #include "daemon/pack/pad.h"
+#include "daemon/source/source.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/ring_abi.h"
 
 struct worker {

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,70 @@ int source_check(const char *name, const struct source_id *was, char *err, size_
 		return -ESTALE;
 	}
 	return 0;
+}
+
+static int cmp_path(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen)
+{
+	char **paths = NULL;
+	size_t n = 0;
+	int r = 0;
+	for (size_t g = 0; g < n_patterns; g++) {
+		glob_t gl = { 0 };
+		int e = glob(patterns[g], GLOB_NOSORT, NULL, &gl);
+		if (e == GLOB_NOMATCH) {
+			snprintf(err, errlen, "shards: '%s' matches no file", patterns[g]);
+			r = -ENOENT;
+		} else if (e != 0) {
+			snprintf(err, errlen, "shards: cannot expand '%s'", patterns[g]);
+			r = e == GLOB_NOSPACE ? -ENOMEM : -EIO;
+		}
+		if (r < 0) {
+			globfree(&gl);
+			goto fail;
+		}
+		qsort(gl.gl_pathv, gl.gl_pathc, sizeof(char *), cmp_path);
+		char **grown = realloc(paths, (n + gl.gl_pathc) * sizeof(*paths));
+		if (!grown) {
+			globfree(&gl);
+			r = -ENOMEM;
+			goto fail;
+		}
+		paths = grown;
+		for (size_t i = 0; i < gl.gl_pathc; i++) {
+			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
+			char *real = realpath(gl.gl_pathv[i], NULL);
+			if (!real) {
+				r = -errno;
+				snprintf(err, errlen, "shards: %s: %s", gl.gl_pathv[i], strerror(-r));
+				globfree(&gl);
+				goto fail;
+			}
+			for (size_t j = 0; j < n; j++) {
+				if (strcmp(paths[j], real) == 0) {
+					snprintf(err, errlen, "shards: %s is listed twice", real);
+					free(real);
+					globfree(&gl);
+					r = -EINVAL;
+					goto fail;
+				}
+			}
+			paths[n++] = real;
+		}
+		globfree(&gl);
+	}
+	*ret = paths;
+	*ret_n = n;
+	return 0;
+fail:
+	for (size_t i = 0; i < n; i++)
+		free(paths[i]);
+	free(paths);
+	return r;
 }
 
 int source_reader_new(enum io_engine engine, unsigned depth, struct source_reader **ret)

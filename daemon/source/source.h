@@ -75,6 +75,17 @@ bool source_id_equal(const struct source_id *a, const struct source_id *b);
 int source_check(const char *name, const struct source_id *was, char *err, size_t errlen);
 
 /*
+ * Expands shard patterns: each in the given order, its matches sorted by
+ * name bytes (docs/sample-order.md fixes this order), then made canonical
+ * (a local path: realpath) so that fingerprints and the duplicate check do
+ * not depend on how the config spells a name. Returns 0 with the names in
+ * *ret (caller frees each and the array); or a negative errno with a message
+ * in err: -ENOENT (a pattern matches nothing), -EINVAL (a name twice),
+ * -ENOMEM, -EIO.
+ */
+int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen);
+
+/*
  * A thread's reader. engine and depth configure the local implementation
  * (reader.h): with IO_ENGINE_AUTO a failed io_uring setup falls back to
  * pread and source_reader_fallback() tells why. Returns 0, -ENOMEM, or the
