@@ -382,7 +382,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	/* GPU staging, or host-only mode with the reason (the CUDA error text) in the log and in status. */
-	r = gpu_open(NULL, &gpu);
+	r = gpu_open(&gpu);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up GPU staging");
 		ret = 1;

@@ -24,7 +24,6 @@
 #include "client/feedctl/feedctl.h"
 #include <sys/stat.h>
 
-#include "daemon/conf/conf.h"
 #include "daemon/format/format.h"
 #include "daemon/order/order.h"
 #include "daemon/pool/pool.h"
@@ -265,7 +264,7 @@ int cmd_prep(int argc, char **argv)
 		usage_prep(stderr);
 		return 2;
 	}
-	if (!conf_tokenizer_is_hf(cf.tokenizer) && !cf.tokenizer_preset) {
+	if (!tokenize_tok_is_hf(cf.tokenizer) && !cf.tokenizer_preset) {
 		fprintf(stderr, "feedctl prep: %s is a tiktoken rank file: give --preset (its pattern and special tokens)\n",
 			cf.tokenizer);
 		return 2;
@@ -302,8 +301,7 @@ int cmd_prep(int argc, char **argv)
 		fprintf(stderr, "feedctl prep: out of memory\n");
 		goto out;
 	}
-	int r = conf_tokenizer_is_hf(cf.tokenizer) ? tok_load_hf(cf.tokenizer, &tok, &msg)
-						   : tok_load_rankfile(cf.tokenizer, cf.tokenizer_preset, &tok, &msg);
+	int r = tokenize_tok_load(cf.tokenizer, cf.tokenizer_preset, &tok, &msg);
 	if (r < 0) {
 		fprintf(stderr, "feedctl prep: tokenizer: %s\n", msg ? msg : strerror(-r));
 		goto out;

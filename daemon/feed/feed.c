@@ -10,6 +10,7 @@
 #include "daemon/feed/feed.h"
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
 
 static void hash_bytes(uint64_t *h, const void *p, size_t n)
@@ -296,9 +297,7 @@ static int load_tokenizer(struct feed *f, char *err, size_t errlen)
 	f->bos_id = f->eos_id = -1;
 	if (f->conf.tokenizer) {
 		_cleanup_free_ char *msg = NULL;
-		int r = conf_tokenizer_is_hf(f->conf.tokenizer)
-				? tok_load_hf(f->conf.tokenizer, &f->tok, &msg)
-				: tok_load_rankfile(f->conf.tokenizer, f->conf.tokenizer_preset, &f->tok, &msg);
+		int r = tokenize_tok_load(f->conf.tokenizer, f->conf.tokenizer_preset, &f->tok, &msg);
 		if (r == -ENOMEM)
 			return r;
 		if (r < 0) {

@@ -32,6 +32,17 @@ void tokenize_chunk_done(struct tokenize_chunk *c)
 	c->ids = NULL;
 }
 
+bool tokenize_tok_is_hf(const char *path)
+{
+	size_t n = strlen(path);
+	return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error)
+{
+	return tokenize_tok_is_hf(path) ? tok_load_hf(path, ret, ret_error) : tok_load_rankfile(path, preset, ret, ret_error);
+}
+
 static int grow(void **p, size_t *cap, size_t want, size_t size)
 {
 	if (want <= *cap)

@@ -81,5 +81,16 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
  */
 int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c);
 
+/*
+ * Whether path names a Hugging Face tokenizer.json (by its ".json" name);
+ * anything else is a tiktoken rank file, which needs a preset.
+ */
+bool tokenize_tok_is_hf(const char *path);
+/*
+ * Loads the tokenizer a text feed names (tok_load_hf or tok_load_rankfile
+ * by tokenize_tok_is_hf). Returns like those, with a message in *ret_error.
+ */
+int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error);
+
 /* Frees c's outputs (start, ids, bad), keeping docs. */
 void tokenize_chunk_done(struct tokenize_chunk *c);
