@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What a pool worker owns (an io_reader, scratch buffers) and the one thing it
- * does: turn a batch plan into a finished batch in a ring slot, reading the
- * planned token ranges with every read in flight at once.
+ * What a pool worker owns (a source reader, scratch buffers) and the one thing
+ * it does: turn a batch plan into a finished batch in a ring slot, reading the
+ * planned token ranges with every read in flight at once. Shards are reached
+ * through the format layer and read through the source layer only.
  */
 #pragma once
 
@@ -10,32 +11,22 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/format/jsonl.h"
-#include "daemon/io/reader.h"
 #include "daemon/pack/pack.h"
 #include "daemon/pack/pad.h"
+#include "daemon/source/source.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/ring_abi.h"
 
 struct worker {
-	struct io_reader *io;
+	struct source_reader *io;
 	uint8_t *raw;      /* tokens as stored, at position * 8 */
 	uint8_t *is_start; /* BL + 1 */
 	size_t positions;  /* capacity of the three above, in positions */
-	struct io_req *reqs;
+	struct source_read *reqs;
 	struct widen_run *runs;
 	size_t cap_reqs;
 
-	/* tokenizing text */
-	uint8_t *text;            /* a chunk's documents as read */
-	size_t text_cap;
-	struct io_req *text_reqs;
-	size_t text_reqs_cap;
-	struct jsonl_record record;
-	struct worker_tok {
-		uint64_t generation;  /* the feed's tok_generation */
-		struct tok_state *st;
-	} toks[4];                /* per-thread states of the tokenizers met lately */
-	unsigned toks_next;
+	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
 };
 
 struct text_chunk;
