@@ -15,6 +15,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,6 @@
 #include "client/feedctl/feedctl.h"
 #include "daemon/conf/conf.h"
 #include "daemon/feed/feed.h"
-#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/log/log.h"
 #include "daemon/pool/pool.h"
@@ -40,6 +40,7 @@ struct prep {
 };
 
 struct prep_chunk {
+	struct pool_job job;
 	struct text_chunk c;
 	struct prep *prep;
 	bool finished;
@@ -57,7 +58,7 @@ static void ctx_free(void *ctx)
 
 static void chunk_run(struct pool_job *job, void *ctx)
 {
-	struct prep_chunk *pc = (struct prep_chunk *)((char *)job - offsetof(struct prep_chunk, c.job));
+	struct prep_chunk *pc = (struct prep_chunk *)((char *)job - offsetof(struct prep_chunk, job));
 	struct prep *p = pc->prep;
 	pc->c.result = worker_tokenize(ctx, p->feed, &pc->c);
 	pthread_mutex_lock(&p->lock);
@@ -68,9 +69,7 @@ static void chunk_run(struct pool_job *job, void *ctx)
 
 static void chunk_clear(struct prep_chunk *pc)
 {
-	free(pc->c.docs);
-	free(pc->c.start);
-	free(pc->c.ids);
+	text_chunk_clear(&pc->c);
 	*pc = (struct prep_chunk){ 0 };
 }
 
@@ -322,7 +321,7 @@ int cmd_prep(int argc, char **argv)
 			struct prep_chunk *pc = &ring[submitted % window];
 			uint32_t cap = 256;
 			pc->prep = &p;
-			pc->c.job.run = chunk_run;
+			pc->job.run = chunk_run;
 			pc->c.docs = malloc(cap * sizeof(uint64_t));
 			if (!pc->c.docs)
 				goto out;
@@ -348,7 +347,7 @@ int cmd_prep(int argc, char **argv)
 				break;
 			}
 			submitted++;
-			pool_submit(pool, &pc->c.job);
+			pool_submit(pool, &pc->job);
 		}
 		if (written == submitted)
 			break;

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/tok/tok.h"
 #include "proto/macro.h"
@@ -351,6 +350,17 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 	*p = q;
 	*cap = n;
 	return 0;
+}
+
+void text_chunk_clear(struct text_chunk *c)
+{
+	free(c->docs);
+	free(c->start);
+	free(c->ids);
+	for (uint32_t i = 0; c->bad && i < c->n; i++)
+		free(c->bad[i]);
+	free(c->bad);
+	*c = (struct text_chunk){ 0 };
 }
 
 int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
