@@ -18,7 +18,13 @@
  *
  * Lifetime: the server owns a session; each job in flight holds a reference,
  * so a client that vanishes mid-batch frees its ring only after the workers
- * are done with it.
+ * are done with it. session_new() builds a session and produces nothing;
+ * the owner wires it (its connection, telemetry, GPU staging) and then calls
+ * session_start(), so a failure is always reported to a session its owner
+ * already holds.
+ *
+ * struct session is private to daemon/feed/ (session-internal.h); others
+ * read it through the accessors below.
  */
 #pragma once
 
@@ -26,149 +32,36 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/gpu/staging.h"
+#include "daemon/feed/producer.h"
 #include "daemon/order/cursor.h"
-#include "daemon/pack/bestfit.h"
-#include "daemon/pack/concat.h"
-#include "daemon/pack/pack.h"
-#include "daemon/pack/pad.h"
-#include "daemon/pool/pool.h"
 #include "daemon/ring/ring.h"
 
-struct producer;
 struct session;
-struct session_src;
+struct staging;
 
 /* Called on the main thread when a session stops producing for good (error text in msg). */
 typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, void *userdata);
 
 /*
- * Tokenized text: a run of consecutive documents of one rank's stream (visits
- * first_seq .. first_seq + n - 1), read and tokenized together by a worker.
- * Chunks are kept in stream order; plans point into their tokens, so a chunk
- * is freed only once every batch that used it is published.
- */
-struct text_chunk {
-	struct pool_job job;
-	struct session *session;
-	struct session_src *src;      /* the stream it belongs to */
-	struct text_chunk *next;      /* in stream order */
-	struct text_chunk *next_done; /* completion list */
-	uint64_t first_seq;
-	uint32_t n;
-	uint64_t *docs;      /* n document ids */
-	uint64_t bytes;      /* of text to read */
-
-	/* written by the worker */
-	uint64_t *start;     /* n + 1 offsets into ids */
-	int32_t *ids;
-	uint32_t skipped;    /* bad records turned into empty documents */
-	char **bad;          /* n entries: why each skipped document was bad, NULL for good ones (array NULL when none) */
-	int result;
-	char error[512];     /* the failure, or the first skipped record's reason */
-
-	/* main thread */
-	bool done;
-	uint64_t last_batch; /* the latest batch that may use its tokens */
-};
-
-struct session_job {
-	struct pool_job job;
-	struct session *session;
-	struct batch_plan plan;
-	char cursor[FEED_CURSOR_MAX];
-	enum { JOB_IDLE, JOB_RUNNING, JOB_DONE } state;
-	int result;
-	char error[512];
-	struct session_job *next_done;
-	struct pad_batch rows;          /* by_docs sessions: the plan */
-	struct pack_counters counts;    /* what the batch holds, added to the feed's when it is published */
-	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
-	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
-};
-
-/*
- * One stream of a session: the rank's stream of the feed, or of one of a
- * mixture's sources. Documents taken from it wait in `queue` until the
- * packer draws them, so that a plan can be checked (all its documents'
- * counts known) before it is made.
- */
-struct session_src {
-	struct session *session;
-	struct feed *feed;       /* the source's feed; the session's own for one stream */
-	uint32_t index;
-	struct stream *stream;   /* &session->stream for the first, else &own */
-	struct stream own;
-	struct pack_doc *queue;  /* ring of taken, undrawn documents */
-	size_t q_head, q_n, q_cap;
-	uint64_t q_positions;    /* their contributions' positions */
-
-	/* tokenized text (FEED_TEXT) */
-	struct text_chunk *chunk_head, *chunk_tail; /* oldest still in use .. newest */
-	struct text_chunk *chunk_cur;  /* holds the stream's current document */
-	struct doc_walk ahead;         /* the next document to tokenize */
-	uint64_t ahead_seq;            /* its visit number */
-	bool ahead_end;                /* the walk ended (the rank's documents run out) */
-	unsigned chunks_inflight;
-	uint64_t inflight_bytes;
-	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
-};
-
-struct session {
-	unsigned refs;
-	struct producer *producer;
-	struct feed *feed;
-	struct ring *ring;
-	struct stream stream;  /* the first stream (status reads its epoch) */
-	uint32_t rank, world;
-	uint64_t first_batch;  /* batch index of ring sequence 0 */
-	uint64_t planned;      /* sequences planned and handed to workers */
-	uint64_t published;    /* sequences published (ring head) */
-	struct session_job *jobs; /* one per slot */
-	struct session_src *srcs; /* the streams: one, or a mixture's sources in `sources` order */
-	uint32_t n_srcs;
-	bool has_text;            /* a stream is tokenized on the way: plan only from known counts */
-
-	/* packing other than plain "concat" of one stream (docs/sample-order.md, sections 11 to 14) */
-	bool by_docs;             /* plans are pad_batch rows of whole documents drawn from the streams */
-	uint64_t mix_k;           /* the next mixed document to draw (0, 1, ... without a mixture too) */
-	struct bestfit bestfit;
-	struct concat concat;     /* a mixture's "concat" */
-	uint64_t resume_row;      /* bestfit resuming inside a buffer: gather it and start at this row */
-	struct {                  /* where the current bestfit buffer started, for cursors */
-		uint64_t k;
-		struct stream_pos pos[MIX_MAX_SOURCES];
-		int error;
-	} mark;
-	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
-	bool failed, closed;
-	session_fail_fn on_fail;
-	void *userdata;
-	struct event *space_ev;
-	struct staging *staging; /* GPU staging of this ring (daemon/gpu), NULL for host batches */
-
-	/* telemetry */
-	uint64_t attach_ns;
-	uint64_t full_since_ns;   /* ring full since, 0 when not */
-	uint64_t full_ns_total;   /* time the ring spent full */
-};
-
-struct event_base;
-
-/* The pool and the completion path back to the main loop. */
-int producer_new(struct event_base *base, unsigned threads, enum io_engine engine, unsigned io_depth,
-		 struct producer **ret);
-struct producer *producer_free(struct producer *p);
-struct pool *producer_pool(struct producer *p);
-
-/*
- * Starts a session for rank/world of feed f, at cursor c (NULL: the start).
- * Returns 0; -EINVAL (cursor of another feed/world/rank, or not a place in
- * this stream) with a message in err; -ENODATA, -ENOMEM, ...
+ * Builds a session for rank/world of feed f, at cursor c (NULL: the start):
+ * its ring, its streams, the cursor checked as far as known counts allow.
+ * Produces nothing and calls no callback until session_start(). Returns 0;
+ * -EINVAL (cursor of another feed/world/rank, or not a place in this stream)
+ * with a message in err; -ENODATA, -ENOMEM, ...
  */
 int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
 		unsigned slots, session_fail_fn on_fail, void *userdata, struct session **ret, char *err,
 		size_t errlen);
+/*
+ * Gives the session the GPU staging of its ring (daemon/gpu, gpu_attach_reply),
+ * which it then owns; before session_start() only.
+ */
+void session_attach_staging(struct session *s, struct staging *st);
+/*
+ * Starts producing: plans and hands out the first batches. A failure found
+ * now (or later) goes to on_fail, once the caller holds the session. Once.
+ */
+void session_start(struct session *s);
 /* Stops producing and drops the owner's reference (jobs in flight keep theirs). */
 struct session *session_close(struct session *s);
 
@@ -181,3 +74,18 @@ uint64_t session_fill(struct session *s);
 void session_fail(struct session *s, int code, const char *msg);
 /* Marks the ring stopping (daemon shutdown) and wakes the client. */
 void session_stop(struct session *s);
+
+/* Accessors: what the server, status and telemetry read of a session (main thread). */
+struct feed *session_feed(const struct session *s);
+struct ring *session_ring(const struct session *s);
+struct staging *session_staging(const struct session *s); /* NULL: host batches */
+uint32_t session_rank(const struct session *s);
+uint32_t session_world(const struct session *s);
+uint64_t session_first_batch(const struct session *s); /* batch index of ring sequence 0 */
+uint64_t session_published(const struct session *s);   /* batches published (ring head) */
+bool session_failed(const struct session *s);
+uint64_t session_attach_ns(const struct session *s);   /* when it was built (CLOCK_MONOTONIC) */
+/* Time the ring spent full up to now (ns), the current spell included. */
+uint64_t session_full_ns(const struct session *s, uint64_t now);
+/* The epoch of its (first) stream's current document. */
+uint64_t session_epoch(const struct session *s);

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"
@@ -323,6 +322,17 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 	write_header(slot, plan->batch_index, plan->epoch, rank, world, plan->batch_size, L, n_cu, docs, cursor);
 	stage_end(&f->stages->job, &job_clock, n * sizeof(int32_t));
 	return 0;
+}
+
+void text_chunk_clear(struct text_chunk *c)
+{
+	free(c->docs);
+	free(c->start);
+	free(c->ids);
+	for (uint32_t i = 0; c->bad && i < c->n; i++)
+		free(c->bad[i]);
+	free(c->bad);
+	*c = (struct text_chunk){ 0 };
 }
 
 int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)

@@ -29,7 +29,28 @@ struct worker {
 	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
 };
 
-struct text_chunk;
+/*
+ * Text to tokenize: a run of documents, the worker's input and output
+ * (worker_tokenize). Whoever submits it owns it and its arrays; the worker
+ * writes only the output fields.
+ */
+struct text_chunk {
+	/* input */
+	uint32_t n;
+	uint64_t *docs;      /* n document ids */
+	uint64_t bytes;      /* of text to read */
+
+	/* output, written by the worker */
+	uint64_t *start;     /* n + 1 offsets into ids */
+	int32_t *ids;
+	uint32_t skipped;    /* bad records turned into empty documents */
+	char **bad;          /* n entries: why each skipped document was bad, NULL for good ones (array NULL when none) */
+	int result;
+	char error[512];     /* the failure, or the first skipped record's reason */
+};
+
+/* Frees a chunk's arrays (input and output), leaving it empty. */
+void text_chunk_clear(struct text_chunk *c);
 
 struct worker *worker_new(enum io_engine engine, unsigned depth);
 struct worker *worker_free(struct worker *w);

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
 #include "daemon/telemetry/stage.h"

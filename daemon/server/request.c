@@ -103,7 +103,8 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	if (wire_decode_attach(p, len, &a) < 0)
 		return -EBADMSG;
 	if (c->session) {
-		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->session->feed->name);
+		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s",
+				session_feed(c->session)->name);
 		return 0;
 	}
 	bool draining;
@@ -137,7 +138,8 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	_cleanup_free_ uint8_t *dev_msg = NULL;
 	size_t dev_len = 0;
 	int dev_fd = -1;
-	if ((a.flags & WIRE_ATTACH_DEVICE) && (r = gpu_attach_reply(s->cfg.gpu, sess->ring, &a, &sess->staging, &dev_msg,
+	struct staging *staging = NULL;
+	if ((a.flags & WIRE_ATTACH_DEVICE) && (r = gpu_attach_reply(s->cfg.gpu, session_ring(sess), &a, &staging, &dev_msg,
 								      &dev_len, &dev_fd, err, sizeof(err))) < 0) {
 		s->n.refused_memory += r == -EDQUOT; /* gpu_memory_max, counted with the ring limits */
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s on cuda:%u refused: %s", c->id, (int)c->pid,
@@ -146,9 +148,10 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		conn_send_error(c, r, "%s", err);
 		return 0;
 	}
+	session_attach_staging(sess, staging);
 	c->session = sess;
 	telemetry_attach(sess);
-	c->memory = sess->ring->size + FEED_CONSUMER_PAGE_SIZE;
+	c->memory = session_ring(sess)->size + FEED_CONSUMER_PAGE_SIZE;
 	s->memory += c->memory;
 	c->log.feed = f->name;
 	c->log.rank = a.rank;
@@ -156,7 +159,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	c->idle_released = 0;
 	c->idle_since_ns = now_ns();
 
-	struct ring *ring = sess->ring;
+	struct ring *ring = session_ring(sess);
 	int fds[WIRE_ATTACH_FDS] = { -1, -1, -1, -1 };
 	int src[WIRE_ATTACH_FDS] = { ring->ring_fd, ring->consumer_fd, ring->data_efd, ring->space_efd };
 	for (unsigned i = 0; i < WIRE_ATTACH_FDS; i++) {
@@ -177,7 +180,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		.ring_size = ring->size,
 		.consumer_size = FEED_CONSUMER_PAGE_SIZE,
 		.fingerprint = f->fingerprint,
-		.first_batch = sess->first_batch,
+		.first_batch = session_first_batch(sess),
 		.slot_count = ring->slot_count,
 		.batch_size = f->conf.batch_size,
 		.seq_len = f->conf.seq_len,
@@ -190,11 +193,17 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	r = n < 0 ? n : conn_queue(c, buf, (size_t)n, fds, WIRE_ATTACH_FDS);
 	if (r == 0 && dev_msg) {
 		log_info("client %" PRIu64 " (pid %d): %s", c->id, (int)c->pid,
-			 sess->staging ? "batches staged on its GPU" : "asked for a GPU, gets host batches (no GPU staging)");
+			 staging ? "batches staged on its GPU" : "asked for a GPU, gets host batches (no GPU staging)");
 		r = conn_queue(c, dev_msg, dev_len, &dev_fd, dev_fd >= 0);
 	} else if (dev_fd >= 0) {
 		close(dev_fd);
 	}
+	/*
+	 * Wired and answered: only now may it produce, so a failure it finds at
+	 * once reaches this connection's session, after ATTACH_REPLY.
+	 */
+	if (r == 0)
+		session_start(sess);
 	return r;
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/feed/worker.h"
 #include "daemon/gpu/gpu.h"
 #include "daemon/server/server-internal.h"

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
 

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
 

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The producer: the worker pool of the feeds, and the one completion path
+ * back to the main loop. Sessions hand it two kinds of jobs: a batch to
+ * produce into a ring slot, and a chunk of text to tokenize. A worker runs a
+ * job and pushes it onto the completion list (producer_complete(), the only
+ * place that does), then kicks an eventfd; the main loop takes the whole list
+ * and hands each job back to its session, which publishes, plans further and
+ * drops the reference the job held.
+ *
+ * Threads: jobs run on pool workers; everything else on the main thread.
+ * A manual producer (producer_new_manual) has no threads: jobs wait until the
+ * caller runs them with producer_run_queued(), so that tests drive sessions
+ * step by step, deterministically, through the same completion path.
+ */
+#pragma once
+
+#include <stdbool.h>
+
+#include "daemon/io/reader.h"
+#include "daemon/pool/pool.h"
+
+struct event_base;
+struct producer;
+struct session;
+
+enum producer_job_kind {
+	PRODUCER_BATCH, /* a struct session_job: produce a batch into its ring slot */
+	PRODUCER_CHUNK, /* a struct session_chunk: tokenize text ahead of planning */
+};
+
+/* Embedded in each job; the session sets kind and session, the producer the rest. */
+struct producer_job {
+	struct pool_job job;
+	enum producer_job_kind kind;
+	struct session *session;       /* holds a reference while the job is out */
+	struct producer_job *next_done; /* completion list */
+};
+
+/*
+ * Starts `threads` pool workers (0: one per CPU), each with an io_reader of
+ * `engine` and `io_depth`, and the completion event on base. Returns 0 or a
+ * negative errno.
+ */
+int producer_new(struct event_base *base, unsigned threads, enum io_engine engine, unsigned io_depth,
+		 struct producer **ret);
+/*
+ * A producer without threads, for tests: submitted jobs queue until
+ * producer_run_queued() runs them on the caller's thread. `threads` is what
+ * producer_threads() reports (sessions size their text chunks by it).
+ */
+int producer_new_manual(struct event_base *base, unsigned threads, enum io_engine engine, unsigned io_depth,
+			struct producer **ret);
+/* Finishes every queued job, delivers the completions and frees. Takes NULL. */
+struct producer *producer_free(struct producer *p);
+
+/* The pool (NULL for a manual producer): telemetry reads its load. */
+struct pool *producer_pool(struct producer *p);
+unsigned producer_threads(const struct producer *p);
+/* The main loop completions arrive on (sessions watch their rings on it too). */
+struct event_base *producer_event_base(const struct producer *p);
+
+/* Hands j to a worker; the caller has set j->kind and j->session and holds a session reference for it. */
+void producer_submit(struct producer *p, struct producer_job *j);
+
+/*
+ * Manual producer: runs up to max queued jobs (oldest first) on this thread.
+ * Their completions arrive through the event loop, as from a worker. Returns
+ * how many ran.
+ */
+unsigned producer_run_queued(struct producer *p, unsigned max);
+/* Manual producer: jobs queued and not yet run. */
+unsigned producer_queued(const struct producer *p);

@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The session's insides, shared by the files of daemon/feed/ that implement
+ * it and by no one else (outsiders use session.h's accessors):
+ *
+ *   session.c       lifecycle, pump, publication (advance), accessors
+ *   session-plan.c  document queues, the dry run, plans and cursors
+ *   session-text.c  tokenizing ahead: chunks of a text stream
+ *   producer.c      the workers' side of both kinds of job, and completions
+ *
+ * Invariants (asserted where they change):
+ *   tail <= published <= planned, planned - tail <= slot_count;
+ *   refs > 0 while anything holds the session: its owner until
+ *   session_close(), and every job or chunk handed to the producer;
+ *   a chunk is freed only once done, and only once no plan in flight or to
+ *   come reads its tokens.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/feed/producer.h"
+#include "daemon/feed/session.h"
+#include "daemon/feed/worker.h"
+#include "daemon/order/cursor.h"
+#include "daemon/pack/bestfit.h"
+#include "daemon/pack/concat.h"
+#include "daemon/pack/pack.h"
+#include "daemon/pack/pad.h"
+#include "daemon/ring/ring.h"
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+struct session_src;
+
+/*
+ * A chunk of one text stream: visits first_seq .. first_seq + t.n - 1, read
+ * and tokenized together by a worker (t is the worker's contract, worker.h).
+ * Chunks are kept in stream order; plans point into their tokens.
+ */
+struct session_chunk {
+	struct producer_job pj;       /* kind PRODUCER_CHUNK */
+	struct session_src *src;      /* the stream it belongs to */
+	struct session_chunk *next;   /* in stream order */
+	uint64_t first_seq;
+	struct text_chunk t;
+
+	/* main thread */
+	bool done;
+	uint64_t last_batch; /* the latest batch that may use its tokens (plain concat) */
+};
+
+struct session_job {
+	struct producer_job pj;         /* kind PRODUCER_BATCH */
+	struct batch_plan plan;
+	char cursor[FEED_CURSOR_MAX];
+	enum { JOB_IDLE, JOB_RUNNING, JOB_DONE } state;
+	int result;
+	char error[512];
+	struct pad_batch rows;          /* by_docs sessions: the plan */
+	struct pack_counters counts;    /* what the batch holds, added to the feed's when it is published */
+	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
+	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
+};
+
+/*
+ * One stream of a session: the rank's stream of the feed, or of one of a
+ * mixture's sources. Documents taken from it wait in `queue` until the
+ * packer draws them, so that a plan can be checked (all its documents'
+ * counts known) before it is made.
+ */
+struct session_src {
+	struct session *session;
+	struct feed *feed;       /* the source's feed; the session's own for one stream */
+	uint32_t index;
+	struct stream *stream;   /* &session->stream for the first, else &own */
+	struct stream own;
+	struct pack_doc *queue;  /* ring of taken, undrawn documents */
+	size_t q_head, q_n, q_cap;
+	uint64_t q_positions;    /* their contributions' positions */
+
+	/* tokenized text (FEED_TEXT) */
+	struct session_chunk *chunk_head, *chunk_tail; /* oldest still in use .. newest */
+	struct session_chunk *chunk_cur; /* holds the stream's current document */
+	struct doc_walk ahead;         /* the next document to tokenize */
+	uint64_t ahead_seq;            /* its visit number */
+	bool ahead_end;                /* the walk ended (the rank's documents run out) */
+	unsigned chunks_inflight;
+	uint64_t inflight_bytes;
+	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
+};
+
+struct session {
+	unsigned refs;
+	struct producer *producer;
+	struct feed *feed;
+	struct ring *ring;
+	struct stream stream;  /* the first stream (status reads its epoch) */
+	uint32_t rank, world;
+	uint64_t first_batch;  /* batch index of ring sequence 0 */
+	uint64_t planned;      /* sequences planned and handed to workers */
+	uint64_t published;    /* sequences published (ring head) */
+	struct session_job *jobs; /* one per slot */
+	struct session_src *srcs; /* the streams: one, or a mixture's sources in `sources` order */
+	uint32_t n_srcs;
+	bool has_text;            /* a stream is tokenized on the way: plan only from known counts */
+
+	/* packing other than plain "concat" of one stream (docs/sample-order.md, sections 11 to 14) */
+	bool by_docs;             /* plans are pad_batch rows of whole documents drawn from the streams */
+	uint64_t mix_k;           /* the next mixed document to draw (0, 1, ... without a mixture too) */
+	struct bestfit bestfit;
+	struct concat concat;     /* a mixture's "concat" */
+	uint64_t resume_row;      /* bestfit resuming inside a buffer: gather it and start at this row */
+	struct {                  /* where the current bestfit buffer started, for cursors */
+		uint64_t k;
+		struct stream_pos pos[MIX_MAX_SOURCES];
+		int error;
+	} mark;
+	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
+	bool started, failed, closed;
+	session_fail_fn on_fail;
+	void *userdata;
+	struct event *space_ev;
+	struct staging *staging; /* GPU staging of this ring (daemon/gpu), NULL for host batches */
+
+	/* telemetry */
+	uint64_t attach_ns;
+	uint64_t full_since_ns;   /* ring full since, 0 when not */
+	uint64_t full_ns_total;   /* time the ring spent full */
+};
+
+/* session.c */
+void session_ref(struct session *s);
+void session_unref(struct session *s);
+/* A batch job came back from a worker (main thread, from the producer). */
+void session_batch_done(struct session *s, struct session_job *j);
+/* Plans and submits batches while the client has free slots. */
+void session_pump(struct session *s);

@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/feed/session-internal.h"
+#include "daemon/feed/session-text.h"
+#include "proto/macro.h"
+
+struct session_chunk *session_chunk_free(struct session_chunk *c)
+{
+	if (!c)
+		return NULL;
+	text_chunk_clear(&c->t);
+	free(c);
+	return NULL;
+}
+
+/*
+ * The chunk holding visit `seq`, moving chunk_cur forward. Chunks passed are
+ * used by plans up to the batch being planned now at the latest.
+ */
+static struct session_chunk *chunk_at(struct session_src *x, uint64_t seq)
+{
+	struct session *s = x->session;
+	struct session_chunk *c = x->chunk_cur ? x->chunk_cur : x->chunk_head;
+	while (c && seq >= c->first_seq + c->t.n) {
+		c->last_batch = s->first_batch + s->planned;
+		c = c->next;
+	}
+	if (c)
+		x->chunk_cur = c;
+	return c && seq >= c->first_seq ? c : NULL;
+}
+
+/* The stream's source for text feeds: counts and tokens from finished chunks. */
+int session_text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids)
+{
+	struct session_chunk *c = chunk_at(userdata, seq);
+	if (!c || !c->done)
+		return -EAGAIN;
+	uint32_t i = (uint32_t)(seq - c->first_seq);
+	*ret_tokens = c->t.start[i + 1] - c->t.start[i];
+	*ret_ids = c->t.ids + c->t.start[i];
+	return 0;
+}
+
+/*
+ * Stream positions known from the stream's position on, through finished
+ * chunks in order, counting up to `need`.
+ */
+uint64_t session_text_ready(struct session_src *x, uint64_t need)
+{
+	const struct stream *st = x->stream;
+	uint64_t seq = st->seq, have = 0;
+	struct session_chunk *c = chunk_at(x, seq);
+	for (; c && c->done && have < need + st->offset; c = c->next) {
+		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
+		     i < c->t.n && have < need + st->offset; i++)
+			have += stream_doc_length(st, c->t.start[i + 1] - c->t.start[i]);
+	}
+	return have > st->offset ? have - st->offset : 0;
+}
+
+/*
+ * Average text bytes per token of stream x so far (4 before enough was
+ * tokenized): this session's own count of its own source, so a mixture's
+ * sources each size their own chunks, and telemetry switches do not matter.
+ */
+static double bytes_per_token(const struct session_src *x)
+{
+	return x->tok_tokens > 4096 && x->tok_bytes ? (double)x->tok_bytes / (double)x->tok_tokens : 4.0;
+}
+
+/*
+ * Hands the next documents of a text stream to the workers to tokenize,
+ * until the finished and in-flight chunks cover the free slots plus one batch
+ * (its share of them in a mixture, plus a bestfit buffer), and always when
+ * the next plan waits for this stream with nothing in flight.
+ */
+int session_text_submit(struct session *s, struct session_src *x)
+{
+	const struct feed *f = x->feed, *top = s->feed;
+	const uint64_t bl = (uint64_t)top->conf.batch_size * top->conf.seq_len;
+	const unsigned threads = producer_threads(s->producer);
+	const uint64_t free_slots = s->ring->slot_count - (s->planned - s->ring->tail);
+	uint64_t target = (free_slots + 1) * bl + 1;
+	if (top->conf.packing == CONF_PACKING_BESTFIT)
+		target += top->conf.pack_buffer;
+	if (top->conf.mix) {
+		uint64_t units = 0;
+		for (uint32_t i = 0; i < top->conf.mix->n; i++)
+			units += top->conf.mix->units[i];
+		target = (uint64_t)((double)target * (double)top->conf.mix->units[x->index] / (double)units) + 1;
+	}
+	const double bpt = bytes_per_token(x);
+	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
+	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
+					 UINT64_C(1) << 20);
+
+	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
+		if (have >= target && !(s->starved == x->index && x->chunks_inflight == 0))
+			break;
+		struct session_chunk *c = calloc(1, sizeof(*c));
+		uint32_t cap = 64;
+		if (c)
+			c->t.docs = malloc(cap * sizeof(*c->t.docs));
+		if (!c || !c->t.docs) {
+			session_chunk_free(c);
+			return -ENOMEM;
+		}
+		c->first_seq = x->ahead_seq;
+		c->pj.kind = PRODUCER_CHUNK;
+		c->pj.session = s;
+		c->src = x;
+		while (c->t.n < 65536 && c->t.bytes < chunk_bytes) {
+			if (c->t.n == cap) {
+				uint64_t *d = realloc(c->t.docs, 2 * cap * sizeof(*d));
+				if (!d) {
+					session_chunk_free(c);
+					return -ENOMEM;
+				}
+				c->t.docs = d;
+				cap *= 2;
+			}
+			uint64_t doc = doc_walk_doc(&x->ahead);
+			c->t.docs[c->t.n++] = doc;
+			c->t.bytes += format_doc_bytes(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc));
+			x->ahead_seq++;
+			unsigned crossed;
+			int r = doc_walk_next(&x->ahead, &crossed);
+			if (r == -ENODATA) {
+				x->ahead_end = true;
+				break;
+			}
+			if (r < 0) {
+				session_chunk_free(c);
+				return r;
+			}
+		}
+		if (x->chunk_tail)
+			x->chunk_tail->next = c;
+		else
+			x->chunk_head = c;
+		x->chunk_tail = c;
+		if (!x->chunk_cur)
+			x->chunk_cur = c;
+		x->chunks_inflight++;
+		x->inflight_bytes += c->t.bytes;
+		session_ref(s);
+		producer_submit(s->producer, &c->pj);
+	}
+	return 0;
+}
+
+/*
+ * The oldest visit of stream x whose tokens something still reads: a plan
+ * not yet published, the bestfit buffer, the document in progress, the
+ * queue, or the stream itself (by_docs sessions).
+ */
+static uint64_t text_hold(struct session *s, struct session_src *x)
+{
+	uint64_t hold = x->stream->seq;
+	if (x->q_n)
+		hold = MIN(hold, x->queue[x->q_head].seq);
+	for (uint32_t i = 0; i < s->ring->slot_count; i++)
+		if (s->jobs[i].state != JOB_IDLE)
+			hold = MIN(hold, s->jobs[i].hold[x->index]);
+	for (size_t i = 0; i < s->bestfit.n_docs && bestfit_rows_left(&s->bestfit) > 0; i++)
+		if (s->bestfit.docs[i].source == x->index)
+			hold = MIN(hold, s->bestfit.docs[i].seq);
+	if (s->concat.have && s->concat.cur.source == x->index)
+		hold = MIN(hold, s->concat.cur.seq);
+	return hold;
+}
+
+/*
+ * Frees the chunks no plan in flight or to come uses any more. Plain concat
+ * knows that from last_batch, which chunk_at() sets as the stream walks past
+ * a chunk while planning (so a lookup is also what records the chunk's last
+ * user); whole-document plans from text_hold(). A chunk still out with a
+ * worker is never freed here: the worker writes into it.
+ */
+void session_text_retire(struct session *s, struct session_src *x)
+{
+	const uint64_t hold = s->by_docs ? text_hold(s, x) : 0;
+	while (x->chunk_head && x->chunk_head != x->chunk_cur && x->chunk_head->done &&
+	       (s->by_docs ? x->chunk_head->first_seq + x->chunk_head->t.n <= hold
+			   : x->chunk_head->last_batch < s->first_batch + s->published)) {
+		struct session_chunk *c = x->chunk_head;
+		assert(c->done && c->src == x);
+		x->chunk_head = c->next;
+		if (!x->chunk_head)
+			x->chunk_tail = NULL;
+		session_chunk_free(c);
+	}
+}
+
+/* Takes in a finished chunk: its failure, its bad records, its bytes per token. */
+static void chunk_take(struct session *s, struct session_chunk *c)
+{
+	struct feed *f = c->src->feed;
+	assert(!c->done && c->src->chunks_inflight > 0);
+	c->done = true;
+	c->src->chunks_inflight--;
+	c->src->inflight_bytes -= c->t.bytes;
+	if (s->failed || s->closed)
+		return;
+	if (c->t.result < 0) {
+		if (c->t.result == -ENODATA)
+			feed_check(f);
+		session_fail(s, c->t.result, c->t.error);
+		return;
+	}
+	c->src->tok_bytes += c->t.bytes;
+	c->src->tok_tokens += c->t.start[c->t.n];
+	if (c->t.skipped) {
+		for (uint32_t i = 0; i < c->t.n; i++) {
+			if (c->t.bad[i] && feed_mark_bad(f, c->t.docs[i], c->t.bad[i]) < 0) {
+				session_fail(s, -ENOMEM, "out of memory counting bad records");
+				return;
+			}
+		}
+		char msg[1024];
+		int r = feed_check_bad(f, msg, sizeof(msg));
+		if (r < 0)
+			session_fail(s, r, msg);
+	}
+}
+
+
+void session_chunk_done(struct session *s, struct session_chunk *c)
+{
+	chunk_take(s, c);
+	if (!s->failed && !s->closed)
+		session_pump(s);
+}
