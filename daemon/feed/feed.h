@@ -14,7 +14,8 @@
  *   - tok_docs/tok_tokens/utf8_replaced: workers, with relaxed atomic adds
  *     (read them with __atomic_load_n);
  *   - stages: workers, through stage.h;
- *   - clients/draining: the server (daemon/server).
+ *   - clients/draining: server policy state, bound for the server's own
+ *     struct served (sessions still count clients today).
  */
 #pragma once
 

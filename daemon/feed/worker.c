@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -120,6 +121,8 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 #define AT(p) ((p) < n ? ids + (p) : lookahead)
 	const bool bos = sf->bos_id >= 0, eos = sf->eos_id >= 0;
 	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
+	/* Plans only lay out non-empty contributions, which hold their bos and eos. */
+	assert(length >= (uint64_t)bos + eos);
 	uint64_t n_tokens = length - bos - eos;
 	uint64_t lo = MAX(offset, (uint64_t)bos), hi = MIN(offset + count, bos + n_tokens);
 
