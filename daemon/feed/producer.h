@@ -17,7 +17,7 @@
 
 #include <stdbool.h>
 
-#include "daemon/io/reader.h"
+#include "daemon/source/source.h" /* enum io_engine */
 #include "daemon/pool/pool.h"
 
 struct event_base;

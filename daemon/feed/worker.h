@@ -56,18 +56,20 @@ struct worker *worker_new(enum io_engine engine, unsigned depth);
 struct worker *worker_free(struct worker *w);
 
 /*
+ * Reads and tokenizes the documents of chunk c of text feed f (the library's
+ * tokenize_read() and tokenize_encode(), with the feed's read and tokenize
+ * stages and counters), writing the chunk's start/ids (and skipped count).
+ * Returns 0, or a negative errno with a message naming the file and line in
+ * c->error (a bad record under on_bad_record = fail, a shard that changed,
+ * no memory).
+ */
+int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c);
+
+/*
  * Produces the batch `plan` of feed f into slot (a ring slot of the feed's
  * geometry), header included. Returns 0, or a negative errno with a message
  * naming the file and offset in err.
  */
-/*
- * Reads and tokenizes the documents of chunk c of text feed f, writing the
- * chunk's start/ids (and skipped count). Returns 0, or a negative errno with
- * a message naming the file and line in c->error (a bad record under
- * on_bad_record = fail, a shard that changed, no memory).
- */
-int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c);
-
 int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
 		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
 		   char *err, size_t errlen);

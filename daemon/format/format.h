@@ -112,17 +112,29 @@ struct format {
 	int (*check)(const struct shard *s, char *err, size_t errlen);
 
 	/*
-	 * FORMAT_TOKENS: emit(ctx, source, byte offset, tokens) per contiguous run
-	 * of tokens offset .. offset + count - 1 of document doc, in order. Stops at emit's first negative result and returns it; -EINVAL past the end.
+	 * FORMAT_TOKENS: calls emit(ctx, source, byte offset, tokens) per
+	 * contiguous run of stored tokens offset .. offset + count - 1 of
+	 * document doc, in order (the worker turns each into a source_read of
+	 * tokens * itemsize bytes). Stops at emit's first negative result and
+	 * returns it; -EINVAL past the document's end.
 	 */
-	int (*doc_ranges)(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count, int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens),
+	int (*doc_ranges)(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+			  int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens),
 			  void *ctx);
 	/* Widens n stored ids at src to dst. 0, or -ERANGE with *ret_bad the first id outside 0..INT32_MAX. */
 	int (*widen)(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad);
 
-	/* FORMAT_TEXT: the bytes document doc takes as stored (chunk sizing, max_document_bytes). */
+	/*
+	 * FORMAT_TEXT: the size of document doc's text as stored, in bytes: what
+	 * max_document_bytes limits (a longer document is a bad record and is
+	 * not read) and what runs of documents are sized by.
+	 */
 	uint64_t (*doc_bytes)(const struct shard *s, uint32_t doc);
-	/* The range to read for document doc (len 0: nothing to read). */
+	/*
+	 * The range to read for document doc (ret->dst is the caller's; len 0:
+	 * nothing to read). It may hold more than the document (a columnar
+	 * format's page or row group): doc_text() finds the document in it.
+	 */
 	void (*doc_read)(const struct shard *s, uint32_t doc, struct source_read *ret);
 	/*
 	 * Finds document doc's text in the bytes read for it. Returns 0; -ENOMEM;
@@ -149,7 +161,9 @@ static inline int format_check(const struct shard *s, char *err, size_t errlen)
 }
 
 static inline int format_doc_ranges(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count,
-				    int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
+				    int (*emit)(void *ctx, struct source *src, uint64_t byte_offset,
+						uint64_t n_tokens),
+				    void *ctx)
 {
 	return s->format->doc_ranges(s, doc, offset, count, emit, ctx);
 }

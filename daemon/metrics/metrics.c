@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
 #include "daemon/telemetry/stage.h"
@@ -121,9 +120,9 @@ static void feed_labels(const struct feed *f, char *buf, size_t cap)
 static void client_labels(const struct status_client *c, char *buf, size_t cap)
 {
 	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
-	n = escape(buf, n, cap, c->session->feed->name);
-	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->session->rank,
-		 c->session->world, (int)c->pid, c->id);
+	n = escape(buf, n, cap, session_feed(c->session)->name);
+	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", session_rank(c->session),
+		 session_world(c->session), (int)c->pid, c->id);
 }
 
 #define LABELS_MAX 640 /* a feed name is a config section name: far shorter */
@@ -304,7 +303,7 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 	CLIENT_FAMILY("feedd_client_ring_fill", "gauge", "Batches published to the client and not yet released.", "%" PRIu64,
 		      c->fill);
 	CLIENT_FAMILY("feedd_client_ring_slots", "gauge", "Slots of the client's ring.", "%u",
-		      c->session->ring->slot_count);
+		      session_ring(c->session)->slot_count);
 	CLIENT_FAMILY("feedd_client_ring_full_seconds_total", "counter",
 		      "Time the client's ring spent full (feedd waiting for the client to release a batch).", "%s",
 		      secs(c->full_ns, a));

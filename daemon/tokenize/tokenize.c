@@ -87,9 +87,10 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
 		return oom(c);
 	for (uint32_t i = 0; i < c->n; i++) {
 		const struct shard *s = p->shards[ORDER_DOC_SHARD(c->docs[i])];
+		const uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
 		struct source_read *q = &t->reqs[n];
-		format_doc_read(s, ORDER_DOC_INDEX(c->docs[i]), q);
-		if (q->len > p->max_doc_bytes || q->len == 0)
+		format_doc_read(s, d, q);
+		if (format_doc_bytes(s, d) > p->max_doc_bytes || q->len == 0)
 			continue;
 		q->dst = (void *)(uintptr_t)bytes;
 		bytes += q->len;
@@ -143,11 +144,13 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 		const struct shard *s = p->shards[ORDER_DOC_SHARD(c->docs[i])];
 		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
 		const uint8_t *doc = t->text + at;
-		size_t len = format_doc_bytes(s, d), replaced = 0;
+		struct source_read q;
+		format_doc_read(s, d, &q);
+		size_t len = q.len, replaced = 0;
 		size_t before = out.n;
 		c->start[i] = out.n;
 		why[0] = 0;
-		if (len > max) {
+		if (format_doc_bytes(s, d) > max) {
 			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
 		} else {
 			at += len;
