@@ -16,7 +16,7 @@
 #include "daemon/order/mix.h"
 #include "daemon/order/order.h"
 #include "daemon/pack/pad.h"
-#include "daemon/telemetry/stage.h"
+#include "daemon/feed/stage.h"
 
 struct tok;
 
@@ -72,7 +72,7 @@ struct feed {
 	uint64_t tokens_served;
 	unsigned clients;
 	bool draining; /* takes no new attaches (removed from the config) */
-	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/telemetry/stage.h) */
+	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
 };
 

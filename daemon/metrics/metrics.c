@@ -38,7 +38,7 @@
 #include "config.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
-#include "daemon/telemetry/stage.h"
+#include "daemon/feed/stage.h"
 #include "proto/macro.h"
 
 #define HIST_FIRST_POW 10 /* 1.024 us */

@@ -94,10 +94,9 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
 			continue;
-		const struct feed_consumer_page *cp = c->session->ring->cons;
-		uint64_t d = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), c->session->published);
-		uint64_t wait = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
-		uint64_t step = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
+		struct ring_consumer rc;
+		ring_read_consumer(c->session->ring, c->session->published, &rc);
+		uint64_t d = rc.delivered, wait = rc.wait_ns, step = rc.step_ns;
 		if (c->rate_ns && now > c->rate_ns) {
 			uint64_t per = (uint64_t)c->session->feed->conf.batch_size * c->session->feed->conf.seq_len;
 			c->tokens_per_s = (double)(d - MIN(d, c->rate_delivered)) * (double)per /
@@ -111,9 +110,8 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		c->rate_wait = wait;
 		c->rate_step = step;
 		c->rate_ns = now;
-		uint64_t released = MIN(__atomic_load_n(&cp->tail, __ATOMIC_RELAXED), c->session->published);
 		const struct log_context *old = log_context_swap(&c->log);
-		watch_consumption(s, c, released, now);
+		watch_consumption(s, c, rc.tail, now);
 		log_context_swap(old);
 	}
 	static const char *const kinds[] = { "not allowed", "over a connection limit", "over a memory limit" };
@@ -169,6 +167,7 @@ int server_configure(struct server *s, const struct conf *conf)
 	gpu_configure(s->cfg.gpu, conf->gpu_memory_max);
 	s->stuck_client_s = conf->stuck_client_s;
 	telemetry_configure(&conf->diagnosis);
+	stage_timing_set(conf->diagnosis.stage_counters);
 	return 0;
 }
 

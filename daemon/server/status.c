@@ -155,23 +155,23 @@ char *status_json(const struct status_input *in)
 static void client_read(struct status_client *c, uint64_t now)
 {
 	struct session *s = c->session;
-	const struct feed_consumer_page *cp = s->ring->cons;
+	struct ring_consumer rc;
+	ring_read_consumer(s->ring, s->published, &rc);
 	c->attached_ns = now - s->attach_ns;
 	c->published = s->published;
-	c->delivered = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), s->published);
-	c->wait_ns = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
-	c->step_ns = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
-	c->h2d_ns = __atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED);
-	c->reports = __atomic_load_n(&cp->reports, __ATOMIC_RELAXED);
-	c->reported_step_ns = __atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED);
+	c->delivered = rc.delivered;
+	c->wait_ns = rc.wait_ns;
+	c->step_ns = rc.step_ns;
+	c->h2d_ns = rc.h2d_ns;
+	c->reports = rc.reports;
+	c->reported_step_ns = rc.reported_step_ns;
 	c->full_ns = s->full_ns_total + (s->full_since_ns ? now - s->full_since_ns : 0);
 	c->fill = session_fill(s);
 	c->epoch = s->stream.walk.ep.epoch;
 	/* In double: two client-written totals may overflow a u64 sum. */
 	double w = (double)c->wait_ns, st = (double)c->step_ns;
 	c->stall_pct = w + st > 0 ? 100.0 * w / (w + st) : 0.0;
-	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++)
-		c->hist_wait[b] = __atomic_load_n(&cp->hist_wait[b], __ATOMIC_RELAXED);
+	memcpy(c->hist_wait, rc.hist_wait, sizeof(c->hist_wait));
 }
 
 int server_snapshot(struct server *s, struct status_input *ret)

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "daemon/telemetry/stage.h"
+#include "daemon/feed/stage.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/ring_abi.h"
 

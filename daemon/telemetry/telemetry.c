@@ -24,17 +24,6 @@
 #include "proto/macro.h"
 
 struct telemetry tm = { .conf = CONF_DIAGNOSIS_DEFAULTS };
-int stage_counters = 1;
-
-const char *stage_name(enum stage_id id)
-{
-	static const char *const names[_STAGE_MAX] = {
-		[STAGE_READ] = "read",	[STAGE_DECOMPRESS] = "decompress", [STAGE_TOKENIZE] = "tokenize",
-		[STAGE_PACK] = "pack",	[STAGE_H2D] = "h2d",		   [STAGE_JOB] = "job",
-	};
-	return (unsigned)id < _STAGE_MAX ? names[id] : "?";
-}
-
 /* Sub-window length and count for the configured window: at most WINDOW_SLOTS of whole seconds. */
 static void window_geometry(unsigned *ret_slots, uint64_t *ret_step_ns)
 {
@@ -58,7 +47,6 @@ static bool subwindow_done(uint64_t span_ns, uint64_t step_ns)
 void telemetry_configure(const struct conf_diagnosis *d)
 {
 	tm.conf = *d;
-	__atomic_store_n(&stage_counters, d->stage_counters, __ATOMIC_RELAXED);
 }
 
 static uint64_t delta(uint64_t *prev, uint64_t cur, uint64_t cap)
