@@ -120,9 +120,9 @@ static void feed_labels(const struct feed *f, char *buf, size_t cap)
 static void client_labels(const struct status_client *c, char *buf, size_t cap)
 {
 	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
-	n = escape(buf, n, cap, c->session->feed->name);
-	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->session->rank,
-		 c->session->world, (int)c->pid, c->id);
+	n = escape(buf, n, cap, c->feed->name);
+	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->rank,
+		 c->world, (int)c->pid, c->id);
 }
 
 #define LABELS_MAX 640 /* a feed name is a config section name: far shorter */
@@ -138,11 +138,11 @@ static void render_daemon(struct out *o, const struct status_input *in, const st
 	family(o, "feedd_gpu_available", "gauge", "1 when batches can be staged on a GPU, 0 in host-only mode.");
 	put(o, "feedd_gpu_available %d\n", in->gpu_available ? 1 : 0);
 	family(o, "feedd_worker_threads", "gauge", "Threads of the worker pool.");
-	put(o, "feedd_worker_threads %u\n", pool_threads(in->pool));
+	put(o, "feedd_worker_threads %u\n", in->threads);
 	family(o, "feedd_worker_threads_busy", "gauge", "Worker threads running a job now.");
-	put(o, "feedd_worker_threads_busy %u\n", pool_busy(in->pool));
+	put(o, "feedd_worker_threads_busy %u\n", in->threads_busy);
 	family(o, "feedd_worker_jobs_queued", "gauge", "Jobs waiting for a worker thread.");
-	put(o, "feedd_worker_jobs_queued %u\n", pool_queued(in->pool));
+	put(o, "feedd_worker_jobs_queued %u\n", in->jobs_queued);
 	family(o, "feedd_clients", "gauge", "Clients attached to a feed.");
 	put(o, "feedd_clients %zu\n", in->n_clients);
 	family(o, "feedd_connections", "gauge", "Open connections on the control socket, attached or not.");
@@ -303,7 +303,7 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 	CLIENT_FAMILY("feedd_client_ring_fill", "gauge", "Batches published to the client and not yet released.", "%" PRIu64,
 		      c->fill);
 	CLIENT_FAMILY("feedd_client_ring_slots", "gauge", "Slots of the client's ring.", "%u",
-		      c->session->ring->slot_count);
+		      c->ring_slots);
 	CLIENT_FAMILY("feedd_client_ring_full_seconds_total", "counter",
 		      "Time the client's ring spent full (feedd waiting for the client to release a batch).", "%s",
 		      secs(c->full_ns, a));
@@ -321,11 +321,11 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
 			/* Ring bucket 4(k-1) is the first at or above 2^k ns. */
 			for (; b < 4 * (k - 1); b++)
-				acc = sat_add(acc, c->hist_wait[b]);
+				acc = sat_add(acc, c->reading.cons.hist_wait[b]);
 			put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"%s\"} %" PRIu64 "\n", cl[i], le_text(k, a), acc);
 		}
 		for (; b < FEED_HIST_BUCKETS; b++)
-			acc = sat_add(acc, c->hist_wait[b]);
+			acc = sat_add(acc, c->reading.cons.hist_wait[b]);
 		put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", cl[i], acc);
 		put(o, "feedd_client_batch_wait_seconds_sum{%s} %s\n", cl[i], secs(c->wait_ns, a));
 		put(o, "feedd_client_batch_wait_seconds_count{%s} %" PRIu64 "\n", cl[i], acc);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 void conn_drop(struct conn *c, uint64_t *counter, const char *why)
 {
@@ -29,6 +28,58 @@ void conn_drop(struct conn *c, uint64_t *counter, const char *why)
 			    (unsigned)c->uid, why);
 	}
 	conn_free(c);
+}
+
+void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *ret)
+{
+	const struct session *s = c->session;
+	ring_read_consumer(s->ring, s->published, &ret->cons);
+	ret->published = s->published;
+	ret->tail = s->ring->tail;
+	ret->full_ns = s->full_ns_total + (s->full_since_ns ? now - s->full_since_ns : 0);
+	ret->failed = s->failed;
+}
+
+void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
+{
+	struct session *s = c->session;
+	struct status_client sc = {
+		.id = c->id,
+		.pid = c->pid,
+		.uid = c->uid,
+		.name = c->name,
+		.connected_ns = now - c->connect_ns,
+		.tokens_per_s = c->tokens_per_s,
+		.stall_pct_tick = c->stall_pct,
+		.stuck = c->stuck,
+		.idle_ns = now - c->idle_since_ns,
+		.memory = c->memory,
+		.feed = s->feed,
+		.rank = s->rank,
+		.world = s->world,
+		.ring_slots = s->ring->slot_count,
+		.first_batch = s->first_batch,
+		.failed = s->failed,
+		.staging = s->staging,
+		.tm = &c->tm,
+		.attached_ns = now - s->attach_ns,
+		.fill = session_fill(s),
+		.epoch = s->stream.walk.ep.epoch,
+	};
+	conn_reading(c, now, &sc.reading);
+	const struct ring_consumer *rc = &sc.reading.cons;
+	sc.published = sc.reading.published;
+	sc.delivered = rc->delivered;
+	sc.wait_ns = rc->wait_ns;
+	sc.step_ns = rc->step_ns;
+	sc.h2d_ns = rc->h2d_ns;
+	sc.reports = rc->reports;
+	sc.reported_step_ns = rc->reported_step_ns;
+	sc.full_ns = sc.reading.full_ns;
+	/* In double: two client-written totals may overflow a u64 sum. */
+	double w = (double)sc.wait_ns, st = (double)sc.step_ns;
+	sc.stall_pct = w + st > 0 ? 100.0 * w / (w + st) : 0.0;
+	*ret = sc;
 }
 
 void conn_free(struct conn *c)
@@ -44,7 +95,7 @@ void conn_free(struct conn *c)
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->session->feed->name, c->session->rank, c->session->world);
-		telemetry_detach(c->session);
+		telemetry_client_detach(&c->tm);
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
 	}

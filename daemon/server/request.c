@@ -16,7 +16,6 @@
 
 #include "config.h"
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
 {
@@ -147,7 +146,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	}
 	c->session = sess;
-	telemetry_attach(sess);
+	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, sess->ring->slot_count, sess->attach_ns);
 	c->memory = sess->ring->size + FEED_CONSUMER_PAGE_SIZE;
 	s->memory += c->memory;
 	c->log.feed = f->name;
@@ -165,7 +164,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			r = -errno;
 			for (unsigned k = 0; k < i; k++)
 				close(fds[k]);
-			telemetry_detach(c->session);
+			telemetry_client_detach(&c->tm);
 			c->session = session_close(c->session);
 			s->memory -= c->memory;
 			c->memory = 0;

@@ -3,9 +3,10 @@
  * The server object (server.h): starting it on a listening socket, the
  * policy a config sets, the feeds it serves and how a reload changes them,
  * draining, the once-a-second tick (shards unchanged? delivery rates, stuck
- * clients, telemetry, the STATUS= line), the watchdog's progress check, and
- * the orderly stop that tells every attached client why its stream ends.
- * The other files of this folder are listed in server-internal.h.
+ * clients, telemetry, the STATUS= line), the watchdog's progress check, the
+ * status snapshot (status.h renders it), and the orderly stop that tells
+ * every attached client why its stream ends. The other files of this folder
+ * are listed in server-internal.h.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,9 +17,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/feed/worker.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining)
@@ -126,10 +127,17 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		listen_linger_close(s->linger[i]);
 	s->n_linger = 0;
 	drop_removed_feeds(s);
-	telemetry_tick_begin();
+	uint64_t tick = telemetry_tick_begin(s->tm);
 	for (size_t i = 0; i < s->n_feeds; i++)
-		telemetry_tick_feed(s->feeds[i].feed);
-	telemetry_tick_end(producer_pool(s->producer));
+		telemetry_tick_feed(s->tm, s->feeds[i].feed);
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (!c->session)
+			continue;
+		struct telemetry_reading r;
+		conn_reading(c, tick, &r);
+		telemetry_client_sample(&c->tm, &r);
+	}
+	telemetry_tick_end(s->tm, producer_pool(s->producer));
 	char line[256];
 	server_status_line(s, line, sizeof(line));
 	service_status(line);
@@ -166,7 +174,8 @@ int server_configure(struct server *s, const struct conf *conf)
 	s->memory_max = conf->memory_max;
 	gpu_configure(s->cfg.gpu, conf->gpu_memory_max);
 	s->stuck_client_s = conf->stuck_client_s;
-	telemetry_configure(&conf->diagnosis);
+	if (s->tm)
+		telemetry_configure(s->tm, &conf->diagnosis);
 	stage_timing_set(conf->diagnosis.stage_counters);
 	return 0;
 }
@@ -185,7 +194,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->listen_fd = -1;
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
-	if (!s->path || !s->feeds || server_configure(s, conf) < 0) {
+	if (!s->path || !s->feeds || telemetry_new(&conf->diagnosis, &s->tm) < 0 || server_configure(s, conf) < 0) {
 		server_free(s);
 		return -ENOMEM;
 	}
@@ -330,6 +339,7 @@ struct server *server_free(struct server *s)
 	for (size_t i = 0; i < s->n_feeds; i++)
 		feed_unref(s->feeds[i].feed);
 	free(s->feeds);
+	s->tm = telemetry_free(s->tm);
 	free(s->allow.uids);
 	free(s->allow.gids);
 	free(s->admin.uids);
@@ -337,6 +347,84 @@ struct server *server_free(struct server *s)
 	free(s->path);
 	free(s);
 	return NULL;
+}
+
+int server_snapshot(struct server *s, struct status_input *ret)
+{
+	uint64_t now = now_ns();
+	struct pool *pool = producer_pool(s->producer);
+	/* The readers' engine: every worker's is the same; TODO a producer accessor once the producer has its own header. */
+	const struct worker *w0 = pool_worker_ctx(pool, 0);
+	size_t n = 0;
+	for (struct conn *c = s->conns; c; c = c->next)
+		n += c->session != NULL;
+	struct status_input in = {
+		.socket_path = s->path,
+		.uptime_ns = now - s->start_ns,
+		.threads = pool_threads(pool),
+		.threads_busy = pool_busy(pool),
+		.jobs_queued = pool_queued(pool),
+		.io_engine = w0 ? io_reader_engine(w0->io) : "none",
+		.io_fallback = w0 ? io_reader_fallback(w0->io) : 0,
+		.tm = s->tm,
+		.gpu_status = s->cfg.gpu_status,
+		.gpu_available = gpu_available(s->cfg.gpu),
+		.metrics_listen = s->metrics_listen[0] ? s->metrics_listen : NULL,
+		.metrics_error = s->metrics_error[0] ? s->metrics_error : NULL,
+		.feeds = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feeds)),
+		.n_feeds = s->n_feeds,
+		.feed_memory = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feed_memory)),
+		.clients = calloc(MAX(n, 1u), sizeof(*in.clients)),
+		.connections = s->n_conns,
+		.ring_memory = s->memory,
+		.counters = s->n,
+	};
+	if (!in.feeds || !in.feed_memory || !in.clients) {
+		status_input_clear(&in);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < s->n_feeds; i++)
+		in.feeds[i] = s->feeds[i].feed;
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (!c->session)
+			continue;
+		struct status_client *sc = &in.clients[in.n_clients++];
+		conn_status(c, now, sc);
+		for (size_t i = 0; i < s->n_feeds; i++)
+			if (in.feeds[i] == sc->feed)
+				in.feed_memory[i] += c->memory;
+	}
+	*ret = in;
+	return 0;
+}
+
+void status_input_clear(struct status_input *in)
+{
+	free(in->feeds);
+	free(in->feed_memory);
+	free(in->clients);
+	*in = (struct status_input){ 0 };
+}
+
+char *server_status_json(struct server *s)
+{
+	struct status_input in;
+	if (server_snapshot(s, &in) < 0)
+		return NULL;
+	char *text = status_json(&in);
+	status_input_clear(&in);
+	return text;
+}
+
+void server_status_line(struct server *s, char *buf, size_t len)
+{
+	struct status_input in;
+	if (server_snapshot(s, &in) < 0) {
+		snprintf(buf, len, "out of memory");
+		return;
+	}
+	status_line(&in, buf, len);
+	status_input_clear(&in);
 }
 
 int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len)
