@@ -70,8 +70,6 @@ struct feed {
 	uint64_t source_docs[MIX_MAX_SOURCES]; /* a mixture's documents served, per source */
 	uint64_t batches;
 	uint64_t tokens_served;
-	unsigned clients;
-	bool draining; /* takes no new attaches (removed from the config) */
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
 };

@@ -880,7 +880,6 @@ static void session_unref(struct session *s)
 	free(s->srcs);
 	bestfit_clear(&s->bestfit);
 	ring_free(s->ring);
-	s->feed->clients--;
 	feed_unref(s->feed);
 	free(s);
 }
@@ -967,7 +966,6 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->refs = 1;
 	s->producer = p;
 	s->feed = feed_ref(f);
-	f->clients++;
 	s->rank = rank;
 	s->world = world;
 	s->first_batch = c ? c->batch : 0;

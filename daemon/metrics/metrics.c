@@ -203,8 +203,8 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 	FEED_FAMILY("feedd_feed_ready", "gauge", "1 while the feed serves, 0 when it failed to load or went stale.",
 		    f->state == FEED_READY);
 	FEED_FAMILY("feedd_feed_draining", "gauge", "1 when the feed takes no new attaches (drained or removed by a reload).",
-		    f->draining);
-	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", f->clients);
+		    in->served[i].draining);
+	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", in->served[i].clients);
 	FEED_FAMILY("feedd_feed_documents", "gauge", "Documents in one epoch of the feed, empty ones included.", f->n_docs);
 	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->batches);
 	FEED_FAMILY("feedd_feed_tokens_total", "counter", "Tokens in the batches published to the feed's clients.",
@@ -218,7 +218,7 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    "Distinct records of a text feed skipped as bad (on_bad_record = skip), whatever the epoch or rank.",
 		    f->bad_records);
 	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
-		    in->feed_memory[i]);
+		    in->served[i].memory);
 	/* Packing (docs/sample-order.md, 13.2): efficiency is rate(tokens) / rate(positions). */
 	FEED_FAMILY("feedd_feed_packed_positions_total", "counter", "Positions (B * L per batch) of the batches packed.",
 		    f->packed.positions);

@@ -96,6 +96,7 @@ void conn_free(struct conn *c)
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->session->feed->name, c->session->rank, c->session->world);
 		telemetry_client_detach(&c->tm);
+		server_detached(s, c->session->feed);
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
 	}

@@ -146,6 +146,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	}
 	c->session = sess;
+	server_attached(s, f);
 	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, sess->ring->slot_count, sess->attach_ns);
 	c->memory = sess->ring->size + FEED_CONSUMER_PAGE_SIZE;
 	s->memory += c->memory;
@@ -165,6 +166,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			for (unsigned k = 0; k < i; k++)
 				close(fds[k]);
 			telemetry_client_detach(&c->tm);
+			server_detached(s, f);
 			c->session = session_close(c->session);
 			s->memory -= c->memory;
 			c->memory = 0;

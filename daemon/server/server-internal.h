@@ -75,10 +75,12 @@ struct conn {
 	uint64_t prog_published, prog_since_ns;
 };
 
-/* A feed as the server serves it. */
+/* A feed as the server serves it: the server's policy state of the feed is here, not in struct feed. */
 struct served {
 	struct feed *feed;
-	bool removed; /* no longer in the config: let go when its last client detaches */
+	unsigned clients; /* connections attached to it (server_attached / server_detached) */
+	bool draining;    /* takes no new attaches (drained, or removed from the config) */
+	bool removed;     /* no longer in the config: let go when its last client detaches */
 };
 
 /* Refusals of one kind: the first in a tick is logged, the rest counted and summed up at the tick. */
@@ -123,6 +125,9 @@ struct server {
 /* server.c */
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining);
+/* Counts a connection attached to / detached from feed f, which the server serves. */
+void server_attached(struct server *s, const struct feed *f);
+void server_detached(struct server *s, const struct feed *f);
 
 /* listen.c */
 /* Binds path for the control socket. Returns the listening fd, or a negative errno with a message in err. */

@@ -8,6 +8,7 @@
  * every attached client why its stream ends. The other files of this folder
  * are listed in server-internal.h.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,11 +30,33 @@ struct feed *server_find_feed(struct server *s, const char *name, bool *ret_drai
 		struct feed *f = s->feeds[i].feed;
 		if (strcmp(f->name, name) != 0)
 			continue;
-		if (!f->draining)
+		if (!s->feeds[i].draining)
 			return f;
 		*ret_draining = true;
 	}
 	return NULL;
+}
+
+static struct served *served_of(struct server *s, const struct feed *f)
+{
+	for (size_t i = 0; i < s->n_feeds; i++)
+		if (s->feeds[i].feed == f)
+			return &s->feeds[i];
+	return NULL;
+}
+
+void server_attached(struct server *s, const struct feed *f)
+{
+	struct served *sf = served_of(s, f);
+	assert(sf); /* a feed is let go only once its last client detached */
+	sf->clients++;
+}
+
+void server_detached(struct server *s, const struct feed *f)
+{
+	struct served *sf = served_of(s, f);
+	assert(sf && sf->clients > 0); /* pairs with server_attached */
+	sf->clients--;
 }
 
 /*
@@ -67,7 +90,7 @@ static void drop_removed_feeds(struct server *s)
 	size_t k = 0;
 	for (size_t i = 0; i < s->n_feeds; i++) {
 		struct served *sf = &s->feeds[i];
-		if (sf->removed && sf->feed->clients == 0) {
+		if (sf->removed && sf->clients == 0) {
 			log_info("feed %s: last client gone; unloaded", sf->feed->name);
 			feed_unref(sf->feed);
 			continue;
@@ -251,14 +274,14 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		size_t j = 0;
 		for (; j < s->n_feeds; j++) {
 			struct feed *o = s->feeds[j].feed;
-			if (!taken[j] && !o->draining && strcmp(o->name, f->name) == 0)
+			if (!taken[j] && !s->feeds[j].draining && strcmp(o->name, f->name) == 0)
 				break;
 		}
 		if (j < s->n_feeds && s->feeds[j].feed->state == FEED_READY && f->state == FEED_READY &&
 		    s->feeds[j].feed->fingerprint == f->fingerprint) {
 			/* The same data under the same order: nothing for its clients to notice. */
 			taken[j] = true;
-			next[n++] = (struct served){ .feed = s->feeds[j].feed };
+			next[n++] = s->feeds[j];
 			kept++;
 			continue;
 		}
@@ -273,15 +296,15 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		struct served *o = &s->feeds[j];
 		if (taken[j])
 			continue;
-		if (o->feed->clients == 0) {
+		if (o->clients == 0) {
 			log_info("feed %s: no longer served", o->feed->name);
 			feed_unref(o->feed);
 			continue;
 		}
-		if (!o->feed->draining)
+		if (!o->draining)
 			log_notice("feed %s: draining; its %u attached clients keep their streams, new attaches go to "
-				   "the new configuration", o->feed->name, o->feed->clients);
-		o->feed->draining = true;
+				   "the new configuration", o->feed->name, o->clients);
+		o->draining = true;
 		o->removed = true;
 		next[n++] = *o;
 		draining++;
@@ -305,9 +328,10 @@ int server_drain(struct server *s, const char *name, char *msg, size_t msglen)
 			snprintf(msg, msglen, "no feed named '%s'", name);
 		return draining ? -EALREADY : -ENOENT;
 	}
-	f->draining = true;
+	struct served *sf = served_of(s, f);
+	sf->draining = true;
 	snprintf(msg, msglen, "feed %s drained: it takes no new attaches; its %u attached clients stream on", name,
-		 f->clients);
+		 sf->clients);
 	return 0;
 }
 
@@ -373,18 +397,20 @@ int server_snapshot(struct server *s, struct status_input *ret)
 		.metrics_error = s->metrics_error[0] ? s->metrics_error : NULL,
 		.feeds = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feeds)),
 		.n_feeds = s->n_feeds,
-		.feed_memory = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feed_memory)),
+		.served = calloc(MAX(s->n_feeds, 1u), sizeof(*in.served)),
 		.clients = calloc(MAX(n, 1u), sizeof(*in.clients)),
 		.connections = s->n_conns,
 		.ring_memory = s->memory,
 		.counters = s->n,
 	};
-	if (!in.feeds || !in.feed_memory || !in.clients) {
+	if (!in.feeds || !in.served || !in.clients) {
 		status_input_clear(&in);
 		return -ENOMEM;
 	}
-	for (size_t i = 0; i < s->n_feeds; i++)
+	for (size_t i = 0; i < s->n_feeds; i++) {
 		in.feeds[i] = s->feeds[i].feed;
+		in.served[i] = (struct status_served){ .clients = s->feeds[i].clients, .draining = s->feeds[i].draining };
+	}
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
 			continue;
@@ -392,7 +418,7 @@ int server_snapshot(struct server *s, struct status_input *ret)
 		conn_status(c, now, sc);
 		for (size_t i = 0; i < s->n_feeds; i++)
 			if (in.feeds[i] == sc->feed)
-				in.feed_memory[i] += c->memory;
+				in.served[i].memory += c->memory;
 	}
 	*ret = in;
 	return 0;
@@ -401,7 +427,7 @@ int server_snapshot(struct server *s, struct status_input *ret)
 void status_input_clear(struct status_input *in)
 {
 	free(in->feeds);
-	free(in->feed_memory);
+	free(in->served);
 	free(in->clients);
 	*in = (struct status_input){ 0 };
 }

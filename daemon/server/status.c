@@ -21,8 +21,10 @@ static json_t *token_json(int64_t t)
 	return t == CONF_TOKEN_NONE ? json_null() : json_integer(t);
 }
 
-static json_t *feed_json(const struct status_input *in, const struct feed *f)
+static json_t *feed_json(const struct status_input *in, size_t i)
 {
+	const struct feed *f = in->feeds[i];
+	const struct status_served *sv = &in->served[i];
 	char fp[17], seed[24];
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)f->fingerprint);
 	/* u64 seeds do not fit JSON's integers everywhere: a decimal string is exact. */
@@ -34,8 +36,8 @@ static json_t *feed_json(const struct status_input *in, const struct feed *f)
 			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
 			      (int)f->conf.batch_size, "seed", seed, "shuffle", f->conf.shuffle,
 			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->bos_id), "eos",
-			      token_json(f->eos_id), "clients", (int)f->clients, "batches", (json_int_t)f->batches,
-			      "tokens_served", (json_int_t)f->tokens_served, "draining", f->draining);
+			      token_json(f->eos_id), "clients", (int)sv->clients, "batches", (json_int_t)f->batches,
+			      "tokens_served", (json_int_t)f->tokens_served, "draining", sv->draining);
 	if (!o)
 		return NULL;
 	json_object_set_new(o, "fingerprint", f->state == FEED_READY ? json_string(fp) : json_null());
@@ -136,7 +138,7 @@ char *status_json(const struct status_input *in)
 	counters_json(json_object_get(root, "daemon"), in);
 	json_t *feeds = json_array(), *clients = json_array();
 	for (size_t i = 0; i < in->n_feeds; i++)
-		json_array_append_new(feeds, feed_json(in, in->feeds[i]));
+		json_array_append_new(feeds, feed_json(in, i));
 	for (size_t i = 0; i < in->n_clients; i++)
 		json_array_append_new(clients, client_json(&in->clients[i]));
 	json_object_set_new(root, "feeds", feeds);
@@ -154,7 +156,7 @@ void status_line(const struct status_input *in, char *buf, size_t len)
 	const struct status_client *worst = NULL;
 	for (size_t i = 0; i < in->n_feeds; i++) {
 		failed += in->feeds[i]->state != FEED_READY;
-		draining += in->feeds[i]->draining;
+		draining += in->served[i].draining;
 	}
 	for (size_t i = 0; i < in->n_clients; i++) {
 		const struct status_client *c = &in->clients[i];

@@ -74,6 +74,13 @@ struct status_client {
 	double stall_pct;           /* wait / (wait + step) since attach, in percent */
 };
 
+/* What the server alone knows of a feed it serves. */
+struct status_served {
+	uint64_t memory;  /* ring bytes of its clients */
+	unsigned clients; /* connections attached to it */
+	bool draining;    /* takes no new attaches (drained, or removed by a reload) */
+};
+
 struct status_input {
 	const char *socket_path;
 	uint64_t uptime_ns;
@@ -86,8 +93,8 @@ struct status_input {
 	const char *metrics_listen; /* the metrics endpoint's address, or NULL when off */
 	const char *metrics_error;  /* why it does not listen, or NULL */
 	struct feed **feeds;
+	struct status_served *served; /* per feed: what the server keeps of it */
 	size_t n_feeds;
-	uint64_t *feed_memory;      /* per feed: ring bytes of its clients */
 	struct status_client *clients;
 	size_t n_clients;
 	size_t connections;         /* open connections, attached or not */
