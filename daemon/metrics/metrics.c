@@ -36,9 +36,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon/feed/stage.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
-#include "daemon/feed/stage.h"
 #include "proto/macro.h"
 
 #define HIST_FIRST_POW 10 /* 1.024 us */
@@ -203,14 +203,14 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 	FEED_FAMILY("feedd_feed_ready", "gauge", "1 while the feed serves, 0 when it failed to load or went stale.",
 		    f->state == FEED_READY);
 	FEED_FAMILY("feedd_feed_draining", "gauge", "1 when the feed takes no new attaches (drained or removed by a reload).",
-		    in->served[i].draining);
-	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", in->served[i].clients);
+		    in->feed_info[i].draining);
+	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", in->feed_info[i].clients);
 	FEED_FAMILY("feedd_feed_documents", "gauge", "Documents in one epoch of the feed, empty ones included.", f->n_docs);
 	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->batches);
 	FEED_FAMILY("feedd_feed_tokens_total", "counter", "Tokens in the batches published to the feed's clients.",
 		    f->tokens_served);
 	FEED_FAMILY("feedd_feed_read_bytes_total", "counter", "Bytes read from the feed's shards by the workers.",
-		    f->stages ? __atomic_load_n(&f->stages->read.bytes, __ATOMIC_RELAXED) : 0);
+		    in->feed_info[i].stages.total.read.bytes);
 	FEED_FAMILY("feedd_feed_documents_tokenized_total", "counter",
 		    "Documents of a text feed tokenized by the workers (0 for stored tokens).",
 		    __atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED));
@@ -218,7 +218,7 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    "Distinct records of a text feed skipped as bad (on_bad_record = skip), whatever the epoch or rank.",
 		    f->bad_records);
 	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
-		    in->served[i].memory);
+		    in->feed_info[i].memory);
 	/* Packing (docs/sample-order.md, 13.2): efficiency is rate(tokens) / rate(positions). */
 	FEED_FAMILY("feedd_feed_packed_positions_total", "counter", "Positions (B * L per batch) of the batches packed.",
 		    f->packed.positions);
@@ -243,18 +243,18 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 	family(o, "feedd_feed_stage_busy_seconds_total", "counter",
 	       "Worker thread time spent in each stage of the feed's pipeline (docs/telemetry.md); job is a whole batch.");
 	for (size_t i = 0; i < in->n_feeds; i++) {
-		const struct feed *f = in->feeds[i];
-		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+		const struct telemetry_stages_view *v = &in->feed_info[i].stages;
+		for (unsigned s = 0; v->has_total && s < _STAGE_MAX; s++)
 			put(o, "feedd_feed_stage_busy_seconds_total{%s,stage=\"%s\"} %s\n", fl[i], stage_name(s),
-			    secs(__atomic_load_n(&f->stages->s[s].busy_ns, __ATOMIC_RELAXED), a));
+			    secs(v->total.s[s].busy_ns, a));
 	}
 	family(o, "feedd_feed_stage_bytes_total", "counter",
 	       "Bytes through each stage of the feed's pipeline (read: from shards; pack: int32 tokens into rings).");
 	for (size_t i = 0; i < in->n_feeds; i++) {
-		const struct feed *f = in->feeds[i];
-		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+		const struct telemetry_stages_view *v = &in->feed_info[i].stages;
+		for (unsigned s = 0; v->has_total && s < _STAGE_MAX; s++)
 			put(o, "feedd_feed_stage_bytes_total{%s,stage=\"%s\"} %" PRIu64 "\n", fl[i], stage_name(s),
-			    (uint64_t)__atomic_load_n(&f->stages->s[s].bytes, __ATOMIC_RELAXED));
+			    v->total.s[s].bytes);
 	}
 }
 

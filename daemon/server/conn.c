@@ -60,12 +60,13 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 		.ring_slots = s->ring->slot_count,
 		.first_batch = s->first_batch,
 		.failed = s->failed,
-		.staging = s->staging,
-		.tm = &c->tm,
+		.gpu = s->staging != NULL,
 		.attached_ns = now - s->attach_ns,
 		.fill = session_fill(s),
 		.epoch = s->stream.walk.ep.epoch,
 	};
+	if (s->staging)
+		gpu_client_view(s->staging, &sc.gpu_view);
 	conn_reading(c, now, &sc.reading);
 	const struct ring_consumer *rc = &sc.reading.cons;
 	sc.published = sc.reading.published;
@@ -80,6 +81,8 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 	double w = (double)sc.wait_ns, st = (double)sc.step_ns;
 	sc.stall_pct = w + st > 0 ? 100.0 * w / (w + st) : 0.0;
 	*ret = sc;
+	/* The view borrows the reading's histograms: point it at the caller's copy. */
+	telemetry_client_view(&c->tm, &ret->reading, now, &ret->tv);
 }
 
 void conn_free(struct conn *c)

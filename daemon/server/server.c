@@ -397,19 +397,23 @@ int server_snapshot(struct server *s, struct status_input *ret)
 		.metrics_error = s->metrics_error[0] ? s->metrics_error : NULL,
 		.feeds = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feeds)),
 		.n_feeds = s->n_feeds,
-		.served = calloc(MAX(s->n_feeds, 1u), sizeof(*in.served)),
+		.feed_info = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feed_info)),
 		.clients = calloc(MAX(n, 1u), sizeof(*in.clients)),
 		.connections = s->n_conns,
 		.ring_memory = s->memory,
 		.counters = s->n,
 	};
-	if (!in.feeds || !in.served || !in.clients) {
+	telemetry_daemon_view(s->tm, &in.telemetry);
+	if (!in.feeds || !in.feed_info || !in.clients) {
 		status_input_clear(&in);
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < s->n_feeds; i++) {
 		in.feeds[i] = s->feeds[i].feed;
-		in.served[i] = (struct status_served){ .clients = s->feeds[i].clients, .draining = s->feeds[i].draining };
+		struct status_feed *fi = &in.feed_info[i];
+		*fi = (struct status_feed){ .clients = s->feeds[i].clients, .draining = s->feeds[i].draining };
+		telemetry_stages_view(s->tm, in.feeds[i], &fi->stages);
+		telemetry_feed_view(s->tm, in.feeds[i], &fi->verdict);
 	}
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
@@ -418,7 +422,7 @@ int server_snapshot(struct server *s, struct status_input *ret)
 		conn_status(c, now, sc);
 		for (size_t i = 0; i < s->n_feeds; i++)
 			if (in.feeds[i] == sc->feed)
-				in.served[i].memory += c->memory;
+				in.feed_info[i].memory += c->memory;
 	}
 	*ret = in;
 	return 0;
@@ -427,7 +431,7 @@ int server_snapshot(struct server *s, struct status_input *ret)
 void status_input_clear(struct status_input *in)
 {
 	free(in->feeds);
-	free(in->served);
+	free(in->feed_info);
 	free(in->clients);
 	*in = (struct status_input){ 0 };
 }

@@ -21,7 +21,7 @@
 #include <sys/types.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/gpu/staging.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/pool/pool.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/ring_abi.h"
@@ -60,9 +60,10 @@ struct status_client {
 	unsigned ring_slots;
 	uint64_t first_batch;       /* batch index of its ring's first slot */
 	bool failed;                /* its stream stopped with an error */
-	struct staging *staging;    /* its GPU staging, NULL for host batches */
-	const struct telemetry_client *tm; /* its telemetry (may be untracked) */
+	bool gpu;                   /* its batches are staged on a GPU: */
+	struct gpu_client_view gpu_view;
 	struct telemetry_reading reading;  /* what its consumer page and ring said */
+	struct telemetry_client_view tv;   /* its telemetry (tv.tracked false when none) */
 	uint64_t attached_ns;       /* since attach */
 	uint64_t published;         /* batches published into its ring */
 	uint64_t delivered;         /* batches next() returned (at most published) */
@@ -74,11 +75,13 @@ struct status_client {
 	double stall_pct;           /* wait / (wait + step) since attach, in percent */
 };
 
-/* What the server alone knows of a feed it serves. */
-struct status_served {
+/* What the server and telemetry say of a feed it serves. */
+struct status_feed {
 	uint64_t memory;  /* ring bytes of its clients */
 	unsigned clients; /* connections attached to it */
 	bool draining;    /* takes no new attaches (drained, or removed by a reload) */
+	struct telemetry_stages_view stages;  /* its stage counters, over the window and in total */
+	struct telemetry_feed_view verdict;   /* its diagnosis */
 };
 
 struct status_input {
@@ -87,13 +90,14 @@ struct status_input {
 	unsigned threads, threads_busy, jobs_queued; /* the worker pool */
 	const char *io_engine;      /* the readers' engine, "none" without workers */
 	int io_fallback;            /* why io_uring was not used (negative errno), or 0 */
-	const struct telemetry *tm;
+	const struct telemetry *tm;              /* for the stragglers of a feed (telemetry_next_straggler) */
+	struct telemetry_daemon_view telemetry;  /* the daemon-wide view and the worst line */
 	const char *gpu_status;
 	bool gpu_available;
 	const char *metrics_listen; /* the metrics endpoint's address, or NULL when off */
 	const char *metrics_error;  /* why it does not listen, or NULL */
 	struct feed **feeds;
-	struct status_served *served; /* per feed: what the server keeps of it */
+	struct status_feed *feed_info; /* per feed */
 	size_t n_feeds;
 	struct status_client *clients;
 	size_t n_clients;

@@ -104,7 +104,7 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 	}
 	const struct stage *rd = &t->win.d.s[STAGE_READ];
 	uint64_t worker_ns = tfeed_worker_ns(t);
-	double offcpu = pct(rd->offcpu_ns, worker_ns);
+	double offcpu = telemetry_pct(rd->offcpu_ns, worker_ns);
 	if (offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
@@ -136,7 +136,7 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 		snprintf(cause, cause_len, "%s", stage_name(best));
 		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
 			 stage_noun(best), tm->threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
-			 fmt_pct(pct(best_ns, worker_ns), a), need, stage_noun(best));
+			 fmt_pct(telemetry_pct(best_ns, worker_ns), a), need, stage_noun(best));
 		static char kind[_STAGE_MAX][24];
 		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
 		return kind[best];
@@ -166,7 +166,7 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		return;
 	}
 	unsigned slots = c->slot_count;
-	double full = MIN(100.0, pct(w->full_ns, w->span_ns));
+	double full = MIN(100.0, telemetry_pct(w->full_ns, w->span_ns));
 	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)1);
 	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
 		snprintf(d->cause, sizeof(d->cause), "release");
@@ -175,7 +175,7 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		return;
 	}
 
-	double stall = pct(w->wait_ns, w->wait_ns + w->step_ns);
+	double stall = telemetry_pct(w->wait_ns, w->wait_ns + w->step_ns);
 	/* Blocked in next() on an empty ring and nothing delivered for the whole window: waiting is all it does. */
 	bool blocked = c->waiting && w->batches == 0;
 	if (blocked)
@@ -198,7 +198,7 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		    strcmp(kind, "storage-bound") == 0 ? "storage-bound: " : "", why);
 		return;
 	}
-	double h2d = pct(w->h2d_ns, w->step_ns);
+	double h2d = telemetry_pct(w->h2d_ns, w->step_ns);
 	if (w->reports && h2d >= k->h2d_pct) {
 		snprintf(d->cause, sizeof(d->cause), "h2d");
 		say(d, DIAG_NOTICE, "transfer-bound", "transfer-bound: host-to-device copies take %s %% of the step (data wait %s %%)",

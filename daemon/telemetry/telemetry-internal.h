@@ -6,7 +6,7 @@
  *   telemetry.c       the object, clients and feeds, sampling into windows, the tick
  *   host.c            the host as the workers see it (/proc schedstat, load)
  *   diagnosis.c       the rules: a verdict per client and feed, the worst line
- *   telemetry-json.c  the status JSON of the windows and verdicts
+ *   view.c            the views status and metrics render (telemetry.h)
  */
 #pragma once
 
@@ -76,11 +76,6 @@ struct telemetry {
 	uint64_t step_ns;
 };
 
-static inline double pct(uint64_t part, uint64_t whole)
-{
-	return whole ? 100.0 * (double)part / (double)whole : 0.0;
-}
-
 /* A client-written counter's progress since *prev (none if it went backwards), at most cap. */
 static inline uint64_t delta(uint64_t *prev, uint64_t cur, uint64_t cap)
 {
@@ -149,8 +144,6 @@ static inline uint64_t tfeed_worker_ns(const struct tfeed *t)
 
 /* The record of feed f, or NULL when f was not named at the last tick. */
 struct tfeed *telemetry_find_feed(const struct telemetry *tm, const struct feed *f);
-/* Value (ns) at quantile q of a histogram (bucket midpoint, nearest rank); NAN when empty. */
-double telemetry_quantile(const uint64_t *h, double q);
 
 /* Re-runs every rule over the current windows (diagnosis.c). */
 void diagnose_all(struct telemetry *tm);

@@ -159,14 +159,79 @@ void telemetry_tick_feed(struct telemetry *tm, const struct feed *f);
 void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_reading *r);
 void telemetry_tick_end(struct telemetry *tm, struct pool *pool);
 
-/* The "diagnosis" and "telemetry" members of a client's status object (new references, NULL if untracked). */
-json_t *telemetry_client_diagnosis_json(const struct telemetry_client *c);
-json_t *telemetry_client_json(const struct telemetry_client *c, const struct telemetry_reading *r);
-/* The "diagnosis" and "stages" members of a feed's status object (new references). */
-json_t *telemetry_feed_diagnosis_json(const struct telemetry *tm, const struct feed *f);
-json_t *telemetry_feed_stages_json(const struct telemetry *tm, const struct feed *f);
-/* The daemon-wide view: window, thresholds, the worst line (new reference). */
-json_t *telemetry_daemon_json(const struct telemetry *tm);
+/*
+ * What status and metrics render (daemon/server/status.c, daemon/metrics):
+ * telemetry fills these plain structs and formats nothing. Pointers in them
+ * borrow telemetry's own records: render before the next tick.
+ */
+
+/* A stretch of a client's consumption: its window, or the time since attach. */
+struct telemetry_period {
+	double span_s;
+	uint64_t batches, wait_ns, step_ns, h2d_ns, reports, full_ns;
+	const uint64_t *hist_wait, *hist_step, *hist_h2d; /* FEED_HIST_BUCKETS each (feed_hist_bucket) */
+};
+
+struct telemetry_client_view {
+	bool tracked;                /* false: telemetry keeps nothing of this client (the rest is zero) */
+	struct telemetry_period window, since_attach;
+	uint64_t ring_fill, held;    /* at the last sample */
+	const struct sample *hist;   /* per-second samples: a ring of hist_cap from hist_head, hist_n of them */
+	unsigned hist_cap, hist_head, hist_n;
+	const struct diag *diag;
+	const char *straggler;       /* "" when none */
+};
+
+/* Fills *ret for client c from its reading r at `now`. */
+void telemetry_client_view(const struct telemetry_client *c, const struct telemetry_reading *r, uint64_t now,
+			   struct telemetry_client_view *ret);
+
+/* A feed's stage counters: over the window, and since load. */
+struct telemetry_stages_view {
+	double span_s;              /* the window's length, 0 before the first tick */
+	unsigned threads;           /* worker threads of the pool */
+	uint64_t worker_ns;         /* all the feed's worker time in the window (batch jobs, and a text feed's reading ahead) */
+	struct feed_stages win;     /* the window's sums */
+	bool has_total;             /* the feed has stage counters */
+	struct feed_stages total;   /* since the feed was loaded */
+};
+
+void telemetry_stages_view(const struct telemetry *tm, const struct feed *f, struct telemetry_stages_view *ret);
+
+/* A feed's verdict, and its stragglers (the clients of f named one, in the object's order). */
+struct telemetry_feed_view {
+	struct diag diag;
+	bool tracked; /* false: no tick has seen the feed yet (its diag is "warming-up" or "failed") */
+};
+
+void telemetry_feed_view(const struct telemetry *tm, const struct feed *f, struct telemetry_feed_view *ret);
+/* The next client of f after `prev` (NULL: the first) that is named a straggler, or NULL. */
+const struct telemetry_client *telemetry_next_straggler(const struct telemetry *tm, const struct feed *f,
+							 const struct telemetry_client *prev);
+
+/* The daemon-wide view: config, pool, host, the worst line. */
+struct telemetry_daemon_view {
+	const struct conf_diagnosis *conf;
+	double pool_busy_pct;
+	unsigned cpus, runnable;
+	double load_avg;
+	bool host_known;             /* schedstat available: the two below mean something */
+	double workers_cpu_per_s;    /* NAN when the window is empty */
+	double runqueue_pct;
+	int worst_severity;          /* enum diag_severity */
+	char worst[512];             /* telemetry_worst() */
+};
+
+void telemetry_daemon_view(const struct telemetry *tm, struct telemetry_daemon_view *ret);
+
+/* part as a percentage of whole (0 when whole is 0): every share telemetry and status show. */
+static inline double telemetry_pct(uint64_t part, uint64_t whole)
+{
+	return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+/* Value (ns) at quantile q of a histogram of FEED_HIST_BUCKETS buckets (bucket midpoint, nearest rank); NAN when empty. */
+double telemetry_quantile(const uint64_t *h, double q);
 
 /*
  * The worst diagnosis of all clients and feeds as one line, e.g. "web rank
