@@ -36,9 +36,9 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "daemon/feed/stage.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
+#include "daemon/telemetry/telemetry.h" /* the stage views it renders */
 #include "proto/macro.h"
 
 #define HIST_FIRST_POW 10 /* 1.024 us */
