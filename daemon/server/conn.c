@@ -7,6 +7,7 @@
  * (WIRE_MAX_REQUEST), output by MAX_OUT_BYTES; a client over either, or one
  * that sends anything but a well-formed request, is dropped and counted.
  */
+#include <assert.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -119,6 +120,7 @@ void conn_free(struct conn *c)
 	if (c->pidfd >= 0)
 		close(c->pidfd);
 	close(c->fd);
+	assert(!telemetry_client_tracked(&c->tm)); /* detached with its session */
 	free(c);
 }
 

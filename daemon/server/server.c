@@ -360,8 +360,10 @@ struct server *server_free(struct server *s)
 		}
 		conn_free(c);
 	}
-	for (size_t i = 0; i < s->n_feeds; i++)
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		assert(s->feeds[i].clients == 0); /* every connection detached above */
 		feed_unref(s->feeds[i].feed);
+	}
 	free(s->feeds);
 	s->tm = telemetry_free(s->tm);
 	free(s->allow.uids);

@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -101,8 +102,10 @@ static inline void window_add(uint64_t *slot, uint64_t *sum, const uint64_t *d, 
 
 static inline void window_sub(uint64_t *sum, const uint64_t *old, size_t n)
 {
-	for (size_t k = 0; k < n; k++)
+	for (size_t k = 0; k < n; k++) {
+		assert(sum[k] >= old[k]); /* a sub-window leaves the sums it was added to */
 		sum[k] -= old[k];
+	}
 }
 
 /*
