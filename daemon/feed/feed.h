@@ -13,9 +13,9 @@
  *     feed_mark_bad(); anyone on the main thread may read them;
  *   - tok_docs/tok_tokens/utf8_replaced: workers, with relaxed atomic adds
  *     (read them with __atomic_load_n);
- *   - stages: workers, through stage.h;
- *   - clients/draining: server policy state, bound for the server's own
- *     struct served (sessions still count clients today).
+ *   - stages: workers, through stage.h.
+ * Server policy state about a feed (clients, draining) is the server's
+ * (struct served, daemon/server/server-internal.h).
  */
 #pragma once
 
@@ -26,7 +26,7 @@
 #include "daemon/order/mix.h"
 #include "daemon/order/order.h"
 #include "daemon/pack/pad.h"
-#include "daemon/telemetry/stage.h"
+#include "daemon/feed/stage.h"
 
 struct tok;
 
@@ -87,9 +87,7 @@ struct feed {
 
 	struct feed_counters counters; /* main thread, through feed_count_batch() and feed_mark_bad() */
 
-	unsigned clients;
-	bool draining; /* takes no new attaches (removed from the config) */
-	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/telemetry/stage.h) */
+	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
 };
 

@@ -243,3 +243,21 @@ struct event_base *producer_event_base(const struct producer *p)
 {
 	return p->base;
 }
+
+/* Every worker reads with the same engine: the first one's says. */
+static const struct worker *first_worker(const struct producer *p)
+{
+	return p->pool ? pool_worker_ctx(p->pool, 0) : p->worker;
+}
+
+const char *producer_io_engine(const struct producer *p)
+{
+	const struct worker *w = first_worker(p);
+	return w ? source_reader_engine(w->io) : "none";
+}
+
+int producer_io_fallback(const struct producer *p)
+{
+	const struct worker *w = first_worker(p);
+	return w ? source_reader_fallback(w->io) : 0;
+}

@@ -57,6 +57,10 @@ struct producer *producer_free(struct producer *p);
 /* The pool (NULL for a manual producer): telemetry reads its load. */
 struct pool *producer_pool(struct producer *p);
 unsigned producer_threads(const struct producer *p);
+/* The engine the workers read with ("io_uring", "pread"; "none" without workers yet). */
+const char *producer_io_engine(const struct producer *p);
+/* 0, or why the workers fell back from io_uring to pread (negative errno). */
+int producer_io_fallback(const struct producer *p);
 /* The main loop completions arrive on (sessions watch their rings on it too). */
 struct event_base *producer_event_base(const struct producer *p);
 

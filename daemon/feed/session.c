@@ -197,7 +197,6 @@ void session_unref(struct session *s)
 	free(s->srcs);
 	bestfit_clear(&s->bestfit);
 	ring_free(s->ring);
-	s->feed->clients--;
 	feed_unref(s->feed);
 	free(s);
 }
@@ -281,7 +280,6 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->refs = 1;
 	s->producer = p;
 	s->feed = feed_ref(f);
-	f->clients++;
 	s->rank = rank;
 	s->world = world;
 	s->first_batch = c ? c->batch : 0;
@@ -414,6 +412,11 @@ uint64_t session_first_batch(const struct session *s)
 uint64_t session_published(const struct session *s)
 {
 	return s->published;
+}
+
+uint64_t session_in_flight(const struct session *s)
+{
+	return s->planned - s->published;
 }
 
 bool session_failed(const struct session *s)

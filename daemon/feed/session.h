@@ -83,6 +83,7 @@ uint32_t session_rank(const struct session *s);
 uint32_t session_world(const struct session *s);
 uint64_t session_first_batch(const struct session *s); /* batch index of ring sequence 0 */
 uint64_t session_published(const struct session *s);   /* batches published (ring head) */
+uint64_t session_in_flight(const struct session *s);   /* batches handed to the workers, not yet published */
 bool session_failed(const struct session *s);
 uint64_t session_attach_ns(const struct session *s);   /* when it was built (CLOCK_MONOTONIC) */
 /* Time the ring spent full up to now (ns), the current spell included. */

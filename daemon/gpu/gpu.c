@@ -84,17 +84,15 @@ void gpu_configure(struct gpu *g, uint64_t memory_max)
 		g->memory_max = memory_max;
 }
 
-json_t *gpu_client_json(struct staging *st)
+void gpu_client_view(struct staging *st, struct gpu_client_view *ret)
 {
 	staging_collect(st);
-	const struct staging_counters *n = &st->n;
-	return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I}", "device", st->device, "export",
-			 st->export.kind == WIRE_DEVICE_VMM ? "vmm" : "ipc", "memory_bytes",
-			 (json_int_t)st->mem_size, "copies", (json_int_t)n->copies, "h2d_bytes", (json_int_t)n->bytes,
-			 "events_waited", (json_int_t)n->waits, "h2d_ms", (double)n->h2d_ns / 1e6, "copies_timed",
-			 (json_int_t)n->timed, "h2d_gb_per_s",
-			 n->h2d_ns ? json_real((double)n->timed_bytes / (double)n->h2d_ns) : json_null(),
-			 "refills_deferred", (json_int_t)n->not_ready);
+	*ret = (struct gpu_client_view){
+		.device = st->device,
+		.vmm = st->export.kind == WIRE_DEVICE_VMM,
+		.memory_bytes = st->mem_size,
+		.n = st->n,
+	};
 }
 
 int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging **ret, char *err, size_t errlen)

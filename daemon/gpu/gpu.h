@@ -7,7 +7,6 @@
  */
 #pragma once
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,8 +38,16 @@ struct gpu *gpu_free(struct gpu *g);
 /* Applies the limits of a (re)loaded config; attachments made before keep their memory. */
 void gpu_configure(struct gpu *g, uint64_t memory_max);
 
-/* The per-client "gpu" member of status: device, copies, bytes, H2D time, waits (new reference). */
-json_t *gpu_client_json(struct staging *st);
+/* A client's GPU staging as status shows it (the "gpu" member, rendered by daemon/server/status.c). */
+struct gpu_client_view {
+	int device;
+	bool vmm;                     /* exported as VMM handles, else CUDA IPC */
+	uint64_t memory_bytes;        /* device memory of its slots */
+	struct staging_counters n;    /* copies, bytes, H2D time, waits */
+};
+
+/* Collects finished copy timings and fills *ret. */
+void gpu_client_view(struct staging *st, struct gpu_client_view *ret);
 
 /* True when device attachments can be served. */
 static inline bool gpu_available(const struct gpu *g)

@@ -38,7 +38,7 @@
 #include "config.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/server/server.h"
-#include "daemon/telemetry/stage.h"
+#include "daemon/telemetry/telemetry.h" /* the stage views it renders */
 #include "proto/macro.h"
 
 #define HIST_FIRST_POW 10 /* 1.024 us */
@@ -120,9 +120,9 @@ static void feed_labels(const struct feed *f, char *buf, size_t cap)
 static void client_labels(const struct status_client *c, char *buf, size_t cap)
 {
 	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
-	n = escape(buf, n, cap, session_feed(c->session)->name);
-	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", session_rank(c->session),
-		 session_world(c->session), (int)c->pid, c->id);
+	n = escape(buf, n, cap, c->feed->name);
+	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->rank,
+		 c->world, (int)c->pid, c->id);
 }
 
 #define LABELS_MAX 640 /* a feed name is a config section name: far shorter */
@@ -138,11 +138,11 @@ static void render_daemon(struct out *o, const struct status_input *in, const st
 	family(o, "feedd_gpu_available", "gauge", "1 when batches can be staged on a GPU, 0 in host-only mode.");
 	put(o, "feedd_gpu_available %d\n", in->gpu_available ? 1 : 0);
 	family(o, "feedd_worker_threads", "gauge", "Threads of the worker pool.");
-	put(o, "feedd_worker_threads %u\n", pool_threads(in->pool));
+	put(o, "feedd_worker_threads %u\n", in->threads);
 	family(o, "feedd_worker_threads_busy", "gauge", "Worker threads running a job now.");
-	put(o, "feedd_worker_threads_busy %u\n", pool_busy(in->pool));
+	put(o, "feedd_worker_threads_busy %u\n", in->threads_busy);
 	family(o, "feedd_worker_jobs_queued", "gauge", "Jobs waiting for a worker thread.");
-	put(o, "feedd_worker_jobs_queued %u\n", pool_queued(in->pool));
+	put(o, "feedd_worker_jobs_queued %u\n", in->jobs_queued);
 	family(o, "feedd_clients", "gauge", "Clients attached to a feed.");
 	put(o, "feedd_clients %zu\n", in->n_clients);
 	family(o, "feedd_connections", "gauge", "Open connections on the control socket, attached or not.");
@@ -203,14 +203,14 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 	FEED_FAMILY("feedd_feed_ready", "gauge", "1 while the feed serves, 0 when it failed to load or went stale.",
 		    f->state == FEED_READY);
 	FEED_FAMILY("feedd_feed_draining", "gauge", "1 when the feed takes no new attaches (drained or removed by a reload).",
-		    f->draining);
-	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", f->clients);
+		    in->feed_info[i].draining);
+	FEED_FAMILY("feedd_feed_clients", "gauge", "Clients attached to the feed.", in->feed_info[i].clients);
 	FEED_FAMILY("feedd_feed_documents", "gauge", "Documents in one epoch of the feed, empty ones included.", f->n_docs);
 	FEED_FAMILY("feedd_feed_batches_total", "counter", "Batches published to the feed's clients.", f->counters.batches);
 	FEED_FAMILY("feedd_feed_tokens_total", "counter", "Tokens in the batches published to the feed's clients.",
 		    f->counters.tokens_served);
 	FEED_FAMILY("feedd_feed_read_bytes_total", "counter", "Bytes read from the feed's shards by the workers.",
-		    f->stages ? __atomic_load_n(&f->stages->read.bytes, __ATOMIC_RELAXED) : 0);
+		    in->feed_info[i].stages.total.read.bytes);
 	FEED_FAMILY("feedd_feed_documents_tokenized_total", "counter",
 		    "Documents of a text feed tokenized by the workers (0 for stored tokens).",
 		    __atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED));
@@ -218,7 +218,7 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    "Distinct records of a text feed skipped as bad (on_bad_record = skip), whatever the epoch or rank.",
 		    f->counters.bad_records);
 	FEED_FAMILY("feedd_feed_ring_memory_bytes", "gauge", "Shared memory held by the rings of the feed's clients.",
-		    in->feed_memory[i]);
+		    in->feed_info[i].memory);
 	/* Packing (docs/sample-order.md, 13.2): efficiency is rate(tokens) / rate(positions). */
 	FEED_FAMILY("feedd_feed_packed_positions_total", "counter", "Positions (B * L per batch) of the batches packed.",
 		    f->counters.packed.positions);
@@ -243,18 +243,18 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 	family(o, "feedd_feed_stage_busy_seconds_total", "counter",
 	       "Worker thread time spent in each stage of the feed's pipeline (docs/telemetry.md); job is a whole batch.");
 	for (size_t i = 0; i < in->n_feeds; i++) {
-		const struct feed *f = in->feeds[i];
-		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+		const struct telemetry_stages_view *v = &in->feed_info[i].stages;
+		for (unsigned s = 0; v->has_total && s < _STAGE_MAX; s++)
 			put(o, "feedd_feed_stage_busy_seconds_total{%s,stage=\"%s\"} %s\n", fl[i], stage_name(s),
-			    secs(__atomic_load_n(&f->stages->s[s].busy_ns, __ATOMIC_RELAXED), a));
+			    secs(v->total.s[s].busy_ns, a));
 	}
 	family(o, "feedd_feed_stage_bytes_total", "counter",
 	       "Bytes through each stage of the feed's pipeline (read: from shards; pack: int32 tokens into rings).");
 	for (size_t i = 0; i < in->n_feeds; i++) {
-		const struct feed *f = in->feeds[i];
-		for (unsigned s = 0; f->stages && s < _STAGE_MAX; s++)
+		const struct telemetry_stages_view *v = &in->feed_info[i].stages;
+		for (unsigned s = 0; v->has_total && s < _STAGE_MAX; s++)
 			put(o, "feedd_feed_stage_bytes_total{%s,stage=\"%s\"} %" PRIu64 "\n", fl[i], stage_name(s),
-			    (uint64_t)__atomic_load_n(&f->stages->s[s].bytes, __ATOMIC_RELAXED));
+			    v->total.s[s].bytes);
 	}
 }
 
@@ -303,7 +303,7 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 	CLIENT_FAMILY("feedd_client_ring_fill", "gauge", "Batches published to the client and not yet released.", "%" PRIu64,
 		      c->fill);
 	CLIENT_FAMILY("feedd_client_ring_slots", "gauge", "Slots of the client's ring.", "%u",
-		      session_ring(c->session)->slot_count);
+		      c->ring_slots);
 	CLIENT_FAMILY("feedd_client_ring_full_seconds_total", "counter",
 		      "Time the client's ring spent full (feedd waiting for the client to release a batch).", "%s",
 		      secs(c->full_ns, a));
@@ -321,11 +321,11 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
 			/* Ring bucket 4(k-1) is the first at or above 2^k ns. */
 			for (; b < 4 * (k - 1); b++)
-				acc = sat_add(acc, c->hist_wait[b]);
+				acc = sat_add(acc, c->reading.cons.hist_wait[b]);
 			put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"%s\"} %" PRIu64 "\n", cl[i], le_text(k, a), acc);
 		}
 		for (; b < FEED_HIST_BUCKETS; b++)
-			acc = sat_add(acc, c->hist_wait[b]);
+			acc = sat_add(acc, c->reading.cons.hist_wait[b]);
 		put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", cl[i], acc);
 		put(o, "feedd_client_batch_wait_seconds_sum{%s} %s\n", cl[i], secs(c->wait_ns, a));
 		put(o, "feedd_client_batch_wait_seconds_count{%s} %" PRIu64 "\n", cl[i], acc);

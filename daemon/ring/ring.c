@@ -209,3 +209,20 @@ void ring_set_state(struct ring *r, uint32_t state, int error_code)
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	kick(r->data_efd);
 }
+
+void ring_read_consumer(const struct ring *r, uint64_t published, struct ring_consumer *ret)
+{
+	const struct feed_consumer_page *cp = r->cons;
+	ret->tail = MIN(__atomic_load_n(&cp->tail, __ATOMIC_RELAXED), published);
+	ret->delivered = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), published);
+	ret->waiting = __atomic_load_n(&cp->consumer_waiting, __ATOMIC_RELAXED) != 0;
+	ret->wait_ns = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
+	ret->step_ns = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
+	ret->h2d_ns = __atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED);
+	ret->reports = __atomic_load_n(&cp->reports, __ATOMIC_RELAXED);
+	ret->reported_step_ns = __atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED);
+	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
+		ret->hist_wait[b] = __atomic_load_n(&cp->hist_wait[b], __ATOMIC_RELAXED);
+		ret->hist_step[b] = __atomic_load_n(&cp->hist_step[b], __ATOMIC_RELAXED);
+	}
+}

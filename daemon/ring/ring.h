@@ -61,5 +61,27 @@ bool ring_wait_space(struct ring *r);
 /* Clears the waiting flag and drains the space eventfd. */
 void ring_space_ack(struct ring *r);
 
+/*
+ * What the client wrote into its consumer page, read once, field by field,
+ * and clamped where the daemon relies on it. The page is the client's to
+ * write at any time: this is the one place the daemon reads it for figures
+ * (the tail the publisher trusts is validated by ring_refresh_tail()).
+ * Totals and histograms are copied as written: whoever differences them
+ * treats a counter that goes backwards as no progress.
+ */
+struct ring_consumer {
+	uint64_t tail;             /* batches released, at most `published` */
+	uint64_t delivered;        /* batches next() returned, at most `published` */
+	bool waiting;              /* the client says it sleeps in next() */
+	uint64_t wait_ns, step_ns; /* time blocked in next(), and between next() calls */
+	uint64_t h2d_ns;           /* host-to-device copy time the trainer reported */
+	uint64_t reports;          /* feed_client_report() calls */
+	uint64_t reported_step_ns; /* step time the trainer reported itself */
+	uint64_t hist_wait[FEED_HIST_BUCKETS], hist_step[FEED_HIST_BUCKETS]; /* feed_hist_bucket() buckets */
+};
+
+/* Reads r's consumer page into *ret, clamping against the `published` count of the ring. */
+void ring_read_consumer(const struct ring *r, uint64_t published, struct ring_consumer *ret);
+
 /* Marks the ring failed (or stopping) and wakes the client. */
 void ring_set_state(struct ring *r, uint32_t state, int error_code);

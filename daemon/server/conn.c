@@ -7,6 +7,7 @@
  * (WIRE_MAX_REQUEST), output by MAX_OUT_BYTES; a client over either, or one
  * that sends anything but a well-formed request, is dropped and counted.
  */
+#include <assert.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -16,9 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 void conn_drop(struct conn *c, uint64_t *counter, const char *why)
 {
@@ -30,6 +29,62 @@ void conn_drop(struct conn *c, uint64_t *counter, const char *why)
 			    (unsigned)c->uid, why);
 	}
 	conn_free(c);
+}
+
+void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *ret)
+{
+	const struct session *s = c->session;
+	const struct ring *r = session_ring(s);
+	ring_read_consumer(r, session_published(s), &ret->cons);
+	ret->published = session_published(s);
+	ret->tail = r->tail;
+	ret->full_ns = session_full_ns(s, now);
+	ret->failed = session_failed(s);
+}
+
+void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
+{
+	struct session *s = c->session;
+	struct status_client sc = {
+		.id = c->id,
+		.pid = c->pid,
+		.uid = c->uid,
+		.name = c->name,
+		.connected_ns = now - c->connect_ns,
+		.tokens_per_s = c->tokens_per_s,
+		.stall_pct_tick = c->stall_pct,
+		.stuck = c->stuck,
+		.idle_ns = now - c->idle_since_ns,
+		.memory = c->memory,
+		.feed = session_feed(s),
+		.rank = session_rank(s),
+		.world = session_world(s),
+		.ring_slots = session_ring(s)->slot_count,
+		.first_batch = session_first_batch(s),
+		.failed = session_failed(s),
+		.gpu = session_staging(s) != NULL,
+		.attached_ns = now - session_attach_ns(s),
+		.fill = session_fill(s),
+		.epoch = session_epoch(s),
+	};
+	if (session_staging(s))
+		gpu_client_view(session_staging(s), &sc.gpu_view);
+	conn_reading(c, now, &sc.reading);
+	const struct ring_consumer *rc = &sc.reading.cons;
+	sc.published = sc.reading.published;
+	sc.delivered = rc->delivered;
+	sc.wait_ns = rc->wait_ns;
+	sc.step_ns = rc->step_ns;
+	sc.h2d_ns = rc->h2d_ns;
+	sc.reports = rc->reports;
+	sc.reported_step_ns = rc->reported_step_ns;
+	sc.full_ns = sc.reading.full_ns;
+	/* In double: two client-written totals may overflow a u64 sum. */
+	double w = (double)sc.wait_ns, st = (double)sc.step_ns;
+	sc.stall_pct = w + st > 0 ? 100.0 * w / (w + st) : 0.0;
+	*ret = sc;
+	/* The view borrows the reading's histograms: point it at the caller's copy. */
+	telemetry_client_view(&c->tm, &ret->reading, now, &ret->tv);
 }
 
 void conn_free(struct conn *c)
@@ -44,8 +99,9 @@ void conn_free(struct conn *c)
 	s->n_conns--;
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
-			 c->session->feed->name, c->session->rank, c->session->world);
-		telemetry_detach(c->session);
+			 session_feed(c->session)->name, session_rank(c->session), session_world(c->session));
+		telemetry_client_detach(&c->tm);
+		server_detached(s, session_feed(c->session));
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
 	}
@@ -65,6 +121,7 @@ void conn_free(struct conn *c)
 	if (c->pidfd >= 0)
 		close(c->pidfd);
 	close(c->fd);
+	assert(!telemetry_client_tracked(&c->tm)); /* detached with its session */
 	free(c);
 }
 

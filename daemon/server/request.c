@@ -16,7 +16,6 @@
 
 #include "config.h"
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
 {
@@ -150,7 +149,9 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	}
 	session_attach_staging(sess, staging);
 	c->session = sess;
-	telemetry_attach(sess);
+	server_attached(s, f);
+	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, session_ring(sess)->slot_count,
+				session_attach_ns(sess));
 	c->memory = session_ring(sess)->size + FEED_CONSUMER_PAGE_SIZE;
 	s->memory += c->memory;
 	c->log.feed = f->name;
@@ -168,7 +169,8 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			r = -errno;
 			for (unsigned k = 0; k < i; k++)
 				close(fds[k]);
-			telemetry_detach(c->session);
+			telemetry_client_detach(&c->tm);
+			server_detached(s, f);
 			c->session = session_close(c->session);
 			s->memory -= c->memory;
 			c->memory = 0;

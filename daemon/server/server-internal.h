@@ -26,6 +26,8 @@
 
 #include "daemon/log/log.h"
 #include "daemon/server/server.h"
+#include "daemon/server/status.h"
+#include "daemon/telemetry/telemetry.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
 
@@ -59,6 +61,7 @@ struct conn {
 	unsigned n_groups;
 	char name[32];
 	struct session *session;
+	struct telemetry_client tm; /* tracked while the session is attached */
 	uint64_t memory; /* ring bytes this connection's session holds */
 	struct log_context log;
 	uint64_t connect_ns;
@@ -72,10 +75,12 @@ struct conn {
 	uint64_t prog_published, prog_since_ns;
 };
 
-/* A feed as the server serves it. */
+/* A feed as the server serves it: the server's policy state of the feed is here, not in struct feed. */
 struct served {
 	struct feed *feed;
-	bool removed; /* no longer in the config: let go when its last client detaches */
+	unsigned clients; /* connections attached to it (server_attached / server_detached) */
+	bool draining;    /* takes no new attaches (drained, or removed from the config) */
+	bool removed;     /* no longer in the config: let go when its last client detaches */
 };
 
 /* Refusals of one kind: the first in a tick is logged, the rest counted and summed up at the tick. */
@@ -94,6 +99,7 @@ struct server {
 	int listen_fd;
 	struct event *listen_ev, *tick_ev;
 	struct producer *producer;
+	struct telemetry *tm; /* created with the server, freed after its connections */
 	struct served *feeds;
 	size_t n_feeds;
 	struct conn *conns;
@@ -119,6 +125,9 @@ struct server {
 /* server.c */
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining);
+/* Counts a connection attached to / detached from feed f, which the server serves. */
+void server_attached(struct server *s, const struct feed *f);
+void server_detached(struct server *s, const struct feed *f);
 
 /* listen.c */
 /* Binds path for the control socket. Returns the listening fd, or a negative errno with a message in err. */
@@ -132,6 +141,10 @@ bool listen_peer_trusted(const struct conn *c);
 bool listen_peer_listed(const struct conn *c, const struct conf_ids *ids);
 
 /* conn.c */
+/* What telemetry and status read of c's session at `now`: its ring and consumer page. c must have a session. */
+void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *ret);
+/* c's entry of a status snapshot at `now`. c must have a session. */
+void conn_status(struct conn *c, uint64_t now, struct status_client *ret);
 /* Frees a connection and closes its session. */
 void conn_free(struct conn *c);
 /* Drops a connection. When why is set it was a protocol error: counted (and in *counter) and logged. */

@@ -3,10 +3,12 @@
  * The server object (server.h): starting it on a listening socket, the
  * policy a config sets, the feeds it serves and how a reload changes them,
  * draining, the once-a-second tick (shards unchanged? delivery rates, stuck
- * clients, telemetry, the STATUS= line), the watchdog's progress check, and
- * the orderly stop that tells every attached client why its stream ends.
- * The other files of this folder are listed in server-internal.h.
+ * clients, telemetry, the STATUS= line), the watchdog's progress check, the
+ * status snapshot (status.h renders it), and the orderly stop that tells
+ * every attached client why its stream ends. The other files of this folder
+ * are listed in server-internal.h.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -16,10 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
-#include "daemon/telemetry/telemetry.h"
 
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining)
@@ -29,11 +29,33 @@ struct feed *server_find_feed(struct server *s, const char *name, bool *ret_drai
 		struct feed *f = s->feeds[i].feed;
 		if (strcmp(f->name, name) != 0)
 			continue;
-		if (!f->draining)
+		if (!s->feeds[i].draining)
 			return f;
 		*ret_draining = true;
 	}
 	return NULL;
+}
+
+static struct served *served_of(struct server *s, const struct feed *f)
+{
+	for (size_t i = 0; i < s->n_feeds; i++)
+		if (s->feeds[i].feed == f)
+			return &s->feeds[i];
+	return NULL;
+}
+
+void server_attached(struct server *s, const struct feed *f)
+{
+	struct served *sf = served_of(s, f);
+	assert(sf); /* a feed is let go only once its last client detached */
+	sf->clients++;
+}
+
+void server_detached(struct server *s, const struct feed *f)
+{
+	struct served *sf = served_of(s, f);
+	assert(sf && sf->clients > 0); /* pairs with server_attached */
+	sf->clients--;
 }
 
 /*
@@ -42,10 +64,10 @@ struct feed *server_find_feed(struct server *s, const char *name, bool *ret_drai
  */
 static void watch_consumption(struct server *s, struct conn *c, uint64_t released, uint64_t now)
 {
-	if (released != c->idle_released || released >= c->session->published || c->session->failed) {
+	if (released != c->idle_released || released >= session_published(c->session) || session_failed(c->session)) {
 		if (c->stuck)
 			log_info("client %" PRIu64 " (pid %d) on feed %s rank %u/%u consumes again", c->id, (int)c->pid,
-				 c->session->feed->name, c->session->rank, c->session->world);
+				 session_feed(c->session)->name, session_rank(c->session), session_world(c->session));
 		c->idle_released = released;
 		c->idle_since_ns = now;
 		c->stuck = false;
@@ -57,8 +79,8 @@ static void watch_consumption(struct server *s, struct conn *c, uint64_t release
 	s->n.stuck_clients++;
 	log_warning("client %" PRIu64 " (pid %d, uid %u) on feed %s rank %u/%u has released no batch for %.0f s with %" PRIu64
 		    " published (stuck_client_s = %u); it holds only its own ring, nobody else waits for it",
-		    c->id, (int)c->pid, (unsigned)c->uid, c->session->feed->name, c->session->rank, c->session->world,
-		    (double)(now - c->idle_since_ns) / 1e9, c->session->published - released, s->stuck_client_s);
+		    c->id, (int)c->pid, (unsigned)c->uid, session_feed(c->session)->name, session_rank(c->session), session_world(c->session),
+		    (double)(now - c->idle_since_ns) / 1e9, session_published(c->session) - released, s->stuck_client_s);
 }
 
 /* Lets go of feeds that left the config once their last client is gone. */
@@ -67,7 +89,7 @@ static void drop_removed_feeds(struct server *s)
 	size_t k = 0;
 	for (size_t i = 0; i < s->n_feeds; i++) {
 		struct served *sf = &s->feeds[i];
-		if (sf->removed && sf->feed->clients == 0) {
+		if (sf->removed && sf->clients == 0) {
 			log_info("feed %s: last client gone; unloaded", sf->feed->name);
 			feed_unref(sf->feed);
 			continue;
@@ -87,7 +109,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 			continue;
 		for (struct conn *c = s->conns, *next; c; c = next) {
 			next = c->next;
-			if (c->session && c->session->feed == f)
+			if (c->session && session_feed(c->session) == f)
 				session_fail(c->session, f->error_code, f->error);
 		}
 	}
@@ -95,12 +117,11 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
 			continue;
-		const struct feed_consumer_page *cp = c->session->ring->cons;
-		uint64_t d = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), c->session->published);
-		uint64_t wait = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
-		uint64_t step = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
+		struct ring_consumer rc;
+		ring_read_consumer(session_ring(c->session), session_published(c->session), &rc);
+		uint64_t d = rc.delivered, wait = rc.wait_ns, step = rc.step_ns;
 		if (c->rate_ns && now > c->rate_ns) {
-			uint64_t per = (uint64_t)c->session->feed->conf.batch_size * c->session->feed->conf.seq_len;
+			uint64_t per = (uint64_t)session_feed(c->session)->conf.batch_size * session_feed(c->session)->conf.seq_len;
 			c->tokens_per_s = (double)(d - MIN(d, c->rate_delivered)) * (double)per /
 					  ((double)(now - c->rate_ns) / 1e9);
 			/* Client-written totals: a delta that goes backwards counts as none. */
@@ -112,9 +133,8 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		c->rate_wait = wait;
 		c->rate_step = step;
 		c->rate_ns = now;
-		uint64_t released = MIN(__atomic_load_n(&cp->tail, __ATOMIC_RELAXED), c->session->published);
 		const struct log_context *old = log_context_swap(&c->log);
-		watch_consumption(s, c, released, now);
+		watch_consumption(s, c, rc.tail, now);
 		log_context_swap(old);
 	}
 	static const char *const kinds[] = { "not allowed", "over a connection limit", "over a memory limit" };
@@ -129,10 +149,17 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		listen_linger_close(s->linger[i]);
 	s->n_linger = 0;
 	drop_removed_feeds(s);
-	telemetry_tick_begin();
+	uint64_t tick = telemetry_tick_begin(s->tm);
 	for (size_t i = 0; i < s->n_feeds; i++)
-		telemetry_tick_feed(s->feeds[i].feed);
-	telemetry_tick_end(producer_pool(s->producer));
+		telemetry_tick_feed(s->tm, s->feeds[i].feed);
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (!c->session)
+			continue;
+		struct telemetry_reading r;
+		conn_reading(c, tick, &r);
+		telemetry_client_sample(&c->tm, &r);
+	}
+	telemetry_tick_end(s->tm, producer_pool(s->producer));
 	char line[256];
 	server_status_line(s, line, sizeof(line));
 	service_status(line);
@@ -169,7 +196,9 @@ int server_configure(struct server *s, const struct conf *conf)
 	s->memory_max = conf->memory_max;
 	gpu_configure(s->cfg.gpu, conf->gpu_memory_max);
 	s->stuck_client_s = conf->stuck_client_s;
-	telemetry_configure(&conf->diagnosis);
+	if (s->tm)
+		telemetry_configure(s->tm, &conf->diagnosis);
+	stage_timing_set(conf->diagnosis.stage_counters);
 	return 0;
 }
 
@@ -187,7 +216,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->listen_fd = -1;
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
-	if (!s->path || !s->feeds || server_configure(s, conf) < 0) {
+	if (!s->path || !s->feeds || telemetry_new(&conf->diagnosis, &s->tm) < 0 || server_configure(s, conf) < 0) {
 		server_free(s);
 		return -ENOMEM;
 	}
@@ -244,14 +273,14 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		size_t j = 0;
 		for (; j < s->n_feeds; j++) {
 			struct feed *o = s->feeds[j].feed;
-			if (!taken[j] && !o->draining && strcmp(o->name, f->name) == 0)
+			if (!taken[j] && !s->feeds[j].draining && strcmp(o->name, f->name) == 0)
 				break;
 		}
 		if (j < s->n_feeds && s->feeds[j].feed->state == FEED_READY && f->state == FEED_READY &&
 		    s->feeds[j].feed->fingerprint == f->fingerprint) {
 			/* The same data under the same order: nothing for its clients to notice. */
 			taken[j] = true;
-			next[n++] = (struct served){ .feed = s->feeds[j].feed };
+			next[n++] = s->feeds[j];
 			kept++;
 			continue;
 		}
@@ -266,15 +295,15 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		struct served *o = &s->feeds[j];
 		if (taken[j])
 			continue;
-		if (o->feed->clients == 0) {
+		if (o->clients == 0) {
 			log_info("feed %s: no longer served", o->feed->name);
 			feed_unref(o->feed);
 			continue;
 		}
-		if (!o->feed->draining)
+		if (!o->draining)
 			log_notice("feed %s: draining; its %u attached clients keep their streams, new attaches go to "
-				   "the new configuration", o->feed->name, o->feed->clients);
-		o->feed->draining = true;
+				   "the new configuration", o->feed->name, o->clients);
+		o->draining = true;
 		o->removed = true;
 		next[n++] = *o;
 		draining++;
@@ -298,9 +327,10 @@ int server_drain(struct server *s, const char *name, char *msg, size_t msglen)
 			snprintf(msg, msglen, "no feed named '%s'", name);
 		return draining ? -EALREADY : -ENOENT;
 	}
-	f->draining = true;
+	struct served *sf = served_of(s, f);
+	sf->draining = true;
 	snprintf(msg, msglen, "feed %s drained: it takes no new attaches; its %u attached clients stream on", name,
-		 f->clients);
+		 sf->clients);
 	return 0;
 }
 
@@ -329,9 +359,12 @@ struct server *server_free(struct server *s)
 		}
 		conn_free(c);
 	}
-	for (size_t i = 0; i < s->n_feeds; i++)
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		assert(s->feeds[i].clients == 0); /* every connection detached above */
 		feed_unref(s->feeds[i].feed);
+	}
 	free(s->feeds);
+	s->tm = telemetry_free(s->tm);
 	free(s->allow.uids);
 	free(s->allow.gids);
 	free(s->admin.uids);
@@ -341,6 +374,88 @@ struct server *server_free(struct server *s)
 	return NULL;
 }
 
+int server_snapshot(struct server *s, struct status_input *ret)
+{
+	uint64_t now = now_ns();
+	struct pool *pool = producer_pool(s->producer);
+	size_t n = 0;
+	for (struct conn *c = s->conns; c; c = c->next)
+		n += c->session != NULL;
+	struct status_input in = {
+		.socket_path = s->path,
+		.uptime_ns = now - s->start_ns,
+		.threads = pool_threads(pool),
+		.threads_busy = pool_busy(pool),
+		.jobs_queued = pool_queued(pool),
+		.io_engine = producer_io_engine(s->producer),
+		.io_fallback = producer_io_fallback(s->producer),
+		.tm = s->tm,
+		.gpu_status = s->cfg.gpu_status,
+		.gpu_available = gpu_available(s->cfg.gpu),
+		.metrics_listen = s->metrics_listen[0] ? s->metrics_listen : NULL,
+		.metrics_error = s->metrics_error[0] ? s->metrics_error : NULL,
+		.feeds = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feeds)),
+		.n_feeds = s->n_feeds,
+		.feed_info = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feed_info)),
+		.clients = calloc(MAX(n, 1u), sizeof(*in.clients)),
+		.connections = s->n_conns,
+		.ring_memory = s->memory,
+		.counters = s->n,
+	};
+	telemetry_daemon_view(s->tm, &in.telemetry);
+	if (!in.feeds || !in.feed_info || !in.clients) {
+		status_input_clear(&in);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		in.feeds[i] = s->feeds[i].feed;
+		struct status_feed *fi = &in.feed_info[i];
+		*fi = (struct status_feed){ .clients = s->feeds[i].clients, .draining = s->feeds[i].draining };
+		telemetry_stages_view(s->tm, in.feeds[i], &fi->stages);
+		telemetry_feed_view(s->tm, in.feeds[i], &fi->verdict);
+	}
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (!c->session)
+			continue;
+		struct status_client *sc = &in.clients[in.n_clients++];
+		conn_status(c, now, sc);
+		for (size_t i = 0; i < s->n_feeds; i++)
+			if (in.feeds[i] == sc->feed)
+				in.feed_info[i].memory += c->memory;
+	}
+	*ret = in;
+	return 0;
+}
+
+void status_input_clear(struct status_input *in)
+{
+	free(in->feeds);
+	free(in->feed_info);
+	free(in->clients);
+	*in = (struct status_input){ 0 };
+}
+
+char *server_status_json(struct server *s)
+{
+	struct status_input in;
+	if (server_snapshot(s, &in) < 0)
+		return NULL;
+	char *text = status_json(&in);
+	status_input_clear(&in);
+	return text;
+}
+
+void server_status_line(struct server *s, char *buf, size_t len)
+{
+	struct status_input in;
+	if (server_snapshot(s, &in) < 0) {
+		snprintf(buf, len, "out of memory");
+		return;
+	}
+	status_line(&in, buf, len);
+	status_input_clear(&in);
+}
+
 int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len)
 {
 	uint64_t now = now_ns();
@@ -348,8 +463,9 @@ int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len)
 		struct session *ss = c->session;
 		if (!ss)
 			continue;
-		if (ss->published != c->prog_published || ss->planned <= ss->published || ss->failed) {
-			c->prog_published = ss->published;
+		const uint64_t published = session_published(ss);
+		if (published != c->prog_published || session_in_flight(ss) == 0 || session_failed(ss)) {
+			c->prog_published = published;
 			c->prog_since_ns = now;
 			continue;
 		}
@@ -358,7 +474,7 @@ int server_stuck(struct server *s, uint64_t stuck_ns, char *buf, size_t len)
 		struct pool *p = producer_pool(s->producer);
 		snprintf(buf, len, "worker pool: batch %" PRIu64 " of feed %s rank %u/%u was handed to the workers %.1f s ago "
 			 "and is not done (%u of %u workers busy, %u jobs queued): a read or a job hangs",
-			 ss->first_batch + ss->published, ss->feed->name, ss->rank, ss->world,
+			 session_first_batch(ss) + published, session_feed(ss)->name, session_rank(ss), session_world(ss),
 			 (double)(now - c->prog_since_ns) / 1e9, pool_busy(p), pool_threads(p), pool_queued(p));
 		return 1;
 	}

@@ -1,31 +1,190 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The status snapshot (server_snapshot), and the status document and the
- * STATUS= line made of it (status.h). The snapshot borrows the server's
- * feeds and sessions; it owns only its arrays.
+ * The status document and the STATUS= line, rendered from a snapshot
+ * (status.h; server_snapshot() in server.c takes it). Only formats: every
+ * figure is read once by the snapshot or by the module that owns it.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "config.h"
-#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
-#include "daemon/feed/worker.h"
 #include "daemon/gpu/gpu.h"
-#include "daemon/server/server-internal.h"
 #include "daemon/server/status.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/macro.h"
+
+/* Telemetry (docs/telemetry.md): the views telemetry fills, rendered. */
+
+static json_t *ms_or_null(double ns)
+{
+	return isnan(ns) ? json_null() : json_real(ns / 1e6);
+}
+
+/* {count, mean_ms, p50_ms, p95_ms, p99_ms, max_ms} of a histogram and its exact total. */
+static json_t *dist_json(const uint64_t *h, uint64_t sum_ns)
+{
+	uint64_t n = 0;
+	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++)
+		n += h[b];
+	json_t *o = json_object();
+	json_object_set_new(o, "count", json_integer((json_int_t)n));
+	json_object_set_new(o, "mean_ms", n ? json_real((double)sum_ns / (double)n / 1e6) : json_null());
+	json_object_set_new(o, "p50_ms", ms_or_null(telemetry_quantile(h, 0.50)));
+	json_object_set_new(o, "p95_ms", ms_or_null(telemetry_quantile(h, 0.95)));
+	json_object_set_new(o, "p99_ms", ms_or_null(telemetry_quantile(h, 0.99)));
+	json_object_set_new(o, "max_ms", ms_or_null(telemetry_quantile(h, 1.0)));
+	return o;
+}
+
+static json_t *period_json(const struct telemetry_period *p)
+{
+	uint64_t span_ns = (uint64_t)(p->span_s * 1e9);
+	json_t *o = json_object();
+	json_object_set_new(o, "span_s", json_real(p->span_s));
+	json_object_set_new(o, "batches", json_integer((json_int_t)p->batches));
+	json_object_set_new(o, "batches_per_s", json_real(p->span_s > 0 ? (double)p->batches / p->span_s : 0.0));
+	json_object_set_new(o, "wait_s", json_real((double)p->wait_ns / 1e9));
+	json_object_set_new(o, "step_s", json_real((double)p->step_ns / 1e9));
+	json_object_set_new(o, "h2d_s", json_real((double)p->h2d_ns / 1e9));
+	json_object_set_new(o, "reports", json_integer((json_int_t)p->reports));
+	json_object_set_new(o, "stall_pct", json_real(telemetry_pct(p->wait_ns, p->wait_ns + p->step_ns)));
+	json_object_set_new(o, "h2d_pct_of_step", json_real(telemetry_pct(p->h2d_ns, p->step_ns)));
+	json_object_set_new(o, "ring_full_pct", json_real(MIN(100.0, telemetry_pct(p->full_ns, span_ns))));
+	json_object_set_new(o, "ring_empty_pct", json_real(MIN(100.0, telemetry_pct(p->wait_ns, span_ns))));
+	json_object_set_new(o, "wait", dist_json(p->hist_wait, p->wait_ns));
+	json_object_set_new(o, "step", dist_json(p->hist_step, p->step_ns));
+	json_object_set_new(o, "h2d", dist_json(p->hist_h2d, p->h2d_ns));
+	return o;
+}
+
+/* A client's "telemetry": its window, since attach, and per-second samples. */
+static json_t *client_telemetry_json(const struct telemetry_client_view *v)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "window", period_json(&v->window));
+	json_object_set_new(o, "since_attach", period_json(&v->since_attach));
+	json_object_set_new(o, "ring_fill", json_integer((json_int_t)v->ring_fill));
+	json_object_set_new(o, "held", json_integer((json_int_t)v->held));
+
+	/* Per-second samples, oldest first: totals within each second. */
+	json_t *h = json_object(), *a[7];
+	static const char *const keys[7] = { "wait_ms", "step_ms", "h2d_ms", "batches", "ring_full_pct", "ring_fill", "held" };
+	for (unsigned k = 0; k < 7; k++)
+		a[k] = json_array();
+	for (unsigned i = 0; i < v->hist_n; i++) {
+		const struct sample *x = &v->hist[(v->hist_head + i) % v->hist_cap];
+		json_array_append_new(a[0], json_real(round(x->wait_ms * 1000.0) / 1000.0));
+		json_array_append_new(a[1], json_real(round(x->step_ms * 1000.0) / 1000.0));
+		json_array_append_new(a[2], json_real(round(x->h2d_ms * 1000.0) / 1000.0));
+		json_array_append_new(a[3], json_integer(x->batches));
+		json_array_append_new(a[4], json_real(round(x->full_pct * 10.0) / 10.0));
+		json_array_append_new(a[5], json_integer(x->fill));
+		json_array_append_new(a[6], json_integer(x->held));
+	}
+	json_object_set_new(h, "interval_s", json_integer(1));
+	for (unsigned k = 0; k < 7; k++)
+		json_object_set_new(h, keys[k], a[k]);
+	json_object_set_new(o, "history", h);
+	return o;
+}
+
+static json_t *diag_json(const struct diag *d)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "kind", json_string(d->kind ? d->kind : "warming-up"));
+	json_object_set_new(o, "severity", json_integer(d->severity));
+	json_object_set_new(o, "text", json_string(d->text));
+	json_object_set_new(o, "cause", d->cause[0] ? json_string(d->cause) : json_null());
+	json_object_set_new(o, "needed_x", d->needed_x > 0 && isfinite(d->needed_x) ? json_real(d->needed_x) : json_null());
+	return o;
+}
+
+static json_t *client_diagnosis_json(const struct telemetry_client_view *v)
+{
+	json_t *o = diag_json(v->diag);
+	json_object_set_new(o, "straggler", v->straggler[0] ? json_string(v->straggler) : json_null());
+	return o;
+}
+
+/* A feed's "diagnosis"; with its stragglers once telemetry tracks it. */
+static json_t *feed_diagnosis_json(const struct status_input *in, const struct feed *f,
+				   const struct telemetry_feed_view *v)
+{
+	json_t *o = diag_json(&v->diag);
+	if (!v->tracked)
+		return o;
+	json_t *a = json_array();
+	for (const struct telemetry_client *c = telemetry_next_straggler(in->tm, f, NULL); c;
+	     c = telemetry_next_straggler(in->tm, f, c))
+		json_array_append_new(a, json_pack("{s:i, s:i, s:s}", "rank", (int)c->rank, "world", (int)c->world, "text",
+						   c->straggler));
+	json_object_set_new(o, "stragglers", a);
+	return o;
+}
+
+/* A feed's "stages": rates over the window, per stage, and totals since load. */
+static json_t *stages_json(const struct telemetry_stages_view *v)
+{
+	json_t *o = json_object();
+	double span = v->span_s;
+	json_object_set_new(o, "window_s", json_real(span));
+	json_object_set_new(o, "threads", json_integer(v->threads));
+	/* All the feed's worker time (batch jobs, and a text feed's read-and-tokenize jobs), per batch produced. */
+	uint64_t wns = v->worker_ns, batches = v->win.s[STAGE_JOB].items;
+	json_object_set_new(o, "workers", json_pack("{s:f, s:o}", "busy_threads", span > 0 ? (double)wns / 1e9 / span : 0.0,
+						    "ms_per_batch", batches ? json_real((double)wns / 1e6 / (double)batches) : json_null()));
+	for (unsigned i = 0; i < _STAGE_MAX; i++) {
+		const struct stage *w = &v->win.s[i];
+		json_t *s = json_object();
+		json_object_set_new(s, "items_per_s", json_real(span > 0 ? (double)w->items / span : 0.0));
+		json_object_set_new(s, "mb_per_s", json_real(span > 0 ? (double)w->bytes / 1e6 / span : 0.0));
+		/* Thread-seconds per second: 1.0 = one thread busy all the time. */
+		json_object_set_new(s, "busy_threads", json_real(span > 0 ? (double)w->busy_ns / 1e9 / span : 0.0));
+		json_object_set_new(s, "busy_ms_per_item",
+				    w->items ? json_real((double)w->busy_ns / 1e6 / (double)w->items) : json_null());
+		json_object_set_new(s, "offcpu_pct", json_real(telemetry_pct(w->offcpu_ns, w->busy_ns)));
+		if (i == STAGE_READ)
+			json_object_set_new(s, "queue_depth",
+					    json_real(w->depth_n ? (double)w->depth_sum / (double)w->depth_n : 0.0));
+		if (v->has_total) {
+			json_object_set_new(s, "total_bytes", json_integer((json_int_t)v->total.s[i].bytes));
+			json_object_set_new(s, "total_items", json_integer((json_int_t)v->total.s[i].items));
+		}
+		json_object_set_new(o, stage_name(i), s);
+	}
+	return o;
+}
+
+/* The daemon-wide "telemetry": window, thresholds, pool, host, the worst line. */
+static json_t *daemon_telemetry_json(const struct telemetry_daemon_view *v)
+{
+	const struct conf_diagnosis *d = v->conf;
+	json_t *th = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "min_batches", (int)d->min_batches,
+			       "starved_pct", d->starved_pct, "busy_pct", d->busy_pct, "storage_pct", d->storage_pct,
+			       "host_pct", d->host_pct, "full_pct", d->full_pct, "held_pct", d->held_pct, "h2d_pct",
+			       d->h2d_pct, "straggler_pct", d->straggler_pct, "straggler_min_ms", d->straggler_min_ms);
+	json_t *host = json_pack("{s:i, s:f, s:i, s:o, s:o}", "cpus", (int)v->cpus, "load_avg", v->load_avg, "runnable",
+				 (int)v->runnable, "workers_cpu_per_s",
+				 !v->host_known || isnan(v->workers_cpu_per_s) ? json_null() : json_real(v->workers_cpu_per_s),
+				 "runqueue_pct", v->host_known ? json_real(v->runqueue_pct) : json_null());
+	return json_pack("{s:i, s:i, s:o, s:f, s:o, s:{s:i, s:s}}", "window_s", (int)d->window_s, "history_s",
+			 (int)d->history_s, "thresholds", th, "pool_busy_pct", v->pool_busy_pct, "host", host, "worst",
+			 "severity", v->worst_severity, "text", v->worst);
+}
 
 static json_t *token_json(int64_t t)
 {
 	return t == CONF_TOKEN_NONE ? json_null() : json_integer(t);
 }
 
-static json_t *feed_json(const struct feed *f)
+static json_t *feed_json(const struct status_input *in, size_t i)
 {
+	const struct feed *f = in->feeds[i];
+	const struct status_feed *sv = &in->feed_info[i];
 	char fp[17], seed[24];
 	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)f->fingerprint);
 	/* u64 seeds do not fit JSON's integers everywhere: a decimal string is exact. */
@@ -37,8 +196,8 @@ static json_t *feed_json(const struct feed *f)
 			      "token_bytes", (json_int_t)f->n_bytes, "seq_len", (int)f->conf.seq_len, "batch_size",
 			      (int)f->conf.batch_size, "seed", seed, "shuffle", f->conf.shuffle,
 			      "shuffle_window", (int)f->conf.shuffle_window, "bos", token_json(f->bos_id), "eos",
-			      token_json(f->eos_id), "clients", (int)f->clients, "batches", (json_int_t)f->counters.batches,
-			      "tokens_served", (json_int_t)f->counters.tokens_served, "draining", f->draining);
+			      token_json(f->eos_id), "clients", (int)sv->clients, "batches", (json_int_t)f->counters.batches,
+			      "tokens_served", (json_int_t)f->counters.tokens_served, "draining", sv->draining);
 	if (!o)
 		return NULL;
 	json_object_set_new(o, "fingerprint", f->state == FEED_READY ? json_string(fp) : json_null());
@@ -59,26 +218,37 @@ static json_t *feed_json(const struct feed *f)
 		}
 	}
 	/* What the feed is bound by, and where its workers' time goes (docs/telemetry.md). */
-	json_object_set_new(o, "diagnosis", telemetry_feed_diagnosis_json(f));
-	json_object_set_new(o, "stages", telemetry_feed_stages_json(f));
+	json_object_set_new(o, "diagnosis", feed_diagnosis_json(in, f, &sv->verdict));
+	json_object_set_new(o, "stages", stages_json(&sv->stages));
 	/* Packing efficiency, truncation and a mixture's realised proportions (docs/telemetry.md). */
 	json_object_set_new(o, "packing", feed_packing_json(f));
 	return o;
 }
 
+/* A client's GPU staging (docs/gpu.md): copies, bytes, H2D time, events waited. */
+static json_t *gpu_json(const struct gpu_client_view *g)
+{
+	const struct staging_counters *n = &g->n;
+	return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I}", "device", g->device, "export",
+			 g->vmm ? "vmm" : "ipc", "memory_bytes", (json_int_t)g->memory_bytes, "copies",
+			 (json_int_t)n->copies, "h2d_bytes", (json_int_t)n->bytes, "events_waited", (json_int_t)n->waits,
+			 "h2d_ms", (double)n->h2d_ns / 1e6, "copies_timed", (json_int_t)n->timed, "h2d_gb_per_s",
+			 n->h2d_ns ? json_real((double)n->timed_bytes / (double)n->h2d_ns) : json_null(),
+			 "refills_deferred", (json_int_t)n->not_ready);
+}
+
 static json_t *client_json(const struct status_client *c)
 {
-	struct session *s = c->session;
 	double attached_s = (double)c->attached_ns / 1e9;
 	json_t *o = json_pack("{s:I, s:i, s:i, s:s, s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:s}",
 			      "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid, "name", c->name, "feed",
-			      s->feed->name, "rank", (int)s->rank, "world", (int)s->world, "attached_s", attached_s,
-			      "first_batch", (json_int_t)s->first_batch, "batches_published", (json_int_t)c->published,
-			      "batches_delivered", (json_int_t)c->delivered, "ring_slots", (int)s->ring->slot_count,
+			      c->feed->name, "rank", (int)c->rank, "world", (int)c->world, "attached_s", attached_s,
+			      "first_batch", (json_int_t)c->first_batch, "batches_published", (json_int_t)c->published,
+			      "batches_delivered", (json_int_t)c->delivered, "ring_slots", (int)c->ring_slots,
 			      "ring_fill", (json_int_t)c->fill, "ring_full_pct",
 			      c->attached_ns ? 100.0 * (double)c->full_ns / (double)c->attached_ns : 0.0, "tokens_per_s",
 			      c->tokens_per_s, "wait_s", (double)c->wait_ns / 1e9, "step_s", (double)c->step_ns / 1e9,
-			      "state", s->failed ? "failed" : "streaming");
+			      "state", c->failed ? "failed" : "streaming");
 	if (!o)
 		return NULL;
 	json_object_set_new(o, "stall_pct", json_real(c->stall_pct));
@@ -86,11 +256,10 @@ static json_t *client_json(const struct status_client *c)
 	json_object_set_new(o, "reports", json_integer((json_int_t)c->reports));
 	json_object_set_new(o, "reported_step_s", json_real((double)c->reported_step_ns / 1e9));
 	json_object_set_new(o, "h2d_s", json_real((double)c->h2d_ns / 1e9));
-	json_t *d = telemetry_client_diagnosis_json(s), *t = telemetry_client_json(s);
-	json_object_set_new(o, "diagnosis", d ? d : json_null());
-	json_object_set_new(o, "telemetry", t ? t : json_null());
+	json_object_set_new(o, "diagnosis", c->tv.tracked ? client_diagnosis_json(&c->tv) : json_null());
+	json_object_set_new(o, "telemetry", c->tv.tracked ? client_telemetry_json(&c->tv) : json_null());
 	/* GPU staging of this client (docs/gpu.md): copies, bytes, H2D time, events waited; null for host batches. */
-	json_object_set_new(o, "gpu", s->staging ? gpu_client_json(s->staging) : json_null());
+	json_object_set_new(o, "gpu", c->gpu ? gpu_json(&c->gpu_view) : json_null());
 	/* What the server alone knows (fields are only added, never renamed: docs/protocol.md, section 10). */
 	json_object_set_new(o, "stuck", json_boolean(c->stuck));
 	json_object_set_new(o, "idle_s", json_real((double)c->idle_ns / 1e9));
@@ -123,17 +292,16 @@ static void counters_json(json_t *d, const struct status_input *in)
 
 char *status_json(const struct status_input *in)
 {
-	const struct worker *w0 = pool_worker_ctx(in->pool, 0);
-	int fallback = w0 ? source_reader_fallback(w0->io) : 0;
+	int fallback = in->io_fallback;
 	char fb[160] = "";
 	if (fallback < 0)
 		snprintf(fb, sizeof(fb), "io_uring unavailable (%s); using pread", strerror(-fallback));
 
 	json_t *root = json_pack("{s:{s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:s, s:o, s:s, s:I, s:I}}", "daemon",
 				 "version", FEEDD_VERSION, "pid", (int)getpid(), "uptime_s", (double)in->uptime_ns / 1e9,
-				 "socket", in->socket_path, "threads", (int)pool_threads(in->pool), "threads_busy",
-				 (int)pool_busy(in->pool), "jobs_queued", (int)pool_queued(in->pool), "io_engine",
-				 w0 ? source_reader_engine(w0->io) : "none", "io_fallback",
+				 "socket", in->socket_path, "threads", (int)in->threads, "threads_busy",
+				 (int)in->threads_busy, "jobs_queued", (int)in->jobs_queued, "io_engine", in->io_engine,
+				 "io_fallback",
 				 fallback < 0 ? json_string(fb) : json_null(), "gpu", in->gpu_status, "connections_total",
 				 (json_int_t)in->counters.accepted, "protocol_errors", (json_int_t)in->counters.protocol_errors);
 	if (!root)
@@ -141,109 +309,14 @@ char *status_json(const struct status_input *in)
 	counters_json(json_object_get(root, "daemon"), in);
 	json_t *feeds = json_array(), *clients = json_array();
 	for (size_t i = 0; i < in->n_feeds; i++)
-		json_array_append_new(feeds, feed_json(in->feeds[i]));
+		json_array_append_new(feeds, feed_json(in, i));
 	for (size_t i = 0; i < in->n_clients; i++)
 		json_array_append_new(clients, client_json(&in->clients[i]));
 	json_object_set_new(root, "feeds", feeds);
 	json_object_set_new(root, "clients", clients);
-	json_object_set_new(root, "telemetry", telemetry_daemon_json());
+	json_object_set_new(root, "telemetry", daemon_telemetry_json(&in->telemetry));
 	char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
-	return text;
-}
-
-/* Reads what a client's session and consumer page say, once. The page is the client's to write: clamp what matters. */
-static void client_read(struct status_client *c, uint64_t now)
-{
-	struct session *s = c->session;
-	const struct feed_consumer_page *cp = s->ring->cons;
-	c->attached_ns = now - s->attach_ns;
-	c->published = s->published;
-	c->delivered = MIN(__atomic_load_n(&cp->delivered, __ATOMIC_RELAXED), s->published);
-	c->wait_ns = __atomic_load_n(&cp->wait_ns_total, __ATOMIC_RELAXED);
-	c->step_ns = __atomic_load_n(&cp->step_ns_total, __ATOMIC_RELAXED);
-	c->h2d_ns = __atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED);
-	c->reports = __atomic_load_n(&cp->reports, __ATOMIC_RELAXED);
-	c->reported_step_ns = __atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED);
-	c->full_ns = s->full_ns_total + (s->full_since_ns ? now - s->full_since_ns : 0);
-	c->fill = session_fill(s);
-	c->epoch = s->stream.walk.ep.epoch;
-	/* In double: two client-written totals may overflow a u64 sum. */
-	double w = (double)c->wait_ns, st = (double)c->step_ns;
-	c->stall_pct = w + st > 0 ? 100.0 * w / (w + st) : 0.0;
-	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++)
-		c->hist_wait[b] = __atomic_load_n(&cp->hist_wait[b], __ATOMIC_RELAXED);
-}
-
-int server_snapshot(struct server *s, struct status_input *ret)
-{
-	uint64_t now = now_ns();
-	size_t n = 0;
-	for (struct conn *c = s->conns; c; c = c->next)
-		n += c->session != NULL;
-	struct status_input in = {
-		.socket_path = s->path,
-		.uptime_ns = now - s->start_ns,
-		.pool = producer_pool(s->producer),
-		.gpu_status = s->cfg.gpu_status,
-		.gpu_available = gpu_available(s->cfg.gpu),
-		.metrics_listen = s->metrics_listen[0] ? s->metrics_listen : NULL,
-		.metrics_error = s->metrics_error[0] ? s->metrics_error : NULL,
-		.feeds = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feeds)),
-		.n_feeds = s->n_feeds,
-		.feed_memory = calloc(MAX(s->n_feeds, 1u), sizeof(*in.feed_memory)),
-		.clients = calloc(MAX(n, 1u), sizeof(*in.clients)),
-		.connections = s->n_conns,
-		.ring_memory = s->memory,
-		.counters = s->n,
-	};
-	if (!in.feeds || !in.feed_memory || !in.clients) {
-		status_input_clear(&in);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < s->n_feeds; i++)
-		in.feeds[i] = s->feeds[i].feed;
-	for (struct conn *c = s->conns; c; c = c->next) {
-		if (!c->session)
-			continue;
-		struct status_client *sc = &in.clients[in.n_clients++];
-		*sc = (struct status_client){
-			.id = c->id,
-			.pid = c->pid,
-			.uid = c->uid,
-			.name = c->name,
-			.session = c->session,
-			.connected_ns = now - c->connect_ns,
-			.tokens_per_s = c->tokens_per_s,
-			.stall_pct_tick = c->stall_pct,
-			.stuck = c->stuck,
-			.idle_ns = now - c->idle_since_ns,
-			.memory = c->memory,
-		};
-		client_read(sc, now);
-		for (size_t i = 0; i < s->n_feeds; i++)
-			if (in.feeds[i] == c->session->feed)
-				in.feed_memory[i] += c->memory;
-	}
-	*ret = in;
-	return 0;
-}
-
-void status_input_clear(struct status_input *in)
-{
-	free(in->feeds);
-	free(in->feed_memory);
-	free(in->clients);
-	*in = (struct status_input){ 0 };
-}
-
-char *server_status_json(struct server *s)
-{
-	struct status_input in;
-	if (server_snapshot(s, &in) < 0)
-		return NULL;
-	char *text = status_json(&in);
-	status_input_clear(&in);
 	return text;
 }
 
@@ -254,7 +327,7 @@ void status_line(const struct status_input *in, char *buf, size_t len)
 	const struct status_client *worst = NULL;
 	for (size_t i = 0; i < in->n_feeds; i++) {
 		failed += in->feeds[i]->state != FEED_READY;
-		draining += in->feeds[i]->draining;
+		draining += in->feed_info[i].draining;
 	}
 	for (size_t i = 0; i < in->n_clients; i++) {
 		const struct status_client *c = &in->clients[i];
@@ -273,20 +346,8 @@ void status_line(const struct status_input *in, char *buf, size_t len)
 			 draining, in->n_clients, rate);
 	if (worst && k >= 0 && (size_t)k < len)
 		k += snprintf(buf + k, len - (size_t)k, ", worst stall %.1f%% (%s rank %u/%u)", worst->stall_pct_tick,
-			      worst->session->feed->name, worst->session->rank, worst->session->world);
+			      worst->feed->name, worst->rank, worst->world);
 	/* The worst diagnosis says why, when anything is worth saying. */
-	char diag[256];
-	if (in->n_clients && telemetry_worst(diag, sizeof(diag)) > 0 && k >= 0 && (size_t)k < len)
-		snprintf(buf + k, len - (size_t)k, "; %s", diag);
-}
-
-void server_status_line(struct server *s, char *buf, size_t len)
-{
-	struct status_input in;
-	if (server_snapshot(s, &in) < 0) {
-		snprintf(buf, len, "out of memory");
-		return;
-	}
-	status_line(&in, buf, len);
-	status_input_clear(&in);
+	if (in->n_clients && in->telemetry.worst_severity > 0 && k >= 0 && (size_t)k < len)
+		snprintf(buf + k, len - (size_t)k, "; %s", in->telemetry.worst);
 }

@@ -3,14 +3,15 @@
  * The status snapshot and what is made of it: the status document that
  * `feedctl status --json` prints (its schema is documented in
  * docs/protocol.md and kept stable: fields are added, never renamed or
- * removed), the service manager's STATUS= line, and the Prometheus metrics
- * (daemon/metrics). Each reads the same snapshot, so a number is computed in
- * one place: server_snapshot() reads every value that needs care once
- * (client-written consumer pages are clamped here) and the renderers only
- * format.
+ * removed), the service manager's STATUS= line (status.c), and the
+ * Prometheus metrics (daemon/metrics). Each reads the same snapshot, so a
+ * number is computed in one place: server_snapshot() (server.c) reads every
+ * value that needs care once (client-written consumer pages through
+ * ring_read_consumer(), which clamps them) and the renderers only format.
  *
- * A snapshot points into the server's feeds and sessions: use it on the main
- * thread before returning to the event loop, then status_input_clear() it.
+ * A snapshot points into the server's feeds, telemetry and connections: use
+ * it on the main thread before returning to the event loop, then
+ * status_input_clear() it. The renderers never see a session.
  */
 #pragma once
 
@@ -20,8 +21,9 @@
 #include <sys/types.h>
 
 #include "daemon/feed/feed.h"
-#include "daemon/feed/session.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/pool/pool.h"
+#include "daemon/telemetry/telemetry.h"
 #include "proto/ring_abi.h"
 
 /* Why connections were refused or dropped (status: daemon.refused / daemon.dropped). */
@@ -45,7 +47,6 @@ struct status_client {
 	pid_t pid;
 	uid_t uid;
 	const char *name;
-	struct session *session;
 	uint64_t connected_ns;  /* since the connection was accepted */
 	double tokens_per_s;    /* delivered over the last tick */
 	double stall_pct_tick;  /* its wait share over the last tick (the STATUS= line's "worst stall") */
@@ -54,6 +55,15 @@ struct status_client {
 	uint64_t memory;        /* ring bytes its session holds */
 
 	/* the session and its consumer page, read once; client-written values clamped */
+	const struct feed *feed;    /* the feed it reads */
+	unsigned rank, world;
+	unsigned ring_slots;
+	uint64_t first_batch;       /* batch index of its ring's first slot */
+	bool failed;                /* its stream stopped with an error */
+	bool gpu;                   /* its batches are staged on a GPU: */
+	struct gpu_client_view gpu_view;
+	struct telemetry_reading reading;  /* what its consumer page and ring said */
+	struct telemetry_client_view tv;   /* its telemetry (tv.tracked false when none) */
 	uint64_t attached_ns;       /* since attach */
 	uint64_t published;         /* batches published into its ring */
 	uint64_t delivered;         /* batches next() returned (at most published) */
@@ -63,20 +73,32 @@ struct status_client {
 	uint64_t fill;              /* batches published and not released */
 	uint64_t epoch;             /* the epoch its stream is planned in (0 = the first pass) */
 	double stall_pct;           /* wait / (wait + step) since attach, in percent */
-	uint64_t hist_wait[FEED_HIST_BUCKETS]; /* next() waits, log-linear buckets (feed_hist_bucket) */
+};
+
+/* What the server and telemetry say of a feed it serves. */
+struct status_feed {
+	uint64_t memory;  /* ring bytes of its clients */
+	unsigned clients; /* connections attached to it */
+	bool draining;    /* takes no new attaches (drained, or removed by a reload) */
+	struct telemetry_stages_view stages;  /* its stage counters, over the window and in total */
+	struct telemetry_feed_view verdict;   /* its diagnosis */
 };
 
 struct status_input {
 	const char *socket_path;
 	uint64_t uptime_ns;
-	struct pool *pool;
+	unsigned threads, threads_busy, jobs_queued; /* the worker pool */
+	const char *io_engine;      /* the readers' engine, "none" without workers */
+	int io_fallback;            /* why io_uring was not used (negative errno), or 0 */
+	const struct telemetry *tm;              /* for the stragglers of a feed (telemetry_next_straggler) */
+	struct telemetry_daemon_view telemetry;  /* the daemon-wide view and the worst line */
 	const char *gpu_status;
 	bool gpu_available;
 	const char *metrics_listen; /* the metrics endpoint's address, or NULL when off */
 	const char *metrics_error;  /* why it does not listen, or NULL */
 	struct feed **feeds;
+	struct status_feed *feed_info; /* per feed */
 	size_t n_feeds;
-	uint64_t *feed_memory;      /* per feed: ring bytes of its clients */
 	struct status_client *clients;
 	size_t n_clients;
 	size_t connections;         /* open connections, attached or not */

@@ -19,14 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/feed/session-internal.h" /* FIXME(h-feedcore phase 3): read sessions through session.h's accessors */
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
-
-static double pct(uint64_t part, uint64_t whole)
-{
-	return whole ? 100.0 * (double)part / (double)whole : 0.0;
-}
 
 /* "0.3" below 10, "41" above: the precision a reader needs. */
 static const char *fmt_pct(double v, char buf[static 16])
@@ -71,10 +65,10 @@ static const char *stage_noun(enum stage_id id)
  * busy on all 2 threads at 38 MB/s (72 % of worker time); needs ~1.7x more
  * tokenizer throughput". Returns the feed's kind for this cause.
  */
-static const char *explain(const struct tfeed *t, double needed, unsigned slots, char *cause, size_t cause_len,
+static const char *explain(const struct telemetry *tm, const struct tfeed *t, double needed, unsigned slots, char *cause, size_t cause_len,
 			   char *out, size_t len)
 {
-	const struct conf_diagnosis *k = &tm.conf;
+	const struct conf_diagnosis *k = &tm->conf;
 	char a[16], need[48];
 	if (isfinite(needed) && needed < 100)
 		snprintf(need, sizeof(need), "~%.1fx", needed);
@@ -94,8 +88,8 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 	 * the rules below would blame storage or a stage for the scheduler.
 	 * Workers that were runnable less than 5 % of one CPU say too little.
 	 */
-	const struct host *h = &tm.host;
-	double runq = telemetry_host_runqueue_pct();
+	const struct host *h = &tm->host;
+	double runq = telemetry_host_runqueue_pct(tm);
 	if (!h->unavailable && h->win.span_ns && (h->win.cpu_ns + h->win.delay_ns) * 20 >= h->win.span_ns &&
 	    runq >= k->host_pct) {
 		char b[16];
@@ -104,13 +98,13 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 			 "host CPUs oversubscribed: feedd's workers waited for a CPU %s %% of the time they could run, "
 			 "getting %.2f CPUs for %u threads (load average %s on %u CPUs); free CPUs for feedd before "
 			 "adding threads",
-			 fmt_pct(runq, a), (double)h->win.cpu_ns / (double)h->win.span_ns, tm.threads,
+			 fmt_pct(runq, a), (double)h->win.cpu_ns / (double)h->win.span_ns, tm->threads,
 			 fmt_pct(h->load_avg, b), h->cpus);
 		return "host-bound";
 	}
 	const struct stage *rd = &t->win.d.s[STAGE_READ];
 	uint64_t worker_ns = tfeed_worker_ns(t);
-	double offcpu = pct(rd->offcpu_ns, worker_ns);
+	double offcpu = telemetry_pct(rd->offcpu_ns, worker_ns);
 	if (offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
@@ -119,7 +113,7 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 			 rd->depth_n ? (double)rd->depth_sum / (double)rd->depth_n : 1.0, fmt_pct(offcpu, a), need);
 		return "storage-bound";
 	}
-	if (tm.pool_busy_pct >= k->busy_pct) {
+	if (tm->pool_busy_pct >= k->busy_pct) {
 		/* The stage holding most of the workers' time; reads count only their on-CPU part here. */
 		enum stage_id best = STAGE_JOB;
 		uint64_t best_ns = 0, staged = 0;
@@ -141,8 +135,8 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 		uint64_t bytes = best == STAGE_JOB ? job->bytes : s->bytes;
 		snprintf(cause, cause_len, "%s", stage_name(best));
 		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
-			 stage_noun(best), tm.threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
-			 fmt_pct(pct(best_ns, worker_ns), a), need, stage_noun(best));
+			 stage_noun(best), tm->threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
+			 fmt_pct(telemetry_pct(best_ns, worker_ns), a), need, stage_noun(best));
 		static char kind[_STAGE_MAX][24];
 		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
 		return kind[best];
@@ -150,7 +144,7 @@ static const char *explain(const struct tfeed *t, double needed, unsigned slots,
 	snprintf(cause, cause_len, "latency");
 	snprintf(out, len,
 		 "workers are busy only %s %% of the time on %u threads: batches come late, not slowly (a ring of %u slots is refilled once half of it is free; more ring_slots absorb the jitter)",
-		 fmt_pct(tm.pool_busy_pct, a), tm.threads, slots);
+		 fmt_pct(tm->pool_busy_pct, a), tm->threads, slots);
 	return "latency-bound";
 }
 
@@ -159,21 +153,20 @@ static double needed_factor(uint64_t wait, uint64_t step)
 	return step ? (double)(wait + step) / (double)step : INFINITY;
 }
 
-static void diagnose_client(struct tclient *c)
+static void diagnose_client(const struct telemetry *tm, struct telemetry_client *c)
 {
-	const struct conf_diagnosis *k = &tm.conf;
-	const struct session *s = c->s;
+	const struct conf_diagnosis *k = &tm->conf;
 	const struct client_sums *w = &c->win;
 	struct diag *d = &c->diag;
 	char a[16], b[16];
 	*d = (struct diag){ 0 };
 
-	if (s->failed) {
+	if (c->failed) {
 		say(d, DIAG_ERROR, "failed", "failed: the stream stopped with an error (the client was told why; see the log)");
 		return;
 	}
-	unsigned slots = s->ring->slot_count;
-	double full = MIN(100.0, pct(w->full_ns, w->span_ns));
+	unsigned slots = c->slot_count;
+	double full = MIN(100.0, telemetry_pct(w->full_ns, w->span_ns));
 	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)1);
 	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
 		snprintf(d->cause, sizeof(d->cause), "release");
@@ -182,14 +175,14 @@ static void diagnose_client(struct tclient *c)
 		return;
 	}
 
-	double stall = pct(w->wait_ns, w->wait_ns + w->step_ns);
+	double stall = telemetry_pct(w->wait_ns, w->wait_ns + w->step_ns);
 	/* Blocked in next() on an empty ring and nothing delivered for the whole window: waiting is all it does. */
 	bool blocked = c->waiting && w->batches == 0;
 	if (blocked)
 		stall = 100.0;
 	d->stall_pct = stall;
 	if (!blocked && w->batches < k->min_batches) {
-		if (now_ns() - s->attach_ns < (uint64_t)k->window_s * NSEC_PER_SEC)
+		if (tm->now - c->attach_ns < (uint64_t)k->window_s * NSEC_PER_SEC)
 			say(d, DIAG_OK, "warming-up", "warming up: %" PRIu64 " batches so far", w->batches);
 		else
 			say(d, DIAG_OK, "idle", "idle: %" PRIu64 " batches taken in the last %.0f s; %" PRIu64 " ready in the ring",
@@ -199,13 +192,13 @@ static void diagnose_client(struct tclient *c)
 	if (stall >= k->starved_pct) {
 		char why[300];
 		d->needed_x = blocked ? INFINITY : needed_factor(w->wait_ns, w->step_ns);
-		const char *kind = explain(telemetry_find_feed(s->feed), d->needed_x, slots, d->cause, sizeof(d->cause), why,
+		const char *kind = explain(tm, telemetry_find_feed(tm, c->feed), d->needed_x, slots, d->cause, sizeof(d->cause), why,
 					   sizeof(why));
 		say(d, DIAG_WARNING, "starved", "starved: waiting %s %% — %s%s", fmt_pct(stall, a),
 		    strcmp(kind, "storage-bound") == 0 ? "storage-bound: " : "", why);
 		return;
 	}
-	double h2d = pct(w->h2d_ns, w->step_ns);
+	double h2d = telemetry_pct(w->h2d_ns, w->step_ns);
 	if (w->reports && h2d >= k->h2d_pct) {
 		snprintf(d->cause, sizeof(d->cause), "h2d");
 		say(d, DIAG_NOTICE, "transfer-bound", "transfer-bound: host-to-device copies take %s %% of the step (data wait %s %%)",
@@ -226,15 +219,15 @@ static int cmp_double(const void *x, const void *y)
  * peers (same feed, same world, at least two of them with enough batches) by
  * straggler_pct and straggler_min_ms.
  */
-static void find_straggler(struct tclient *c)
+static void find_straggler(const struct telemetry *tm, struct telemetry_client *c)
 {
-	const struct conf_diagnosis *k = &tm.conf;
+	const struct conf_diagnosis *k = &tm->conf;
 	c->straggler[0] = 0;
 	if (c->win.batches < k->min_batches)
 		return;
 	size_t n = 0;
-	for (struct tclient *p = tm.clients; p; p = p->next)
-		n += p != c && p->s->feed == c->s->feed && p->s->world == c->s->world && p->win.batches >= k->min_batches;
+	for (const struct telemetry_client *p = tm->clients; p; p = p->next)
+		n += p != c && p->feed == c->feed && p->world == c->world && p->win.batches >= k->min_batches;
 	if (n < 2)
 		return;
 	_cleanup_free_ double *v = malloc(n * sizeof(*v));
@@ -243,8 +236,8 @@ static void find_straggler(struct tclient *c)
 	static const char *const what[2] = { "step", "wait" };
 	for (unsigned m = 0; m < 2; m++) {
 		size_t i = 0;
-		for (struct tclient *p = tm.clients; p; p = p->next)
-			if (p != c && p->s->feed == c->s->feed && p->s->world == c->s->world && p->win.batches >= k->min_batches)
+		for (const struct telemetry_client *p = tm->clients; p; p = p->next)
+			if (p != c && p->feed == c->feed && p->world == c->world && p->win.batches >= k->min_batches)
 				v[i++] = (double)(m ? p->win.wait_ns : p->win.step_ns) / (double)p->win.batches / 1e6;
 		qsort(v, n, sizeof(*v), cmp_double);
 		double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
@@ -263,7 +256,7 @@ void diagnose_failed_feed(const struct feed *f, struct diag *d)
 	say(d, DIAG_ERROR, "failed", "failed: %s", f->error);
 }
 
-static void diagnose_feed(struct tfeed *t)
+static void diagnose_feed(const struct telemetry *tm, struct tfeed *t)
 {
 	const struct feed *f = t->f;
 	struct diag *d = &t->diag;
@@ -273,11 +266,11 @@ static void diagnose_feed(struct tfeed *t)
 		diagnose_failed_feed(f, d);
 		return;
 	}
-	const struct tclient *worst = NULL;
+	const struct telemetry_client *worst = NULL;
 	unsigned n = 0;
 	double max_stall = 0;
-	for (const struct tclient *c = tm.clients; c; c = c->next) {
-		if (c->s->feed != f)
+	for (const struct telemetry_client *c = tm->clients; c; c = c->next) {
+		if (c->feed != f)
 			continue;
 		n++;
 		max_stall = MAX(max_stall, c->diag.stall_pct);
@@ -291,41 +284,41 @@ static void diagnose_feed(struct tfeed *t)
 	}
 	if (worst) {
 		char why[300];
-		const char *kind = explain(t, worst->diag.needed_x, worst->s->ring->slot_count, d->cause, sizeof(d->cause),
+		const char *kind = explain(tm, t, worst->diag.needed_x, worst->slot_count, d->cause, sizeof(d->cause),
 					   why, sizeof(why));
 		d->stall_pct = worst->diag.stall_pct;
 		d->needed_x = worst->diag.needed_x;
-		say(d, DIAG_WARNING, kind, "%s: %s (rank %u/%u waits %s %%)", kind, why, worst->s->rank, worst->s->world,
+		say(d, DIAG_WARNING, kind, "%s: %s (rank %u/%u waits %s %%)", kind, why, worst->rank, worst->world,
 		    fmt_pct(worst->diag.stall_pct, a));
 		return;
 	}
 	d->stall_pct = max_stall;
 	say(d, DIAG_OK, "keeping-up", "keeping up: %u client%s wait at most %s %%; workers busy %s %%", n, n == 1 ? "" : "s",
-	    fmt_pct(max_stall, a), fmt_pct(tm.pool_busy_pct, b));
+	    fmt_pct(max_stall, a), fmt_pct(tm->pool_busy_pct, b));
 }
 
-void diagnose_all(void)
+void diagnose_all(struct telemetry *tm)
 {
-	for (struct tclient *c = tm.clients; c; c = c->next)
-		diagnose_client(c);
-	for (struct tclient *c = tm.clients; c; c = c->next) {
-		find_straggler(c);
+	for (struct telemetry_client *c = tm->clients; c; c = c->next)
+		diagnose_client(tm, c);
+	for (struct telemetry_client *c = tm->clients; c; c = c->next) {
+		find_straggler(tm, c);
 		if (c->straggler[0] && c->diag.severity < DIAG_NOTICE) {
 			char old[sizeof(c->diag.text)];
 			memcpy(old, c->diag.text, sizeof(old));
 			say(&c->diag, DIAG_NOTICE, "straggler", "%s; %s", c->straggler, old);
 		}
 	}
-	for (struct tfeed *t = tm.feeds; t; t = t->next)
-		diagnose_feed(t);
+	for (struct tfeed *t = tm->feeds; t; t = t->next)
+		diagnose_feed(tm, t);
 }
 
-int telemetry_worst(char *buf, size_t len)
+int telemetry_worst(const struct telemetry *tm, char *buf, size_t len)
 {
 	const struct diag *best = NULL;
-	const struct tclient *bc = NULL;
+	const struct telemetry_client *bc = NULL;
 	const struct tfeed *bf = NULL;
-	for (const struct tclient *c = tm.clients; c; c = c->next) {
+	for (const struct telemetry_client *c = tm->clients; c; c = c->next) {
 		if (!c->diag.kind)
 			continue;
 		if (!best || c->diag.severity > best->severity ||
@@ -335,7 +328,7 @@ int telemetry_worst(char *buf, size_t len)
 			bf = NULL;
 		}
 	}
-	for (const struct tfeed *t = tm.feeds; t; t = t->next) {
+	for (const struct tfeed *t = tm->feeds; t; t = t->next) {
 		/* A feed's starvation is already told by its client; a failed feed has no client to tell it. */
 		if (t->diag.kind && t->diag.severity == DIAG_ERROR && (!best || best->severity < DIAG_ERROR)) {
 			best = &t->diag;
@@ -348,7 +341,7 @@ int telemetry_worst(char *buf, size_t len)
 		return DIAG_OK;
 	}
 	if (bc)
-		snprintf(buf, len, "feed %s rank %u/%u: %s", bc->s->feed->name, bc->s->rank, bc->s->world, best->text);
+		snprintf(buf, len, "feed %s rank %u/%u: %s", bc->feed->name, bc->rank, bc->world, best->text);
 	else
 		snprintf(buf, len, "feed %s: %s", bf->f->name, best->text);
 	return (int)best->severity;

@@ -1,65 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What telemetry.c (sampling, windows, JSON) and diagnosis.c (the rules)
- * share: the per-client and per-feed records and the module's state. Main
- * thread only.
+ * What the files of telemetry/ share: the object, the per-feed records, the
+ * host record and the sliding-window helpers. Main thread only.
+ *
+ *   telemetry.c       the object, clients and feeds, sampling into windows, the tick
+ *   host.c            the host as the workers see it (/proc schedstat, load)
+ *   diagnosis.c       the rules: a verdict per client and feed, the worst line
+ *   view.c            the views status and metrics render (telemetry.h)
  */
 #pragma once
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "daemon/telemetry/stage.h"
+#include "daemon/feed/stage.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/ring_abi.h"
-
-#define WINDOW_SLOTS 60
-
-struct diag {
-	enum diag_severity severity;
-	const char *kind;   /* "compute-bound", "starved", ... (docs/telemetry.md) */
-	char cause[24];     /* the stage or reason a starved client or a feed is bound by, or "" */
-	double stall_pct;   /* the client's (or the feed's worst client's) data wait share */
-	double needed_x;    /* throughput factor that would end the wait, 0 if none */
-	char text[384];
-};
-
-/* One sub-window of a client, or (with u64 buckets) the running window sums. */
-struct client_slot {
-	uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns;
-	uint32_t wait[FEED_HIST_BUCKETS], step[FEED_HIST_BUCKETS], h2d[FEED_HIST_BUCKETS];
-};
-
-struct client_sums {
-	uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns;
-	uint64_t wait[FEED_HIST_BUCKETS], step[FEED_HIST_BUCKETS], h2d[FEED_HIST_BUCKETS];
-};
-
-/* One second of a client's history: totals within that second. 24 bytes. */
-struct sample {
-	float wait_ms, step_ms, h2d_ms, full_pct;
-	uint32_t batches;
-	uint16_t fill, held;
-};
-
-struct tclient {
-	struct tclient *next;
-	struct session *s;
-	uint64_t last_ns;
-	/* the previous readings, to difference against */
-	uint64_t p_wait, p_step, p_h2d, p_reports, p_delivered, p_full;
-	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS];
-	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
-	struct client_slot *slots;              /* WINDOW_SLOTS */
-	unsigned cur;
-	struct client_sums win;
-	struct sample *hist; /* ring of hist_cap seconds */
-	unsigned hist_cap, hist_head, hist_n;
-	uint64_t fill, held; /* at the last sample */
-	bool waiting;        /* blocked in next() on an empty ring at the last sample */
-	struct diag diag;
-	char straggler[192];
-};
 
 struct feed_slot {
 	uint64_t span_ns;
@@ -107,19 +64,72 @@ struct host {
 	unsigned runnable;   /* runnable tasks on the host at the last sample (/proc/loadavg) */
 };
 
-/* Of the workers' runnable time over the window, the share spent waiting for a CPU (0 when unknown). */
-double telemetry_host_runqueue_pct(void);
-
 struct telemetry {
 	struct conf_diagnosis conf;
 	struct host host;
-	struct tclient *clients;
+	struct telemetry_client *clients; /* attached, embedded in their owners */
+	size_t n_clients;
 	struct tfeed *feeds;
 	unsigned threads;
 	double pool_busy_pct; /* all feeds' job time over the window, per thread */
+	uint64_t now;         /* the current tick's time */
+	unsigned n_slots;     /* the current window geometry (window_geometry) */
+	uint64_t step_ns;
 };
 
-extern struct telemetry tm;
+/* A client-written counter's progress since *prev (none if it went backwards), at most cap. */
+static inline uint64_t delta(uint64_t *prev, uint64_t cur, uint64_t cap)
+{
+	uint64_t d = cur >= *prev ? cur - *prev : 0;
+	*prev = cur;
+	return d < cap ? d : cap;
+}
+
+/*
+ * Sliding windows. Every reading is turned into a delta, added to the
+ * current sub-window (slot) and to the running sums; window_add() does it for
+ * n u64 fields. When window_next() says the current sub-window is complete it
+ * moves on to the oldest, which the caller subtracts from the sums
+ * (window_sub()) and clears for reuse.
+ */
+static inline void window_add(uint64_t *slot, uint64_t *sum, const uint64_t *d, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		slot[k] += d[k];
+		sum[k] += d[k];
+	}
+}
+
+static inline void window_sub(uint64_t *sum, const uint64_t *old, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		assert(sum[k] >= old[k]); /* a sub-window leaves the sums it was added to */
+		sum[k] -= old[k];
+	}
+}
+
+/*
+ * Whether the sub-window *cur of this span is complete; if so advances *cur
+ * to the slot to retire. Ticks come about a second apart but never exactly:
+ * a sub-window closes within half a tick of its length, so one that falls a
+ * little short does not wait a whole extra tick (which made a 60 s window
+ * span up to 86 s).
+ */
+static inline bool window_next(const struct telemetry *tm, unsigned *cur, uint64_t span_ns)
+{
+	if (span_ns + NSEC_PER_SEC / 2 < tm->step_ns)
+		return false;
+	*cur = (*cur + 1) % tm->n_slots;
+	return true;
+}
+
+/* host.c */
+/* Once a second: samples the workers' CPU and run-queue time into the host window. */
+void host_sample(struct telemetry *tm);
+/* Frees what the host record holds. */
+void host_done(struct host *h);
+/* Of the workers' runnable time over the window, the share spent waiting for a CPU (0 when unknown). */
+double telemetry_host_runqueue_pct(const struct telemetry *tm);
 
 /*
  * All the worker time of a feed over its window: its batch jobs, plus for a
@@ -135,12 +145,10 @@ static inline uint64_t tfeed_worker_ns(const struct tfeed *t)
 	return ns;
 }
 
-struct tclient *telemetry_find_client(const struct session *s);
-struct tfeed *telemetry_find_feed(const struct feed *f);
-/* Value (ns) at quantile q of a histogram (bucket midpoint, nearest rank); NAN when empty. */
-double telemetry_quantile(const uint64_t *h, double q);
+/* The record of feed f, or NULL when f was not named at the last tick. */
+struct tfeed *telemetry_find_feed(const struct telemetry *tm, const struct feed *f);
 
 /* Re-runs every rule over the current windows (diagnosis.c). */
-void diagnose_all(void);
+void diagnose_all(struct telemetry *tm);
 /* The diagnosis of a feed that failed to load or went stale. */
 void diagnose_failed_feed(const struct feed *f, struct diag *d);

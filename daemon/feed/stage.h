@@ -19,8 +19,9 @@
  * The read stage also counts io_uring queue depth samples (one per
  * submission: requests in flight), for the mean depth.
  *
- * The feed owns its counters (struct feed_telemetry, see telemetry.h);
- * feed->telemetry lives as long as the feed.
+ * The feed owns its counters (struct feed_stages, feed->stages; a mixture's
+ * sources borrow their mixture's); they live as long as the feed. Telemetry
+ * (daemon/telemetry) only reads them, so feed/ does not depend on it.
  */
 #pragma once
 
@@ -91,9 +92,11 @@ static inline uint64_t stage_thread_cpu_ns(void)
 
 /*
  * Whether stages are timed at all ([diagnosis] stage_counters, default on;
- * off exists to measure what they cost). Set by telemetry_configure().
+ * off exists to measure what they cost). A process-wide measurement switch,
+ * set by the server from the config (stage.c); workers read it once per stage.
  */
-extern int stage_counters;
+void stage_timing_set(bool on);
+bool stage_timing_on(void);
 
 /* A stage's start, taken by stage_begin() and consumed by stage_end*(). */
 struct stage_clock {
@@ -102,7 +105,7 @@ struct stage_clock {
 
 static inline void stage_begin(struct stage_clock *c, bool with_cpu)
 {
-	if (!__atomic_load_n(&stage_counters, __ATOMIC_RELAXED)) {
+	if (!stage_timing_on()) {
 		c->wall = 0;
 		return;
 	}

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The diagnosis rules (daemon/telemetry/diagnosis.c, docs/telemetry.md): each
+ * test builds the windows a rule reads (a client's sums, its feed's stage
+ * rates, the pool's busy share, the host's run queue), runs diagnose_all() and
+ * checks the verdict: kind, severity, cause and the words an operator reads.
+ * The last test drives the windows through telemetry_client_sample() with
+ * readings, including a client that writes nonsense into its page.
+ */
+#include <math.h>
+
+#include "daemon/telemetry/telemetry-internal.h"
+#include "unit.h"
+
+#define SEC NSEC_PER_SEC
+
+static struct feed *fake_feed(const char *name)
+{
+	struct feed *f = calloc(1, sizeof(*f));
+	REQUIRE(f, "out of memory");
+	f->name = (char *)name;
+	f->state = FEED_READY;
+	f->kind = FEED_MEGATRON;
+	return f;
+}
+
+static struct telemetry *new_tm(void)
+{
+	struct conf_diagnosis d = CONF_DIAGNOSIS_DEFAULTS;
+	struct telemetry *tm = NULL;
+	REQUIRE(telemetry_new(&d, &tm) == 0 && tm, "telemetry_new failed");
+	tm->now = 1000 * SEC;
+	tm->threads = 4;
+	return tm;
+}
+
+/* Names the feeds of this tick (as the server does) and returns the record of f. */
+static struct tfeed *tick_feed(struct telemetry *tm, struct feed *f)
+{
+	telemetry_tick_feed(tm, f);
+	struct tfeed *t = telemetry_find_feed(tm, f);
+	REQUIRE(t, "feed %s not tracked after telemetry_tick_feed", f->name);
+	t->win.span_ns = 60 * SEC;
+	return t;
+}
+
+/* A client attached long ago with a 60 s window: `batches` taken, `wait_ms`/`step_ms` per batch. */
+static void attach(struct telemetry *tm, struct telemetry_client *c, struct feed *f, unsigned rank, unsigned world,
+		   uint64_t batches, double wait_ms, double step_ms)
+{
+	REQUIRE(telemetry_client_attach(tm, c, f, rank, world, 8, tm->now - 600 * SEC) == 0, "attach failed");
+	c->win.span_ns = 60 * SEC;
+	c->win.batches = batches;
+	c->win.wait_ns = (uint64_t)(wait_ms * 1e6 * (double)batches);
+	c->win.step_ns = (uint64_t)(step_ms * 1e6 * (double)batches);
+	c->fill = 4;
+}
+
+static void test_client_rules(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("web");
+	struct tfeed *t = tick_feed(tm, f);
+	/* The feed's workers did work: the starved rule explains by stage, not "stalled". */
+	t->win.d.s[STAGE_JOB].busy_ns = 30 * SEC;
+	t->win.d.s[STAGE_JOB].items = 1000;
+	t->win.d.s[STAGE_JOB].bytes = 1000 * 4096;
+	t->win.d.s[STAGE_TOKENIZE].busy_ns = 25 * SEC;
+	t->win.d.s[STAGE_TOKENIZE].bytes = 600 * 1000000ull;
+	t->win.d.s[STAGE_READ].busy_ns = 2 * SEC;
+
+	struct telemetry_client c[8] = { 0 };
+	/* 0: failed */
+	attach(tm, &c[0], f, 0, 1, 100, 0, 10);
+	c[0].failed = true;
+	/* 1: ring full 95 % of the window and the client holds 7 of 8 slots */
+	attach(tm, &c[1], f, 1, 2, 100, 0, 10);
+	c[1].win.full_ns = 57 * SEC;
+	c[1].held = 7;
+	/* 2: blocked in next() on an empty ring, nothing delivered */
+	attach(tm, &c[2], f, 2, 3, 0, 0, 0);
+	c[2].waiting = true;
+	/* 3: warming up: two batches, attached 10 s ago */
+	attach(tm, &c[3], f, 3, 4, 2, 0, 10);
+	c[3].attach_ns = tm->now - 10 * SEC;
+	/* 4: idle: two batches in the window, attached long ago */
+	attach(tm, &c[4], f, 4, 5, 2, 0, 10);
+	/* 5: waits 40 % of its time */
+	attach(tm, &c[5], f, 5, 6, 100, 20, 30);
+	/* 6: copies to the GPU take 40 % of the step, data wait 1 % */
+	attach(tm, &c[6], f, 6, 7, 100, 0.1, 10);
+	c[6].win.reports = 100;
+	c[6].win.h2d_ns = 100 * 4 * 1000000ull;
+	/* 7: compute-bound */
+	attach(tm, &c[7], f, 7, 8, 100, 0.1, 10);
+
+	tm->pool_busy_pct = 95; /* workers saturated: the starved client is bound by the busiest stage */
+	diagnose_all(tm);
+
+	CHECK_STR(c[0].diag.kind, "failed");
+	CHECK_INT(c[0].diag.severity, DIAG_ERROR);
+
+	CHECK_STR(c[1].diag.kind, "slow-release");
+	CHECK_INT(c[1].diag.severity, DIAG_WARNING);
+	CHECK_STR(c[1].diag.cause, "release");
+	CHECK_CONTAINS(c[1].diag.text, "holding 7 of 8 slots");
+
+	CHECK_STR(c[2].diag.kind, "starved");
+	CHECK(c[2].diag.stall_pct == 100.0, "blocked client: stall %.1f, expected 100", c[2].diag.stall_pct);
+	CHECK(isinf(c[2].diag.needed_x), "blocked client: needed_x %.2f, expected infinity", c[2].diag.needed_x);
+
+	CHECK_STR(c[3].diag.kind, "warming-up");
+	CHECK_INT(c[3].diag.severity, DIAG_OK);
+	CHECK_STR(c[4].diag.kind, "idle");
+	CHECK_CONTAINS(c[4].diag.text, "4 ready in the ring");
+
+	CHECK_STR(c[5].diag.kind, "starved");
+	CHECK_INT(c[5].diag.severity, DIAG_WARNING);
+	CHECK(fabs(c[5].diag.stall_pct - 40.0) < 0.01, "stall %.2f, expected 40", c[5].diag.stall_pct);
+	CHECK(fabs(c[5].diag.needed_x - 50.0 / 30.0) < 0.01, "needed_x %.3f, expected 1.667", c[5].diag.needed_x);
+	CHECK_STR(c[5].diag.cause, "tokenize");
+	CHECK_CONTAINS(c[5].diag.text, "tokenizer busy on all 4 threads");
+	CHECK_CONTAINS(c[5].diag.text, "~1.7x");
+
+	CHECK_STR(c[6].diag.kind, "transfer-bound");
+	CHECK_INT(c[6].diag.severity, DIAG_NOTICE);
+	CHECK_STR(c[6].diag.cause, "h2d");
+
+	CHECK_STR(c[7].diag.kind, "compute-bound");
+	CHECK_INT(c[7].diag.severity, DIAG_OK);
+
+	/* The feed is told by its worst starved client (the blocked one), with the stage that binds it. */
+	CHECK_STR(t->diag.kind, "tokenize-bound");
+	CHECK_INT(t->diag.severity, DIAG_WARNING);
+	CHECK_CONTAINS(t->diag.text, "rank 2/3 waits 100 %");
+
+	/* The worst line: the failed client, named by feed and rank. */
+	char line[512];
+	CHECK_INT(telemetry_worst(tm, line, sizeof(line)), DIAG_ERROR);
+	CHECK_CONTAINS(line, "feed web rank 0/1: failed");
+
+	for (unsigned i = 0; i < 8; i++)
+		telemetry_client_detach(&c[i]);
+	CHECK(!telemetry_client_tracked(&c[0]), "a detached client is still tracked");
+	CHECK_INT(telemetry_worst(tm, line, sizeof(line)), DIAG_OK);
+	telemetry_free(tm);
+	free(f);
+}
+
+/* Why a starved client waits, rule by rule: storage, latency, stalled, host. */
+static void test_starved_causes(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("books");
+	struct tfeed *t = tick_feed(tm, f);
+	struct telemetry_client c = { 0 };
+	attach(tm, &c, f, 0, 1, 100, 20, 30);
+
+	/* No batch job ran in the window: the feed produced nothing. */
+	diagnose_all(tm);
+	CHECK_STR(c.diag.kind, "starved");
+	CHECK_STR(c.diag.cause, "none");
+	CHECK_CONTAINS(c.diag.text, "produced no batch");
+	CHECK_STR(t->diag.kind, "stalled");
+
+	/* Reads off-CPU 60 % of the worker time: storage-bound, whatever the pool's business. */
+	t->win.d.s[STAGE_JOB].busy_ns = 10 * SEC;
+	t->win.d.s[STAGE_READ].busy_ns = 7 * SEC;
+	t->win.d.s[STAGE_READ].offcpu_ns = 6 * SEC;
+	t->win.d.s[STAGE_READ].bytes = 120 * 1000000ull;
+	tm->pool_busy_pct = 95;
+	diagnose_all(tm);
+	CHECK_STR(c.diag.cause, "storage");
+	CHECK_CONTAINS(c.diag.text, "storage-bound: reads at 2 MB/s");
+	CHECK_STR(t->diag.kind, "storage-bound");
+
+	/* Reads on the CPU, workers mostly idle: batches come late, not slowly. */
+	t->win.d.s[STAGE_READ].offcpu_ns = 0;
+	tm->pool_busy_pct = 20;
+	diagnose_all(tm);
+	CHECK_STR(c.diag.cause, "latency");
+	CHECK_STR(t->diag.kind, "latency-bound");
+	CHECK_CONTAINS(c.diag.text, "a ring of 8 slots");
+
+	/* Workers runnable but waiting for a CPU 40 % of the time: the host, before any stage. */
+	tm->pool_busy_pct = 95;
+	tm->host.win = (struct host_slot){ .span_ns = 60 * SEC, .cpu_ns = 30 * SEC, .delay_ns = 20 * SEC };
+	tm->host.cpus = 2;
+	diagnose_all(tm);
+	CHECK_STR(c.diag.cause, "host");
+	CHECK_STR(t->diag.kind, "host-bound");
+	CHECK_CONTAINS(c.diag.text, "host CPUs oversubscribed");
+	/* ... unless the kernel has no schedstat: then the rule stays silent. */
+	tm->host.unavailable = true;
+	diagnose_all(tm);
+	CHECK(strcmp(c.diag.cause, "host") != 0, "host blamed without schedstat (cause %s)", c.diag.cause);
+
+	telemetry_client_detach(&c);
+	telemetry_free(tm);
+	free(f);
+}
+
+/* A rank whose step per batch is far above its peers' median is named a straggler; others of another world are not peers. */
+static void test_straggler(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("web");
+	tick_feed(tm, f);
+	struct telemetry_client c[5] = { 0 };
+	attach(tm, &c[0], f, 0, 4, 100, 0.1, 10);
+	attach(tm, &c[1], f, 1, 4, 100, 0.1, 11);
+	attach(tm, &c[2], f, 2, 4, 100, 0.1, 10.5);
+	attach(tm, &c[3], f, 3, 4, 100, 0.1, 30); /* three times slower */
+	attach(tm, &c[4], f, 0, 2, 100, 0.1, 90); /* another world: not a peer of the others */
+	diagnose_all(tm);
+	CHECK_STR(c[3].diag.kind, "straggler");
+	CHECK_INT(c[3].diag.severity, DIAG_NOTICE);
+	CHECK_CONTAINS(c[3].straggler, "step 30.0 ms per batch vs a median of 10.5 ms over its 3 peers");
+	for (unsigned i = 0; i < 3; i++) {
+		CHECK_STR(c[i].diag.kind, "compute-bound");
+		CHECK(c[i].straggler[0] == 0, "rank %u named a straggler: %s", i, c[i].straggler);
+	}
+	CHECK(c[4].straggler[0] == 0, "a lone rank of world 2 named a straggler: %s", c[4].straggler);
+	for (unsigned i = 0; i < 5; i++)
+		telemetry_client_detach(&c[i]);
+	telemetry_free(tm);
+	free(f);
+}
+
+static void test_feed_rules(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("web"), *g = fake_feed("code");
+	struct tfeed *t = tick_feed(tm, f), *u = tick_feed(tm, g);
+	diagnose_all(tm);
+	CHECK_STR(t->diag.kind, "idle");
+
+	struct telemetry_client c = { 0 };
+	attach(tm, &c, f, 0, 1, 100, 0.5, 10);
+	tm->pool_busy_pct = 30;
+	diagnose_all(tm);
+	CHECK_STR(t->diag.kind, "keeping-up");
+	CHECK_CONTAINS(t->diag.text, "1 client wait at most 4.8 %");
+
+	/* A feed that failed (shards changed under it) says why, and is the worst line without a failed client. */
+	g->state = FEED_FAILED;
+	snprintf(g->error, sizeof(g->error), "shard a.bin changed");
+	diagnose_all(tm);
+	CHECK_STR(u->diag.kind, "failed");
+	CHECK_INT(u->diag.severity, DIAG_ERROR);
+	char line[512];
+	CHECK_INT(telemetry_worst(tm, line, sizeof(line)), DIAG_ERROR);
+	CHECK_STR(line, "feed code: failed: shard a.bin changed");
+
+	/* A feed not named at a tick is forgotten. */
+	telemetry_tick_begin(tm);
+	telemetry_tick_feed(tm, f);
+	telemetry_tick_end(tm, NULL);
+	CHECK(telemetry_find_feed(tm, g) == NULL, "feed no longer served still tracked");
+	CHECK(telemetry_find_feed(tm, f) != NULL, "feed served forgotten");
+
+	telemetry_client_detach(&c);
+	telemetry_free(tm);
+	free(f);
+	free(g);
+}
+
+/* Readings into windows: deltas per second, a page that goes backwards counts as no progress, and a full window rotates. */
+static void test_sampling(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("web");
+	uint64_t t0 = 1000 * SEC;
+	struct telemetry_client c = { 0 };
+	REQUIRE(telemetry_client_attach(tm, &c, f, 0, 1, 8, t0) == 0, "attach failed");
+	struct telemetry_reading r = { .published = 8, .tail = 2 };
+	for (unsigned s = 1; s <= 70; s++) {
+		tm->now = t0 + s * SEC;
+		r.cons.delivered = 10 * s;
+		r.published = 10 * s + 8;
+		r.tail = 10 * s;
+		r.cons.wait_ns = s * 100000000ull; /* 0.1 s a second */
+		r.cons.step_ns = s * 900000000ull;
+		if (s == 30)
+			r.cons.wait_ns = 0; /* a lying client: its total goes backwards */
+		telemetry_client_sample(&c, &r);
+		if (s == 30)
+			r.cons.wait_ns = 30 * 100000000ull;
+	}
+	/*
+	 * 60 one-second sub-windows; each tick closes one, and the oldest
+	 * becomes the (empty) current one: the window holds the last 59 seconds
+	 * at 10 batches a second.
+	 */
+	CHECK_U64(c.win.batches, 590);
+	CHECK_U64(c.win.span_ns, 59 * SEC);
+	CHECK_U64(c.win.step_ns, 59 * 900000000ull);
+	/* Seconds 30 (went back to 0) and 31 (back up from 0 to 3.1 s, clamped to the attachment's age) distort only this client. */
+	CHECK(c.win.wait_ns >= 57 * 100000000ull && c.win.wait_ns <= 59 * 100000000ull + 31 * 100000000ull, "window wait %" PRIu64 " lost more than the lying seconds", c.win.wait_ns);
+	CHECK_U64(c.fill, 8);
+	CHECK_U64(c.held, 0);
+	CHECK_U64(c.hist_n, 70);
+	CHECK(c.hist[(c.hist_head + 69) % c.hist_cap].batches == 10, "last second's batches %u, expected 10",
+	      c.hist[(c.hist_head + 69) % c.hist_cap].batches);
+	telemetry_client_detach(&c);
+	telemetry_free(tm);
+	free(f);
+}
+
+int main(void)
+{
+	test_client_rules();
+	test_starved_causes();
+	test_straggler();
+	test_feed_rules();
+	test_sampling();
+	return unit_exit("diagnosis");
+}
