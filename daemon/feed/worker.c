@@ -166,15 +166,11 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 	stage_begin(&stage_clock, true);
 	int r = source_read(w->io, w->reqs, c->n, &failed);
 	if (r < 0) {
-		const char *path = r == -ENOMEM ? "" : source_name(w->reqs[failed].src);
 		if (r == -ENOMEM)
 			snprintf(err, errlen, "out of memory queueing %zu reads", c->n);
-		else if (r == -ENODATA)
-			snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its .idx points to: the file changed while serving",
-				 path, w->runs[failed].byte_offset + w->reqs[failed].len);
 		else
-			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", path,
-				 w->runs[failed].byte_offset, strerror(-r));
+			source_read_error(err, errlen, r, source_name(w->reqs[failed].src), ".idx", w->runs[failed].byte_offset,
+					  w->reqs[failed].len);
 		return r;
 	}
 	/* pread has no queue: one request at a time. */

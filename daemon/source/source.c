@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,4 +276,14 @@ int source_read(struct source_reader *r, const struct source_read *reads, size_t
 int source_read_all(struct source_reader *r, struct source *s, void **ret)
 {
 	return io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
+}
+
+void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
+		       uint64_t len)
+{
+	if (r == -ENODATA)
+		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",
+			 name, offset + len, index);
+	else
+		snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", name, offset, strerror(-r));
 }

@@ -116,3 +116,11 @@ int source_complete(struct source_reader *r, size_t *ret_failed);
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed);
 /* Reads the whole object into a new buffer (caller frees). */
 int source_read_all(struct source_reader *r, struct source *s, void **ret);
+
+/*
+ * The message for a failed read of `name` at [offset, offset + len) into err:
+ * -ENODATA (the object ends before what its `index` — ".idx", "index" — points
+ * to) says the file changed while serving; anything else names the errno.
+ */
+void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
+		       uint64_t len);

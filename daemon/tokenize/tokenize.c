@@ -107,13 +107,7 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
 		return oom(c);
 	if (e < 0) {
 		const struct source_read *q = &t->reqs[failed];
-		const char *path = source_name(q->src);
-		if (e == -ENODATA)
-			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
-				 path, q->offset + q->len);
-		else
-			snprintf(c->error, sizeof(c->error), "%s: read at byte %" PRIu64 " failed: %s", path, q->offset,
-				 strerror(-e));
+		source_read_error(c->error, sizeof(c->error), e, source_name(q->src), "index", q->offset, q->len);
 		return e;
 	}
 	return 0;
