@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"

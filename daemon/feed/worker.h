@@ -7,12 +7,14 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
 #include "daemon/pack/pack.h"
 #include "daemon/pack/pad.h"
+#include "daemon/pool/pool.h"
 #include "daemon/source/source.h"
 #include "daemon/tokenize/tokenize.h"
 #include "proto/ring_abi.h"
@@ -29,7 +31,39 @@ struct worker {
 	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
 };
 
-struct text_chunk;
+struct session;
+struct session_src;
+
+/*
+ * Tokenized text: a run of consecutive documents of one rank's stream (visits
+ * first_seq .. first_seq + n - 1), read and tokenized together by a worker.
+ * Chunks are kept in stream order; plans point into their tokens, so a chunk
+ * is freed only once every batch that used it is published. The worker's
+ * input and output (worker_tokenize); the session owns it.
+ */
+struct text_chunk {
+	struct pool_job job;
+	struct session *session;
+	struct session_src *src;      /* the stream it belongs to */
+	struct text_chunk *next;      /* in stream order */
+	struct text_chunk *next_done; /* completion list */
+	uint64_t first_seq;
+	uint32_t n;
+	uint64_t *docs;      /* n document ids */
+	uint64_t bytes;      /* of text to read */
+
+	/* written by the worker */
+	uint64_t *start;     /* n + 1 offsets into ids */
+	int32_t *ids;
+	uint32_t skipped;    /* bad records turned into empty documents */
+	char **bad;          /* n entries: why each skipped document was bad, NULL for good ones (array NULL when none) */
+	int result;
+	char error[512];     /* the failure, or the first skipped record's reason */
+
+	/* main thread */
+	bool done;
+	uint64_t last_batch; /* the latest batch that may use its tokens */
+};
 
 struct worker *worker_new(enum io_engine engine, unsigned depth);
 struct worker *worker_free(struct worker *w);
