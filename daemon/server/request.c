@@ -102,7 +102,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	if (wire_decode_attach(p, len, &a) < 0)
 		return -EBADMSG;
 	if (c->session) {
-		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->session->feed->name);
+		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
 		return 0;
 	}
 	bool draining;
@@ -146,6 +146,9 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	}
 	c->session = sess;
+	c->feed = f;
+	c->rank = a.rank;
+	c->world = a.world;
 	server_attached(s, f);
 	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, sess->ring->slot_count, sess->attach_ns);
 	c->memory = sess->ring->size + FEED_CONSUMER_PAGE_SIZE;
@@ -168,6 +171,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			telemetry_client_detach(&c->tm);
 			server_detached(s, f);
 			c->session = session_close(c->session);
+			c->feed = NULL;
 			s->memory -= c->memory;
 			c->memory = 0;
 			conn_send_error(c, r, "cannot pass the ring: %s", strerror(-r));

@@ -61,6 +61,9 @@ struct conn {
 	unsigned n_groups;
 	char name[32];
 	struct session *session;
+	/* while attached: what it attached to (the session holds a reference on feed) */
+	struct feed *feed;
+	uint32_t rank, world;
 	struct telemetry_client tm; /* tracked while the session is attached */
 	uint64_t memory; /* ring bytes this connection's session holds */
 	struct log_context log;
