@@ -31,6 +31,11 @@ void conn_drop(struct conn *c, uint64_t *counter, const char *why)
 	conn_free(c);
 }
 
+/*
+ * conn_reading and conn_status are where the server reads a session's state
+ * (besides handle_attach, which wires it, and server_stuck's progress check):
+ * everything else works from what they return.
+ */
 void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *ret)
 {
 	const struct session *s = c->session;
@@ -56,9 +61,9 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 		.stuck = c->stuck,
 		.idle_ns = now - c->idle_since_ns,
 		.memory = c->memory,
-		.feed = session_feed(s),
-		.rank = session_rank(s),
-		.world = session_world(s),
+		.feed = c->feed,
+		.rank = c->rank,
+		.world = c->world,
 		.ring_slots = session_ring(s)->slot_count,
 		.first_batch = session_first_batch(s),
 		.failed = session_failed(s),
@@ -99,9 +104,9 @@ void conn_free(struct conn *c)
 	s->n_conns--;
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
-			 session_feed(c->session)->name, session_rank(c->session), session_world(c->session));
+			 c->feed->name, c->rank, c->world);
 		telemetry_client_detach(&c->tm);
-		server_detached(s, session_feed(c->session));
+		server_detached(s, c->feed);
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
 	}

@@ -102,8 +102,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	if (wire_decode_attach(p, len, &a) < 0)
 		return -EBADMSG;
 	if (c->session) {
-		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s",
-				session_feed(c->session)->name);
+		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
 		return 0;
 	}
 	bool draining;
@@ -149,6 +148,9 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	}
 	session_attach_staging(sess, staging);
 	c->session = sess;
+	c->feed = f;
+	c->rank = a.rank;
+	c->world = a.world;
 	server_attached(s, f);
 	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, session_ring(sess)->slot_count,
 				session_attach_ns(sess));
@@ -172,6 +174,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			telemetry_client_detach(&c->tm);
 			server_detached(s, f);
 			c->session = session_close(c->session);
+			c->feed = NULL;
 			s->memory -= c->memory;
 			c->memory = 0;
 			conn_send_error(c, r, "cannot pass the ring: %s", strerror(-r));

@@ -4,16 +4,20 @@
  * the functions one file calls in another. Main thread only.
  *
  *   server.c   the server object: start, policy, feeds, reload, drain, the
- *              once-a-second tick, the watchdog's progress check, stop
+ *              once-a-second tick, the watchdog's progress check, the status
+ *              snapshot (from conn_status and telemetry's views), stop
  *   listen.c   the listening socket: binding it, accepting, credentials,
  *              allow lists and connection limits, refusals, peer pidfds
  *   conn.c     one connection: framing, bounded input and output queues,
- *              fds passed with replies, dropping a peer that breaks the protocol
+ *              fds passed with replies, dropping a peer that breaks the
+ *              protocol; what status and telemetry read of its session
  *   request.c  the requests: HELLO, ATTACH, STATUS, DETACH, RELOAD, DRAIN
- *   status.c   the status snapshot, the status document and the STATUS= line
+ *   status.c   renders a snapshot: the status document and the STATUS= line
+ *              (it includes only status.h and the views' headers)
  *
- * The server owns its connections (a list) and holds a reference on each
- * feed it serves; a connection owns its session.
+ * The server owns its connections (a list), its telemetry object, and a
+ * reference on each feed it serves (struct served, with the feed's clients
+ * and draining); a connection owns its session and embeds its telemetry.
  */
 #pragma once
 
@@ -61,6 +65,9 @@ struct conn {
 	unsigned n_groups;
 	char name[32];
 	struct session *session;
+	/* while attached: what it attached to (the session holds a reference on feed) */
+	struct feed *feed;
+	uint32_t rank, world;
 	struct telemetry_client tm; /* tracked while the session is attached */
 	uint64_t memory; /* ring bytes this connection's session holds */
 	struct log_context log;

@@ -62,12 +62,13 @@ void server_detached(struct server *s, const struct feed *f)
  * Reports a client that has had batches published and released none for
  * stuck_client_s; once per episode. (`released` is the client's tail, clamped.)
  */
-static void watch_consumption(struct server *s, struct conn *c, uint64_t released, uint64_t now)
+static void watch_consumption(struct server *s, struct conn *c, const struct telemetry_reading *r, uint64_t now)
 {
-	if (released != c->idle_released || released >= session_published(c->session) || session_failed(c->session)) {
+	uint64_t released = r->cons.tail;
+	if (released != c->idle_released || released >= r->published || r->failed) {
 		if (c->stuck)
 			log_info("client %" PRIu64 " (pid %d) on feed %s rank %u/%u consumes again", c->id, (int)c->pid,
-				 session_feed(c->session)->name, session_rank(c->session), session_world(c->session));
+				 c->feed->name, c->rank, c->world);
 		c->idle_released = released;
 		c->idle_since_ns = now;
 		c->stuck = false;
@@ -79,8 +80,8 @@ static void watch_consumption(struct server *s, struct conn *c, uint64_t release
 	s->n.stuck_clients++;
 	log_warning("client %" PRIu64 " (pid %d, uid %u) on feed %s rank %u/%u has released no batch for %.0f s with %" PRIu64
 		    " published (stuck_client_s = %u); it holds only its own ring, nobody else waits for it",
-		    c->id, (int)c->pid, (unsigned)c->uid, session_feed(c->session)->name, session_rank(c->session), session_world(c->session),
-		    (double)(now - c->idle_since_ns) / 1e9, session_published(c->session) - released, s->stuck_client_s);
+		    c->id, (int)c->pid, (unsigned)c->uid, c->feed->name, c->rank, c->world,
+		    (double)(now - c->idle_since_ns) / 1e9, r->published - released, s->stuck_client_s);
 }
 
 /* Lets go of feeds that left the config once their last client is gone. */
@@ -109,7 +110,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 			continue;
 		for (struct conn *c = s->conns, *next; c; c = next) {
 			next = c->next;
-			if (c->session && session_feed(c->session) == f)
+			if (c->session && c->feed == f)
 				session_fail(c->session, f->error_code, f->error);
 		}
 	}
@@ -117,11 +118,11 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
 			continue;
-		struct ring_consumer rc;
-		ring_read_consumer(session_ring(c->session), session_published(c->session), &rc);
-		uint64_t d = rc.delivered, wait = rc.wait_ns, step = rc.step_ns;
+		struct telemetry_reading r;
+		conn_reading(c, now, &r);
+		uint64_t d = r.cons.delivered, wait = r.cons.wait_ns, step = r.cons.step_ns;
 		if (c->rate_ns && now > c->rate_ns) {
-			uint64_t per = (uint64_t)session_feed(c->session)->conf.batch_size * session_feed(c->session)->conf.seq_len;
+			uint64_t per = (uint64_t)c->feed->conf.batch_size * c->feed->conf.seq_len;
 			c->tokens_per_s = (double)(d - MIN(d, c->rate_delivered)) * (double)per /
 					  ((double)(now - c->rate_ns) / 1e9);
 			/* Client-written totals: a delta that goes backwards counts as none. */
@@ -134,7 +135,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		c->rate_step = step;
 		c->rate_ns = now;
 		const struct log_context *old = log_context_swap(&c->log);
-		watch_consumption(s, c, rc.tail, now);
+		watch_consumption(s, c, &r, now);
 		log_context_swap(old);
 	}
 	static const char *const kinds[] = { "not allowed", "over a connection limit", "over a memory limit" };

@@ -156,7 +156,7 @@ static double needed_factor(uint64_t wait, uint64_t step)
 static void diagnose_client(const struct telemetry *tm, struct telemetry_client *c)
 {
 	const struct conf_diagnosis *k = &tm->conf;
-	const struct client_sums *w = &c->win;
+	const struct client_sums *w = &c->d->win;
 	struct diag *d = &c->diag;
 	char a[16], b[16];
 	*d = (struct diag){ 0 };
@@ -223,11 +223,11 @@ static void find_straggler(const struct telemetry *tm, struct telemetry_client *
 {
 	const struct conf_diagnosis *k = &tm->conf;
 	c->straggler[0] = 0;
-	if (c->win.batches < k->min_batches)
+	if (c->d->win.batches < k->min_batches)
 		return;
 	size_t n = 0;
 	for (const struct telemetry_client *p = tm->clients; p; p = p->next)
-		n += p != c && p->feed == c->feed && p->world == c->world && p->win.batches >= k->min_batches;
+		n += p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches;
 	if (n < 2)
 		return;
 	_cleanup_free_ double *v = malloc(n * sizeof(*v));
@@ -237,11 +237,11 @@ static void find_straggler(const struct telemetry *tm, struct telemetry_client *
 	for (unsigned m = 0; m < 2; m++) {
 		size_t i = 0;
 		for (const struct telemetry_client *p = tm->clients; p; p = p->next)
-			if (p != c && p->feed == c->feed && p->world == c->world && p->win.batches >= k->min_batches)
-				v[i++] = (double)(m ? p->win.wait_ns : p->win.step_ns) / (double)p->win.batches / 1e6;
+			if (p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches)
+				v[i++] = (double)(m ? p->d->win.wait_ns : p->d->win.step_ns) / (double)p->d->win.batches / 1e6;
 		qsort(v, n, sizeof(*v), cmp_double);
 		double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-		double mine = (double)(m ? c->win.wait_ns : c->win.step_ns) / (double)c->win.batches / 1e6;
+		double mine = (double)(m ? c->d->win.wait_ns : c->d->win.step_ns) / (double)c->d->win.batches / 1e6;
 		if (mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0)) {
 			snprintf(c->straggler, sizeof(c->straggler),
 				 "straggler: %s %.1f ms per batch vs a median of %.1f ms over its %zu peers (+%.0f %%)", what[m],

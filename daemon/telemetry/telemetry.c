@@ -74,10 +74,10 @@ int telemetry_client_attach(struct telemetry *tm, struct telemetry_client *c, co
 		.last_ns = attach_ns,
 		.hist_cap = tm->conf.history_s,
 	};
-	c->slots = calloc(WINDOW_SLOTS, sizeof(*c->slots));
+	c->d = calloc(1, sizeof(*c->d));
 	c->hist = c->hist_cap ? calloc(c->hist_cap, sizeof(*c->hist)) : NULL;
-	if (!c->slots || (c->hist_cap && !c->hist)) {
-		free(c->slots);
+	if (!c->d || (c->hist_cap && !c->hist)) {
+		free(c->d);
 		free(c->hist);
 		*c = (struct telemetry_client){ 0 };
 		return -ENOMEM;
@@ -104,7 +104,7 @@ void telemetry_client_detach(struct telemetry_client *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	tm->n_clients--;
-	free(c->slots);
+	free(c->d);
 	free(c->hist);
 	*c = (struct telemetry_client){ 0 };
 }
@@ -138,15 +138,15 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 		.batches = delta(&c->p_delivered, rc->delivered, UINT32_MAX),
 		.full_ns = delta(&c->p_full, r->full_ns, dt),
 	};
-	struct client_slot *cur = &c->slots[c->cur];
-	window_add(cur->v, c->win.v, d.v, CLIENT_SCALARS);
+	struct client_slot *cur = &c->d->slots[c->cur];
+	window_add(cur->v, c->d->win.v, d.v, CLIENT_SCALARS);
 	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
-		uint64_t w = delta(&c->p_hw[b], rc->hist_wait[b], UINT32_MAX);
-		uint64_t st = delta(&c->p_hs[b], rc->hist_step[b], UINT32_MAX);
+		uint64_t w = delta(&c->d->p_hw[b], rc->hist_wait[b], UINT32_MAX);
+		uint64_t st = delta(&c->d->p_hs[b], rc->hist_step[b], UINT32_MAX);
 		cur->wait[b] = (uint32_t)MIN((uint64_t)cur->wait[b] + w, (uint64_t)UINT32_MAX);
 		cur->step[b] = (uint32_t)MIN((uint64_t)cur->step[b] + st, (uint64_t)UINT32_MAX);
-		c->win.wait[b] += w;
-		c->win.step[b] += st;
+		c->d->win.wait[b] += w;
+		c->d->win.step[b] += st;
 	}
 	/*
 	 * The consumer page carries only the H2D total: each second's mean copy
@@ -155,8 +155,8 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 	if (d.reports && d.h2d_ns) {
 		unsigned b = feed_hist_bucket(d.h2d_ns / d.reports);
 		cur->h2d[b] = (uint32_t)MIN((uint64_t)cur->h2d[b] + d.reports, (uint64_t)UINT32_MAX);
-		c->win.h2d[b] += d.reports;
-		c->h2d_attach[b] += d.reports;
+		c->d->win.h2d[b] += d.reports;
+		c->d->h2d_attach[b] += d.reports;
 	}
 
 	c->fill = r->published - MIN(r->tail, r->published);
@@ -182,12 +182,12 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 
 	if (!window_next(tm, &c->cur, cur->span_ns))
 		return;
-	struct client_slot *o = &c->slots[c->cur];
-	window_sub(c->win.v, o->v, CLIENT_SCALARS);
+	struct client_slot *o = &c->d->slots[c->cur];
+	window_sub(c->d->win.v, o->v, CLIENT_SCALARS);
 	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
-		c->win.wait[b] -= o->wait[b];
-		c->win.step[b] -= o->step[b];
-		c->win.h2d[b] -= o->h2d[b];
+		c->d->win.wait[b] -= o->wait[b];
+		c->d->win.step[b] -= o->step[b];
+		c->d->win.h2d[b] -= o->h2d[b];
 	}
 	memset(o, 0, sizeof(*o));
 }

@@ -91,6 +91,14 @@ struct sample {
 	uint16_t fill, held;
 };
 
+/* A client's windows and histogram readings: about 190 KiB, allocated while it is attached. */
+struct client_data {
+	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS]; /* the previous histogram readings */
+	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
+	struct client_sums win;                 /* the window's running sums */
+	struct client_slot slots[WINDOW_SLOTS];
+};
+
 /* What the owner of a client reads for telemetry once a second (and for status). */
 struct telemetry_reading {
 	struct ring_consumer cons; /* the consumer page, clamped (ring_read_consumer) */
@@ -114,12 +122,9 @@ struct telemetry_client {
 	bool failed;
 	/* the previous readings, to difference against */
 	uint64_t p_wait, p_step, p_h2d, p_reports, p_delivered, p_full;
-	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS];
-	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
-	struct client_slot *slots;              /* WINDOW_SLOTS */
-	unsigned cur;
-	struct client_sums win;
-	struct sample *hist; /* ring of hist_cap seconds */
+	struct client_data *d; /* the big part, allocated on attach: an unattached connection does not carry it */
+	unsigned cur;          /* the current sub-window in d->slots */
+	struct sample *hist;   /* ring of hist_cap seconds */
 	unsigned hist_cap, hist_head, hist_n;
 	uint64_t fill, held; /* at the last sample */
 	bool waiting;        /* blocked in next() on an empty ring at the last sample */

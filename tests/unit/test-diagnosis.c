@@ -49,10 +49,10 @@ static void attach(struct telemetry *tm, struct telemetry_client *c, struct feed
 		   uint64_t batches, double wait_ms, double step_ms)
 {
 	REQUIRE(telemetry_client_attach(tm, c, f, rank, world, 8, tm->now - 600 * SEC) == 0, "attach failed");
-	c->win.span_ns = 60 * SEC;
-	c->win.batches = batches;
-	c->win.wait_ns = (uint64_t)(wait_ms * 1e6 * (double)batches);
-	c->win.step_ns = (uint64_t)(step_ms * 1e6 * (double)batches);
+	c->d->win.span_ns = 60 * SEC;
+	c->d->win.batches = batches;
+	c->d->win.wait_ns = (uint64_t)(wait_ms * 1e6 * (double)batches);
+	c->d->win.step_ns = (uint64_t)(step_ms * 1e6 * (double)batches);
 	c->fill = 4;
 }
 
@@ -75,7 +75,7 @@ static void test_client_rules(void)
 	c[0].failed = true;
 	/* 1: ring full 95 % of the window and the client holds 7 of 8 slots */
 	attach(tm, &c[1], f, 1, 2, 100, 0, 10);
-	c[1].win.full_ns = 57 * SEC;
+	c[1].d->win.full_ns = 57 * SEC;
 	c[1].held = 7;
 	/* 2: blocked in next() on an empty ring, nothing delivered */
 	attach(tm, &c[2], f, 2, 3, 0, 0, 0);
@@ -89,8 +89,8 @@ static void test_client_rules(void)
 	attach(tm, &c[5], f, 5, 6, 100, 20, 30);
 	/* 6: copies to the GPU take 40 % of the step, data wait 1 % */
 	attach(tm, &c[6], f, 6, 7, 100, 0.1, 10);
-	c[6].win.reports = 100;
-	c[6].win.h2d_ns = 100 * 4 * 1000000ull;
+	c[6].d->win.reports = 100;
+	c[6].d->win.h2d_ns = 100 * 4 * 1000000ull;
 	/* 7: compute-bound */
 	attach(tm, &c[7], f, 7, 8, 100, 0.1, 10);
 
@@ -292,11 +292,11 @@ static void test_sampling(void)
 	 * becomes the (empty) current one: the window holds the last 59 seconds
 	 * at 10 batches a second.
 	 */
-	CHECK_U64(c.win.batches, 590);
-	CHECK_U64(c.win.span_ns, 59 * SEC);
-	CHECK_U64(c.win.step_ns, 59 * 900000000ull);
+	CHECK_U64(c.d->win.batches, 590);
+	CHECK_U64(c.d->win.span_ns, 59 * SEC);
+	CHECK_U64(c.d->win.step_ns, 59 * 900000000ull);
 	/* Seconds 30 (went back to 0) and 31 (back up from 0 to 3.1 s, clamped to the attachment's age) distort only this client. */
-	CHECK(c.win.wait_ns >= 57 * 100000000ull && c.win.wait_ns <= 59 * 100000000ull + 31 * 100000000ull, "window wait %" PRIu64 " lost more than the lying seconds", c.win.wait_ns);
+	CHECK(c.d->win.wait_ns >= 57 * 100000000ull && c.d->win.wait_ns <= 59 * 100000000ull + 31 * 100000000ull, "window wait %" PRIu64 " lost more than the lying seconds", c.d->win.wait_ns);
 	CHECK_U64(c.fill, 8);
 	CHECK_U64(c.held, 0);
 	CHECK_U64(c.hist_n, 70);
