@@ -69,9 +69,9 @@ static void job_run(struct session_job *j, struct worker *w)
 static void chunk_run(struct session_chunk *c, struct worker *w)
 {
 	if (__atomic_load_n(&c->pj.session->closed, __ATOMIC_RELAXED))
-		c->t.result = -ECANCELED;
+		c->result = -ECANCELED;
 	else
-		c->t.result = worker_tokenize(w, c->src->feed, &c->t);
+		c->result = worker_tokenize(w, c->src->feed, &c->t);
 }
 
 static void run(struct pool_job *pool_job, void *ctx)

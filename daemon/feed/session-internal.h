@@ -39,15 +39,18 @@ struct session_src;
 
 /*
  * A chunk of one text stream: visits first_seq .. first_seq + t.n - 1, read
- * and tokenized together by a worker (t is the worker's contract, worker.h).
- * Chunks are kept in stream order; plans point into their tokens.
+ * and tokenized together by a worker (t is the library's tokenize_chunk: the
+ * documents in, their tokens out). Chunks are kept in stream order; plans
+ * point into their tokens.
  */
 struct session_chunk {
 	struct producer_job pj;       /* kind PRODUCER_CHUNK */
 	struct session_src *src;      /* the stream it belongs to */
 	struct session_chunk *next;   /* in stream order */
 	uint64_t first_seq;
-	struct text_chunk t;
+	uint64_t *docs;               /* t.n document ids (t.docs points here) */
+	struct tokenize_chunk t;
+	int result;                   /* of worker_tokenize */
 
 	/* main thread */
 	bool done;

@@ -13,7 +13,8 @@ struct session_chunk *session_chunk_free(struct session_chunk *c)
 {
 	if (!c)
 		return NULL;
-	text_chunk_clear(&c->t);
+	tokenize_chunk_done(&c->t);
+	free(c->docs);
 	free(c);
 	return NULL;
 }
@@ -107,8 +108,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 		struct session_chunk *c = calloc(1, sizeof(*c));
 		uint32_t cap = 64;
 		if (c)
-			c->t.docs = malloc(cap * sizeof(*c->t.docs));
-		if (!c || !c->t.docs) {
+			c->docs = malloc(cap * sizeof(*c->docs));
+		if (!c || !c->docs) {
 			session_chunk_free(c);
 			return -ENOMEM;
 		}
@@ -118,16 +119,16 @@ int session_text_submit(struct session *s, struct session_src *x)
 		c->src = x;
 		while (c->t.n < 65536 && c->t.bytes < chunk_bytes) {
 			if (c->t.n == cap) {
-				uint64_t *d = realloc(c->t.docs, 2 * cap * sizeof(*d));
+				uint64_t *d = realloc(c->docs, 2 * cap * sizeof(*d));
 				if (!d) {
 					session_chunk_free(c);
 					return -ENOMEM;
 				}
-				c->t.docs = d;
+				c->docs = d;
 				cap *= 2;
 			}
 			uint64_t doc = doc_walk_doc(&x->ahead);
-			c->t.docs[c->t.n++] = doc;
+			c->docs[c->t.n++] = doc;
 			c->t.bytes += format_doc_bytes(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc));
 			x->ahead_seq++;
 			unsigned crossed;
@@ -141,6 +142,7 @@ int session_text_submit(struct session *s, struct session_src *x)
 				return r;
 			}
 		}
+		c->t.docs = c->docs;
 		if (x->chunk_tail)
 			x->chunk_tail->next = c;
 		else
@@ -209,10 +211,10 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	c->src->inflight_bytes -= c->t.bytes;
 	if (s->failed || s->closed)
 		return;
-	if (c->t.result < 0) {
-		if (c->t.result == -ENODATA)
+	if (c->result < 0) {
+		if (c->result == -ENODATA)
 			feed_check(f);
-		session_fail(s, c->t.result, c->t.error);
+		session_fail(s, c->result, c->t.error);
 		return;
 	}
 	c->src->tok_bytes += c->t.bytes;

@@ -323,18 +323,7 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 	return 0;
 }
 
-void text_chunk_clear(struct text_chunk *c)
-{
-	free(c->docs);
-	free(c->start);
-	free(c->ids);
-	for (uint32_t i = 0; c->bad && i < c->n; i++)
-		free(c->bad[i]);
-	free(c->bad);
-	*c = (struct text_chunk){ 0 };
-}
-
-int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
+int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t)
 {
 	const struct tokenize_params p = {
 		.shards = f->shards,
@@ -344,12 +333,11 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 		.encode_specials = f->conf.encode_special_tokens,
 		.skip_bad_records = f->conf.skip_bad_records,
 	};
-	struct tokenize_chunk t = { .n = c->n, .docs = c->docs, .bytes = c->bytes };
 	struct stage_clock clock;
 	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
 	stage_begin(&clock, true);
-	int r = tokenize_read(&w->tk, w->io, &p, &t);
+	int r = tokenize_read(&w->tk, w->io, &p, t);
 	if (r == 0) {
 		const size_t n_reqs = w->tk.n_reqs;
 		/* pread has no queue: one request at a time. */
@@ -357,19 +345,13 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 			     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
 			     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
 		stage_begin(&clock, false);
-		r = tokenize_encode(&w->tk, &p, &t);
+		r = tokenize_encode(&w->tk, &p, t);
 	}
-	/* The chunk owns what was made, also on failure. */
-	c->start = t.start;
-	c->ids = t.ids;
-	c->bad = t.bad;
-	c->skipped = t.skipped;
-	memcpy(c->error, t.error, sizeof(c->error));
 	if (r < 0)
 		return r;
-	stage_end(&f->stages->tokenize, &clock, t.read_bytes);
-	__atomic_fetch_add(&f->tok_docs, c->n, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->tok_tokens, t.tokens, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->utf8_replaced, t.replaced, __ATOMIC_RELAXED);
+	stage_end(&f->stages->tokenize, &clock, t->read_bytes);
+	__atomic_fetch_add(&f->tok_docs, t->n, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->tok_tokens, t->tokens, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->utf8_replaced, t->replaced, __ATOMIC_RELAXED);
 	return 0;
 }

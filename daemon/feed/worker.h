@@ -29,41 +29,18 @@ struct worker {
 	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
 };
 
-/*
- * Text to tokenize: a run of documents, the worker's input and output
- * (worker_tokenize). Whoever submits it owns it and its arrays; the worker
- * writes only the output fields.
- */
-struct text_chunk {
-	/* input */
-	uint32_t n;
-	uint64_t *docs;      /* n document ids */
-	uint64_t bytes;      /* of text to read */
-
-	/* output, written by the worker */
-	uint64_t *start;     /* n + 1 offsets into ids */
-	int32_t *ids;
-	uint32_t skipped;    /* bad records turned into empty documents */
-	char **bad;          /* n entries: why each skipped document was bad, NULL for good ones (array NULL when none) */
-	int result;
-	char error[512];     /* the failure, or the first skipped record's reason */
-};
-
-/* Frees a chunk's arrays (input and output), leaving it empty. */
-void text_chunk_clear(struct text_chunk *c);
-
 struct worker *worker_new(enum io_engine engine, unsigned depth);
 struct worker *worker_free(struct worker *w);
 
 /*
- * Reads and tokenizes the documents of chunk c of text feed f (the library's
+ * Reads and tokenizes the documents of chunk t of text feed f (the library's
  * tokenize_read() and tokenize_encode(), with the feed's read and tokenize
- * stages and counters), writing the chunk's start/ids (and skipped count).
- * Returns 0, or a negative errno with a message naming the file and line in
- * c->error (a bad record under on_bad_record = fail, a shard that changed,
- * no memory).
+ * stages and counters), writing t's outputs (which t's owner frees with
+ * tokenize_chunk_done(), also after a failure). Returns 0, or a negative
+ * errno with a message naming the file and line in t->error (a bad record
+ * under on_bad_record = fail, a shard that changed, no memory).
  */
-int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c);
+int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t);
 
 /*
  * Produces the batch `plan` of feed f into slot (a ring slot of the feed's
