@@ -5,6 +5,7 @@
  * feeds and sessions; it owns only its arrays.
  */
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +66,32 @@ static json_t *feed_json(const struct feed *f)
 	return o;
 }
 
-static json_t *client_json(const struct status_client *c)
+/*
+ * Keeps the `keep` newest samples of a client's per-second history and says
+ * how many older ones were left out ("omitted"), so that the document of a
+ * daemon with thousands of clients and long histories fits one reply.
+ */
+static unsigned trim_history(json_t *telemetry, unsigned keep)
+{
+	json_t *h = json_object_get(telemetry, "history");
+	size_t omitted = 0, longest = 0;
+	const char *key;
+	json_t *v;
+	json_object_foreach(h, key, v) {
+		size_t n = json_array_size(v);
+		longest = MAX(longest, n);
+		if (n <= keep)
+			continue;
+		omitted = n - keep;
+		for (size_t i = 0; i < omitted; i++)
+			json_array_remove(v, 0);
+	}
+	if (h)
+		json_object_set_new(h, "omitted", json_integer((json_int_t)omitted));
+	return (unsigned)MIN(longest, UINT_MAX);
+}
+
+static json_t *client_json(const struct status_client *c, unsigned history_max, unsigned *longest)
 {
 	struct session *s = c->session;
 	double attached_s = (double)c->attached_ns / 1e9;
@@ -87,6 +113,10 @@ static json_t *client_json(const struct status_client *c)
 	json_object_set_new(o, "h2d_s", json_real((double)c->h2d_ns / 1e9));
 	json_t *d = telemetry_client_diagnosis_json(s), *t = telemetry_client_json(s);
 	json_object_set_new(o, "diagnosis", d ? d : json_null());
+	if (t) {
+		unsigned n = trim_history(t, history_max);
+		*longest = MAX(*longest, n);
+	}
 	json_object_set_new(o, "telemetry", t ? t : json_null());
 	/* GPU staging of this client (docs/gpu.md): copies, bytes, H2D time, events waited; null for host batches. */
 	json_object_set_new(o, "gpu", s->staging ? gpu_client_json(s->staging) : json_null());
@@ -120,7 +150,7 @@ static void counters_json(json_t *d, const struct status_input *in)
 						    "error", in->metrics_error ? json_string(in->metrics_error) : json_null()));
 }
 
-char *status_json(const struct status_input *in)
+char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest)
 {
 	const struct worker *w0 = pool_worker_ctx(in->pool, 0);
 	int fallback = w0 ? io_reader_fallback(w0->io) : 0;
@@ -142,7 +172,7 @@ char *status_json(const struct status_input *in)
 	for (size_t i = 0; i < in->n_feeds; i++)
 		json_array_append_new(feeds, feed_json(in->feeds[i]));
 	for (size_t i = 0; i < in->n_clients; i++)
-		json_array_append_new(clients, client_json(&in->clients[i]));
+		json_array_append_new(clients, client_json(&in->clients[i], history_max, ret_longest));
 	json_object_set_new(root, "feeds", feeds);
 	json_object_set_new(root, "clients", clients);
 	json_object_set_new(root, "telemetry", telemetry_daemon_json());
@@ -236,14 +266,59 @@ void status_input_clear(struct status_input *in)
 	*in = (struct status_input){ 0 };
 }
 
-char *server_status_json(struct server *s)
+/* Renders the document with history_max samples of history per client; NULL when out of memory. */
+static char *render(const struct status_input *in, unsigned history_max, size_t *ret_len, unsigned *ret_longest)
 {
-	struct status_input in;
-	if (server_snapshot(s, &in) < 0)
-		return NULL;
-	char *text = status_json(&in);
-	status_input_clear(&in);
+	unsigned longest = 0;
+	char *text = status_json(in, history_max, &longest);
+	if (text) {
+		*ret_len = strlen(text);
+		if (ret_longest)
+			*ret_longest = longest;
+	}
 	return text;
+}
+
+int server_status_json(struct server *s, size_t max_len, char **ret)
+{
+	_cleanup_(status_input_clear) struct status_input in = { 0 };
+	if (server_snapshot(s, &in) < 0)
+		return -ENOMEM;
+	/*
+	 * The whole history when it fits. Otherwise the newest part of every
+	 * client's history: its bytes grow with the samples kept, so the room
+	 * left by the document without history says how many fit, and the
+	 * estimate shrinks until the text does.
+	 */
+	size_t full_len, len;
+	unsigned longest;
+	_cleanup_free_ char *text = render(&in, UINT_MAX, &full_len, &longest);
+	if (!text)
+		return -ENOMEM;
+	if (full_len <= max_len) {
+		*ret = TAKE_PTR(text);
+		return 0;
+	}
+	free(TAKE_PTR(text));
+	size_t base_len;
+	_cleanup_free_ char *base = render(&in, 0, &base_len, NULL);
+	if (!base)
+		return -ENOMEM;
+	if (base_len > max_len)
+		return -EMSGSIZE;
+	unsigned keep = (unsigned)((double)longest * (double)(max_len - base_len) / (double)(full_len - base_len));
+	for (; keep > 0; keep = keep * 3 / 4) {
+		text = render(&in, keep, &len, NULL);
+		if (!text)
+			return -ENOMEM;
+		if (len <= max_len) {
+			*ret = TAKE_PTR(text);
+			return 0;
+		}
+		free(TAKE_PTR(text));
+	}
+	*ret = TAKE_PTR(base);
+	return 0;
 }
 
 void status_line(const struct status_input *in, char *buf, size_t len)
