@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <assert.h>
 #include <errno.h>
 #include <glob.h>
 #include <inttypes.h>
@@ -508,6 +509,8 @@ struct feed *feed_ref(struct feed *f)
 
 struct feed *feed_unref(struct feed *f)
 {
+	/* unsigned: one unref too many would wrap to UINT_MAX and leak, or free later under a holder */
+	assert(!f || f->refs > 0);
 	if (!f || --f->refs > 0)
 		return NULL;
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
