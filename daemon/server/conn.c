@@ -64,6 +64,7 @@ void conn_free(struct conn *c)
 	if (c->pidfd >= 0)
 		close(c->pidfd);
 	close(c->fd);
+	free(c->groups);
 	free(c);
 }
 

@@ -280,6 +280,33 @@ def test_allow_lists_refuse_other_users_with_pid_and_uid_logged(tmp_path, data):
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect with other credentials (setpriv)")
+def test_allow_groups_sees_every_supplementary_group(tmp_path, data):
+    """A peer in 70 supplementary groups whose access comes from the 70th: SO_PEERGROUPS returns ERANGE for a
+    64-entry buffer, and the daemon must ask again with the length it was told, not drop the list."""
+    from conftest import Daemon
+    sockdir = tempfile.mkdtemp(prefix="feedd-groups-")
+    os.chmod(sockdir, 0o755)
+    nobody = pwd.getpwnam("nobody")
+    groups = list(range(61000, 61070))  # 70 gids; the kernel takes them as numbers, no /etc/group entries needed
+    d = Daemon(sockdir, web(data, f"[feedd]\nsocket_mode = 0666\nallow_groups = {groups[-1]}\n"))
+
+    def status_as(gids):
+        cmd = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--groups=" + ",".join(map(str, gids)),
+               str(FEEDCTL), "--socket", d.socket, "status"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+    try:
+        p = status_as(groups)
+        assert p.returncode == 0, p.stderr
+        p = status_as(groups[:-1])  # the same peer without the allowed group: refused
+        assert p.returncode == 1 and "permission denied" in p.stderr, p.stderr
+        assert status(d.socket)["daemon"]["refused"]["credentials"] == 1
+    finally:
+        assert d.stop() == 0
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
 def test_ring_memory_limits_refuse_attaches_with_a_clear_error(daemon, data, tmp_path):
     # One ring of 4 slots x (1024 + ~3*2*64*4 -> 4096) + 4096 header + 8192 consumer page = 28672 bytes.
     d = daemon(web(data, "[feedd]\nmemory_max = 60000\n"))
