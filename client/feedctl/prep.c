@@ -192,20 +192,16 @@ int cmd_prep(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	struct conf_feed cf = {
-		.name = "prep",
-		.format = "jsonl",
-		.text_key = "text",
-		.seq_len = 1,
-		.batch_size = 1,
-		.shuffle = false,
-		.shuffle_window = 1,
-		.bos = CONF_TOKEN_NONE,
-		.eos = CONF_TOKEN_NONE,
-		.skip_bad_records = true,
-		.max_bad_fraction = 1,
-		.max_document_bytes = UINT32_MAX - 1,
-	};
+	/* A feed's defaults, less what prep does not do (order, batches) or leaves to the reader (bad records). */
+	struct conf_feed cf;
+	conf_feed_defaults(&cf);
+	cf.name = (char *)"prep";
+	cf.format = (char *)"jsonl";
+	cf.text_key = (char *)CONF_FEED_TEXT_KEY;
+	cf.seq_len = cf.batch_size = cf.shuffle_window = 1;
+	cf.shuffle = false;
+	cf.max_bad_fraction = 1;
+	cf.max_document_bytes = UINT32_MAX - 1;
 	const char *out_prefix = NULL, *eos = NULL;
 	unsigned threads = 0;
 	int c;

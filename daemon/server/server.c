@@ -137,28 +137,9 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	service_status(line);
 }
 
-static int copy_ids(struct conf_ids *dst, const struct conf_ids *src)
-{
-	uint32_t *u = src->n_uids ? malloc(src->n_uids * sizeof(*u)) : NULL;
-	uint32_t *g = src->n_gids ? malloc(src->n_gids * sizeof(*g)) : NULL;
-	if ((src->n_uids && !u) || (src->n_gids && !g)) {
-		free(u);
-		free(g);
-		return -ENOMEM;
-	}
-	if (u)
-		memcpy(u, src->uids, src->n_uids * sizeof(*u));
-	if (g)
-		memcpy(g, src->gids, src->n_gids * sizeof(*g));
-	free(dst->uids);
-	free(dst->gids);
-	*dst = (struct conf_ids){ .uids = u, .n_uids = src->n_uids, .gids = g, .n_gids = src->n_gids };
-	return 0;
-}
-
 int server_configure(struct server *s, const struct conf *conf)
 {
-	if (copy_ids(&s->allow, &conf->allow) < 0 || copy_ids(&s->admin, &conf->admin) < 0)
+	if (conf_ids_copy(&s->allow, &conf->allow) < 0 || conf_ids_copy(&s->admin, &conf->admin) < 0)
 		return -ENOMEM;
 	s->ring_slots = conf->ring_slots;
 	s->max_connections = conf->max_connections;
@@ -331,10 +312,8 @@ struct server *server_free(struct server *s)
 	for (size_t i = 0; i < s->n_feeds; i++)
 		feed_unref(s->feeds[i].feed);
 	free(s->feeds);
-	free(s->allow.uids);
-	free(s->allow.gids);
-	free(s->admin.uids);
-	free(s->admin.gids);
+	conf_ids_done(&s->allow);
+	conf_ids_done(&s->admin);
 	free(s->path);
 	free(s);
 	return NULL;
