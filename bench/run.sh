@@ -124,7 +124,7 @@ if want spine; then
 	$py "$here/bench/spine.py" --build "$build" --rounds "$rounds" | tee "$results/spine.txt" || failed="$failed spine"
 fi
 if want tok; then
-	tokdata=${FEEDD_TOKDATA:-$here/build/tokdata}
+	tokdata=${FEEDD_TOKDATA:-$build/tokdata}
 	if [ -x "$build/bench/tok/bench-tok" ] && [ -f "$tokdata/corpus.txt" ]; then
 		echo "run.sh: tok ($(($(date +%s) - start)) s so far)" >&2
 		FEEDD_TOKDATA=$tokdata "$build/bench/tok/bench-tok" --encoding cl100k_base | tee "$results/tok.txt" ||

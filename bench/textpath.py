@@ -3,7 +3,7 @@
 """Text path: JSONL -> tokens -> packed batches in the ring, against the tokenizer alone.
 
 Runs with Debian's /usr/bin/python3. The corpus is the Debian docs corpus of
-scripts/fetch-tok-data.sh ($FEEDD_TOKDATA, default build/tokdata): its
+scripts/fetch-tok-data.sh ($FEEDD_TOKDATA, default BUILD/tokdata): its
 documents are written as JSONL records {"text": ...} into 4 `.jsonl` shards
 and the same 4 compressed as `.jsonl.zst`. Per thread count T = 1, 2, rounds
 alternating the sides:
@@ -45,8 +45,9 @@ N_SHARDS = 4
 THREADS = (1, 2)
 
 
-def tokdata():
-    return Path(os.environ.get("FEEDD_TOKDATA") or common.SRC / "build/tokdata")
+def tokdata(build):
+    """scripts/fetch-tok-data.sh's corpus: $FEEDD_TOKDATA, else tokdata in the build directory."""
+    return Path(os.environ.get("FEEDD_TOKDATA") or Path(build) / "tokdata")
 
 
 def write_shards(data, out):
@@ -103,7 +104,7 @@ def full_path(build, tmp, paths, ranks, threads, batches):
 def main():
     a = common.arg_parser().parse_args()
     build = Path(a.build).resolve()
-    data = tokdata()
+    data = tokdata(build)
     ranks = data / "ranks/cl100k_base.tiktoken"
     if not (data / "corpus.txt").exists() or not ranks.exists():
         raise SystemExit(f"textpath: no corpus in {data}: run scripts/fetch-tok-data.sh")
