@@ -28,7 +28,7 @@ only at the same T, both in a shuffled order, is the goal of issue #3
 (>= 0.9); the ratio to the corpus-order tokenizer is shown too. CPU columns: process
 CPU time per MB of text (for the full path, feedd's and the client's).
 
-  bench/textpath.py [--build build] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/textpath/run.py [--build build] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import json
@@ -36,9 +36,11 @@ import os
 import statistics
 import subprocess
 import tempfile
+import sys
 from pathlib import Path
 
-import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
+import common  # noqa: E402
 
 B, L = 8, 2048
 N_SHARDS = 4
@@ -168,7 +170,7 @@ def main():
     res = {
         "experiment": "textpath",
         "title": "Text path: JSONL -> tokens -> batches in the ring vs the tokenizer alone",
-        "command": "bench/textpath.py",
+        "command": "bench/textpath/run.py",
         "machine": common.machine(a.note),
         "date": common.date(),
         "data": (f"Debian docs corpus (scripts/fetch-tok-data.sh): {text_bytes / 1e6:.1f} MB of text in "
