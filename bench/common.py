@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: MIT
-"""Helpers shared by the experiments run by bench/run.sh (io, parallel, e2e, scaling).
+"""The registry of bench/run.sh's experiments, and helpers shared by them.
+
+Each experiment is a folder bench/NAME/ with its driver, run.py (or a C
+helper built as BUILD/bench/NAME), and whatever notes it keeps. EXPERIMENTS
+lists them all in the order run.sh runs them; `common.py --list` prints it
+for run.sh, and bench/report.py takes the doc's sections from it.
 
 Runs with Debian's /usr/bin/python3. Each experiment builds a result: a dict
 with its title, command, the conditions every table must state (machine,
@@ -24,6 +29,28 @@ sys.path.insert(0, str(SRC / "scripts"))
 import gen_megatron  # noqa: E402,F401  (re-exported for the experiments)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# (name, kind, title in docs/benchmarks.md or None, whether bench/NAME/run.py takes --build)
+# kind: "json": run.py takes arg_parser()'s options and writes a result (emit) that report.py renders;
+#       "text": run as it is (bench/NAME/run.py, else BUILD/bench/NAME), its output kept verbatim;
+#       "print": run.py --build --rounds, its output printed beside the results (figures kept by hand);
+#       "tok": BUILD/bench/tok/bench-tok on scripts/fetch-tok-data.sh's corpus.
+EXPERIMENTS = [
+    ("io", "json", None, True),
+    ("parallel", "json", None, True),
+    ("starvation", "text", "3. CPU starvation: step time vs per-batch cost", True),
+    ("padding", "text", "4. Padding tax: naive vs packed", True),
+    ("gpu_h2d", "text", "5. PCIe: pinned vs pageable host-to-device copies, and overlap", False),
+    ("gpu_trainer", "text", None, False),
+    ("e2e", "json", None, True),
+    ("scaling", "json", None, True),
+    ("textpath", "json", None, True),
+    ("torch_loop", "text", None, True),
+    ("metrics_scrape", "text", None, True),
+    ("telemetry_overhead", "text", None, True),
+    ("spine", "print", None, True),
+    ("tok", "tok", None, False),
+]
 
 
 def arg_parser():
@@ -235,3 +262,12 @@ def emit(res, out):
     print_result(res)
     if out:
         Path(out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    # bench/run.sh asks: one experiment a line, "NAME KIND BUILD_ARG".
+    if sys.argv[1:] == ["--list"]:
+        for name, kind, _, build_arg in EXPERIMENTS:
+            print(name, kind, int(build_arg))
+    else:
+        sys.exit("usage: common.py --list")

@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# Runs every benchmark in bench/ and regenerates the measured part of
-# docs/benchmarks.md and its plots (docs/benchmarks/*.png).
+# Runs every experiment of bench/ (one folder each, listed in bench/common.py's
+# EXPERIMENTS) and regenerates the measured part of docs/benchmarks.md and its
+# plots (docs/benchmarks/*.png).
 #
 #   bench/run.sh [--build DIR] [--full] [--rounds N] [--results DIR] [--no-doc]
 #                [--note TEXT] [--only "io parallel ..."]
@@ -13,12 +14,13 @@
 # --results  where the raw results go (default: a new /tmp/feedd-bench.*)
 # --no-doc   print the tables, leave docs/ alone
 # --note     words added to every table's machine line ("loaded by ...")
-# --only     a subset of: io parallel starvation padding gpu_h2d gpu_trainer e2e scaling
-#            spine tok textpath
+# --only     a subset of the experiments (`bench/common.py --list`): io parallel
+#            starvation padding gpu_h2d gpu_trainer e2e scaling textpath
+#            torch_loop metrics_scrape telemetry_overhead spine tok
 #
-# Experiments 3, 4 and 5 belong to other parts of the tree (bench/starvation.py,
-# bench/padding.*, bench/gpu_h2d.*): they are run as they are when present,
-# and their output is put in the doc verbatim; when absent the doc says so.
+# "text" experiments (starvation, padding, gpu_h2d, ...) are run as they are
+# when present, and their output is kept verbatim (in the doc when they have a
+# section there); when absent the doc says so.
 # Needs Debian's /usr/bin/python3 with numpy, torch, matplotlib, and fio
 # (scripts/install-deps.sh). Cold-cache rows drop the page cache as root.
 set -eu
@@ -30,7 +32,7 @@ rounds=2
 results=""
 doc=1
 note=""
-only="io parallel starvation padding gpu_h2d gpu_trainer e2e scaling spine tok textpath"
+only=""
 py=/usr/bin/python3
 
 while [ $# -gt 0 ]; do
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
 	--no-doc) doc=0; shift ;;
 	--note) note=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
-	-h|--help) sed -n '3,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '3,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -55,17 +57,16 @@ done
 mkdir -p "$results"
 export FEEDD_BUILD_DIR="$build"
 
-want() { case " $only " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+want() { [ -z "$only" ] && return 0; case " $only " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 start=$(date +%s)
 failed=""
 
-# An experiment of this harness: NAME SCRIPT; writes NAME.json.
+# A "json" experiment: NAME; bench/NAME/run.py writes NAME.json.
 experiment() {
 	name=$1
-	shift
 	want "$name" || return 0
 	echo "run.sh: $name ($(($(date +%s) - start)) s so far)" >&2
-	set -- "$here/bench/$1.py" --build "$build" --rounds "$rounds" --json "$results/$name.json"
+	set -- "$here/bench/$name/run.py" --build "$build" --rounds "$rounds" --json "$results/$name.json"
 	[ -z "$full" ] || set -- "$@" --full
 	[ -z "$note" ] || set -- "$@" --note "$note"
 	if ! $py "$@" 2>"$results/$name.err"; then
@@ -75,23 +76,21 @@ experiment() {
 	fi
 }
 
-# Another part's benchmark, run as it is: NAME; writes NAME.txt and NAME.status.
+# A "text" experiment, run as it is: NAME BUILD_ARG; writes NAME.txt and NAME.status.
 foreign() {
 	name=$1
 	want "$name" || return 0
 	echo "run.sh: $name ($(($(date +%s) - start)) s so far)" >&2
 	cmd=""
-	if [ -f "$here/bench/$name.py" ]; then
-		cmd="$py $here/bench/$name.py"
+	if [ -f "$here/bench/$name/run.py" ]; then
+		cmd="$py $here/bench/$name/run.py"
+		[ "$2" = 0 ] || cmd="$cmd --build $build"
 	elif [ -x "$build/bench/$name" ]; then
 		cmd="$build/bench/$name"
-	elif [ -f "$here/bench/$name.sh" ]; then
-		cmd="sh $here/bench/$name.sh"
-	elif ls "$here/bench/$name".* >/dev/null 2>&1; then
-		echo "not available yet: $(cd "$here" && ls bench/"$name".* | tr '\n' ' ')is there but not built in $build" \
-			>"$results/$name.status"
+	elif [ -d "$here/bench/$name" ]; then
+		echo "not available yet: bench/$name/ is there but not built in $build" >"$results/$name.status"
 	else
-		echo "not available yet: bench/$name.* does not exist in this tree" >"$results/$name.status"
+		echo "not available yet: bench/$name/ does not exist in this tree" >"$results/$name.status"
 	fi
 	if [ -n "$cmd" ]; then
 		rc=0
@@ -106,25 +105,18 @@ foreign() {
 	cat "$results/$name.status"
 }
 
-experiment io io
-experiment parallel parallel
-foreign starvation
-foreign padding
-foreign gpu_h2d
-foreign gpu_trainer
-experiment e2e e2e
-experiment scaling scaling
-# Needs the corpus of scripts/fetch-tok-data.sh and bench/tok/bench-tok.
-experiment textpath textpath
+# A "print" experiment: its figures are kept by hand in the doc; this run prints its own for comparison.
+printed() {
+	name=$1
+	want "$name" || return 0
+	echo "run.sh: $name ($(($(date +%s) - start)) s so far)" >&2
+	$py "$here/bench/$name/run.py" --build "$build" --rounds "$rounds" | tee "$results/$name.txt" || failed="$failed $name"
+}
 
-# The figures of the spine and tokenizer sections are kept by hand in the
-# doc; this run prints its own for comparison.
-if want spine; then
-	echo "run.sh: spine ($(($(date +%s) - start)) s so far)" >&2
-	$py "$here/bench/spine.py" --build "$build" --rounds "$rounds" | tee "$results/spine.txt" || failed="$failed spine"
-fi
-if want tok; then
-	tokdata=${FEEDD_TOKDATA:-$here/build/tokdata}
+# The tokenizer alone: needs the corpus of scripts/fetch-tok-data.sh and bench/tok/bench-tok.
+tok() {
+	want tok || return 0
+	tokdata=${FEEDD_TOKDATA:-$build/tokdata}
 	if [ -x "$build/bench/tok/bench-tok" ] && [ -f "$tokdata/corpus.txt" ]; then
 		echo "run.sh: tok ($(($(date +%s) - start)) s so far)" >&2
 		FEEDD_TOKDATA=$tokdata "$build/bench/tok/bench-tok" --encoding cl100k_base | tee "$results/tok.txt" ||
@@ -132,7 +124,21 @@ if want tok; then
 	else
 		echo "tok: not available: no $tokdata/corpus.txt (scripts/fetch-tok-data.sh fetches it)"
 	fi
-fi
+}
+
+$py "$here/bench/common.py" --list >"$results/experiments"
+for name in $only; do
+	grep -q "^$name " "$results/experiments" || { echo "run.sh: no experiment '$name' (bench/common.py --list)" >&2; exit 2; }
+done
+# Read on fd 3: the experiments' own processes inherit stdin.
+while read -r name kind build_arg <&3; do
+	case $kind in
+	json) experiment "$name" ;;
+	text) foreign "$name" "$build_arg" ;;
+	print) printed "$name" ;;
+	tok) tok ;;
+	esac
+done 3<"$results/experiments"
 
 if [ "$doc" = 1 ]; then
 	$py "$here/bench/report.py" "$results" --doc "$here/docs/benchmarks.md" --plots "$here/docs/benchmarks"

@@ -104,12 +104,12 @@ def test_report_rewrites_only_its_part_of_the_doc(tmp_path):
     res = tmp_path / "results"
     res.mkdir()
     (res / "io.json").write_text(json.dumps({
-        "experiment": "io", "title": "1. Reads", "command": "bench/io.py", "machine": "m", "date": "2026-11-21",
+        "experiment": "io", "title": "1. Reads", "command": "bench/io/run.py", "machine": "m", "date": "2026-11-21",
         "data": "d", "cache": "cold", "notes": ["n1"],
         "tables": [{"caption": "c", "columns": ["reader", "MB/s", "/ fio"], "rows": [["fio", 1000.0, "1.00x"],
                                                                                    ["feedd", 950.0, "0.95x"]]}],
         "plot": {"kind": "barh", "xlabel": "MB/s", "labels": ["fio", "feedd"], "values": [1000.0, 950.0]}}))
-    (res / "padding.status").write_text("not available yet: bench/padding.* does not exist in this tree\n")
+    (res / "padding.status").write_text("not available yet: bench/padding/ does not exist in this tree\n")
     doc = tmp_path / "b.md"
     report = __import__("report")
     doc.write_text(f"# Title\n\nkept above\n\n{report.BEGIN}\nold figures\n{report.END}\n\nkept below\n")
@@ -118,7 +118,7 @@ def test_report_rewrites_only_its_part_of_the_doc(tmp_path):
     text = doc.read_text()
     assert "kept above" in text and "kept below" in text and "old figures" not in text
     assert "| feedd | 950 | 0.95x |" in text
-    assert "Not available yet: bench/padding.* does not exist in this tree." in text
+    assert "Not available yet: bench/padding/ does not exist in this tree." in text
     assert "Not measured in this run" in text  # parallel, e2e, scaling: no results
     try:
         import matplotlib  # noqa: F401
@@ -132,3 +132,17 @@ def test_run_sh_refuses_unknown_options():
     p = subprocess.run(["sh", str(HERE / "run.sh"), "--bogus"], capture_output=True, text=True)
     assert p.returncode == 2
     assert "--bogus" in p.stderr
+
+
+def test_every_experiment_folder_is_in_the_registry_and_back():
+    """run.sh runs what common.EXPERIMENTS lists: a folder bench/NAME/ not listed would never run."""
+    names = {e[0] for e in common.EXPERIMENTS}
+    folders = {p.name for p in HERE.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert folders == names, (folders - names, names - folders)
+    for name, kind, _, _ in common.EXPERIMENTS:
+        driver = HERE / name / "run.py"
+        assert kind in ("json", "text", "print", "tok"), (name, kind)
+        assert kind in ("text", "tok") or driver.exists(), f"{name}: {driver} is missing"
+    listed = subprocess.run(["/usr/bin/python3", str(HERE / "common.py"), "--list"], capture_output=True, text=True,
+                            check=True).stdout.split("\n")
+    assert [line.split()[0] for line in listed if line] == [e[0] for e in common.EXPERIMENTS]

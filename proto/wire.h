@@ -28,7 +28,7 @@
 #define WIRE_VERSION 1
 #define WIRE_HEADER_SIZE 16
 #define WIRE_MAX_REQUEST 4096         /* largest message a client may send */
-#define WIRE_MAX_REPLY (4u << 20)     /* largest message the daemon sends */
+#define WIRE_MAX_REPLY (16u << 20)   /* largest payload the daemon sends (a status document) */
 #define WIRE_NAME_MAX 64
 #define WIRE_MESSAGE_MAX 512
 #define WIRE_ATTACH_FDS 4

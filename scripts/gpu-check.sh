@@ -11,7 +11,7 @@
 #    batches with a concurrent consumer kernel, client SIGKILL mid-batch,
 #    daemon restart);
 # 3. bench/gpu_h2d (staging GB/s vs a plain pinned cudaMemcpy, client CPU
-#    time per batch) and bench/gpu_trainer.py (data wait per step: feedd's
+#    time per batch) and bench/gpu_trainer/run.py (data wait per step: feedd's
 #    device batches vs DataLoader + pin_memory + non_blocking).
 # Results go to stdout and to BUILD_DIR/gpu-check/; the figures belong in
 # docs/benchmarks.md with the date and the device (nvidia-smi -L is recorded).
@@ -56,7 +56,7 @@ step unit meson test -C "$build" --print-errorlogs unit-gpu gpu-hostonly
 step tests-gpu "$py" tests/gpu/run.py
 step gpu_h2d "$build/bench/gpu_h2d"
 step gpu_h2d_large "$build/bench/gpu_h2d" 32 8192 2000
-step gpu_trainer "$py" bench/gpu_trainer.py --build "$build" --json "$out/gpu_trainer.json"
+step gpu_trainer "$py" bench/gpu_trainer/run.py --build "$build" --json "$out/gpu_trainer.json"
 
 echo "gpu-check: results in $out${skipped:+; skipped:$skipped}${failed:+; FAILED:$failed}"
 [ -z "$failed" ] || exit 1

@@ -15,7 +15,7 @@
  *
  * With --threads T it times only feedd on T threads and prints one line per
  * repetition, "threads T seconds S cpu_seconds C bytes B ids I docs D" (wall
- * and process CPU time of the encoding alone), for bench/textpath.py.
+ * and process CPU time of the encoding alone), for bench/textpath/run.py.
  * --shuffle SEED encodes the documents in a random order (the same for a
  * seed), the way a shuffled feed visits them; in the corpus's order
  * neighbouring documents share their words, which the tokenizer's caches

@@ -16,6 +16,8 @@
 #include "daemon/order/mix.h"
 
 #define CONF_TOKEN_NONE INT64_C(-1)
+#define CONF_FEED_FORMAT "megatron" /* a feed's format when it names none */
+#define CONF_FEED_TEXT_KEY "text"   /* jsonl: the member holding the text when text_key names none */
 
 /* How a feed lays documents into rows (docs/sample-order.md, sections 5, 11, 12). */
 enum conf_packing {
@@ -129,5 +131,24 @@ struct conf {
 int conf_load(const char *path, struct conf **ret, char *err, size_t errlen);
 struct conf *conf_free(struct conf *c);
 const struct conf_feed *conf_find_feed(const struct conf *c, const char *name);
+/*
+ * The defaults of a [feed.NAME] section (docs/configuration.md) for every
+ * number and flag; the strings are left NULL (CONF_FEED_FORMAT and
+ * CONF_FEED_TEXT_KEY are what the parser sets them to).
+ */
+void conf_feed_defaults(struct conf_feed *f);
+/*
+ * A deep copy of a loaded feed's config (its sources included; the unparsed
+ * sources text is not kept). Returns 0 or -ENOMEM, with dst left empty (free
+ * to conf_feed_done or drop). Free with conf_feed_done().
+ */
+int conf_feed_copy(struct conf_feed *dst, const struct conf_feed *src);
+/* Frees what a conf_feed owns and zeroes it; takes a half-built copy. */
+void conf_feed_done(struct conf_feed *f);
+/* Replaces dst with a copy of src. Returns 0, or -ENOMEM with dst unchanged. */
+int conf_ids_copy(struct conf_ids *dst, const struct conf_ids *src);
+/* Frees the lists and zeroes ids. */
+void conf_ids_done(struct conf_ids *ids);
+
 /* Whether a tokenizer path is an HF tokenizer.json (else a tiktoken rank file). */
 bool conf_tokenizer_is_hf(const char *path);

@@ -133,61 +133,6 @@ void feed_fail(struct feed *f, int code, const char *msg)
 	log_error("feed %s: %s", f->name, msg);
 }
 
-static int dup_opt(char **dst, const char *src)
-{
-	*dst = NULL;
-	return src && !(*dst = strdup(src)) ? -ENOMEM : 0;
-}
-
-static int copy_conf(struct conf_feed *dst, const struct conf_feed *src)
-{
-	*dst = *src;
-	dst->name = strdup(src->name);
-	dst->format = strdup(src->format);
-	dst->shards = calloc(MAX(src->n_shards, 1u), sizeof(char *));
-	int r = dup_opt(&dst->bos_name, src->bos_name) | dup_opt(&dst->eos_name, src->eos_name) |
-		dup_opt(&dst->text_key, src->text_key) | dup_opt(&dst->tokenizer, src->tokenizer) |
-		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir);
-	dst->mix = NULL;
-	dst->sources = NULL;
-	dst->sources_text = NULL; /* parsed into mix already */
-	if (!dst->name || !dst->format || !dst->shards || r)
-		return -ENOMEM;
-	for (size_t i = 0; i < src->n_shards; i++)
-		if (!(dst->shards[i] = strdup(src->shards[i])))
-			return -ENOMEM;
-	if (src->mix) {
-		if (!(dst->mix = malloc(sizeof(*dst->mix))) ||
-		    !(dst->sources = calloc(src->mix->n, sizeof(*dst->sources))))
-			return -ENOMEM;
-		*dst->mix = *src->mix;
-		for (uint32_t i = 0; i < src->mix->n; i++)
-			if (copy_conf(&dst->sources[i], &src->sources[i]) < 0)
-				return -ENOMEM;
-	}
-	return 0;
-}
-
-/* Frees what copy_conf() allocated (also when it failed half way). */
-static void conf_copy_free(struct conf_feed *c)
-{
-	for (size_t i = 0; c->shards && i < c->n_shards; i++)
-		free(c->shards[i]);
-	free(c->shards);
-	free(c->name);
-	free(c->format);
-	free(c->bos_name);
-	free(c->eos_name);
-	free(c->text_key);
-	free(c->tokenizer);
-	free(c->tokenizer_preset);
-	free(c->cache_dir);
-	for (uint32_t i = 0; c->sources && i < c->mix->n; i++)
-		conf_copy_free(&c->sources[i]);
-	free(c->sources);
-	free(c->mix);
-}
-
 /*
  * A mixture (docs/sample-order.md, section 14): each source loaded as a feed
  * of its own; the first that fails fails the mixture.
@@ -324,7 +269,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 	f->state = FEED_READY;
 	f->format = format_find(cf->format);
 	f->kind = f->format && f->format->content == FORMAT_TOKENS ? FEED_MEGATRON : FEED_TEXT;
-	if (copy_conf(&f->conf, cf) < 0 || !(f->name = strdup(cf->name)) ||
+	if (conf_feed_copy(&f->conf, cf) < 0 || !(f->name = strdup(cf->name)) ||
 	    !(f->io_engine = strdup(source_reader_engine(io))) || !(f->stages = calloc(1, sizeof(*f->stages)))) {
 		feed_unref(f);
 		return -ENOMEM;
@@ -430,6 +375,7 @@ struct feed *feed_unref(struct feed *f)
 {
 	if (!f)
 		return NULL;
+	/* unsigned: one unref too many would wrap to UINT_MAX and leak, or free later under a holder */
 	assert(f->refs > 0);
 	if (--f->refs > 0)
 		return NULL;
@@ -445,7 +391,7 @@ struct feed *feed_unref(struct feed *f)
 	for (uint32_t i = 0; f->sources && i < f->n_sources; i++)
 		feed_unref(f->sources[i]);
 	free(f->sources);
-	conf_copy_free(&f->conf);
+	conf_feed_done(&f->conf);
 	free(f->io_engine);
 	if (!f->stages_borrowed)
 		free(f->stages);

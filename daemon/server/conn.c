@@ -127,6 +127,7 @@ void conn_free(struct conn *c)
 		close(c->pidfd);
 	close(c->fd);
 	assert(!telemetry_client_tracked(&c->tm)); /* detached with its session */
+	free(c->groups);
 	free(c);
 }
 

@@ -130,6 +130,32 @@ static int peer_pidfd(int fd, pid_t pid)
 	return pidfd < 0 ? -errno : pidfd;
 }
 
+/*
+ * The peer's supplementary groups, however many (up to NGROUPS_MAX): the
+ * kernel says how long the list is when the buffer is too short (ERANGE),
+ * and the list is read again with that length. Returns 0 with a malloc'd
+ * array (NULL when there are none), or a negative errno.
+ */
+static int peer_groups(int fd, gid_t **ret, unsigned *ret_n)
+{
+	socklen_t len = 64 * sizeof(gid_t);
+	for (unsigned attempt = 0; attempt < 4; attempt++) {
+		_cleanup_free_ gid_t *g = malloc(MAX(len, (socklen_t)sizeof(gid_t)));
+		if (!g)
+			return -ENOMEM;
+		socklen_t got = len;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+			*ret_n = (unsigned)(got / sizeof(gid_t));
+			*ret = *ret_n ? TAKE_PTR(g) : NULL;
+			return 0;
+		}
+		if (errno != ERANGE || got <= len)
+			return -errno;
+		len = got; /* the length the list has now */
+	}
+	return -ERANGE;
+}
+
 /* Sets up a connection for an accepted socket, or refuses it. */
 static void accept_one(struct server *s, int cfd)
 {
@@ -154,9 +180,10 @@ static void accept_one(struct server *s, int cfd)
 		c->uid = cred.uid;
 		c->gid = cred.gid;
 	}
-	socklen_t gl = sizeof(c->groups);
-	if (getsockopt(cfd, SOL_SOCKET, SO_PEERGROUPS, c->groups, &gl) == 0)
-		c->n_groups = gl / sizeof(gid_t);
+	int r = peer_groups(cfd, &c->groups, &c->n_groups);
+	if (r < 0)
+		log_debug("client %" PRIu64 " (pid %d): no supplementary groups (%s); allow_groups and admin_groups "
+			  "see its primary group only", c->id, (int)c->pid, strerror(-r));
 	c->log = (struct log_context){ .client_id = c->id, .client_pid = c->pid, .client_uid = c->uid };
 
 	bool restricted = s->allow.n_uids || s->allow.n_gids;
@@ -166,6 +193,7 @@ static void accept_one(struct server *s, int cfd)
 			    (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
 		refuse(s, cfd, -EACCES, "uid %u is not allowed to use this feedd (allow_users / allow_groups)",
 		       (unsigned)c->uid);
+		free(c->groups);
 		free(c);
 		return;
 	}
@@ -179,6 +207,7 @@ static void accept_one(struct server *s, int cfd)
 		refuse(s, cfd, -EUSERS, "feedd has reached %s (%u connections%s); try again later",
 		       global ? "max_connections" : "max_connections_per_uid",
 		       global ? s->max_connections : s->max_connections_per_uid, global ? "" : " for this uid");
+		free(c->groups);
 		free(c);
 		return;
 	}

@@ -217,18 +217,35 @@ static int handle_status(struct conn *c, const uint8_t *p, size_t len)
 	struct wire_status st;
 	if (wire_decode_status(p, len, &st) < 0)
 		return -EBADMSG;
-	_cleanup_free_ char *json = server_status_json(c->srv);
-	if (!json) {
-		conn_send_error(c, -ENOMEM, "cannot build the status document");
+	/*
+	 * The document is bounded by the reply limit and by what this
+	 * connection may still queue; a document that does not fit is the
+	 * daemon's problem, answered with an ERROR, never a reason to drop the
+	 * client that asked.
+	 */
+	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
+	_cleanup_free_ char *json = NULL;
+	int r = server_status_json(c->srv, MIN(room, (size_t)WIRE_MAX_REPLY), &json);
+	if (r == -EMSGSIZE) {
+		conn_send_error(c, r, "the status document does not fit in one reply (%u MiB), even without the "
+			        "clients' history", WIRE_MAX_REPLY >> 20);
+		return 0;
+	}
+	if (r < 0) {
+		conn_send_error(c, r, "cannot build the status document");
 		return 0;
 	}
 	size_t jl = strlen(json);
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + jl);
-	if (!buf)
-		return -ENOMEM;
+	if (!buf) {
+		conn_send_error(c, -ENOMEM, "cannot build the status document");
+		return 0;
+	}
 	int n = wire_encode_status_reply_header(buf, WIRE_HEADER_SIZE, jl);
-	if (n < 0)
-		return n;
+	if (n < 0) {
+		conn_send_error(c, n, "cannot encode the status document");
+		return 0;
+	}
 	memcpy(buf + WIRE_HEADER_SIZE, json, jl);
 	return conn_queue(c, buf, WIRE_HEADER_SIZE + jl, NULL, 0);
 }

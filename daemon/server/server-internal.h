@@ -36,7 +36,6 @@
 #include "proto/wire.h"
 
 #define MAX_OUT_BYTES (16u << 20) /* a client that does not read its replies is dropped */
-#define MAX_PEER_GROUPS 64
 #define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
 
 struct out_msg {
@@ -61,7 +60,7 @@ struct conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	gid_t groups[MAX_PEER_GROUPS];
+	gid_t *groups;     /* supplementary groups (SO_PEERGROUPS), all of them; malloc'd */
 	unsigned n_groups;
 	char name[32];
 	struct session *session;

@@ -11,6 +11,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,28 +167,9 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	service_status(line);
 }
 
-static int copy_ids(struct conf_ids *dst, const struct conf_ids *src)
-{
-	uint32_t *u = src->n_uids ? malloc(src->n_uids * sizeof(*u)) : NULL;
-	uint32_t *g = src->n_gids ? malloc(src->n_gids * sizeof(*g)) : NULL;
-	if ((src->n_uids && !u) || (src->n_gids && !g)) {
-		free(u);
-		free(g);
-		return -ENOMEM;
-	}
-	if (u)
-		memcpy(u, src->uids, src->n_uids * sizeof(*u));
-	if (g)
-		memcpy(g, src->gids, src->n_gids * sizeof(*g));
-	free(dst->uids);
-	free(dst->gids);
-	*dst = (struct conf_ids){ .uids = u, .n_uids = src->n_uids, .gids = g, .n_gids = src->n_gids };
-	return 0;
-}
-
 int server_configure(struct server *s, const struct conf *conf)
 {
-	if (copy_ids(&s->allow, &conf->allow) < 0 || copy_ids(&s->admin, &conf->admin) < 0)
+	if (conf_ids_copy(&s->allow, &conf->allow) < 0 || conf_ids_copy(&s->admin, &conf->admin) < 0)
 		return -ENOMEM;
 	s->ring_slots = conf->ring_slots;
 	s->max_connections = conf->max_connections;
@@ -366,10 +348,8 @@ struct server *server_free(struct server *s)
 	}
 	free(s->feeds);
 	s->tm = telemetry_free(s->tm);
-	free(s->allow.uids);
-	free(s->allow.gids);
-	free(s->admin.uids);
-	free(s->admin.gids);
+	conf_ids_done(&s->allow);
+	conf_ids_done(&s->admin);
 	free(s->path);
 	free(s);
 	return NULL;
@@ -436,14 +416,59 @@ void status_input_clear(struct status_input *in)
 	*in = (struct status_input){ 0 };
 }
 
-char *server_status_json(struct server *s)
+/* Renders the document with history_max samples of history per client; NULL when out of memory. */
+static char *render(const struct status_input *in, unsigned history_max, size_t *ret_len, unsigned *ret_longest)
 {
-	struct status_input in;
-	if (server_snapshot(s, &in) < 0)
-		return NULL;
-	char *text = status_json(&in);
-	status_input_clear(&in);
+	unsigned longest = 0;
+	char *text = status_json(in, history_max, &longest);
+	if (text) {
+		*ret_len = strlen(text);
+		if (ret_longest)
+			*ret_longest = longest;
+	}
 	return text;
+}
+
+int server_status_json(struct server *s, size_t max_len, char **ret)
+{
+	_cleanup_(status_input_clear) struct status_input in = { 0 };
+	if (server_snapshot(s, &in) < 0)
+		return -ENOMEM;
+	/*
+	 * The whole history when it fits. Otherwise the newest part of every
+	 * client's history: its bytes grow with the samples kept, so the room
+	 * left by the document without history says how many fit, and the
+	 * estimate shrinks until the text does.
+	 */
+	size_t full_len, len;
+	unsigned longest;
+	_cleanup_free_ char *text = render(&in, UINT_MAX, &full_len, &longest);
+	if (!text)
+		return -ENOMEM;
+	if (full_len <= max_len) {
+		*ret = TAKE_PTR(text);
+		return 0;
+	}
+	free(TAKE_PTR(text));
+	size_t base_len;
+	_cleanup_free_ char *base = render(&in, 0, &base_len, NULL);
+	if (!base)
+		return -ENOMEM;
+	if (base_len > max_len)
+		return -EMSGSIZE;
+	unsigned keep = (unsigned)((double)longest * (double)(max_len - base_len) / (double)(full_len - base_len));
+	for (; keep > 0; keep = keep * 3 / 4) {
+		text = render(&in, keep, &len, NULL);
+		if (!text)
+			return -ENOMEM;
+		if (len <= max_len) {
+			*ret = TAKE_PTR(text);
+			return 0;
+		}
+		free(TAKE_PTR(text));
+	}
+	*ret = TAKE_PTR(base);
+	return 0;
 }
 
 void server_status_line(struct server *s, char *buf, size_t len)

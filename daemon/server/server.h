@@ -74,8 +74,14 @@ struct server *server_free(struct server *s);
  */
 int server_snapshot(struct server *s, struct status_input *ret);
 
-/* The status document (docs/protocol.md#status), as JSON text (caller frees); NULL when out of memory. */
-char *server_status_json(struct server *s);
+/*
+ * The status document (docs/protocol.md#status), as JSON text of at most
+ * max_len bytes in *ret (caller frees). When the whole document is longer,
+ * each client's per-second history keeps only its newest samples (the rest
+ * counted in history.omitted). Returns 0, -EMSGSIZE (too long even with no
+ * history) or -ENOMEM.
+ */
+int server_status_json(struct server *s, size_t max_len, char **ret);
 
 /* The one-line summary for the service manager's STATUS=: feeds, clients, tokens/s, worst stall. */
 void server_status_line(struct server *s, char *buf, size_t len);

@@ -5,6 +5,7 @@
  * figure is read once by the snapshot or by the module that owns it.
  */
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,7 +238,32 @@ static json_t *gpu_json(const struct gpu_client_view *g)
 			 "refills_deferred", (json_int_t)n->not_ready);
 }
 
-static json_t *client_json(const struct status_client *c)
+/*
+ * Keeps the `keep` newest samples of a client's per-second history and says
+ * how many older ones were left out ("omitted"), so that the document of a
+ * daemon with thousands of clients and long histories fits one reply.
+ */
+static unsigned trim_history(json_t *telemetry, unsigned keep)
+{
+	json_t *h = json_object_get(telemetry, "history");
+	size_t omitted = 0, longest = 0;
+	const char *key;
+	json_t *v;
+	json_object_foreach(h, key, v) {
+		size_t n = json_array_size(v);
+		longest = MAX(longest, n);
+		if (n <= keep)
+			continue;
+		omitted = n - keep;
+		for (size_t i = 0; i < omitted; i++)
+			json_array_remove(v, 0);
+	}
+	if (h)
+		json_object_set_new(h, "omitted", json_integer((json_int_t)omitted));
+	return (unsigned)MIN(longest, UINT_MAX);
+}
+
+static json_t *client_json(const struct status_client *c, unsigned history_max, unsigned *longest)
 {
 	double attached_s = (double)c->attached_ns / 1e9;
 	json_t *o = json_pack("{s:I, s:i, s:i, s:s, s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:s}",
@@ -257,7 +283,12 @@ static json_t *client_json(const struct status_client *c)
 	json_object_set_new(o, "reported_step_s", json_real((double)c->reported_step_ns / 1e9));
 	json_object_set_new(o, "h2d_s", json_real((double)c->h2d_ns / 1e9));
 	json_object_set_new(o, "diagnosis", c->tv.tracked ? client_diagnosis_json(&c->tv) : json_null());
-	json_object_set_new(o, "telemetry", c->tv.tracked ? client_telemetry_json(&c->tv) : json_null());
+	json_t *t = c->tv.tracked ? client_telemetry_json(&c->tv) : NULL;
+	if (t) {
+		unsigned n = trim_history(t, history_max);
+		*longest = MAX(*longest, n);
+	}
+	json_object_set_new(o, "telemetry", t ? t : json_null());
 	/* GPU staging of this client (docs/gpu.md): copies, bytes, H2D time, events waited; null for host batches. */
 	json_object_set_new(o, "gpu", c->gpu ? gpu_json(&c->gpu_view) : json_null());
 	/* What the server alone knows (fields are only added, never renamed: docs/protocol.md, section 10). */
@@ -290,7 +321,7 @@ static void counters_json(json_t *d, const struct status_input *in)
 						    "error", in->metrics_error ? json_string(in->metrics_error) : json_null()));
 }
 
-char *status_json(const struct status_input *in)
+char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest)
 {
 	int fallback = in->io_fallback;
 	char fb[160] = "";
@@ -311,7 +342,7 @@ char *status_json(const struct status_input *in)
 	for (size_t i = 0; i < in->n_feeds; i++)
 		json_array_append_new(feeds, feed_json(in, i));
 	for (size_t i = 0; i < in->n_clients; i++)
-		json_array_append_new(clients, client_json(&in->clients[i]));
+		json_array_append_new(clients, client_json(&in->clients[i], history_max, ret_longest));
 	json_object_set_new(root, "feeds", feeds);
 	json_object_set_new(root, "clients", clients);
 	json_object_set_new(root, "telemetry", daemon_telemetry_json(&in->telemetry));

@@ -109,8 +109,12 @@ struct status_input {
 /* Frees what a snapshot allocated (server_snapshot) and zeroes it. */
 void status_input_clear(struct status_input *in);
 
-/* Returns the JSON text (caller frees), or NULL on allocation failure. */
-char *status_json(const struct status_input *in);
+/*
+ * Returns the JSON text (caller frees), or NULL on allocation failure. Keeps
+ * the history_max newest per-second samples of each client's history
+ * (UINT_MAX: all); *ret_longest is raised to the longest history seen.
+ */
+char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest);
 
 /*
  * The one-line summary for the service manager's STATUS=: feeds, clients,

@@ -13,7 +13,6 @@ Runs with Debian's /usr/bin/python3 and the integration fixtures.
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "integration"))
 sys.path.insert(0, str(HERE))
-from conftest import BUILD, FEEDD, daemon, feed_conf, reference  # noqa: E402,F401  (daemon is a fixture)
+from conftest import BUILD, FEEDD, daemon, feed_conf, reference, wait_attached  # noqa: E402,F401  (daemon is a fixture)
 import gen_bad  # noqa: E402
 
 TOK_CHECK = BUILD / "tests" / "bad" / "tok-check"
@@ -54,15 +53,6 @@ SHARD_FAILURES = {
     "empty-shard": "the shards hold no tokens (0 documents, all empty)",
     "only-empty-documents": "the shards hold no tokens (3 documents, all empty)",
 }
-
-
-def wait_attached(d, proc, timeout=30):
-    """Waits until feedd lists proc as a client (reading its stdout here would buffer lines away from communicate())."""
-    deadline = time.time() + timeout
-    while proc.pid not in {c["pid"] for c in d.status()["clients"]}:
-        assert proc.poll() is None, f"client exited with {proc.returncode}: {proc.stderr.read()}"
-        assert time.time() < deadline, "client did not attach"
-        time.sleep(0.02)
 
 
 def small(name, shards, **kw):

@@ -5,7 +5,7 @@
  * them (check_ring at attach, the slot check in feed_client_next) before it
  * computes a single pointer from them.
  *
- * This file compiles client/libfeed.c into itself to reach those static
+ * This file compiles client/libfeed.c (and device.c, which it calls) into itself to reach those static
  * functions without exporting them from the library: the code fuzzed is the
  * code shipped. Input: a 48-byte ATTACH_REPLY payload, then the ring's bytes
  * (zero-filled up to ring_size; rings over 16 MiB are skipped). The ring
@@ -17,6 +17,7 @@
 #include <assert.h>
 #include <sys/socket.h>
 
+#include "client/device.c"
 #include "client/libfeed.c"
 #include "tests/fuzz/fuzz.h"
 
@@ -60,10 +61,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	*c = (feed_client){ .fd = hung_up, .data_efd = -1, .space_efd = -1, .hdr = (void *)ring,
 			    .ring_size = rep.ring_size, .cons = cons };
-	if (check_ring(c, &rep) == 0) {
+	if (check_ring(c, &rep, &c->geo) == 0) {
 		/* What feed_client_attach does once the ring passed. */
 		c->slot_count = rep.slot_count;
-		c->slot_size = c->hdr->slot_size;
 		c->batch_size = rep.batch_size;
 		c->seq_len = rep.seq_len;
 		c->attached = true;

@@ -61,6 +61,15 @@ def open_fds(pid, settle=0.1, timeout=5):
     return last
 
 
+def wait_attached(d, proc, timeout=30):
+    """Waits until feedd lists proc as a client (reading its stdout here would buffer lines away from communicate())."""
+    deadline = time.time() + timeout
+    while proc.pid not in {c["pid"] for c in d.status()["clients"]}:
+        assert proc.poll() is None, f"client exited with {proc.returncode}: {proc.stderr.read()}"
+        assert time.time() < deadline, "client did not attach"
+        time.sleep(0.02)
+
+
 class Daemon:
     """A feedd process on its own socket, stopped with SIGTERM at the end."""
 

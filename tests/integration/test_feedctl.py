@@ -103,3 +103,48 @@ def test_report_has_packing_and_mixture_tables(served, tmp_path):
         assert row in md, f"{row!r} not in:\n{md}"
     assert f"**Host:** {st['telemetry']['host']['cpus']} CPUs, load " in md
     assert "| all workers |" in md
+
+
+def test_status_answers_with_thousands_of_clients(daemon, tmp_path):
+    """3,000 attached clients make a status document over 4 MiB (the old reply limit): feedctl status must still
+    get it, and the daemon must not drop feedctl as a protocol violator."""
+    import ctypes
+    import json
+    import resource
+    import sys
+
+    from conftest import BUILD, SRC, gen_megatron
+
+    n = 3000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 5 * n + 200  # feedd holds a socket, a pidfd and ring fds per client; this process one socket each
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {need} needed for {n} clients")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need) if hard == resource.RLIM_INFINITY else hard, hard))
+    sys.path.insert(0, str(SRC / "client" / "python"))
+    os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
+    from feed import _lib
+
+    lib = _lib.lib
+    gen_megatron.main([str(tmp_path), "--shards", "1", "--docs-per-shard", "200", "--mean-len", "100", "--seed", "3"])
+    d = daemon(feed_conf("web", f"{tmp_path}/shard_*.idx", seq_len=8, batch_size=1) +
+               f"\n[feedd]\nmax_connections = {n + 10}\nmax_connections_per_uid = {n + 10}\nring_slots = 2\n")
+    clients = []
+    try:
+        for i in range(n):
+            c = ctypes.c_void_p()
+            assert lib.feed_client_connect(d.socket.encode(), ctypes.byref(c)) == 0
+            clients.append(c)
+            r = lib.feed_client_attach(c, b"web", 0, 1, None)
+            assert r == 0, (i, lib.feed_client_error(c))
+        p = d.ctl("status", "--json", check=False)
+        assert p.returncode == 0, p.stderr
+        assert len(p.stdout) > 4 << 20, len(p.stdout)
+        st = json.loads(p.stdout)
+        assert len(st["clients"]) == n
+        assert st["daemon"]["dropped"]["bad_message"] == 0
+        assert all(c["telemetry"]["history"]["omitted"] == 0 for c in st["clients"] if c["telemetry"])
+        assert "disconnecting" not in d.log_text()
+    finally:
+        for c in clients:
+            lib.feed_client_close(c)

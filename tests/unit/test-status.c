@@ -99,7 +99,8 @@ int main(void)
 						       .workers_cpu_per_s = NAN, .worst_severity = DIAG_WARNING };
 	snprintf(in.telemetry.worst, sizeof(in.telemetry.worst), "feed web rank 1/4: starved: waiting 23 %%");
 
-	char *text = status_json(&in);
+	unsigned longest = 0;
+	char *text = status_json(&in, UINT_MAX, &longest);
 	REQUIRE(text, "status_json failed");
 	json_error_t err;
 	json_t *root = json_loads(text, 0, &err);

@@ -8,7 +8,7 @@ the same contract (docs/sample-order.md; B=8, L=4096, shuffled), in the same
 run. The DataLoader is the best of num_workers 0, 1, 2 (bench/dataloader_baseline.py).
 Also the latency of feed_client_next() when a batch is already waiting.
 
-  bench/spine.py [--build build] [--threads 2] [--batches 600] [--json out.json]
+  bench/spine/run.py [--build build] [--threads 2] [--batches 600] [--json out.json]
 """
 
 import argparse
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1]
+SRC = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRC / "scripts"))
 import gen_megatron  # noqa: E402
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
 
 
@@ -152,7 +152,7 @@ def main():
 
     res = {
         "title": "Trainer loop with a synthetic GPU step: data wait per step",
-        "command": "bench/gpu_trainer.py " + " ".join(sys.argv[1:]),
+        "command": "bench/gpu_trainer/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(a.note) + f"; GPU {torch.cuda.get_device_name(0)}",
         "date": common.date(),
         "data": f"4 Megatron u16 shards, ~12.8 M tokens; batches of {B}x{L} tokens; {a.steps} steps",

@@ -3,7 +3,7 @@
 """Text path: JSONL -> tokens -> packed batches in the ring, against the tokenizer alone.
 
 Runs with Debian's /usr/bin/python3. The corpus is the Debian docs corpus of
-scripts/fetch-tok-data.sh ($FEEDD_TOKDATA, default build/tokdata): its
+scripts/fetch-tok-data.sh ($FEEDD_TOKDATA, default BUILD/tokdata): its
 documents are written as JSONL records {"text": ...} into 4 `.jsonl` shards
 and the same 4 compressed as `.jsonl.zst`. Per thread count T = 1, 2, rounds
 alternating the sides:
@@ -28,7 +28,7 @@ only at the same T, both in a shuffled order, is the goal of issue #3
 (>= 0.9); the ratio to the corpus-order tokenizer is shown too. CPU columns: process
 CPU time per MB of text (for the full path, feedd's and the client's).
 
-  bench/textpath.py [--build build] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/textpath/run.py [--build build] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import json
@@ -36,17 +36,20 @@ import os
 import statistics
 import subprocess
 import tempfile
+import sys
 from pathlib import Path
 
-import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
+import common  # noqa: E402
 
 B, L = 8, 2048
 N_SHARDS = 4
 THREADS = (1, 2)
 
 
-def tokdata():
-    return Path(os.environ.get("FEEDD_TOKDATA") or common.SRC / "build/tokdata")
+def tokdata(build):
+    """scripts/fetch-tok-data.sh's corpus: $FEEDD_TOKDATA, else tokdata in the build directory."""
+    return Path(os.environ.get("FEEDD_TOKDATA") or Path(build) / "tokdata")
 
 
 def write_shards(data, out):
@@ -103,7 +106,7 @@ def full_path(build, tmp, paths, ranks, threads, batches):
 def main():
     a = common.arg_parser().parse_args()
     build = Path(a.build).resolve()
-    data = tokdata()
+    data = tokdata(build)
     ranks = data / "ranks/cl100k_base.tiktoken"
     if not (data / "corpus.txt").exists() or not ranks.exists():
         raise SystemExit(f"textpath: no corpus in {data}: run scripts/fetch-tok-data.sh")
@@ -167,7 +170,7 @@ def main():
     res = {
         "experiment": "textpath",
         "title": "Text path: JSONL -> tokens -> batches in the ring vs the tokenizer alone",
-        "command": "bench/textpath.py",
+        "command": "bench/textpath/run.py",
         "machine": common.machine(a.note),
         "date": common.date(),
         "data": (f"Debian docs corpus (scripts/fetch-tok-data.sh): {text_bytes / 1e6:.1f} MB of text in "

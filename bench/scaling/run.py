@@ -18,7 +18,7 @@ memory (/proc/PID/status, sampled every 20 ms while the ranks run: VmHWM; RssAno
 indexes, plans; RssShmem: the clients' rings it fills). The cost per token
 must stay flat: every row prints its ratio to the first row of its sweep.
 
-  bench/scaling.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/scaling/run.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import json
@@ -27,9 +27,11 @@ import subprocess
 import tempfile
 import threading
 import time
+import sys
 from pathlib import Path
 
-import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
+import common  # noqa: E402
 
 B, L = 8, 4096
 SIZES = {
@@ -155,7 +157,7 @@ def main():
     res = {
         "experiment": "scaling",
         "title": "7. Scaling: clients, shards, documents",
-        "command": "bench/scaling.py" + (" --full" if a.full else ""),
+        "command": "bench/scaling/run.py" + (" --full" if a.full else ""),
         "machine": common.machine(a.note),
         "date": common.date(),
         "data": (f"generated Megatron shards (u16), mean 800 tokens a document; clients and shards sweeps: "

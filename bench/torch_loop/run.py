@@ -8,7 +8,7 @@ the same batches (docs/sample-order.md: the baseline computes them with
 tests/ref/feed_ref.py), in the same run, rounds alternating. Per side: data
 wait % (time blocked in next() over wall time) and tokens/s.
 
-  bench/torch_loop.py [--build build] [--steps 30] [--rounds 2] [--workers 0,1] [--json out.json]
+  bench/torch_loop/run.py [--build build] [--steps 30] [--rounds 2] [--workers 0,1] [--json out.json]
 """
 
 import argparse
@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1]
+SRC = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRC / "scripts"))
 sys.path.insert(0, str(SRC / "bench"))
 sys.path.insert(0, str(SRC / "client" / "python"))
 import gen_megatron  # noqa: E402
-from spine import start_feedd  # noqa: E402
+from spine.run import start_feedd  # noqa: E402
 
 
 def load(name, path):

@@ -20,7 +20,7 @@
  *       loader.
  *
  * Each prints one JSON object: bytes, seconds, MB/s, reads. The caller makes
- * the cache cold first (bench/io.py).
+ * the cache cold first (bench/io/run.py).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,7 @@ does the work:
       client connects until it has taken its last batch) plus the client
       (bench/consume, getrusage of the reaped child).
 
-  bench/parallel.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/parallel/run.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import argparse
@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common
 
 B, L = 8, 4096
@@ -119,7 +120,7 @@ def main():
     res = {
         "experiment": "parallel",
         "title": "2. Loader parallelism: DataLoader workers vs feedd threads",
-        "command": "bench/parallel.py" + (" --full" if a.full else ""),
+        "command": "bench/parallel/run.py" + (" --full" if a.full else ""),
         "machine": common.machine(a.note),
         "date": common.date(),
         "data": (f"{n_shards} Megatron shards (u16), {n_shards * docs:,} documents, mean 800 tokens, "

@@ -10,7 +10,7 @@
  *
  * --write-docs writes both distributions' documents (tokens without eos) as
  * DIR/NAME.tok (int32, back to back) and DIR/NAME.len (uint32 per document)
- * and exits: bench/padding.py turns them into shards and measures each
+ * and exits: bench/padding/run.py turns them into shards and measures each
  * packing mode end to end through a real feedd and client.
  *
  * Documents: the Debian docs corpus of scripts/fetch-tok-data.sh (linux-doc-6.1
@@ -207,7 +207,7 @@ static void load(const char *dir, struct corpus *paras, struct corpus *files)
 	free(idx);
 }
 
-/* Writes c's documents for bench/padding.py: DIR/NAME.tok and DIR/NAME.len. */
+/* Writes c's documents for bench/padding/run.py: DIR/NAME.tok and DIR/NAME.len. */
 static void write_docs(const struct corpus *c, const char *dir)
 {
 	char path[4096];

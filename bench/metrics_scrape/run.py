@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
 
 
@@ -184,7 +184,7 @@ def main():
     med = {m: statistics.median(v) for m, v in tps.items()}
     res = {
         "title": "Metrics endpoint: the cost of a scrape, and serving while scraped",
-        "command": "bench/metrics_scrape.py " + " ".join(sys.argv[1:]),
+        "command": "bench/metrics_scrape/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(),
         "date": common.date(),
         "data": f"4 Megatron u16 shards, ~1.2 M tokens; cost: batches of 2x256, clients holding full rings; "

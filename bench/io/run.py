@@ -20,7 +20,7 @@ Rows, all on the same Megatron shards (u16, lognormal document lengths):
   one file per document, opened and read one by one: the sample-per-file
       loader.
 
-  bench/io.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/io/run.py [--build build] [--full] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import json
@@ -30,11 +30,13 @@ import shutil
 import subprocess
 import tempfile
 import time
+import sys
 from pathlib import Path
 
 import numpy as np
 
-import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
+import common  # noqa: E402
 
 SIZES = {
     # shards, documents per shard, documents written as single files
@@ -163,7 +165,7 @@ def main():
     res = {
         "experiment": "io",
         "title": "1. Random vs sequential reads, cold cache: feedd vs fio",
-        "command": "bench/io.py" + (" --full" if a.full else ""),
+        "command": "bench/io/run.py" + (" --full" if a.full else ""),
         "machine": common.machine(a.note),
         "date": common.date(),
         "data": (f"{n_shards} Megatron shards (u16), {n_shards * docs:,} documents, lognormal lengths, mean "

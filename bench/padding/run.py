@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""The padding tax, packer and end to end (bench/padding.md).
+"""The padding tax, packer and end to end (bench/padding/README.md).
 
 1. Runs build/bench/padding: efficiency, truncation and cut documents of
    naive padding, concat and bestfit over one epoch of the Debian docs corpus
@@ -32,14 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-SRC = Path(__file__).resolve().parents[1]
+SRC = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRC / "scripts"))
 import gen_megatron  # noqa: E402
 
 sys.path.insert(0, str(SRC / "bench"))
 import common  # noqa: E402
 
-EOT = 100257  # <|endoftext|> in cl100k_base, the eos of bench/padding.c
+EOT = 100257  # <|endoftext|> in cl100k_base, the eos of bench/padding/padding.c
 MODES = ("concat", "pad", "bestfit")
 
 

@@ -19,7 +19,7 @@ tests/ref/feed_ref.py), rounds alternating the sides:
 Per side: data wait (time blocked in next() over wall time), tokens/s and
 mean step time.
 
-  bench/e2e.py [--build build] [--full] [--steps N] [--rounds 2] [--json out.json] [--note TEXT]
+  bench/e2e/run.py [--build build] [--full] [--steps N] [--rounds 2] [--json out.json] [--note TEXT]
 """
 
 import importlib.util
@@ -33,6 +33,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
 
 SIZES = {"default": (150, 4, 128), "full": (1000, 8, 256)}  # steps, B, L
@@ -134,7 +135,7 @@ def main():
     res = {
         "experiment": "e2e",
         "title": "6. End to end: a small PyTorch model trained from feedd vs from a DataLoader",
-        "command": "bench/e2e.py" + (" --full" if a.full else ""),
+        "command": "bench/e2e/run.py" + (" --full" if a.full else ""),
         "machine": common.machine(a.note) + f"; torch {torch.__version__}, model on 1 CPU thread",
         "date": common.date(),
         "data": (f"4 Megatron shards (u16), 8,000 documents, mean 700 tokens, {size / 1e6:.1f} MB; TinyLM "

@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
 
 TOKDATA = Path(os.environ.get("FEEDD_TOKDATA", common.SRC / "build" / "tokdata"))
@@ -211,7 +211,7 @@ def main():
 
     res = {
         "title": "Starvation: a feed slower than the step on 1 thread, faster on 2",
-        "command": "bench/starvation.py " + " ".join(sys.argv[1:]),
+        "command": "bench/starvation/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(),
         "date": common.date(),
         "data": data_desc + "; ring_slots 8",

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def main():
     con, coff = statistics.median(res_cpu[True]), statistics.median(res_cpu[False])
     res = {
         "title": "Telemetry overhead: stage counters on vs off",
-        "command": "bench/telemetry_overhead.py " + " ".join(sys.argv[1:]),
+        "command": "bench/telemetry_overhead/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(),
         "date": common.date(),
         "data": f"4 Megatron u16 shards, ~1.2 M tokens; batches of {B}x{L}; 1 worker thread; {a.batches} batches a run",

@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What libfeed's two files share: the client object, how a failure is
+ * recorded, how a message is read, and the device half (device.c) that
+ * libfeed.c calls at attach, release and close. Nothing here is exported.
+ *
+ * Everything read from the daemon is untrusted. The ring's geometry is
+ * validated once at attach and copied into `geo`; from then on only the copy
+ * is used, whatever the shared header says.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "feed/feed.h"
+#include "proto/macro.h"
+#include "proto/ring_abi.h"
+#include "proto/wire.h"
+
+#define FEED_EXPORT __attribute__((visibility("default")))
+#define REPLY_TIMEOUT_MS 30000
+
+/*
+ * For the public entry points: an argument they cannot use (NULL where an
+ * object is needed) returns r, never crashes. No message is recorded: there
+ * may be no client to record it in.
+ */
+#define assert_return(expr, r)             \
+	do {                               \
+		if (_unlikely_(!(expr)))   \
+			return (r);        \
+	} while (0)
+
+/* The ring's geometry as validated at attach (check_ring): bytes and offsets inside the mapping. */
+struct ring_geometry {
+	uint32_t header_size;    /* bytes before slot 0 */
+	uint32_t slot_size;      /* bytes per slot */
+	uint32_t off_input_ids;  /* offsets inside a slot */
+	uint32_t off_labels;
+	uint32_t off_position_ids;
+	uint32_t off_cu_seqlens;
+	uint32_t cu_capacity;    /* entries of cu_seqlens */
+};
+
+struct device_ring;
+
+struct feed_client {
+	int fd;
+	char error[WIRE_MESSAGE_MAX + 64];
+	uint32_t daemon_pid;
+
+	bool attached;
+	int stopped; /* the code that ended the stream, 0 while it flows */
+	struct feed_ring_header *hdr;
+	size_t ring_size;
+	struct feed_consumer_page *cons;
+	int data_efd, space_efd;
+	struct ring_geometry geo;
+	uint32_t slot_count, batch_size, seq_len;
+	uint64_t first_batch;
+	uint64_t next_seq; /* next sequence to hand out */
+	uint64_t tail;     /* sequences released */
+	uint64_t last_return_ns;
+	int device;              /* the GPU batches are staged on, -1: host batches only */
+	struct device_ring *dev; /* that GPU's buffers and events (device_attach) */
+	const char *held_cursor;       /* cursor of the last batch delivered, in its slot */
+	char cursor[FEED_CURSOR_MAX];  /* a copy, made when that batch is released */
+};
+
+/* Records a message for feed_client_error() and returns code. Keeps errno. */
+int client_fail(feed_client *c, int code, const char *fmt, ...) _printf_(3, 4);
+
+/*
+ * Reads one message. Returns its type with the payload in *ret_payload
+ * (malloc'd, caller frees), or a negative code. An ERROR message is turned
+ * into its code, with its text recorded. Passed fds go into fds (at most
+ * max_fds, counted in *n_fds; the rest are closed).
+ */
+int client_recv_msg(feed_client *c, int timeout_ms, void **ret_payload, size_t *ret_len, int *fds, unsigned max_fds,
+		    unsigned *n_fds);
+
+/*
+ * Reads the DEVICE_REPLY that follows the ATTACH_REPLY and opens what it
+ * names (device.c). Returns 0 (device batches, or host batches with the
+ * reason recorded when the client allowed that) or a negative code.
+ */
+int device_attach(feed_client *c, const struct wire_attach *a);
+/* Frees what device_attach opened; takes a client without a device. */
+void device_close(feed_client *c);
+/* Records `release` of the slot of seq on stream (NULL: the legacy default stream), once per batch. */
+void device_release(feed_client *c, uint64_t seq, void *stream, bool at_release);
