@@ -8,6 +8,7 @@
  * histograms, the GPU copy rate), with nothing read from anywhere else.
  */
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 
 #include "daemon/server/status.h"
