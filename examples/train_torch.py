@@ -91,7 +91,7 @@ def main():
     if world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)  # same initial weights on every rank
-    loader = feed.Loader(a.feed, socket=a.socket)  # rank and world from torchrun's RANK / WORLD_SIZE
+    loader = feed.Loader(a.feed, socket=a.socket, labels="shifted")  # the loss below does not shift  # rank and world from torchrun's RANK / WORLD_SIZE
     info = next(f for f in loader.status()["feeds"] if f["name"] == a.feed)  # feedd's status document
     B, L = info["batch_size"], info["seq_len"]
 
