@@ -22,15 +22,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BUILD, SRC, Daemon, feed_conf, gen_megatron
+from conftest import BUILD, FEED_INSTALLED, SRC, Daemon, feed_conf, gen_megatron, use_feed_package
 
 os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
-sys.path.insert(0, str(SRC / "client" / "python"))
+FEED_PATH = use_feed_package()
 import feed  # noqa: E402
 import torch  # noqa: E402
 
 WORKER = Path(__file__).with_name("py_worker.py")
 KEYS = ("input_ids", "labels", "position_ids")
+
+
+def test_the_package_under_test_is_imported():
+    """From the source tree by default; the installed one (a wheel in a venv) with FEED_TEST_INSTALLED=1."""
+    under_src = Path(feed.__file__).resolve().is_relative_to(SRC)
+    assert under_src != FEED_INSTALLED, (feed.__file__, FEED_INSTALLED)
+    if FEED_INSTALLED:  # the wheel's own libfeed, not the build tree's
+        assert Path(feed._lib.lib.path).parent == Path(feed.__file__).parent, feed._lib.lib.path
 
 
 def as_np(x):
@@ -49,7 +57,7 @@ def assert_matches_dump(batches, dump, first=0):
 
 def worker_env(**kw):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
-    env["PYTHONPATH"] = str(SRC / "client" / "python")
+    env["PYTHONPATH"] = FEED_PATH
     env["FEEDD_BUILD_DIR"] = str(BUILD)
     env.update(kw)
     return env

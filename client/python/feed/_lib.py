@@ -5,8 +5,9 @@ The protocol lives in libfeed only; this module declares its functions and
 structs and finds the shared object. Which libfeed is loaded, first match:
 
 1. $FEED_LIBRARY: a path to libfeed.so (an error if it cannot be loaded);
-2. $FEEDD_BUILD_DIR/client/libfeed.so.0: a meson build tree (the tests);
-3. libfeed.so.0 next to this file: the copy a wheel bundles (pip install);
+2. libfeed.so.0 next to this file: the copy a wheel bundles (pip install),
+   built from the same sources as the package;
+3. $FEEDD_BUILD_DIR/client/libfeed.so.0: a meson build tree (the tests);
 4. the libdir this package was installed with by meson (_installed.py);
 5. the soname "libfeed.so.0", found by the dynamic loader.
 
@@ -100,11 +101,10 @@ def _candidates():
     explicit = os.environ.get("FEED_LIBRARY")
     if explicit:
         return [explicit], True
-    out = []
+    out = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "libfeed.so.0")]
     build = os.environ.get("FEEDD_BUILD_DIR")
     if build:
         out.append(os.path.join(build, "client", "libfeed.so.0"))
-    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libfeed.so.0"))
     try:
         from . import _installed  # written by meson at install time
         out.append(os.path.join(_installed.LIBDIR, "libfeed.so.0"))
