@@ -156,7 +156,7 @@ def test_two_ranks_get_disjoint_documents(daemon, tmp_path):
                                                        rng.integers(1, 200, 60)], "i32")
     d = daemon(feed_conf("ids", f"{data}/s*.idx", seq_len=128, batch_size=2, eos=1))
     envs = [worker_env(RANK="0", WORLD_SIZE="2"), worker_env(SLURM_PROCID="1", SLURM_NTASKS="2")]
-    procs = [subprocess.Popen(["/usr/bin/python3", str(WORKER), "dump", d.socket, "ids", "20",
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "dump", d.socket, "ids", "20",
                                str(tmp_path / f"r{r}.npz")], env=envs[r], stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     docs = []
@@ -295,7 +295,7 @@ def test_zero_copy_batches_keep_their_slot_while_referenced(web, tmp_path):
 
 def test_writing_a_zero_copy_tensor_faults(web):
     """The ring is mapped read-only: a write kills the writer, it never reaches another reader."""
-    p = subprocess.run(["/usr/bin/python3", str(WORKER), "write", web.socket, "web"], env=worker_env(),
+    p = subprocess.run([sys.executable, str(WORKER), "write", web.socket, "web"], env=worker_env(),
                        capture_output=True, text=True, timeout=60,
                        preexec_fn=lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_CORE, (0, 0)))
     assert p.returncode == -signal.SIGSEGV, (p.returncode, p.stdout, p.stderr)
@@ -303,7 +303,7 @@ def test_writing_a_zero_copy_tensor_faults(web):
 
 
 def test_numpy_without_torch(web):
-    p = subprocess.run(["/usr/bin/python3", str(WORKER), "notorch", web.socket, "web"], env=worker_env(),
+    p = subprocess.run([sys.executable, str(WORKER), "notorch", web.socket, "web"], env=worker_env(),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "torch-mode refused: feed.Loader yields torch tensors" in p.stdout
