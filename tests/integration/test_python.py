@@ -365,3 +365,39 @@ def test_close_keeps_live_batches_readable_and_leaks_nothing(web, tmp_path):
     while time.time() < deadline and web.status()["clients"]:
         time.sleep(0.05)
     assert web.status()["clients"] == []
+
+
+@pytest.mark.parametrize("reply", ["refused", "newer header"])
+def test_a_daemon_of_another_protocol_version_is_named(tmp_path, reply):
+    """A stand-in daemon on a real socket answers HELLO as a feedd of protocol version 2 would: with ERROR
+    -EPROTONOSUPPORT in feedd's words (what feedd sends today to a client it cannot speak with), or with a
+    message whose header says version 2. The loader raises ProtocolMismatchError naming both sides."""
+    import socket as so
+    import struct
+    path = str(tmp_path / "v2.sock")
+    srv = so.socket(so.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        c.recv(4096)  # HELLO
+        text = b"protocol versions 1..1 are not supported (this daemon speaks 2)"
+        payload = struct.pack("<iI", -errno.EPROTONOSUPPORT, 0) + text.ljust(512, b"\0")
+        version = 1 if reply == "refused" else 2
+        c.sendall(struct.pack("<IHHII", 0x57444546, version, 5, len(payload), 0) + payload)
+        time.sleep(0.5)
+        c.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with pytest.raises(feed.ProtocolMismatchError) as e:
+            feed.Loader("web", socket=path)
+    finally:
+        t.join()
+        srv.close()
+    assert isinstance(e.value, ConnectionError) and e.value.code == -errno.EPROTONOSUPPORT
+    assert f"this feed package (version {feed.__version__}, libfeed {feed._lib.lib.path})" in str(e.value)
+    if reply == "refused":
+        assert str(e.value).startswith("protocol versions 1..1 are not supported (this daemon speaks 2)")

@@ -141,6 +141,8 @@ class _Conn:
             msg = why.value.decode(errors="replace") or f"cannot reach feedd at {where}: {_strerror(r)}"
             if r in (-errno.ENOENT, -errno.ECONNREFUSED):
                 raise DaemonGoneError(msg, r)
+            if r == -errno.EPROTO:  # HELLO's reply unreadable: most likely a feedd of another protocol version
+                r = -errno.EPROTONOSUPPORT
             _raise(r, msg)
         self.ptr = ptr
         self.held = deque()  # _Slot, oldest first
