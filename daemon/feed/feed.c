@@ -518,6 +518,9 @@ struct feed *feed_unref(struct feed *f)
 	for (uint32_t i = 0; f->bad_seen && i < f->n_shards; i++)
 		free(f->bad_seen[i]);
 	free(f->bad_seen);
+	for (uint32_t i = 0; f->tok_seen && i < f->n_shards; i++)
+		free(f->tok_seen[i]);
+	free(f->tok_seen);
 	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);
@@ -547,6 +550,32 @@ int feed_mark_bad(struct feed *f, uint64_t doc)
 	f->bad_seen[s][d / 64] |= bit;
 	f->bad_records++;
 	return 1;
+}
+
+int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens)
+{
+	if (f->kind != FEED_TEXT || f->tok_counted_docs >= f->n_docs)
+		return 0;
+	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
+	if (s >= f->n_shards || d >= f->shard_docs[s])
+		return 0;
+	if (!f->tok_seen && !(f->tok_seen = calloc(f->n_shards, sizeof(*f->tok_seen))))
+		return -ENOMEM;
+	if (!f->tok_seen[s] && !(f->tok_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
+		return -ENOMEM;
+	uint64_t bit = UINT64_C(1) << (d % 64);
+	if (f->tok_seen[s][d / 64] & bit)
+		return 0;
+	f->tok_seen[s][d / 64] |= bit;
+	f->tok_counted += tokens;
+	if (++f->tok_counted_docs == f->n_docs) {
+		f->n_tokens = f->tok_counted;
+		for (uint32_t i = 0; i < f->n_shards; i++)
+			free(f->tok_seen[i]);
+		free(f->tok_seen);
+		f->tok_seen = NULL;
+	}
+	return 0;
 }
 
 int feed_check(struct feed *f)

@@ -63,6 +63,9 @@ struct feed {
 	/* bad records, updated by the main thread */
 	uint64_t bad_records;    /* distinct records skipped (on_bad_record = skip), whatever the epoch or rank */
 	uint64_t **bad_seen;     /* per shard, a bit per document once skipped (allocated on the first) */
+	/* text: token counts, main thread. n_tokens is set once every document was tokenized once. */
+	uint64_t **tok_seen;     /* per shard, a bit per document once counted (freed when all are) */
+	uint64_t tok_counted_docs, tok_counted;
 	char last_bad[512];      /* the latest one, "file:line: why" */
 
 	/* telemetry, updated by the main thread */
@@ -89,6 +92,13 @@ struct feed *feed_unref(struct feed *f);
  * (main thread). Returns 1 when it was new, 0 when known, -ENOMEM.
  */
 int feed_mark_bad(struct feed *f, uint64_t doc);
+
+/*
+ * Counts a tokenized text document's tokens once, whatever the epoch or rank
+ * that tokenized it (main thread); when every document has been counted, the
+ * feed's n_tokens is known (status "tokens"). Returns 0, or -ENOMEM.
+ */
+int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);

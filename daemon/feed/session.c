@@ -289,6 +289,11 @@ static void chunk_done(struct session *s, struct text_chunk *c)
 		session_fail(s, c->result, c->error);
 		return;
 	}
+	for (uint32_t i = 0; i < c->n; i++)
+		if (feed_count_tokens(f, c->docs[i], c->start[i + 1] - c->start[i]) < 0) {
+			session_fail(s, -ENOMEM, "out of memory counting tokens");
+			return;
+		}
 	if (c->skipped) {
 		for (uint32_t i = 0; i < c->n; i++) {
 			if (!c->bad[i])

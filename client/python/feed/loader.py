@@ -296,6 +296,10 @@ class Batch(dict):
         the right targets with the model's own shift (ForCausalLMLoss). Refuses a batch whose labels are
         not in the HF convention: passing shifted labels to a model that shifts again would train on the
         token two ahead, silently."""
+        if self.labels_convention is None:
+            raise ValueError("Batch.for_hf(): this batch does not say which label convention it carries (it was "
+                             "rebuilt from a plain dict, e.g. by pin_memory); call for_hf() first, as a DataLoader's "
+                             "collate_fn=feed.Batch.for_hf")
         if self.labels_convention != "hf":
             raise ValueError(
                 f"Batch.for_hf(): this batch's labels are {self.labels_convention!r} (labels[q] is already the "
