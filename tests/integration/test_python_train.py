@@ -221,6 +221,9 @@ def test_dataloader_epochs_and_end_of_epoch(daemon, tmp_path):
     assert firsts == [i for i in range(1, 40) if epochs[i] != epochs[i - 1]] and seen[0][2] is None
     assert ends == [(e, e) for e in range(max(epochs))], ends  # called before the next epoch's batch is returned
     assert loader.epoch == epochs[-1]
+    # Worker processes would each inherit the attachment across fork(): refused, with the way out.
+    with pytest.raises(Exception, match="num_workers=0"):
+        next(iter(torch.utils.data.DataLoader(loader, batch_size=None, num_workers=1)))
 
 
 def status_held(d):

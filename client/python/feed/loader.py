@@ -469,6 +469,7 @@ class Loader(_Base):
         self._closed = False
         self._lower = None
         self._warned_held = False
+        self._pid = os.getpid()
         self._attach(None)
         self._pad_id = self._feed_pad_id() if self._want_mask else None
 
@@ -504,6 +505,12 @@ class Loader(_Base):
             old.reap()  # closed now, or when its last batch is dropped
 
     def __iter__(self):
+        if self._torch is not None and os.getpid() != self._pid:
+            info = self._torch.utils.data.get_worker_info()
+            where = f"DataLoader worker {info.id}" if info is not None else f"process {os.getpid()}"
+            raise FeedError(f"feed.Loader used in {where}, not the process that created it: a loader cannot cross "
+                            "fork(). Use DataLoader(loader, batch_size=None, num_workers=0): feedd already does "
+                            "what DataLoader workers would")
         return self
 
     def _attached(self):
