@@ -8,12 +8,10 @@ batch's loss is a function of exactly the (token, position, target) triples it s
 triples come from tests/ref/feed_ref.py's token stream, not from feedd.
 """
 
-import json
 import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +24,7 @@ sys.path.insert(0, str(SRC / "examples"))
 import feed  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from tiny_causal_lm import TinyCausalLM, for_causal_lm_loss, megatron_loss  # noqa: E402
+from tiny_causal_lm import TinyCausalLM, megatron_loss  # noqa: E402
 
 VOCAB, EOS = 300, 300  # ids 0..299, eos 300
 L, B, SEED, WINDOW = 32, 4, 11, 2

@@ -12,7 +12,6 @@ Skips (77) when python3-venv, pip or meson-python is missing.
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
