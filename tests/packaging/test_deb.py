@@ -205,6 +205,7 @@ def test_packaged_programs_serve_a_feed(root, tmp_path):
             "b = next(iter(l))\n"
             "print([ln.split()[-1] for ln in open('/proc/self/maps') if 'libfeed.so' in ln][0])\n"
             "print(numpy.asarray(b['input_ids']).reshape(-1).tolist())\n"
+            "import importlib.metadata as m; print(m.version('feed'), feed.__version__)\n"
             "l.close()\n")
         penv = dict(env, PYTHONPATH=str(root / "usr/lib/python3/dist-packages"))
         out = run([sys.executable, "-c", code], env=penv, cwd=tmp_path).stdout.splitlines()
@@ -212,6 +213,7 @@ def test_packaged_programs_serve_a_feed(root, tmp_path):
         assert out[0].startswith(str(libdir) + "/libfeed.so.0"), out
         # shuffle = false, one document: the first batch is its first 2 x 8 tokens.
         assert out[1] == str(doc[:16]), out
+        assert out[2] == f"{VERSION} {VERSION}", out  # importlib.metadata sees the Debian install too
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
