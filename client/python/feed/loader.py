@@ -148,7 +148,7 @@ class _Conn:
         self.held = deque()  # _Slot, oldest first
         self.slots = 0
         self.device = -1  # the GPU batches are staged on, -1: host batches
-        self.thread = threading.get_ident()  # the loader's thread: the only one that calls libfeed
+        self.thread = threading.get_ident()  # the thread that calls next(): the only one that calls libfeed
         self.busy = False  # inside reap() or libfeed: a finalizer must not release now
         # atexit=False: never unmap the ring under arrays still alive at interpreter exit.
         self._close = weakref.finalize(self, lib.feed_client_close, ptr)
@@ -539,6 +539,7 @@ class Loader(_Base):
 
     def __next__(self):
         conn = self._attached()
+        conn.thread = threading.get_ident()  # the thread that iterates (one at a time) is the one that may release
         self._check_slots(conn)
         b = _lib.feed_batch()
         ref = ctypes.byref(b)
