@@ -91,7 +91,8 @@ def main():
     if world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)  # same initial weights on every rank
-    loader = feed.Loader(a.feed, socket=a.socket)  # rank and world from torchrun's RANK / WORLD_SIZE
+    # rank and world from torchrun's RANK / WORLD_SIZE; labels="shifted": TinyLM's loss does not shift (Megatron)
+    loader = feed.Loader(a.feed, socket=a.socket, labels="shifted")
     info = next(f for f in loader.status()["feeds"] if f["name"] == a.feed)  # feedd's status document
     B, L = info["batch_size"], info["seq_len"]
 

@@ -108,7 +108,7 @@ def main():
                 if side.startswith("feed."):
                     d, sock = common.start_feedd(build, conf, tmp)
                     try:
-                        loader = feed.Loader("b", socket=sock)
+                        loader = feed.Loader("b", socket=sock, labels="shifted")  # TinyLM does not shift
                         wall, waited, tokens = train(loader, model, opt, steps)
                         loader.close()
                     finally:

@@ -100,7 +100,7 @@ def main():
                 if w is None:
                     d = start_feedd(build, conf, sock, tmp / "feedd.log")
                     try:
-                        loader = feed.Loader("b", socket=sock)
+                        loader = feed.Loader("b", socket=sock, labels="shifted")  # TinyLM does not shift
                         wall, waited, tokens = run_loop(loader, model, opt, a.steps, vocab)
                         loader.close()
                     finally:

@@ -384,6 +384,9 @@ struct feed *feed_unref(struct feed *f)
 	for (uint32_t i = 0; f->counters.bad_seen && i < f->n_shards; i++)
 		free(f->counters.bad_seen[i]);
 	free(f->counters.bad_seen);
+	for (uint32_t i = 0; f->counters.tok_seen && i < f->n_shards; i++)
+		free(f->counters.tok_seen[i]);
+	free(f->counters.tok_seen);
 	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);
@@ -448,6 +451,33 @@ void feed_count_batch(struct feed *f, const struct pack_counters *counts, const 
 	pack_counters_add(&k->packed, counts);
 	for (uint32_t i = 0; src_docs && i < f->n_sources; i++)
 		k->source_docs[i] += src_docs[i];
+}
+
+int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens)
+{
+	struct feed_counters *k = &f->counters;
+	if (f->kind != FEED_TEXT || k->tok_counted_docs >= f->n_docs)
+		return 0;
+	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
+	if (s >= f->n_shards || d >= f->shard_docs[s])
+		return 0;
+	if (!k->tok_seen && !(k->tok_seen = calloc(f->n_shards, sizeof(*k->tok_seen))))
+		return -ENOMEM;
+	if (!k->tok_seen[s] && !(k->tok_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
+		return -ENOMEM;
+	uint64_t bit = UINT64_C(1) << (d % 64);
+	if (k->tok_seen[s][d / 64] & bit)
+		return 0;
+	k->tok_seen[s][d / 64] |= bit;
+	k->tok_counted += tokens;
+	if (++k->tok_counted_docs == f->n_docs) {
+		f->n_tokens = k->tok_counted;
+		for (uint32_t i = 0; i < f->n_shards; i++)
+			free(k->tok_seen[i]);
+		free(k->tok_seen);
+		k->tok_seen = NULL;
+	}
+	return 0;
 }
 
 int feed_check(struct feed *f)

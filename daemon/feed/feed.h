@@ -52,6 +52,9 @@ struct feed_counters {
 	uint64_t bad_records;    /* distinct records skipped (on_bad_record = skip), whatever the epoch or rank */
 	uint64_t **bad_seen;     /* per shard, a bit per document once skipped (allocated on the first) */
 	char last_bad[512];      /* the latest one, "file:line: why" */
+	/* text: token counts. feed->n_tokens is set once every document was tokenized once. */
+	uint64_t **tok_seen;     /* per shard, a bit per document once counted (freed when all are) */
+	uint64_t tok_counted_docs, tok_counted;
 };
 
 struct feed {
@@ -124,6 +127,13 @@ void feed_count_batch(struct feed *f, const struct pack_counters *counts, const 
  * fails. The first failure stays: later calls do nothing.
  */
 void feed_fail(struct feed *f, int code, const char *msg);
+
+/*
+ * Counts a tokenized text document's tokens once, whatever the epoch or rank
+ * that tokenized it (main thread); when every document has been counted, the
+ * feed's n_tokens is known (status "tokens"). Returns 0, or -ENOMEM.
+ */
+int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);

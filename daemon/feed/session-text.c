@@ -219,6 +219,12 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	}
 	c->src->tok_bytes += c->t.bytes;
 	c->src->tok_tokens += c->t.start[c->t.n];
+	for (uint32_t i = 0; i < c->t.n; i++) {
+		if (feed_count_tokens(f, c->t.docs[i], c->t.start[i + 1] - c->t.start[i]) < 0) {
+			session_fail(s, -ENOMEM, "out of memory counting tokens");
+			return;
+		}
+	}
 	if (c->t.skipped) {
 		for (uint32_t i = 0; i < c->t.n; i++) {
 			if (c->t.bad[i] && feed_mark_bad(f, c->t.docs[i], c->t.bad[i]) < 0) {
@@ -232,7 +238,6 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 			session_fail(s, r, msg);
 	}
 }
-
 
 void session_chunk_done(struct session *s, struct session_chunk *c)
 {

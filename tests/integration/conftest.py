@@ -42,6 +42,22 @@ def with_io_engine(conf_text):
         return conf_text.replace("[feedd]\n", f"[feedd]\nio_engine = {DAEMON_IO_ENGINE}\n", 1)
     return f"[feedd]\nio_engine = {DAEMON_IO_ENGINE}\n" + conf_text
 
+# The `feed` package under test: the source tree's (client/python, loading $FEEDD_BUILD_DIR's libfeed), or,
+# with FEED_TEST_INSTALLED=1, whatever the interpreter has installed (tests/python/test_wheel.py runs the
+# Python tests in a venv that pip installed the wheel into).
+FEED_INSTALLED = os.environ.get("FEED_TEST_INSTALLED") == "1"
+
+
+def use_feed_package():
+    """Makes `import feed` import the package under test; returns the PYTHONPATH for child processes."""
+    if FEED_INSTALLED:
+        return ""
+    path = str(SRC / "client" / "python")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return path
+
+
 sys.path.insert(0, str(SRC / "tests" / "ref"))
 sys.path.insert(0, str(SRC / "scripts"))
 import feed_ref  # noqa: E402

@@ -23,7 +23,7 @@ def main(argv):
     if mode == "dump":
         import numpy as np
         n, out = int(argv[4]), argv[5]
-        loader = feed.Loader(name, socket=sock, as_numpy=True)
+        loader = feed.Loader(name, socket=sock, as_numpy=True, labels="shifted")  # as feedctl dump writes them
         got = [next(loader).clone() for _ in range(n)]
         np.savez(out, **{k: np.stack([b[k] for b in got]) for k in ("input_ids", "labels", "position_ids")},
                  meta=np.array(json.dumps({"rank": loader.rank, "world": loader.world_size,

@@ -22,15 +22,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BUILD, SRC, Daemon, feed_conf, gen_megatron
+from conftest import BUILD, FEED_INSTALLED, SRC, Daemon, feed_conf, gen_megatron, use_feed_package
 
 os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
-sys.path.insert(0, str(SRC / "client" / "python"))
+FEED_PATH = use_feed_package()
 import feed  # noqa: E402
 import torch  # noqa: E402
 
 WORKER = Path(__file__).with_name("py_worker.py")
 KEYS = ("input_ids", "labels", "position_ids")
+
+
+def test_the_package_under_test_is_imported():
+    """From the source tree by default; the installed one (a wheel in a venv) with FEED_TEST_INSTALLED=1."""
+    under_src = Path(feed.__file__).resolve().is_relative_to(SRC)
+    assert under_src != FEED_INSTALLED, (feed.__file__, FEED_INSTALLED)
+    if FEED_INSTALLED:  # the wheel's own libfeed, not the build tree's
+        assert Path(feed._lib.lib.path).parent == Path(feed.__file__).parent, feed._lib.lib.path
 
 
 def as_np(x):
@@ -49,7 +57,7 @@ def assert_matches_dump(batches, dump, first=0):
 
 def worker_env(**kw):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
-    env["PYTHONPATH"] = str(SRC / "client" / "python")
+    env["PYTHONPATH"] = FEED_PATH
     env["FEEDD_BUILD_DIR"] = str(BUILD)
     env.update(kw)
     return env
@@ -64,11 +72,11 @@ def web(daemon, dataset):
 def test_batches_equal_feedctl_dump(web, tmp_path, mode):
     dump = web.dump("web", tmp_path / "d", rank=1, world=3, batches=12)
     kw = {"numpy": {"as_numpy": True}, "copy": {"copy": True}}.get(mode, {})
-    loader = feed.Loader("web", rank=1, world_size=3, socket=web.socket, **kw)
+    loader = feed.Loader("web", rank=1, world_size=3, socket=web.socket, labels="shifted", **kw)
     got = [next(loader) for _ in range(4)]  # as many as the ring has slots, all alive at once
     assert_matches_dump(got, dump)
     b = got[0]
-    assert b.index == 0 and b.rank == 1 and b.world_size == 3
+    assert b.index == 0 and b.rank == 1 and b.world_size == 3 and b.labels_convention == "shifted"
     assert tuple(b["input_ids"].shape) == (4, 256) and tuple(b["cu_seqlens"].shape) == (len(dump["cu_seqlens"][0]),)
     if mode == "torch":
         assert all(isinstance(v, torch.Tensor) and v.dtype == torch.int32 for v in b.values())
@@ -148,7 +156,7 @@ def test_two_ranks_get_disjoint_documents(daemon, tmp_path):
                                                        rng.integers(1, 200, 60)], "i32")
     d = daemon(feed_conf("ids", f"{data}/s*.idx", seq_len=128, batch_size=2, eos=1))
     envs = [worker_env(RANK="0", WORLD_SIZE="2"), worker_env(SLURM_PROCID="1", SLURM_NTASKS="2")]
-    procs = [subprocess.Popen(["/usr/bin/python3", str(WORKER), "dump", d.socket, "ids", "20",
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "dump", d.socket, "ids", "20",
                                str(tmp_path / f"r{r}.npz")], env=envs[r], stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     docs = []
@@ -230,12 +238,16 @@ def test_daemon_gone_raises_within_a_second(dataset, tmp_path, how):
 
 def test_zero_copy_batches_keep_their_slot_while_referenced(web, tmp_path):
     dump = web.dump("web", tmp_path / "d", batches=30)
-    loader = feed.Loader("web", socket=web.socket)
+    loader = feed.Loader("web", socket=web.socket, labels="shifted")
     assert loader.slots == 4
     ids0 = next(loader)["input_ids"]  # only one tensor kept: the batch dict itself is gone
     first_copy = ids0.clone()
     for i in range(1, 4):
-        b = next(loader)
+        if i == 2:  # the loop moved past batch 0 while it is still alive: said once, before the ring runs out
+            with pytest.warns(RuntimeWarning, match="batch 0 is still referenced after the loop moved on"):
+                b = next(loader)
+        else:
+            b = next(loader)
         assert_matches_dump([b], dump, first=i)
         assert torch.equal(ids0, first_copy), "a held tensor was overwritten by a later batch"
     # Slots go back in order: ids0 holds its own and the three after it.
@@ -256,20 +268,24 @@ def test_zero_copy_batches_keep_their_slot_while_referenced(web, tmp_path):
     assert nxt.index == 15
     assert_matches_dump(kept + [nxt], dump, first=12)
     del kept, nxt
-    # A batch kept alive only by a reference cycle is collected before giving up.
+    # A batch kept alive only by a reference cycle: no garbage collection inside next() (a full pause in a
+    # training step), the error says so; after the user's gc.collect() the stream goes on.
     gc.disable()
     try:
         cyc = [next(loader)]
         cyc.append(cyc)
         del cyc
         more = [next(loader) for _ in range(3)]  # with batch 16 in the cycle: 4 of 4 slots
+        with pytest.raises(feed.SlotsExhaustedError, match="batch 16 .*gc.collect"):
+            next(loader)
+        gc.collect()
         more.append(next(loader))
     finally:
         gc.enable()
     assert_matches_dump(more, dump, first=17)
     del more
     # copy=True: private, writable batches that hold no slot.
-    c = feed.Loader("web", socket=web.socket, copy=True)
+    c = feed.Loader("web", socket=web.socket, copy=True, labels="shifted")
     many = [next(c) for _ in range(10)]
     assert c.held == 0
     many[0]["input_ids"] += 1
@@ -279,7 +295,7 @@ def test_zero_copy_batches_keep_their_slot_while_referenced(web, tmp_path):
 
 def test_writing_a_zero_copy_tensor_faults(web):
     """The ring is mapped read-only: a write kills the writer, it never reaches another reader."""
-    p = subprocess.run(["/usr/bin/python3", str(WORKER), "write", web.socket, "web"], env=worker_env(),
+    p = subprocess.run([sys.executable, str(WORKER), "write", web.socket, "web"], env=worker_env(),
                        capture_output=True, text=True, timeout=60,
                        preexec_fn=lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_CORE, (0, 0)))
     assert p.returncode == -signal.SIGSEGV, (p.returncode, p.stdout, p.stderr)
@@ -287,7 +303,7 @@ def test_writing_a_zero_copy_tensor_faults(web):
 
 
 def test_numpy_without_torch(web):
-    p = subprocess.run(["/usr/bin/python3", str(WORKER), "notorch", web.socket, "web"], env=worker_env(),
+    p = subprocess.run([sys.executable, str(WORKER), "notorch", web.socket, "web"], env=worker_env(),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "torch-mode refused: feed.Loader yields torch tensors" in p.stdout
@@ -334,7 +350,7 @@ def test_close_keeps_live_batches_readable_and_leaks_nothing(web, tmp_path):
     dump = web.dump("web", tmp_path / "d", batches=3)
     gc.collect()
     base = sorted(os.listdir("/proc/self/fd"))
-    loader = feed.Loader("web", socket=web.socket)
+    loader = feed.Loader("web", socket=web.socket, labels="shifted")
     next(loader)
     b = next(loader)
     assert len(os.listdir("/proc/self/fd")) > len(base)  # the socket and two eventfds
@@ -349,3 +365,39 @@ def test_close_keeps_live_batches_readable_and_leaks_nothing(web, tmp_path):
     while time.time() < deadline and web.status()["clients"]:
         time.sleep(0.05)
     assert web.status()["clients"] == []
+
+
+@pytest.mark.parametrize("reply", ["refused", "newer header"])
+def test_a_daemon_of_another_protocol_version_is_named(tmp_path, reply):
+    """A stand-in daemon on a real socket answers HELLO as a feedd of protocol version 2 would: with ERROR
+    -EPROTONOSUPPORT in feedd's words (what feedd sends today to a client it cannot speak with), or with a
+    message whose header says version 2. The loader raises ProtocolMismatchError naming both sides."""
+    import socket as so
+    import struct
+    path = str(tmp_path / "v2.sock")
+    srv = so.socket(so.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        c.recv(4096)  # HELLO
+        text = b"protocol versions 1..1 are not supported (this daemon speaks 2)"
+        payload = struct.pack("<iI", -errno.EPROTONOSUPPORT, 0) + text.ljust(512, b"\0")
+        version = 1 if reply == "refused" else 2
+        c.sendall(struct.pack("<IHHII", 0x57444546, version, 5, len(payload), 0) + payload)
+        time.sleep(0.5)
+        c.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with pytest.raises(feed.ProtocolMismatchError) as e:
+            feed.Loader("web", socket=path)
+    finally:
+        t.join()
+        srv.close()
+    assert isinstance(e.value, ConnectionError) and e.value.code == -errno.EPROTONOSUPPORT
+    assert f"this feed package (version {feed.__version__}, libfeed {feed._lib.lib.path})" in str(e.value)
+    if reply == "refused":
+        assert str(e.value).startswith("protocol versions 1..1 are not supported (this daemon speaks 2)")

@@ -299,3 +299,16 @@ def test_index_cache_is_reused_and_rebuilt_when_a_shard_changes(daemon, corpus, 
     d = daemon(conf)
     assert "(1 indexes from the cache)" in d.log_text()
     assert next(f for f in d.status()["feeds"] if f["name"] == "web")["documents"] == docs + 1
+
+
+def test_token_count_is_known_once_every_document_was_tokenized(daemon, corpus, tmp_path):
+    """A text feed's tokens are unknown at load (0): counted once per document as workers tokenize them,
+    whatever the epoch or rank, and shown in status once every document has been (length schedules)."""
+    d = daemon(text_conf("web", corpus["paths"], tmp_path / "cache", seq_len=1024, batch_size=8))
+    st = next(f for f in d.status()["feeds"] if f["name"] == "web")
+    assert st["tokens"] == 0
+    total = sum(int(np.sum(s.doc_lens)) for s in corpus["shards"])
+    positions = total + sum(int(np.count_nonzero(s.doc_lens)) for s in corpus["shards"])  # + eos
+    d.dump("web", tmp_path / "out", batches=positions // (1024 * 8) + 2)  # past the end of epoch 0
+    st = next(f for f in d.status()["feeds"] if f["name"] == "web")
+    assert st["tokens"] == total, (st["tokens"], total)

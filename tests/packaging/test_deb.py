@@ -94,15 +94,18 @@ def test_every_promised_file_is_packaged(debs):
         "libfeed0": [f"/usr/lib/{ma}/libfeed.so.0"],
         "libfeed-dev": ["/usr/include/feed/feed.h", f"/usr/lib/{ma}/libfeed.so",
                         f"/usr/lib/{ma}/pkgconfig/libfeed.pc", "/usr/share/man/man3/libfeed.3.gz"],
-        "python3-feed": ["/usr/lib/python3/dist-packages/feed/__init__.py",
-                         "/usr/lib/python3/dist-packages/feed/_lib.py",
-                         "/usr/lib/python3/dist-packages/feed/loader.py",
-                         "/usr/lib/python3/dist-packages/feed/_installed.py"],
+        "python3-feed": ["/usr/lib/python3/dist-packages/feed/_installed.py"],
     }
     for pkg, files in promised.items():
         have = contents(deb(debs, pkg))
         missing = [f for f in files if f not in have]
         assert not missing, f"{pkg} lacks {missing}; it has {sorted(have)}"
+    # Every module of the source package is installed: the list comes from the source directory, so a new
+    # module cannot be forgotten again (feed/dlpack.py, the GPU path, once was).
+    pkg = "/usr/lib/python3/dist-packages/feed/"
+    have = {f[len(pkg):] for f in contents(deb(debs, "python3-feed")) if f.startswith(pkg) and f.endswith(".py")}
+    want = {p.name for p in (SRC / "client" / "python" / "feed").glob("*.py")}
+    assert want and have == want | {"_installed.py"}, f"python3-feed has {sorted(have)}, the source {sorted(want)}"
     # The shared object is in the runtime package only, the link in -dev only.
     assert not any(f.endswith(".h") or f.endswith("/libfeed.so") for f in contents(deb(debs, "libfeed0")))
     assert not any(".so.0" in f for f in contents(deb(debs, "libfeed-dev")))
@@ -202,6 +205,7 @@ def test_packaged_programs_serve_a_feed(root, tmp_path):
             "b = next(iter(l))\n"
             "print([ln.split()[-1] for ln in open('/proc/self/maps') if 'libfeed.so' in ln][0])\n"
             "print(numpy.asarray(b['input_ids']).reshape(-1).tolist())\n"
+            "import importlib.metadata as m; print(m.version('feed'), feed.__version__)\n"
             "l.close()\n")
         penv = dict(env, PYTHONPATH=str(root / "usr/lib/python3/dist-packages"))
         out = run([sys.executable, "-c", code], env=penv, cwd=tmp_path).stdout.splitlines()
@@ -209,6 +213,7 @@ def test_packaged_programs_serve_a_feed(root, tmp_path):
         assert out[0].startswith(str(libdir) + "/libfeed.so.0"), out
         # shuffle = false, one document: the first batch is its first 2 x 8 tokens.
         assert out[1] == str(doc[:16]), out
+        assert out[2] == f"{VERSION} {VERSION}", out  # importlib.metadata sees the Debian install too
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)

@@ -5,9 +5,11 @@ The protocol lives in libfeed only; this module declares its functions and
 structs and finds the shared object. Which libfeed is loaded, first match:
 
 1. $FEED_LIBRARY: a path to libfeed.so (an error if it cannot be loaded);
-2. $FEEDD_BUILD_DIR/client/libfeed.so.0: a meson build tree (the tests);
-3. the libdir this package was installed with by meson (_installed.py);
-4. the soname "libfeed.so.0", found by the dynamic loader.
+2. libfeed.so.0 next to this file: the copy a wheel bundles (pip install),
+   built from the same sources as the package;
+3. $FEEDD_BUILD_DIR/client/libfeed.so.0: a meson build tree (the tests);
+4. the libdir this package was installed with by meson (_installed.py);
+5. the soname "libfeed.so.0", found by the dynamic loader.
 
 ctypes releases the GIL for the length of every call, so a trainer's other
 threads run while feed_client_next() waits.
@@ -63,9 +65,11 @@ class feed_device_batch(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("input_ids", "labels", "position_ids", "cu_seqlens")]
 
 
-# Sizes of the C structs on LP64 (checked by the tests against the header).
-assert ctypes.sizeof(feed_batch) == 88, "struct feed_batch layout"
-assert ctypes.sizeof(feed_stats) == 4152, "struct feed_stats layout"
+# Sizes of the C structs on LP64 (checked by the tests against the header). Not `assert`: python -O strips it.
+for _t, _size in ((feed_batch, 88), (feed_stats, 4152)):
+    if ctypes.sizeof(_t) != _size:
+        raise ImportError(f"feed: struct {_t.__name__} is {ctypes.sizeof(_t)} bytes here, libfeed's is {_size} "
+                          "(an LP64 platform is required)")
 
 _P = ctypes.c_void_p
 _SIGNATURES = {
@@ -97,7 +101,7 @@ def _candidates():
     explicit = os.environ.get("FEED_LIBRARY")
     if explicit:
         return [explicit], True
-    out = []
+    out = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "libfeed.so.0")]
     build = os.environ.get("FEEDD_BUILD_DIR")
     if build:
         out.append(os.path.join(build, "client", "libfeed.so.0"))
@@ -124,10 +128,14 @@ def _load():
                 raise ImportError(f"feed: cannot load libfeed from $FEED_LIBRARY={p}: {e}") from e
             errors.append(f"{p}: {e}")
     else:
-        raise ImportError("feed: cannot find libfeed (set FEED_LIBRARY to the path of libfeed.so.0, or "
-                          "install feedd): " + "; ".join(errors))
+        raise ImportError("feed: cannot find libfeed.so.0 (install feedd's libfeed0 package, pip install the feed "
+                          "wheel, which bundles it, or set FEED_LIBRARY to its path); tried: "
+                          + "; ".join(errors or ["the dynamic loader's path"]))
     for name, (res, args) in _SIGNATURES.items():
-        f = getattr(lib, name)
+        f = getattr(lib, name, None)
+        if f is None:
+            raise ImportError(f"feed: {getattr(lib, '_name', p)} has no {name}(): an older libfeed than this "
+                              "package (install the libfeed of the same feedd release)")
         f.restype = res
         f.argtypes = args
     lib.path = getattr(lib, "_name", p)

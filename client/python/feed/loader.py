@@ -14,22 +14,36 @@ Objects and who owns what:
   loader's own thread releases free slots, oldest first, at the next batch
   (libfeed's in-order rule). A batch can never see another batch's data: its
   slot is not given back to the daemon while anything can read it.
+  When the finalizer runs on the loader's own thread (the usual case: the
+  loop variable is rebound, CPython drops the last reference at once) and
+  the loader is not inside libfeed, the slot goes back to feedd right there,
+  so a plain `for b in loader:` holds one slot while it trains and two while
+  next() hands the following batch over.
 - Release is in order, so one batch kept alive also holds every slot after
-  it. When no slot is left, next() collects garbage once (a reference cycle
-  may be all that keeps a batch alive) and then raises SlotsExhaustedError:
-  views already handed out cannot be re-pointed at a copy, and copying every
-  batch in case it is kept would defeat zero-copy. copy=True avoids the limit.
+  it. When no slot is left, next() raises SlotsExhaustedError (it never runs
+  the garbage collector inside a training step; it warns once, earlier, when
+  an old batch is still alive after the loop moved past it): views already
+  handed out cannot be re-pointed at a copy, and copying every batch in case
+  it is kept would defeat zero-copy. copy=True avoids the limit.
+- Labels: shared memory holds one convention, "shifted" (labels[q] is the
+  token after q, docs/sample-order.md). labels="hf" derives the Hugging Face
+  convention from it (a copy of one array per batch); the Batch says which
+  one it carries (Batch.labels_convention), and for_hf() refuses the other.
 """
 
 import ctypes
 import errno
-import gc
 import json
 import os
 import threading
 import warnings
 import weakref
 from collections import deque
+
+try:
+    from torch.utils.data import IterableDataset as _Base
+except ImportError:  # numpy-only installs: a plain iterable
+    _Base = object
 
 import numpy as np
 
@@ -39,6 +53,8 @@ from ._lib import lib
 # Longest single wait inside libfeed: signals (Ctrl-C) are handled in between.
 _WAIT_SLICE_MS = 1000
 _ARRAYS = ("input_ids", "labels", "position_ids", "cu_seqlens")
+LABELS = ("hf", "shifted")
+IGNORE_INDEX = -100
 STATE_VERSION = 1
 
 
@@ -71,6 +87,15 @@ class SlotsExhaustedError(FeedError, RuntimeError):
     """Every ring slot holds a batch that is still referenced."""
 
 
+class ProtocolMismatchError(FeedError, ConnectionError):
+    """feedd and this package's libfeed speak different protocol versions (the daemon refused HELLO)."""
+
+
+def _version():
+    from . import __version__
+    return __version__
+
+
 class DeviceUnavailableError(FeedError, NotImplementedError):
     """GPU delivery was requested and feedd cannot stage batches on that device (str(e) says why:
     no driver or device on feedd's side, with the CUDA error, or none usable in this process)."""
@@ -88,6 +113,10 @@ def _raise(code, message, resuming=False):
         raise FeedTimeoutError(message, code)
     if code == -errno.ENOBUFS:
         raise SlotsExhaustedError(message, code)
+    if code == -errno.EPROTONOSUPPORT:
+        raise ProtocolMismatchError(
+            f"{message}: this feed package (version {_version()}, libfeed {lib.path}) and feedd speak different "
+            "protocol versions; install the feed package of feedd's release (feedctl --version)", code)
     if resuming and code == -errno.EINVAL:
         raise StateError(message, code)
     raise FeedError(message, code)
@@ -112,11 +141,15 @@ class _Conn:
             msg = why.value.decode(errors="replace") or f"cannot reach feedd at {where}: {_strerror(r)}"
             if r in (-errno.ENOENT, -errno.ECONNREFUSED):
                 raise DaemonGoneError(msg, r)
+            if r == -errno.EPROTO:  # HELLO's reply unreadable: most likely a feedd of another protocol version
+                r = -errno.EPROTONOSUPPORT
             _raise(r, msg)
         self.ptr = ptr
         self.held = deque()  # _Slot, oldest first
         self.slots = 0
         self.device = -1  # the GPU batches are staged on, -1: host batches
+        self.thread = threading.get_ident()  # the thread that calls next(): the only one that calls libfeed
+        self.busy = False  # inside reap() or libfeed: a finalizer must not release now
         # atexit=False: never unmap the ring under arrays still alive at interpreter exit.
         self._close = weakref.finalize(self, lib.feed_client_close, ptr)
         self._close.atexit = False
@@ -143,23 +176,39 @@ class _Conn:
 
     def reap(self):
         """Releases the free slots at the front of the ring, oldest first."""
-        held = self.held
-        while held and held[0].free:
-            lib.feed_client_release(self.ptr, ctypes.byref(held.popleft().batch))
+        if self.busy:
+            return
+        self.busy = True
+        try:
+            held = self.held
+            while held and held[0].free:
+                lib.feed_client_release(self.ptr, ctypes.byref(held.popleft().batch))
+        finally:
+            self.busy = False
+
+    def slot_freed(self):
+        """A batch's last array died: give its slot back now when that is safe (the loader's
+        thread, not inside reap or libfeed), else at the next next()."""
+        if threading.get_ident() == self.thread and not self.busy:
+            self.reap()
 
     def close(self):
         self._close()
 
 
 class _Slot:
-    __slots__ = ("batch", "free")
+    __slots__ = ("batch", "free", "conn")
 
-    def __init__(self, batch):
+    def __init__(self, batch, conn):
         self.batch = batch
         self.free = False
+        self.conn = weakref.ref(conn)  # no cycle: the connection holds its slots
 
-    def mark_free(self):  # weakref callback: any thread, so only a flag
+    def mark_free(self):  # weakref callback: any thread, so a flag, then a release only where safe
         self.free = True
+        conn = self.conn()
+        if conn is not None:
+            conn.slot_freed()
 
 
 class _Owner:
@@ -181,25 +230,132 @@ class _Memory:
         self.owner = owner
 
 
+class _Meta:
+    """Where a batch sits in the stream, and which label convention it carries."""
+
+    __slots__ = ("index", "epoch", "cursor", "n_docs", "rank", "world_size", "labels_convention",
+                 "first_of_epoch")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+
+
+def _meta_property(name, doc):
+    return property(lambda self: getattr(self._meta, name), doc=doc)
+
+
 class Batch(dict):
     """One batch: a dict of input_ids [B, L], labels [B, L], position_ids [B, L] and
-    cu_seqlens [n] (int32), torch tensors or numpy arrays, plus its place in the stream.
+    cu_seqlens [n] (plus attention_mask [B, L] when asked for), torch tensors or numpy
+    arrays, and its place in the stream (index, epoch, cursor, n_docs, rank, world_size,
+    first_of_epoch) and label convention (labels_convention: "hf" or "shifted").
 
     Zero-copy batches are read-only views of shared memory: clone() gives
     private, writable copies."""
 
-    __slots__ = ("index", "epoch", "cursor", "n_docs", "rank", "world_size")
+    __slots__ = ("_meta",)
+
+    def __init__(self, *args, meta=None, **kw):
+        super().__init__(*args, **kw)
+        if meta is None:
+            # Rebuilt from a plain dict of our tensors (torch's DataLoader converts a Mapping by calling
+            # its type): the tensors remember the batch they came from.
+            meta = getattr(self.get("input_ids"), "_feed_meta", None) or _Meta()
+        self._meta = meta
+
+    index = _meta_property("index", "batch number in this rank's stream")
+    epoch = _meta_property("epoch", "epoch of the batch's first position (docs/sample-order.md)")
+    cursor = _meta_property("cursor", "cursor after this batch: attaching with it delivers the next one")
+    n_docs = _meta_property("n_docs", "documents that start in this batch")
+    rank = _meta_property("rank", "rank this batch was dealt to")
+    world_size = _meta_property("world_size", "world size of the attachment")
+    labels_convention = _meta_property(
+        "labels_convention", '"hf": labels aligned with input_ids (the model shifts); '
+        '"shifted": labels[q] is the token after q (Megatron; the loss does not shift)')
+    first_of_epoch = _meta_property("first_of_epoch", "True when this batch's epoch differs from the previous "
+                                    "batch's (None for a loader's first batch)")
+
+    def _map(self, fn):
+        return Batch(((k, fn(v)) for k, v in self.items()), meta=self._meta)
 
     def clone(self):
         """A private, writable copy of this batch (it holds no ring slot)."""
-        out = Batch((k, v.clone() if hasattr(v, "clone") else np.array(v)) for k, v in self.items())
-        for a in Batch.__slots__:
-            setattr(out, a, getattr(self, a))
+        return self._map(lambda v: v.clone() if hasattr(v, "clone") else np.array(v))
+
+    def to(self, *args, **kw):
+        """Batch.to(device, dtype=None, non_blocking=False): every tensor's .to(...) (torch tensors only).
+        A copy to another device holds no ring slot once made."""
+        if not all(hasattr(v, "to") for v in self.values()):
+            raise TypeError("Batch.to() needs torch tensors (this loader yields numpy arrays: as_numpy=True)")
+        return self._map(lambda v: v.to(*args, **kw))
+
+    def for_hf(self):
+        """The keyword arguments of a Hugging Face causal LM's forward(): input_ids, labels, position_ids
+        (and attention_mask when the loader made one), int64, so that `model(**batch.for_hf())` trains on
+        the right targets with the model's own shift (ForCausalLMLoss). Refuses a batch whose labels are
+        not in the HF convention: passing shifted labels to a model that shifts again would train on the
+        token two ahead, silently."""
+        if self.labels_convention is None:
+            raise ValueError("Batch.for_hf(): this batch does not say which label convention it carries (it was "
+                             "rebuilt from a plain dict, e.g. by pin_memory); call for_hf() first, as a DataLoader's "
+                             "collate_fn=feed.Batch.for_hf")
+        if self.labels_convention != "hf":
+            raise ValueError(
+                f"Batch.for_hf(): this batch's labels are {self.labels_convention!r} (labels[q] is already the "
+                "token after q); a Hugging Face model shifts them again and would learn the token two ahead. "
+                "Use feed.Loader(..., labels=\"hf\"), or pass labels to a loss that does not shift")
+        keys = ("input_ids", "labels", "position_ids", "attention_mask")
+        out = {}
+        for k in keys:
+            if k in self:
+                v = self[k]
+                out[k] = v.long() if hasattr(v, "long") else np.asarray(v, np.int64)
         return out
+
+    def __reduce__(self):
+        return (_rebuild_batch, (dict(self), {k: getattr(self._meta, k) for k in _Meta.__slots__}))
 
     def __repr__(self):
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.items())
-        return f"Batch(index={self.index}, epoch={self.epoch}, {shapes})"
+        return f"Batch(index={self.index}, epoch={self.epoch}, labels={self.labels_convention!r}, {shapes})"
+
+
+def _rebuild_batch(items, meta):
+    return Batch(items, meta=_Meta(**meta))
+
+
+def _hf_labels(shifted, xp_empty):
+    """HF-convention labels from shifted ones: hf[q] = shifted[q - 1] over the flattened batch.
+
+    shifted[q - 1] is the token at q unless q starts a document (or a piece, or padding: -100), which is
+    exactly the label HF wants at q; across a row boundary it is the next row's first token, or -100 when
+    that row starts a document. The batch's very first position gets -100: a shift-inside loss never
+    reads column 0."""
+    flat = shifted.reshape(-1)
+    out = xp_empty(flat)
+    out[1:] = flat[:-1]
+    out[0] = IGNORE_INDEX
+    return out.reshape(shifted.shape)
+
+
+def _attention_mask(ids, shifted, pos, pad_id):
+    """1 on real positions, 0 on a row's trailing padding (padded modes, docs/sample-order.md section 13).
+
+    A row's last segment starts at L-1 - position_ids[:, -1]; it is padding when all its labels are -100
+    and all its ids are pad_id (a real piece of two or more positions has a label). A one-position piece
+    made of pad_id is taken for padding: harmless, its label is -100 and it attends only to itself."""
+    L = ids.shape[1]
+    if hasattr(ids, "new_ones"):
+        import torch
+        col = torch.arange(L, device=ids.device)
+    else:
+        col = np.arange(L)
+    start = (L - 1) - pos[:, -1:]
+    tail = col[None, :] >= start
+    is_pad = (((shifted == IGNORE_INDEX) & (ids == pad_id)) | ~tail).all(1)
+    mask = ~(tail & is_pad[:, None])
+    return mask.to(ids.dtype) if hasattr(mask, "to") else mask.astype(ids.dtype)
 
 
 def _env_int(names):
@@ -240,16 +396,31 @@ def _check_device(device):
     raise ValueError(f"feed.Loader: device must be 'cpu', 'cuda' or 'cuda:N', not {text!r}")
 
 
-class Loader:
+class Loader(_Base):
     """Iterates over one rank's batches of a feed (an infinite stream across epochs).
 
     Loader(feed, rank=None, world_size=None, socket=None, device="cpu",
-           timeout=120.0, copy=False, as_numpy=False, allow_host_fallback=False)
+           timeout=120.0, copy=False, as_numpy=False, allow_host_fallback=False,
+           labels="hf", dtype=None, attention_mask=False, on_epoch_end=None)
 
     rank / world_size default to $RANK / $WORLD_SIZE (torchrun), else
     $SLURM_PROCID / $SLURM_NTASKS, else 0 / 1. socket defaults to libfeed's
     ($FEEDD_SOCKET, then the default path). timeout: seconds to wait for one
     batch (None: forever). See docs/python.md for the lifetime rules.
+
+    labels="hf" (default): labels aligned with input_ids, -100 on each
+    document's first position and on padding, for losses that shift inside
+    (Hugging Face's ForCausalLMLoss); labels="shifted": labels[q] is the
+    token after q, -100 before a document starts (Megatron; the loss must not
+    shift). Every Batch says which it carries (labels_convention).
+    dtype=torch.int64 (or np.int64): every array converted (a copy: the slot
+    goes back at once). attention_mask=True: an attention_mask [B, L], 0 on
+    padding (padded packing modes; all ones for "concat").
+    on_epoch_end(loader, epoch): called when the first batch of a later epoch
+    arrives, before it is returned.
+
+    A torch IterableDataset: DataLoader(loader, batch_size=None,
+    num_workers=0) yields its batches unchanged.
 
     device="cuda:N": feedd stages every batch on GPU N as well and the loader
     yields CUDA tensors over those buffers (DLPack, no copy, no CPU wait; see
@@ -259,7 +430,8 @@ class Loader:
     """
 
     def __init__(self, feed, rank=None, world_size=None, socket=None, device="cpu", timeout=120.0, copy=False,
-                 as_numpy=False, allow_host_fallback=False):
+                 as_numpy=False, allow_host_fallback=False, labels="hf", dtype=None, attention_mask=False,
+                 on_epoch_end=None):
         self._device = _check_device(device)
         self._fallback = bool(allow_host_fallback)
         if self._device is not None and (as_numpy or copy):
@@ -267,6 +439,11 @@ class Loader:
                              "do not apply")
         if not isinstance(feed, str) or not feed:
             raise ValueError("feed.Loader: feed must be a non-empty feed name")
+        if labels not in LABELS:
+            raise ValueError(f"feed.Loader: labels must be one of {LABELS}, not {labels!r} (docs/python.md, "
+                             "\"Labels\")")
+        if on_epoch_end is not None and not callable(on_epoch_end):
+            raise ValueError("feed.Loader: on_epoch_end must be callable(loader, epoch)")
         self._feed = feed
         self._rank, self._world = _rank_world(rank, world_size)
         self._socket = os.fspath(socket) if socket is not None else None
@@ -274,6 +451,9 @@ class Loader:
             raise ValueError("feed.Loader: timeout must be >= 0 seconds, or None")
         self._timeout = timeout
         self._copy = bool(copy)
+        self._labels = labels
+        self._want_mask = bool(attention_mask)
+        self._on_epoch_end = on_epoch_end
         self._torch = None
         if not as_numpy:
             try:
@@ -281,12 +461,34 @@ class Loader:
             except ImportError as e:
                 raise ImportError("feed.Loader yields torch tensors: install torch, or pass as_numpy=True") from e
             self._torch = torch
+        self._dtype = self._check_dtype(dtype)
         self._cursor = None    # cursor after the last batch returned to the user
         self._next_index = 0   # index of the batch that follows it
+        self._epoch = None     # epoch of the last batch returned
         self._conn = None
         self._closed = False
         self._lower = None
+        self._warned_held = False
+        self._pid = os.getpid()
         self._attach(None)
+        self._pad_id = self._feed_pad_id() if self._want_mask else None
+
+    def _check_dtype(self, dtype):
+        if dtype is None:
+            return None
+        if self._torch is not None:
+            if not isinstance(dtype, self._torch.dtype):
+                raise ValueError(f"feed.Loader: dtype must be a torch.dtype (torch.int64), not {dtype!r}")
+            return dtype
+        return np.dtype(dtype)
+
+    def _feed_pad_id(self):
+        """The feed's pad_id when its packing pads rows, else None (from feedd's status)."""
+        for f in self.status().get("feeds", []):
+            if f.get("name") == self._feed:
+                packing = f.get("packing") or {}
+                return packing.get("pad_id") if packing.get("mode") not in (None, "concat") else None
+        return None
 
     # -- the stream ---------------------------------------------------------
 
@@ -303,6 +505,12 @@ class Loader:
             old.reap()  # closed now, or when its last batch is dropped
 
     def __iter__(self):
+        if self._torch is not None and os.getpid() != self._pid:
+            info = self._torch.utils.data.get_worker_info()
+            where = f"DataLoader worker {info.id}" if info is not None else f"process {os.getpid()}"
+            raise FeedError(f"feed.Loader used in {where}, not the process that created it: a loader cannot cross "
+                            "fork(). Use DataLoader(loader, batch_size=None, num_workers=0): feedd already does "
+                            "what DataLoader workers would")
         return self
 
     def _attached(self):
@@ -310,20 +518,29 @@ class Loader:
             raise FeedError("this feed.Loader is closed")
         return self._conn
 
+    def _check_slots(self, conn):
+        conn.reap()
+        if len(conn.held) >= 2 and not self._warned_held:
+            # The loop moved on and an older batch is still alive: fine for a while, fatal when the ring is full.
+            self._warned_held = True
+            warnings.warn(
+                f"feed.Loader: batch {conn.held[0].batch.index} is still referenced after the loop moved on; "
+                f"it and every batch after it keep their ring slots ({len(conn.held)} of {conn.slots} held). "
+                "Keep loss.item() rather than a loss tensor, batch.clone() what you keep, or use "
+                "feed.Loader(copy=True)", RuntimeWarning, stacklevel=3)
+        if len(conn.held) >= conn.slots:
+            oldest = conn.held[0].batch.index
+            raise SlotsExhaustedError(
+                f"all {conn.slots} ring slots are taken: batch {oldest} is still referenced, and slots go back "
+                f"to feedd in order, so the {len(conn.held) - 1} batches after it wait for it too. Drop old "
+                "batches (a kept loss tensor keeps its inputs alive through autograd; a reference cycle "
+                "keeps them until gc.collect()), keep clones (batch.clone()), or use feed.Loader(copy=True)",
+                -errno.ENOBUFS)
+
     def __next__(self):
         conn = self._attached()
-        conn.reap()
-        if len(conn.held) >= conn.slots:
-            gc.collect()  # a reference cycle may be all that keeps an old batch alive
-            conn.reap()
-            if len(conn.held) >= conn.slots:
-                oldest = conn.held[0].batch.index
-                raise SlotsExhaustedError(
-                    f"all {conn.slots} ring slots are taken: batch {oldest} is still referenced, and slots go back "
-                    f"to feedd in order, so the {len(conn.held) - 1} batches after it wait for it too. Drop old "
-                    "batches (a kept loss tensor keeps its inputs alive through autograd), keep clones "
-                    "(batch.clone()), or use feed.Loader(copy=True)",
-                    -errno.ENOBUFS)
+        conn.thread = threading.get_ident()  # the thread that iterates (one at a time) is the one that may release
+        self._check_slots(conn)
         b = _lib.feed_batch()
         ref = ctypes.byref(b)
         ptr = conn.ptr
@@ -353,10 +570,51 @@ class Loader:
             lib.feed_client_release(ptr, ref)
         else:
             arrays = self._views(conn, b)
-        batch = Batch(zip(_ARRAYS, arrays))
-        batch.index, batch.epoch, batch.cursor, batch.n_docs = b.index, b.epoch, self._cursor, b.n_docs
-        batch.rank, batch.world_size = b.rank, b.world
-        return batch
+        batch = dict(zip(_ARRAYS, arrays))
+        del arrays
+        self._convert(batch)
+        first = None if self._epoch is None else b.epoch != self._epoch
+        meta = _Meta(index=b.index, epoch=b.epoch, cursor=self._cursor, n_docs=b.n_docs, rank=b.rank,
+                     world_size=b.world, labels_convention=self._labels, first_of_epoch=first)
+        if self._torch is not None:
+            batch["input_ids"]._feed_meta = meta  # lets a DataLoader-rebuilt Batch find its metadata
+        out = Batch(batch, meta=meta)
+        del batch
+        if first and self._on_epoch_end is not None:
+            self._on_epoch_end(self, self._epoch)
+        self._epoch = b.epoch
+        return out
+
+    def _convert(self, batch):
+        """Label convention, attention mask and dtype, in place on the dict of arrays."""
+        torch = self._torch
+        if self._labels == "hf":
+            empty = torch.empty_like if torch is not None else np.empty_like
+            shifted = batch["labels"]
+            if self._want_mask:
+                batch["attention_mask"] = self._mask(batch, shifted)
+            batch["labels"] = _hf_labels(shifted, empty)
+        elif self._want_mask:
+            batch["attention_mask"] = self._mask(batch, batch["labels"])
+        if self._dtype is not None:
+            for k, v in batch.items():
+                batch[k] = v.to(self._dtype) if torch is not None else v.astype(self._dtype)
+
+    def _mask(self, batch, shifted):
+        ids = batch["input_ids"]
+        if self._pad_id is None:
+            return self._torch.ones_like(ids) if self._torch is not None else np.ones_like(ids)
+        return _attention_mask(ids, shifted, batch["position_ids"], self._pad_id)
+
+    @property
+    def epoch(self):
+        """Epoch of the last batch returned (None before the first)."""
+        return self._epoch
+
+    @property
+    def labels(self):
+        """The label convention of this loader's batches: "hf" or "shifted"."""
+        return self._labels
 
     @staticmethod
     def _shapes(b):
@@ -364,7 +622,7 @@ class Loader:
         return (b.input_ids, rows), (b.labels, rows), (b.position_ids, rows), (b.cu_seqlens, (b.n_cu_seqlens,))
 
     def _views(self, conn, b):
-        slot = _Slot(b)
+        slot = _Slot(b, conn)
         owner = _Owner(conn)
         weakref.finalize(owner, slot.mark_free).atexit = False
         conn.held.append(slot)
@@ -378,7 +636,7 @@ class Loader:
 
     def _device_views(self, conn, b):
         from . import dlpack
-        slot = _Slot(b)
+        slot = _Slot(b, conn)
         conn.held.append(slot)
         owner = dlpack.DeviceBatch(conn, b, slot, conn.device)
         fields = ("input_ids", "labels", "position_ids", "cu_seqlens")
@@ -422,6 +680,7 @@ class Loader:
             raise StateError(f"state_dict cursor must be a string or None, not {type(cursor).__name__}")
         self._attached()
         self._attach(cursor)
+        self._epoch = None
         self._cursor = cursor
         self._next_index = int(state.get("next_batch", 0))
 
