@@ -99,6 +99,12 @@ int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging
 		snprintf(err, errlen, "there is no device cuda:%u (feedd sees %d)", device, g->devices);
 		return -ENODEV;
 	}
+	char why[200] = "";
+	int r = g->backend->ops->device_check(g->backend, (int)device, why, sizeof(why));
+	if (r < 0) {
+		snprintf(err, errlen, "cuda:%u cannot take device batches: %s", device, why[0] ? why : strerror(-r));
+		return r;
+	}
 	/* Checked before allocating, at the size the allocation will round to. */
 	uint64_t need = ALIGN_UP((uint64_t)ring->hdr->slot_size * ring->hdr->slot_count, GPU_ALLOC_UNIT);
 	if (g->memory_max && g->used[device] + need > g->memory_max) {
@@ -109,7 +115,7 @@ int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging
 		return -EDQUOT;
 	}
 	struct staging *st;
-	int r = staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, &st, err, errlen);
+	r = staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, &st, err, errlen);
 	if (r < 0)
 		return r;
 	st->charge = &g->used[device];

@@ -55,7 +55,7 @@ int staging_new(struct gpu_backend *b, int device, struct feed_ring_header *hdr,
 		goto fail;
 	}
 	/* Pinned once per attach, never per batch: the copies below are then true async DMA. */
-	r = b->ops->host_register(b, hdr, ring_size);
+	r = b->ops->host_register(b, device, hdr, ring_size);
 	if (r < 0) {
 		fail(err, errlen, r, "cannot pin the ring for DMA", b);
 		goto fail;

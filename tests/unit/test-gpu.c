@@ -319,6 +319,55 @@ static void test_missing_device(void)
 	gpu_backend_free(b);
 }
 
+/*
+ * Staging for cuda:1 touches cuda:1 alone: pinning the ring first must not
+ * create a context on device 0 (CUDA's runtime does, when cudaHostRegister
+ * runs with no current device), which would hold memory on another rank's GPU
+ * and fail under EXCLUSIVE_PROCESS compute mode.
+ */
+static void test_only_the_clients_device_is_touched(void)
+{
+	struct gpu_backend *b;
+	REQUIRE(gpu_backend_sim_new(2, &b) == 0, "sim");
+	struct ring_geometry g = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
+	struct ring *r;
+	REQUIRE(ring_new(&g, &r) == 0, "ring");
+	struct staging *st = NULL;
+	char err[256] = "";
+	CHECK_INT(staging_new(b, 1, r->hdr, r->size, r->space_efd, &st, err, sizeof(err)), 0);
+	CHECK_INT(gpu_backend_sim_devices_touched(b), UINT64_C(1) << 1);
+	bool leaked = true;
+	st = staging_free(st, &leaked);
+	CHECK(!leaked, "staging_free kept memory");
+	ring_free(r);
+	gpu_backend_free(b);
+}
+
+/*
+ * A device whose compute mode (or missing support) rules staging out is
+ * refused at attach with the reason, before anything is created on it; the
+ * host fallback carries the same reason.
+ */
+static void test_unusable_device_is_refused_with_the_reason(void)
+{
+	struct gpu *g;
+	REQUIRE(gpu_open("sim", &g) == 0, "gpu_open sim");
+	gpu_backend_sim_set_unusable(g->backend, 0);
+	struct ring_geometry geo = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
+	struct ring *r;
+	REQUIRE(ring_new(&geo, &r) == 0, "ring");
+	struct staging *st = NULL;
+	char err[512] = "";
+	CHECK_INT(gpu_attach(g, r, 0, &st, err, sizeof(err)), -EOPNOTSUPP);
+	CHECK(!st, "no staging when refused");
+	CHECK_CONTAINS(err, "cuda:0");
+	CHECK_CONTAINS(err, "EXCLUSIVE_PROCESS");
+	CHECK_U64(gpu_backend_sim_devices_touched(g->backend), 0);
+	CHECK_INT(gpu_backend_sim_live_objects(g->backend), 0);
+	ring_free(r);
+	gpu_free(g);
+}
+
 /* Host-only: a daemon without a usable backend says why, and refuses device attaches with that reason. */
 static void test_host_only(void)
 {
@@ -503,6 +552,8 @@ int main(void)
 	test_alternation_is_enforced();
 	test_host_slot_waits_for_its_copy();
 	test_missing_device();
+	test_only_the_clients_device_is_touched();
+	test_unusable_device_is_refused_with_the_reason();
 	test_host_only();
 	test_dead_client_does_not_hang_teardown();
 	test_device_memory_limit();
