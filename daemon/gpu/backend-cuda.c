@@ -229,6 +229,12 @@ static int cuda_stream_new(struct gpu_backend *b, int device, struct gpu_stream 
 	return 0;
 }
 
+static int cuda_stream_query(struct gpu_backend *b, struct gpu_stream *s)
+{
+	/* Any answer but "not ready" means no more of its work will touch memory: done, or a broken context. */
+	return cudaStreamQuery(s->s) == cudaErrorNotReady ? 0 : 1;
+}
+
 /*
  * Lets the stream's queued copies finish before its memory goes, polling
  * rather than blocking: a copy waits on a `release` that a client recorded,
@@ -518,6 +524,7 @@ static const struct gpu_backend_ops cuda_ops = {
 	.host_unregister = cuda_host_unregister,
 	.stream_new = cuda_stream_new,
 	.stream_free = cuda_stream_free,
+	.stream_query = cuda_stream_query,
 	.mem_new = cuda_mem_new,
 	.mem_free = cuda_mem_free,
 	.event_new = cuda_event_new,

@@ -225,6 +225,15 @@ static int sim_stream_new(struct gpu_backend *b, int device, struct gpu_stream *
 	return 0;
 }
 
+static int sim_stream_query(struct gpu_backend *b, struct gpu_stream *s)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	int idle = !s->head; /* an op stays at the head until it has run */
+	pthread_mutex_unlock(&sim->lock);
+	return idle;
+}
+
 static int sim_stream_free(struct gpu_backend *b, struct gpu_stream *s)
 {
 	struct sim *sim = to_sim(b);
@@ -357,6 +366,7 @@ static const struct gpu_backend_ops sim_ops = {
 	.host_unregister = sim_host_unregister,
 	.stream_new = sim_stream_new,
 	.stream_free = sim_stream_free,
+	.stream_query = sim_stream_query,
 	.mem_new = sim_mem_new,
 	.mem_free = sim_mem_free,
 	.event_new = sim_event_new,
@@ -398,6 +408,15 @@ unsigned gpu_backend_sim_live_objects(struct gpu_backend *b)
 	unsigned n = sim->live;
 	pthread_mutex_unlock(&sim->lock);
 	return n;
+}
+
+void gpu_backend_sim_stream_resume(struct gpu_backend *b, struct gpu_stream *s)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	s->stalled = false;
+	pthread_cond_broadcast(&sim->cond);
+	pthread_mutex_unlock(&sim->lock);
 }
 
 void gpu_backend_sim_set_unusable(struct gpu_backend *b, int device)

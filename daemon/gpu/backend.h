@@ -63,6 +63,8 @@ struct gpu_backend_ops {
 	 * must not be freed.
 	 */
 	int (*stream_new)(struct gpu_backend *b, int device, struct gpu_stream **ret);
+	/* 1 when everything queued on s has run (or never will: the stream is broken), 0 while work is pending; never blocks. */
+	int (*stream_query)(struct gpu_backend *b, struct gpu_stream *s);
 	int (*stream_free)(struct gpu_backend *b, struct gpu_stream *s);
 	/* Device memory of at least `size` bytes, exportable to another process; *ret_size is the real size. */
 	int (*mem_new)(struct gpu_backend *b, int device, size_t size, struct gpu_mem **ret, size_t *ret_size,
@@ -118,6 +120,8 @@ void gpu_backend_sim_set_unusable(struct gpu_backend *b, int device);
 uint64_t gpu_backend_sim_devices_touched(struct gpu_backend *b);
 /* For the tests: s stops running work, as the stream of a process that died; freeing drops its queue. */
 void gpu_backend_sim_stream_stall(struct gpu_backend *b, struct gpu_stream *s);
+/* For the tests: a stalled stream runs its queue again (the driver resolving a dead process's work). */
+void gpu_backend_sim_stream_resume(struct gpu_backend *b, struct gpu_stream *s);
 /* For the tests only (the design has no CPU wait): blocks until s has run everything queued. */
 void gpu_backend_sim_stream_sync(struct gpu_backend *b, struct gpu_stream *s);
 /* For the tests: the simulated device memory behind m (a client "opening" it in-process). */

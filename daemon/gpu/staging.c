@@ -202,6 +202,11 @@ void staging_reply(const struct staging *st, struct wire_device_reply *ret)
 	memcpy(ret->mem_handle, st->export.ipc, sizeof(ret->mem_handle));
 }
 
+int staging_query(struct staging *st)
+{
+	return !st->stream || st->backend->ops->stream_query(st->backend, st->stream);
+}
+
 struct staging *staging_free(struct staging *st, bool *ret_leaked)
 {
 	bool leaked = false;

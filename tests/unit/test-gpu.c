@@ -301,6 +301,62 @@ static void test_dead_client_does_not_hang_teardown(void)
 	fixture_done(&f);
 }
 
+/*
+ * A client dies with a `release` recorded behind work that never runs, and a
+ * copy of the daemon's waits on it. Retiring its staging must neither block
+ * the main thread nor unmap the pinned ring under that copy: both stay in
+ * the graveyard, the tick's reap leaves them while the copy is pending, and
+ * frees them (ring included) once the driver resolves the dead stream.
+ */
+static void test_dead_client_staging_waits_in_the_graveyard(void)
+{
+	struct gpu *g;
+	REQUIRE(gpu_open("sim", &g) == 0, "gpu_open sim");
+	struct fixture f = { .b = g->backend, .wake_fd = -1 };
+	struct ring_geometry geo = { .slot_count = 2, .batch_size = 2, .seq_len = 32, .rank = 0, .world = 1 };
+	REQUIRE(ring_new(&geo, &f.ring) == 0, "ring");
+	char err[512] = "";
+	REQUIRE(gpu_attach(g, f.ring, 0, &f.st, err, sizeof(err)) == 0, "gpu_attach: %s", err);
+	struct client_view v;
+	client_view_open(&f, &v);
+	struct gpu_stream *cs;
+	REQUIRE(f.b->ops->stream_new(f.b, 0, &cs) == 0, "client stream");
+	for (uint64_t seq = 0; seq < 2; seq++) {
+		fill(f.ring, seq);
+		CHECK_INT(staging_publish(f.st, seq, 0), 0);
+	}
+	gpu_backend_sim_stream_stall(f.b, cs); /* the process dies with its release queued, not run */
+	CHECK_INT(f.b->ops->wait(f.b, cs, v.ready[0]), 0);
+	CHECK_INT(f.b->ops->record(f.b, cs, v.release[0]), 0);
+	fill(f.ring, 2);
+	CHECK_INT(staging_publish(f.st, 2, 1), 0); /* waits on that release */
+	client_view_close(&v);
+
+	uint64_t t0 = now_ns();
+	CHECK_INT(gpu_retire(f.st, f.ring), 1);
+	CHECK(now_ns() - t0 < 100 * NSEC_PER_MSEC, "retiring blocked the main thread");
+	uint64_t bytes = 0;
+	CHECK_INT(gpu_graveyard_count(g, &bytes), 1);
+	CHECK(bytes > 0, "the graveyard's device bytes are counted");
+	CHECK(g->used[0] > 0, "device memory under a pending copy still counts against gpu_memory_max");
+	gpu_reap(g);
+	CHECK_INT(gpu_graveyard_count(g, NULL), 1);
+	/* Still mapped: the pending copy may read it. */
+	CHECK_INT(f.ring->hdr->slot_count, 2);
+
+	gpu_backend_sim_stream_resume(f.b, cs); /* the driver resolves the dead client's work */
+	uint64_t deadline = now_ns() + 5 * NSEC_PER_SEC;
+	while (gpu_graveyard_count(g, NULL) && now_ns() < deadline) {
+		gpu_reap(g);
+		usleep(1000);
+	}
+	CHECK_INT(gpu_graveyard_count(g, NULL), 0);
+	CHECK_U64(g->used[0], 0);
+	CHECK_INT(gpu_backend_sim_live_objects(f.b), 1); /* the client's own stream */
+	CHECK_INT(f.b->ops->stream_free(f.b, cs), 0);
+	gpu_free(g);
+}
+
 /* A device ordinal the daemon does not have is refused with a message naming it. */
 static void test_missing_device(void)
 {
@@ -556,6 +612,7 @@ int main(void)
 	test_unusable_device_is_refused_with_the_reason();
 	test_host_only();
 	test_dead_client_does_not_hang_teardown();
+	test_dead_client_staging_waits_in_the_graveyard();
 	test_device_memory_limit();
 	test_counters();
 	/* Thousands of batches with every copy slowed down, a small ring, and a plain one. */
