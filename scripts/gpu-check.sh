@@ -2,38 +2,80 @@
 # SPDX-License-Identifier: MIT
 # Everything about GPU staging that needs a GPU, in one command (docs/gpu.md):
 #
-#   scripts/gpu-check.sh [BUILD_DIR]      (default: build-gpu)
+#   scripts/gpu-check.sh [BUILD_DIR]                (default: build-gpu)
+#   scripts/gpu-check.sh --prebuilt BUNDLE_DIR      (from scripts/gpu-bundle.sh)
 #
-# 1. configures BUILD_DIR with -Dcuda=enabled (fails if the toolkit is missing)
-#    and builds it;
-# 2. the unit and host-side tests of GPU staging (suite unit: unit-gpu, and
-#    gpu-hostonly), then tests/gpu (suite gpu: two real processes, bit-for-bit
-#    batches with a concurrent consumer kernel, client SIGKILL mid-batch,
-#    daemon restart);
-# 3. bench/gpu_h2d (staging GB/s vs a plain pinned cudaMemcpy, client CPU
+# 1. builds BUILD_DIR with -Dcuda=enabled (fails if the toolkit is missing);
+#    with --prebuilt nothing is configured or compiled: a machine that can
+#    install nothing runs the bundle's programs with its libraries (BUNDLE/lib);
+# 2. the unit and host-side tests of GPU staging (test-gpu, test_hostonly.py),
+#    then tests/gpu (two real processes, bit-for-bit batches with a
+#    concurrent consumer kernel, client SIGKILL mid-batch, daemon restart);
+# 3. bench/gpu_h2d (staging GB/s vs plain pinned cudaMemcpyAsync, client CPU
 #    time per batch) and bench/gpu_trainer/run.py (data wait per step: feedd's
 #    device batches vs DataLoader + pin_memory + non_blocking).
-# Results go to stdout and to BUILD_DIR/gpu-check/; the figures belong in
-# docs/benchmarks.md with the date and the device (nvidia-smi -L is recorded).
-# Exits 77 when there is no usable GPU (every step says why), 1 on a failure.
-# Needs /usr/bin/python3 with torch built for CUDA, and the CUDA toolkit.
+# Results go to stdout and to BUILD_DIR/gpu-check/ (or $FEEDD_GPU_CHECK_OUT);
+# the figures belong in docs/benchmarks.md with the date and the device
+# (nvidia-smi -L is recorded).
+# The Python steps use the first of $FEEDD_PYTHON, python3, /usr/bin/python3
+# that imports torch, numpy and pytest.
+# Exit status: 0 all passed; 1 a step failed; 2 a prerequisite is missing
+# (each named: no CUDA build, no bundled library, no usable Python); 77 no
+# usable GPU (every step says why).
 set -eu
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$here/build-gpu}
-py=/usr/bin/python3
+prebuilt=false
+if [ "${1:-}" = "--prebuilt" ]; then
+	prebuilt=true
+	shift
+	[ $# -ge 1 ] || { echo "gpu-check: --prebuilt needs the bundle's directory" >&2; exit 2; }
+fi
+build=$(cd "$here" && realpath -m "${1:-$here/build-gpu}")
 cd "$here"
 
-if [ ! -f "$build/build.ninja" ]; then
-	meson setup "$build" -Dcuda=enabled
+missing=""
+if $prebuilt; then
+	[ -x "$build/daemon/feedd" ] || missing="$missing; $build/daemon/feedd (make the bundle with scripts/gpu-bundle.sh)"
+	[ -d "$build/lib" ] || missing="$missing; $build/lib (the bundled libraries)"
+	export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
-	meson configure "$build" -Dcuda=enabled
+	for tool in meson ninja cc pkg-config; do
+		command -v "$tool" >/dev/null 2>&1 || missing="$missing; $tool (or use --prebuilt)"
+	done
+	if [ -z "$missing" ]; then
+		if [ ! -f "$build/build.ninja" ]; then
+			meson setup "$build" -Dcuda=enabled
+		else
+			meson configure "$build" -Dcuda=enabled
+		fi
+		ninja -C "$build"
+	fi
 fi
-ninja -C "$build"
-out=$build/gpu-check
+if [ -z "$missing" ]; then
+	grep -q '#define HAVE_CUDA 1' "$build/config.h" 2>/dev/null || missing="$missing; a CUDA build in $build"
+	if [ -x "$build/daemon/feedd" ] && ldd "$build/daemon/feedd" | grep -q 'not found'; then
+		missing="$missing; libraries of feedd: $(ldd "$build/daemon/feedd" | awk '/not found/ { printf "%s ", $1 }')"
+	fi
+fi
+py=""
+for cand in ${FEEDD_PYTHON:-} python3 /usr/bin/python3; do
+	command -v "$cand" >/dev/null 2>&1 || continue
+	if "$cand" -c 'import torch, numpy, pytest' >/dev/null 2>&1; then
+		py=$(command -v "$cand")
+		break
+	fi
+done
+[ -n "$py" ] || missing="$missing; a Python with torch, numpy and pytest (set FEEDD_PYTHON)"
+if [ -n "$missing" ]; then
+	echo "gpu-check: missing prerequisites:${missing#;}" >&2
+	exit 2
+fi
+
+out=${FEEDD_GPU_CHECK_OUT:-$build/gpu-check}
 mkdir -p "$out"
 export FEEDD_BUILD_DIR="$build"
-{ date -u; nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"; } | tee "$out/device.txt"
+{ date -u; nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"; echo "python: $py"; } | tee "$out/device.txt"
 
 failed=""
 skipped=""
@@ -51,7 +93,9 @@ step() {
 	esac
 }
 
-step unit meson test -C "$build" --print-errorlogs unit-gpu gpu-hostonly
+# Run directly, not through meson: a prebuilt tree has no meson, and its build files name another machine's paths.
+step unit "$build/tests/unit/test-gpu"
+step hostonly "$py" -m pytest -q -p no:cacheprovider tests/gpu/test_hostonly.py
 # tests/gpu/run.py exits 77 itself, saying why, without a device (meson would report that as a pass).
 step tests-gpu "$py" tests/gpu/run.py
 step gpu_h2d "$build/bench/gpu_h2d"

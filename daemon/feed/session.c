@@ -11,6 +11,7 @@
 #include "daemon/feed/session-plan.h"
 #include "daemon/feed/session-text.h"
 #include "daemon/gpu/staging.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
 
@@ -172,11 +173,6 @@ void session_unref(struct session *s)
 		return;
 	if (s->space_ev)
 		event_free(s->space_ev);
-	bool leaked = false;
-	s->staging = staging_free(s->staging, &leaked); /* before the ring: its copies read the ring */
-	if (leaked)
-		log_warning("feed %s rank %u/%u: GPU copies did not finish; keeping their memory", s->feed->name,
-			    s->rank, s->world);
 	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++) {
 		pack_plan_clear(&s->jobs[i].plan);
 		pad_batch_clear(&s->jobs[i].rows);
@@ -196,7 +192,12 @@ void session_unref(struct session *s)
 	}
 	free(s->srcs);
 	bestfit_clear(&s->bestfit);
-	ring_free(s->ring);
+	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
+	if (!s->staging)
+		ring_free(s->ring);
+	else if (gpu_retire(s->staging, s->ring) > 0)
+		log_warning("feed %s rank %u/%u: GPU copies of a departed client have not run yet; its ring and device "
+			    "memory are kept until they have", s->feed->name, s->rank, s->world);
 	feed_unref(s->feed);
 	free(s);
 }

@@ -45,9 +45,13 @@ struct vmm {
 	PFN_cuGetErrorString_v6000 error_string;
 };
 
+/* Devices this code tracks the usability of; more are refused by device_check. */
+#define CUDA_MAX_DEVICES 64
+
 struct cuda {
 	struct gpu_backend b;
 	int devices;
+	char unusable[CUDA_MAX_DEVICES][160]; /* why device d cannot stage ("" when it can) */
 	int current; /* the device this (main) thread has set, -1 unknown */
 	bool have_vmm;
 	struct vmm vmm;
@@ -149,10 +153,56 @@ static int cuda_device_count(struct gpu_backend *b)
 	return to_cuda(b)->devices;
 }
 
-static int cuda_host_register(struct gpu_backend *b, void *addr, size_t len)
+static int cuda_device_check(struct gpu_backend *b, int device, char *why, size_t whylen)
 {
+	struct cuda *c = to_cuda(b);
+	if (device < 0 || device >= c->devices)
+		return -ENODEV;
+	if (device >= CUDA_MAX_DEVICES) {
+		snprintf(why, whylen, "feedd stages on cuda:0 to cuda:%d only", CUDA_MAX_DEVICES - 1);
+		return -ENODEV;
+	}
+	if (!c->unusable[device][0])
+		return 0;
+	snprintf(why, whylen, "%s", c->unusable[device]);
+	return -EOPNOTSUPP;
+}
+
+/*
+ * Why device d cannot stage batches, into why (left empty when it can). Only
+ * attributes are read: cudaDeviceGetAttribute needs no context, so a device
+ * found unusable never gets one of feedd's.
+ */
+static void check_device(struct cuda *c, int d, PFN_cuDeviceGetAttribute_v2000 drv_attribute, char *why, size_t len)
+{
+	int mode = 0, pin = 1, ipc_events = 1;
+	if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, d) != cudaSuccess)
+		mode = cudaComputeModeDefault;
+	if (cudaDeviceGetAttribute(&pin, cudaDevAttrHostRegisterSupported, d) != cudaSuccess)
+		pin = 1;
+	if (drv_attribute && drv_attribute(&ipc_events, CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, d) != CUDA_SUCCESS)
+		ipc_events = 1;
+	if (mode == cudaComputeModeProhibited)
+		snprintf(why, len, "cuda:%d is in PROHIBITED compute mode (nvidia-smi -c)", d);
+	else if (mode == cudaComputeModeExclusiveProcess)
+		snprintf(why, len,
+			 "cuda:%d is in EXCLUSIVE_PROCESS compute mode: feedd and the trainer each need a context "
+			 "on it (nvidia-smi -c DEFAULT)", d);
+	else if (!pin)
+		snprintf(why, len, "cuda:%d cannot pin host memory (cudaDevAttrHostRegisterSupported is 0)", d);
+	else if (!ipc_events)
+		snprintf(why, len, "cuda:%d cannot share events between processes (IPC events unsupported)", d);
+	(void)c;
+}
+
+static int cuda_host_register(struct gpu_backend *b, int device, void *addr, size_t len)
+{
+	struct cuda *c = to_cuda(b);
+	int r = use_device(c, device);
+	if (r < 0)
+		return r;
 	cudaError_t e = cudaHostRegister(addr, len, cudaHostRegisterPortable);
-	return e == cudaSuccess ? 0 : fail(to_cuda(b), e, "cudaHostRegister");
+	return e == cudaSuccess ? 0 : fail(c, e, "cudaHostRegister");
 }
 
 static void cuda_host_unregister(struct gpu_backend *b, void *addr)
@@ -177,6 +227,12 @@ static int cuda_stream_new(struct gpu_backend *b, int device, struct gpu_stream 
 	}
 	*ret = s;
 	return 0;
+}
+
+static int cuda_stream_query(struct gpu_backend *b, struct gpu_stream *s)
+{
+	/* Any answer but "not ready" means no more of its work will touch memory: done, or a broken context. */
+	return cudaStreamQuery(s->s) == cudaErrorNotReady ? 0 : 1;
 }
 
 /*
@@ -463,10 +519,12 @@ static const struct gpu_backend_ops cuda_ops = {
 	.name = "cuda",
 	.free = cuda_free,
 	.device_count = cuda_device_count,
+	.device_check = cuda_device_check,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
 	.stream_new = cuda_stream_new,
 	.stream_free = cuda_stream_free,
+	.stream_query = cuda_stream_query,
 	.mem_new = cuda_mem_new,
 	.mem_free = cuda_mem_free,
 	.event_new = cuda_event_new,
@@ -518,6 +576,11 @@ int gpu_backend_cuda_new(struct gpu_backend **ret, char *err, size_t errlen)
 		v->error_name = NULL;
 		v->error_string = NULL;
 	}
+	PFN_cuDeviceGetAttribute_v2000 drv_attribute = NULL;
+	if (!entry("cuDeviceGetAttribute", (void **)&drv_attribute))
+		drv_attribute = NULL;
+	for (int d = 0; d < MIN(n, CUDA_MAX_DEVICES); d++)
+		check_device(c, d, drv_attribute, c->unusable[d], sizeof(c->unusable[d]));
 	*ret = &c->b;
 	return 0;
 }

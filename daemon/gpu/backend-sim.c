@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +34,8 @@ struct sim {
 	pthread_cond_t cond;
 	unsigned live;
 	unsigned copy_delay_us;
+	uint64_t touched;  /* a bit per device anything was created or registered on */
+	uint64_t unusable; /* a bit per device device_check refuses (the tests set it) */
 };
 
 struct gpu_event {
@@ -158,8 +161,37 @@ static int sim_device_count(struct gpu_backend *b)
 	return (int)to_sim(b)->devices;
 }
 
-static int sim_host_register(struct gpu_backend *b, void *addr, size_t len)
+/*
+ * Whether device is one of ours; if so, remembers that it was used, as CUDA
+ * would create its context (the tests check no other device's context is).
+ */
+static bool touch(struct sim *sim, int device)
 {
+	if (device < 0 || (unsigned)device >= sim->devices)
+		return false;
+	pthread_mutex_lock(&sim->lock);
+	if (device < 64)
+		sim->touched |= UINT64_C(1) << device;
+	pthread_mutex_unlock(&sim->lock);
+	return true;
+}
+
+static int sim_device_check(struct gpu_backend *b, int device, char *why, size_t whylen)
+{
+	struct sim *sim = to_sim(b);
+	if (device < 0 || (unsigned)device >= sim->devices)
+		return -ENODEV;
+	if (device < 64 && sim->unusable & (UINT64_C(1) << device)) {
+		snprintf(why, whylen, "cuda:%d is in EXCLUSIVE_PROCESS compute mode (simulated)", device);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+static int sim_host_register(struct gpu_backend *b, int device, void *addr, size_t len)
+{
+	if (!touch(to_sim(b), device))
+		return -ENODEV;
 	return addr && len && (uintptr_t)addr % 4096 == 0 ? 0 : -EINVAL;
 }
 
@@ -177,7 +209,7 @@ static void live(struct sim *sim, int delta)
 static int sim_stream_new(struct gpu_backend *b, int device, struct gpu_stream **ret)
 {
 	struct sim *sim = to_sim(b);
-	if (device < 0 || (unsigned)device >= sim->devices)
+	if (!touch(sim, device))
 		return -ENODEV;
 	struct gpu_stream *s = calloc(1, sizeof(*s));
 	if (!s)
@@ -191,6 +223,15 @@ static int sim_stream_new(struct gpu_backend *b, int device, struct gpu_stream *
 	live(sim, 1);
 	*ret = s;
 	return 0;
+}
+
+static int sim_stream_query(struct gpu_backend *b, struct gpu_stream *s)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	int idle = !s->head; /* an op stays at the head until it has run */
+	pthread_mutex_unlock(&sim->lock);
+	return idle;
 }
 
 static int sim_stream_free(struct gpu_backend *b, struct gpu_stream *s)
@@ -215,7 +256,7 @@ static int sim_mem_new(struct gpu_backend *b, int device, size_t size, struct gp
 		       struct gpu_mem_export *ret_export)
 {
 	struct sim *sim = to_sim(b);
-	if (device < 0 || (unsigned)device >= sim->devices)
+	if (!touch(sim, device))
 		return -ENODEV;
 	size_t real = ALIGN_UP(size, (size_t)(2u << 20)); /* like VMM's granularity */
 	struct gpu_mem *m = calloc(1, sizeof(*m));
@@ -247,7 +288,7 @@ static int sim_event_new(struct gpu_backend *b, int device, struct gpu_event **r
 			 uint8_t ret_handle[WIRE_IPC_HANDLE_SIZE])
 {
 	struct sim *sim = to_sim(b);
-	if (device < 0 || (unsigned)device >= sim->devices)
+	if (!touch(sim, device))
 		return -ENODEV;
 	struct gpu_event *e = calloc(1, sizeof(*e));
 	if (!e)
@@ -320,10 +361,12 @@ static const struct gpu_backend_ops sim_ops = {
 	.name = "sim",
 	.free = sim_free,
 	.device_count = sim_device_count,
+	.device_check = sim_device_check,
 	.host_register = sim_host_register,
 	.host_unregister = sim_host_unregister,
 	.stream_new = sim_stream_new,
 	.stream_free = sim_stream_free,
+	.stream_query = sim_stream_query,
 	.mem_new = sim_mem_new,
 	.mem_free = sim_mem_free,
 	.event_new = sim_event_new,
@@ -365,6 +408,31 @@ unsigned gpu_backend_sim_live_objects(struct gpu_backend *b)
 	unsigned n = sim->live;
 	pthread_mutex_unlock(&sim->lock);
 	return n;
+}
+
+void gpu_backend_sim_stream_resume(struct gpu_backend *b, struct gpu_stream *s)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	s->stalled = false;
+	pthread_cond_broadcast(&sim->cond);
+	pthread_mutex_unlock(&sim->lock);
+}
+
+void gpu_backend_sim_set_unusable(struct gpu_backend *b, int device)
+{
+	struct sim *sim = to_sim(b);
+	if (device >= 0 && device < 64)
+		sim->unusable |= UINT64_C(1) << device;
+}
+
+uint64_t gpu_backend_sim_devices_touched(struct gpu_backend *b)
+{
+	struct sim *sim = to_sim(b);
+	pthread_mutex_lock(&sim->lock);
+	uint64_t t = sim->touched;
+	pthread_mutex_unlock(&sim->lock);
+	return t;
 }
 
 void gpu_backend_sim_stream_stall(struct gpu_backend *b, struct gpu_stream *s)

@@ -41,8 +41,21 @@ struct gpu_backend_ops {
 	void (*free)(struct gpu_backend *b);
 	/* Devices visible to the daemon. */
 	int (*device_count)(struct gpu_backend *b);
-	/* Pins [addr, addr+len) for DMA, once per ring (page-aligned, already faulted in). */
-	int (*host_register)(struct gpu_backend *b, void *addr, size_t len);
+	/*
+	 * Whether staging can work on `device` at all (its compute mode allows a
+	 * second process's context, it can pin host memory and share events):
+	 * 0, or a negative errno with the reason in why. Decided once when the
+	 * backend opens, without creating any context.
+	 */
+	int (*device_check)(struct gpu_backend *b, int device, char *why, size_t whylen);
+	/*
+	 * Pins [addr, addr+len) for DMA, once per ring (page-aligned, already
+	 * faulted in), from `device`'s context: registering first makes the
+	 * device current, so that no other device's context is created (with
+	 * CUDA's runtime, a registration with no current device creates device
+	 * 0's primary context: memory on a GPU the client never asked for).
+	 */
+	int (*host_register)(struct gpu_backend *b, int device, void *addr, size_t len);
 	void (*host_unregister)(struct gpu_backend *b, void *addr);
 	/*
 	 * A non-blocking stream on `device`. Freeing lets its queued work finish
@@ -51,6 +64,8 @@ struct gpu_backend_ops {
 	 * must not be freed.
 	 */
 	int (*stream_new)(struct gpu_backend *b, int device, struct gpu_stream **ret);
+	/* 1 when everything queued on s has run (or never will: the stream is broken), 0 while work is pending; never blocks. */
+	int (*stream_query)(struct gpu_backend *b, struct gpu_stream *s);
 	int (*stream_free)(struct gpu_backend *b, struct gpu_stream *s);
 	/* Device memory of at least `size` bytes, exportable to another process; *ret_size is the real size. */
 	int (*mem_new)(struct gpu_backend *b, int device, size_t size, struct gpu_mem **ret, size_t *ret_size,
@@ -100,8 +115,14 @@ int gpu_backend_sim_new(unsigned devices, struct gpu_backend **ret);
 /* For the tests: every simulated copy sleeps this long first (to widen races); objects still alive. */
 void gpu_backend_sim_set_copy_delay(struct gpu_backend *b, unsigned usec);
 unsigned gpu_backend_sim_live_objects(struct gpu_backend *b);
+/* For the tests: device_check refuses device from now on, as for a GPU in EXCLUSIVE_PROCESS compute mode. */
+void gpu_backend_sim_set_unusable(struct gpu_backend *b, int device);
+/* For the tests: a bit per device on which anything was created or registered (the contexts CUDA would make). */
+uint64_t gpu_backend_sim_devices_touched(struct gpu_backend *b);
 /* For the tests: s stops running work, as the stream of a process that died; freeing drops its queue. */
 void gpu_backend_sim_stream_stall(struct gpu_backend *b, struct gpu_stream *s);
+/* For the tests: a stalled stream runs its queue again (the driver resolving a dead process's work). */
+void gpu_backend_sim_stream_resume(struct gpu_backend *b, struct gpu_stream *s);
 /* For the tests only (the design has no CPU wait): blocks until s has run everything queued. */
 void gpu_backend_sim_stream_sync(struct gpu_backend *b, struct gpu_stream *s);
 /* For the tests: the simulated device memory behind m (a client "opening" it in-process). */

@@ -68,10 +68,79 @@ int gpu_open_backend(struct gpu_backend *b, struct gpu **ret)
 	return open_with(b, 0, "", ret);
 }
 
+/*
+ * Frees st (draining its stream for a bounded time) and then ring, unless a
+ * copy may still read the ring: then the ring stays mapped and pinned for the
+ * rest of the process. Returns whether it was kept.
+ */
+static bool drain_free(struct staging *st, struct ring *ring)
+{
+	bool leaked = false;
+	staging_free(st, &leaked);
+	if (!leaked)
+		ring_free(ring);
+	return leaked;
+}
+
+int gpu_retire(struct staging *st, struct ring *ring)
+{
+	if (st && st->gpu && !staging_query(st)) {
+		struct gpu_grave *gr = calloc(1, sizeof(*gr));
+		if (gr) {
+			*gr = (struct gpu_grave){ .next = st->gpu->graveyard, .staging = st, .ring = ring,
+						  .since_ns = now_ns() };
+			st->gpu->graveyard = gr;
+			return 1;
+		}
+		/* No memory for the record: drain now. */
+	}
+	return drain_free(st, ring);
+}
+
+void gpu_reap(struct gpu *g)
+{
+	if (!g)
+		return;
+	for (struct gpu_grave **p = &g->graveyard; *p;) {
+		struct gpu_grave *gr = *p;
+		if (staging_query(gr->staging)) {
+			*p = gr->next;
+			drain_free(gr->staging, gr->ring); /* its stream is idle: nothing to wait for */
+			free(gr);
+		} else {
+			p = &gr->next;
+		}
+	}
+}
+
+unsigned gpu_graveyard_count(const struct gpu *g, uint64_t *ret_bytes)
+{
+	unsigned n = 0;
+	uint64_t bytes = 0;
+	for (const struct gpu_grave *gr = g ? g->graveyard : NULL; gr; gr = gr->next) {
+		n++;
+		bytes += gr->staging->mem_size;
+	}
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return n;
+}
+
 struct gpu *gpu_free(struct gpu *g)
 {
 	if (!g)
 		return NULL;
+	/*
+	 * At exit, what is still in the graveyard gets staging_free's bounded
+	 * drain; memory a copy may still touch is kept (and its ring mapped)
+	 * until the process ends.
+	 */
+	while (g->graveyard) {
+		struct gpu_grave *gr = g->graveyard;
+		g->graveyard = gr->next;
+		drain_free(gr->staging, gr->ring);
+		free(gr);
+	}
 	gpu_backend_free(g->backend);
 	free(g->used);
 	free(g);
@@ -106,6 +175,12 @@ int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging
 		snprintf(err, errlen, "there is no device cuda:%u (feedd sees %d)", device, g->devices);
 		return -ENODEV;
 	}
+	char why[200] = "";
+	int r = g->backend->ops->device_check(g->backend, (int)device, why, sizeof(why));
+	if (r < 0) {
+		snprintf(err, errlen, "cuda:%u cannot take device batches: %s", device, why[0] ? why : strerror(-r));
+		return r;
+	}
 	/* Checked before allocating, at the size the allocation will round to. */
 	uint64_t need = ALIGN_UP((uint64_t)ring->hdr->slot_size * ring->hdr->slot_count, GPU_ALLOC_UNIT);
 	if (g->memory_max && g->used[device] + need > g->memory_max) {
@@ -116,9 +191,10 @@ int gpu_attach(struct gpu *g, struct ring *ring, uint32_t device, struct staging
 		return -EDQUOT;
 	}
 	struct staging *st;
-	int r = staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, &st, err, errlen);
+	r = staging_new(g->backend, (int)device, ring->hdr, ring->size, ring->space_efd, &st, err, errlen);
 	if (r < 0)
 		return r;
+	st->gpu = g;
 	st->charge = &g->used[device];
 	*st->charge += st->mem_size;
 	*ret = st;

@@ -15,8 +15,23 @@
 #include "daemon/gpu/staging.h"
 #include "daemon/ring/ring.h"
 
+/*
+ * A client's staging and ring kept after the client left because copies on
+ * its stream had not run: they wait on a `release` the dead client recorded,
+ * and until the driver resolves that, the copy may still read the pinned
+ * ring and write the device buffers. Freed by gpu_reap once they have run;
+ * the ring is never unmapped while registered or under a copy.
+ */
+struct gpu_grave {
+	struct gpu_grave *next;
+	struct staging *staging;
+	struct ring *ring;
+	uint64_t since_ns;
+};
+
 struct gpu {
 	struct gpu_backend *backend; /* NULL in host-only mode */
+	struct gpu_grave *graveyard; /* stagings of departed clients whose copies have not run */
 	char status[320];            /* "cuda: N devices (...)" or "unavailable: <reason>" */
 	uint64_t memory_max;         /* [feedd] gpu_memory_max: device bytes of client staging per device, 0: no limit */
 	uint64_t *used;              /* device bytes staged now, per device (backend's device_count entries) */
@@ -48,6 +63,21 @@ struct gpu_client_view {
 
 /* Collects finished copy timings and fills *ret. */
 void gpu_client_view(struct staging *st, struct gpu_client_view *ret);
+
+/*
+ * Ends a client's staging and its ring; takes ownership of both (either may
+ * be NULL). Frees them now when the staging's copies have all run and
+ * returns 0; otherwise keeps both until gpu_reap sees them finish and
+ * returns 1 (nothing blocks, and the ring stays mapped and pinned under its
+ * copies). A staging made without gpu_attach is drained and freed at once.
+ */
+int gpu_retire(struct staging *st, struct ring *ring);
+
+/* Frees every retired staging whose copies have run, with its ring; never blocks. On the daemon's tick. */
+void gpu_reap(struct gpu *g);
+
+/* Retired stagings still waiting for their copies, and their device bytes. */
+unsigned gpu_graveyard_count(const struct gpu *g, uint64_t *ret_bytes);
 
 /* True when device attachments can be served. */
 static inline bool gpu_available(const struct gpu *g)

@@ -55,7 +55,7 @@ int staging_new(struct gpu_backend *b, int device, struct feed_ring_header *hdr,
 		goto fail;
 	}
 	/* Pinned once per attach, never per batch: the copies below are then true async DMA. */
-	r = b->ops->host_register(b, hdr, ring_size);
+	r = b->ops->host_register(b, device, hdr, ring_size);
 	if (r < 0) {
 		fail(err, errlen, r, "cannot pin the ring for DMA", b);
 		goto fail;
@@ -200,6 +200,11 @@ void staging_reply(const struct staging *st, struct wire_device_reply *ret)
 		.handles = st->handles,
 	};
 	memcpy(ret->mem_handle, st->export.ipc, sizeof(ret->mem_handle));
+}
+
+int staging_query(struct staging *st)
+{
+	return !st->stream || st->backend->ops->stream_query(st->backend, st->stream);
 }
 
 struct staging *staging_free(struct staging *st, bool *ret_leaked)

@@ -66,8 +66,11 @@ struct staging_counters {
 	uint64_t not_ready;    /* host slot refills deferred because its copy had not run yet */
 };
 
+struct gpu;
+
 struct staging {
 	struct gpu_backend *backend; /* not owned */
+	struct gpu *gpu;             /* the daemon's GPU that made it (gpu_attach), NULL for a bare staging_new */
 	int device;
 	struct gpu_stream *stream;
 	struct gpu_mem *mem;
@@ -122,6 +125,9 @@ void staging_collect(struct staging *st);
 
 /* The DEVICE_REPLY describing this staging; ret->handles points into st. */
 void staging_reply(const struct staging *st, struct wire_device_reply *ret);
+
+/* 1 when every copy queued so far has run (its buffers may go), 0 while some are pending; never blocks. */
+int staging_query(struct staging *st);
 
 /*
  * Releases the device buffers, events and stream, and unpins the ring. If

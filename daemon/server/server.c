@@ -115,6 +115,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 				session_fail(c->session, f->error_code, f->error);
 		}
 	}
+	gpu_reap(s->cfg.gpu); /* departed clients' stagings whose copies have run since */
 	uint64_t now = now_ns();
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)

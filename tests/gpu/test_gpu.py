@@ -36,6 +36,14 @@ def web(daemon, dataset):
     d = daemon(feed_conf("web", f"{dataset}/shard_*.idx", seq_len=256, batch_size=4, eos=50256))
     gpu = d.status()["daemon"]["gpu"]
     assert not gpu.startswith("unavailable"), f"feedd on a GPU machine has no GPU staging: {gpu}"
+    # The first device attach creates feedd's CUDA context, which opens /dev/nvidia* and the runtime's
+    # own fds for the rest of the process's life: warm up first, so base_fds counts only what a client
+    # may leave behind.
+    with feed.Loader("web", socket=d.socket, device="cuda:0") as ld:
+        del ld
+    deadline = time.time() + 10
+    while d.status()["clients"] and time.time() < deadline:
+        time.sleep(0.1)
     d.base_fds = open_fds(d.proc.pid)
     return d
 
@@ -51,10 +59,14 @@ def test_device_batches_equal_host_batches_under_load(web):
         for i in range(n):
             b, h = next(dev), next(host)
             assert b["input_ids"].is_cuda and b["input_ids"].device.index == 0
-            load = load @ load * 1e-3  # a consumer kernel on the stream that reads the batch
-            # Every element of every batch, compared on the GPU (no CPU sync per batch).
+            # A slow consumer kernel that reads the batch before it is released: a missing `ready` or
+            # `release` wait would let the daemon's next copy overwrite it while it is read.
+            torch.cuda._sleep(20000)
+            load = load @ load * 1e-3 + b["input_ids"].float().mean()
+            # Every element of every batch, compared on the GPU. The host copies are pinned and
+            # non-blocking, so nothing here synchronises the consumer stream per batch.
             for k in KEYS:
-                differing += (b[k] != h[k].to("cuda:0")).sum()
+                differing += (b[k] != h[k].pin_memory().to("cuda:0", non_blocking=True)).sum()
             del b, h
     torch.cuda.synchronize()
     assert differing.item() == 0, f"{differing.item()} elements of device batches differ from the host batches"
@@ -65,8 +77,14 @@ def test_device_batches_equal_host_batches_under_load(web):
 CLIENT = textwrap.dedent("""
     import sys, time, feed, torch
     ld = feed.Loader("web", socket=sys.argv[1], device="cuda:0")
+    # More batches than the ring has slots, each read by a long kernel: when the process dies, releases
+    # recorded behind those kernels are still queued, and the daemon's copies wait on them.
+    for _ in range(12):
+        b = next(ld)
+        torch.cuda._sleep(50_000_000)
+        x = b["input_ids"].float().sum()
+        del b
     held = [next(ld) for _ in range(2)]
-    x = held[0]["input_ids"].float().sum()
     print("holding", flush=True)
     time.sleep(600)
 """)

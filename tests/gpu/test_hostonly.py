@@ -86,3 +86,24 @@ def test_fallback_gives_the_same_host_batches(web):
 def test_device_argument_is_checked():
     with pytest.raises(ValueError):
         feed.Loader("web", device="tpu:0")
+
+
+def test_feedd_needs_no_cuda_runtime_on_the_loader_path():
+    """A driver-only GPU node has no libcudart.so on its loader path (PyTorch's
+    wheels keep theirs in site-packages): feedd links the runtime statically, so
+    it starts there and no program of the daemon's NEEDs libcudart."""
+    import shutil
+    import subprocess
+    if not shutil.which("readelf"):
+        pytest.skip("readelf (binutils) is not installed")
+    for prog in (BUILD / "daemon" / "feedd", BUILD / "client" / "feedctl" / "feedctl"):
+        dyn = subprocess.run(["readelf", "-d", str(prog)], capture_output=True, text=True, check=True).stdout
+        needed = [l for l in dyn.splitlines() if "(NEEDED)" in l]
+        assert needed, f"readelf found no NEEDED entries in {prog}"
+        assert not any("libcudart" in l for l in needed), f"{prog} needs the CUDA runtime:\n" + "\n".join(needed)
+    # And it runs with the toolkit's directories off the library path (a bundle's own lib/ stays).
+    path = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and "cuda" not in d.lower()]
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(path))
+    r = subprocess.run([str(BUILD / "daemon" / "feedd"), "--version"], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr

@@ -73,6 +73,14 @@ static void fixture_done(struct fixture *f)
 	gpu_backend_free(f->b);
 }
 
+/* The host simulation (built only into the tests) as the GPU layer's backend. */
+static int open_sim(struct gpu **ret)
+{
+	struct gpu_backend *b;
+	int r = gpu_backend_sim_new(1, &b);
+	return r < 0 ? r : gpu_open_backend(b, ret);
+}
+
 /* What the client learns from DEVICE_REPLY, decoded from the bytes on the wire. */
 struct client_view {
 	uint8_t *dev;
@@ -301,6 +309,62 @@ static void test_dead_client_does_not_hang_teardown(void)
 	fixture_done(&f);
 }
 
+/*
+ * A client dies with a `release` recorded behind work that never runs, and a
+ * copy of the daemon's waits on it. Retiring its staging must neither block
+ * the main thread nor unmap the pinned ring under that copy: both stay in
+ * the graveyard, the tick's reap leaves them while the copy is pending, and
+ * frees them (ring included) once the driver resolves the dead stream.
+ */
+static void test_dead_client_staging_waits_in_the_graveyard(void)
+{
+	struct gpu *g;
+	REQUIRE(open_sim(&g) == 0, "gpu_open sim");
+	struct fixture f = { .b = g->backend, .wake_fd = -1 };
+	struct ring_geometry geo = { .slot_count = 2, .batch_size = 2, .seq_len = 32, .rank = 0, .world = 1 };
+	REQUIRE(ring_new(&geo, &f.ring) == 0, "ring");
+	char err[512] = "";
+	REQUIRE(gpu_attach(g, f.ring, 0, &f.st, err, sizeof(err)) == 0, "gpu_attach: %s", err);
+	struct client_view v;
+	client_view_open(&f, &v);
+	struct gpu_stream *cs;
+	REQUIRE(f.b->ops->stream_new(f.b, 0, &cs) == 0, "client stream");
+	for (uint64_t seq = 0; seq < 2; seq++) {
+		fill(f.ring, seq);
+		CHECK_INT(staging_publish(f.st, seq, 0), 0);
+	}
+	gpu_backend_sim_stream_stall(f.b, cs); /* the process dies with its release queued, not run */
+	CHECK_INT(f.b->ops->wait(f.b, cs, v.ready[0]), 0);
+	CHECK_INT(f.b->ops->record(f.b, cs, v.release[0]), 0);
+	fill(f.ring, 2);
+	CHECK_INT(staging_publish(f.st, 2, 1), 0); /* waits on that release */
+	client_view_close(&v);
+
+	uint64_t t0 = now_ns();
+	CHECK_INT(gpu_retire(f.st, f.ring), 1);
+	CHECK(now_ns() - t0 < 100 * NSEC_PER_MSEC, "retiring blocked the main thread");
+	uint64_t bytes = 0;
+	CHECK_INT(gpu_graveyard_count(g, &bytes), 1);
+	CHECK(bytes > 0, "the graveyard's device bytes are counted");
+	CHECK(g->used[0] > 0, "device memory under a pending copy still counts against gpu_memory_max");
+	gpu_reap(g);
+	CHECK_INT(gpu_graveyard_count(g, NULL), 1);
+	/* Still mapped: the pending copy may read it. */
+	CHECK_INT(f.ring->hdr->slot_count, 2);
+
+	gpu_backend_sim_stream_resume(f.b, cs); /* the driver resolves the dead client's work */
+	uint64_t deadline = now_ns() + 5 * NSEC_PER_SEC;
+	while (gpu_graveyard_count(g, NULL) && now_ns() < deadline) {
+		gpu_reap(g);
+		usleep(1000);
+	}
+	CHECK_INT(gpu_graveyard_count(g, NULL), 0);
+	CHECK_U64(g->used[0], 0);
+	CHECK_INT(gpu_backend_sim_live_objects(f.b), 1); /* the client's own stream */
+	CHECK_INT(f.b->ops->stream_free(f.b, cs), 0);
+	gpu_free(g);
+}
+
 /* A device ordinal the daemon does not have is refused with a message naming it. */
 static void test_missing_device(void)
 {
@@ -319,15 +383,56 @@ static void test_missing_device(void)
 	gpu_backend_free(b);
 }
 
-/* Host-only: a daemon without a usable backend says why, and refuses device attaches with that reason. */
-/* The host simulation (built only into the tests) as the GPU layer's backend. */
-static int open_sim(struct gpu **ret)
+/*
+ * Staging for cuda:1 touches cuda:1 alone: pinning the ring first must not
+ * create a context on device 0 (CUDA's runtime does, when cudaHostRegister
+ * runs with no current device), which would hold memory on another rank's GPU
+ * and fail under EXCLUSIVE_PROCESS compute mode.
+ */
+static void test_only_the_clients_device_is_touched(void)
 {
 	struct gpu_backend *b;
-	int r = gpu_backend_sim_new(1, &b);
-	return r < 0 ? r : gpu_open_backend(b, ret);
+	REQUIRE(gpu_backend_sim_new(2, &b) == 0, "sim");
+	struct ring_geometry g = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
+	struct ring *r;
+	REQUIRE(ring_new(&g, &r) == 0, "ring");
+	struct staging *st = NULL;
+	char err[256] = "";
+	CHECK_INT(staging_new(b, 1, r->hdr, r->size, r->space_efd, &st, err, sizeof(err)), 0);
+	CHECK_INT(gpu_backend_sim_devices_touched(b), UINT64_C(1) << 1);
+	bool leaked = true;
+	st = staging_free(st, &leaked);
+	CHECK(!leaked, "staging_free kept memory");
+	ring_free(r);
+	gpu_backend_free(b);
 }
 
+/*
+ * A device whose compute mode (or missing support) rules staging out is
+ * refused at attach with the reason, before anything is created on it; the
+ * host fallback carries the same reason.
+ */
+static void test_unusable_device_is_refused_with_the_reason(void)
+{
+	struct gpu *g;
+	REQUIRE(open_sim(&g) == 0, "gpu_open sim");
+	gpu_backend_sim_set_unusable(g->backend, 0);
+	struct ring_geometry geo = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
+	struct ring *r;
+	REQUIRE(ring_new(&geo, &r) == 0, "ring");
+	struct staging *st = NULL;
+	char err[512] = "";
+	CHECK_INT(gpu_attach(g, r, 0, &st, err, sizeof(err)), -EOPNOTSUPP);
+	CHECK(!st, "no staging when refused");
+	CHECK_CONTAINS(err, "cuda:0");
+	CHECK_CONTAINS(err, "EXCLUSIVE_PROCESS");
+	CHECK_U64(gpu_backend_sim_devices_touched(g->backend), 0);
+	CHECK_INT(gpu_backend_sim_live_objects(g->backend), 0);
+	ring_free(r);
+	gpu_free(g);
+}
+
+/* Host-only: a daemon without a usable backend says why, and refuses device attaches with that reason. */
 static void test_host_only(void)
 {
 	struct gpu *g;
@@ -511,8 +616,11 @@ int main(void)
 	test_alternation_is_enforced();
 	test_host_slot_waits_for_its_copy();
 	test_missing_device();
+	test_only_the_clients_device_is_touched();
+	test_unusable_device_is_refused_with_the_reason();
 	test_host_only();
 	test_dead_client_does_not_hang_teardown();
+	test_dead_client_staging_waits_in_the_graveyard();
 	test_device_memory_limit();
 	test_counters();
 	/* Thousands of batches with every copy slowed down, a small ring, and a plain one. */

@@ -12,6 +12,7 @@ the loader gives it back to feedd at its next batch, in order.
 """
 
 import ctypes
+import sys
 import threading
 
 from . import _lib
@@ -63,6 +64,10 @@ _live_lock = threading.Lock()
 
 @_DELETER
 def _deleter(managed):
+    # At interpreter exit the loader, libfeed's client and ctypes may already be gone; the daemon
+    # reclaims the slot when the connection closes, so there is nothing left to give back.
+    if sys.is_finalizing():
+        return
     with _live_lock:
         entry = _live.pop(ctypes.addressof(managed.contents), None)
     if entry is not None:
@@ -127,7 +132,13 @@ class DeviceArray:
         if self._exported:
             raise BufferError("feed: a device array can be exported once")
         # DLPack: None or 1 is the legacy default stream, 2 the per-thread one, else a cudaStream_t.
-        handle = None if stream in (None, 1) else stream
+        # 0 is ambiguous and disallowed by the spec. -1 asks the producer not to synchronise at all;
+        # the consumer cannot know this batch's `ready` event, so skipping the wait would hand it
+        # bytes the copy may still be writing: the wait goes on the legacy stream instead (a GPU-side
+        # wait, never a CPU one).
+        if stream == 0:
+            raise BufferError("feed: __dlpack__(stream=0) is ambiguous (DLPack); pass 1 for the default stream")
+        handle = None if stream in (None, 1, -1) else stream
         addrs = self.owner.wait_on(handle)
         shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
         m = DLManagedTensor()
