@@ -50,6 +50,7 @@ struct feed_client {
 	int fd;
 	char error[WIRE_MESSAGE_MAX + 64];
 	uint32_t daemon_pid;
+	uint32_t daemon_flags; /* WIRE_DAEMON_* of its HELLO_REPLY */
 
 	bool attached;
 	int stopped; /* the code that ended the stream, 0 while it flows */

@@ -460,6 +460,52 @@ int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len)
 	return finish(&w);
 }
 
+int wire_encode_epoch_info(void *buf, size_t cap, const struct wire_epoch_info *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_EPOCH_INFO, WIRE_EPOCH_INFO_SIZE);
+	put_u32(&w, m->flags);
+	put_u32(&w, 0);
+	put_str(&w, m->cursor, sizeof(m->cursor));
+	return finish(&w);
+}
+
+int wire_decode_epoch_info(const void *p, size_t len, struct wire_epoch_info *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_epoch_info m;
+	m.flags = get_u32(&r);
+	uint32_t pad = get_u32(&r);
+	get_str(&r, m.cursor, sizeof(m.cursor));
+	if (done(&r) < 0 || m.flags != 0 || pad != 0)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
+int wire_encode_epoch_info_reply(void *buf, size_t cap, const struct wire_epoch_info_reply *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_EPOCH_INFO_REPLY, WIRE_EPOCH_INFO_REPLY_SIZE);
+	put_u64(&w, m->epoch);
+	put_u64(&w, m->batches);
+	put_u64(&w, m->first_batch);
+	put_u64(&w, m->units);
+	return finish(&w);
+}
+
+int wire_decode_epoch_info_reply(const void *p, size_t len, struct wire_epoch_info_reply *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_epoch_info_reply m;
+	m.epoch = get_u64(&r);
+	m.batches = get_u64(&r);
+	m.first_batch = get_u64(&r);
+	m.units = get_u64(&r);
+	if (done(&r) < 0)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
 const char *wire_type_name(unsigned type)
 {
 	static const char *const names[_WIRE_TYPE_MAX] = {
@@ -475,6 +521,8 @@ const char *wire_type_name(unsigned type)
 		[WIRE_RELOAD] = "RELOAD",
 		[WIRE_DRAIN] = "DRAIN",
 		[WIRE_ADMIN_REPLY] = "ADMIN_REPLY",
+		[WIRE_EPOCH_INFO] = "EPOCH_INFO",
+		[WIRE_EPOCH_INFO_REPLY] = "EPOCH_INFO_REPLY",
 	};
 	return type < _WIRE_TYPE_MAX && names[type] ? names[type] : "unknown";
 }

@@ -46,6 +46,8 @@ enum wire_type {
 	WIRE_RELOAD = 10,      /* operator: re-read the config (privileged) */
 	WIRE_DRAIN = 11,       /* operator: a feed takes no new attaches (privileged) */
 	WIRE_ADMIN_REPLY = 12, /* the outcome of RELOAD or DRAIN */
+	WIRE_EPOCH_INFO = 13,  /* attached: how many batches the current epoch has (daemons with WIRE_DAEMON_EPOCH_INFO) */
+	WIRE_EPOCH_INFO_REPLY = 14,
 	_WIRE_TYPE_MAX,
 };
 
@@ -65,6 +67,11 @@ struct wire_hello {
 
 enum {
 	WIRE_DAEMON_GPU = 1u << 0, /* the daemon can stage batches in GPU memory */
+	/*
+	 * The daemon answers EPOCH_INFO. Older daemons drop a connection that
+	 * sends a type they do not know, so a client asks only when this is set.
+	 */
+	WIRE_DAEMON_EPOCH_INFO = 1u << 1,
 };
 
 struct wire_hello_reply {
@@ -167,6 +174,30 @@ struct wire_admin_reply {
 #define WIRE_ADMIN_REPLY_SIZE WIRE_MESSAGE_MAX
 
 /*
+ * EPOCH_INFO (attached connections): the epoch of the position `cursor`
+ * names (a cursor of this attachment's stream; "" = the stream's start) and
+ * the number of this rank's batches whose epoch it is, batch boundaries
+ * falling where a batch starts at that position (docs/sample-order.md,
+ * section 16). Answered with EPOCH_INFO_REPLY, or ERROR: -EOPNOTSUPP when
+ * the feed cannot know it without tokenizing or packing (the message says
+ * why), -EINVAL for a cursor that is not of this stream, -ENOTCONN before
+ * ATTACH.
+ */
+struct wire_epoch_info {
+	uint32_t flags; /* reserved, 0 */
+	char cursor[FEED_CURSOR_MAX];
+};
+#define WIRE_EPOCH_INFO_SIZE (8 + FEED_CURSOR_MAX)
+
+struct wire_epoch_info_reply {
+	uint64_t epoch;
+	uint64_t batches;   /* this rank's batches whose epoch is `epoch` */
+	uint64_t first_batch; /* index of its first batch (the stream's numbering: the cursor's batch field) */
+	uint64_t units;     /* the epoch's units for this rank: positions (concat) or rows (pad) */
+};
+#define WIRE_EPOCH_INFO_REPLY_SIZE 32
+
+/*
  * Header. Returns 0, or -EBADMSG (magic, version 0, type, reserved) /
  * -EMSGSIZE (length > max_length). Any non-zero version is returned for the
  * caller to judge: a HELLO from a peer of another version must be answered
@@ -191,6 +222,8 @@ int wire_encode_device_reply(void *buf, size_t cap, const struct wire_device_rep
 int wire_encode_reload(void *buf, size_t cap, const struct wire_reload *m);
 int wire_encode_drain(void *buf, size_t cap, const struct wire_drain *m);
 int wire_encode_admin_reply(void *buf, size_t cap, const struct wire_admin_reply *m);
+int wire_encode_epoch_info(void *buf, size_t cap, const struct wire_epoch_info *m);
+int wire_encode_epoch_info_reply(void *buf, size_t cap, const struct wire_epoch_info_reply *m);
 /* Header for a STATUS_REPLY whose payload (JSON text, no NUL) follows separately. */
 int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len);
 
@@ -210,6 +243,8 @@ int wire_decode_device_reply(const void *p, size_t len, struct wire_device_reply
 int wire_decode_reload(const void *p, size_t len, struct wire_reload *ret);
 int wire_decode_drain(const void *p, size_t len, struct wire_drain *ret);
 int wire_decode_admin_reply(const void *p, size_t len, struct wire_admin_reply *ret);
+int wire_decode_epoch_info(const void *p, size_t len, struct wire_epoch_info *ret);
+int wire_decode_epoch_info_reply(const void *p, size_t len, struct wire_epoch_info_reply *ret);
 
 /* Name of a message type, for logs. */
 const char *wire_type_name(unsigned type);

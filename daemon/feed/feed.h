@@ -19,6 +19,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "daemon/conf/conf.h"
@@ -57,6 +58,14 @@ struct feed_counters {
 	uint64_t tok_counted_docs, tok_counted;
 };
 
+/* A measured epoch length (daemon/feed/session-epoch.c): per rank, world and epoch. */
+#define FEED_EPOCH_LENS 16
+struct feed_epoch_len {
+	bool used;
+	uint32_t rank, world;
+	uint64_t epoch, first_batch, batches, units;
+};
+
 struct feed {
 	unsigned refs;
 	char *name;
@@ -89,6 +98,8 @@ struct feed {
 	uint64_t utf8_replaced;  /* invalid UTF-8 sequences replaced by U+FFFD */
 
 	struct feed_counters counters; /* main thread, through feed_count_batch() and feed_mark_bad() */
+	struct feed_epoch_len epoch_lens[FEED_EPOCH_LENS]; /* main thread, session-epoch.c: a small cache, oldest replaced */
+	unsigned epoch_lens_next;
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */

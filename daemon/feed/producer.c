@@ -79,6 +79,8 @@ static void run(struct pool_job *pool_job, void *ctx)
 	struct producer_job *j = container_of(pool_job, struct producer_job, job);
 	if (j->kind == PRODUCER_BATCH)
 		job_run(container_of(j, struct session_job, pj), ctx);
+	else if (j->kind == PRODUCER_EPOCH)
+		session_epoch_run(container_of(j, struct session_epoch_job, pj));
 	else
 		chunk_run(container_of(j, struct session_chunk, pj), ctx);
 	producer_complete(j->session->producer, j);
@@ -108,6 +110,8 @@ static void on_done(evutil_socket_t fd, short what, void *userdata)
 		struct session *s = j->session;
 		if (j->kind == PRODUCER_BATCH)
 			session_batch_done(s, container_of(j, struct session_job, pj));
+		else if (j->kind == PRODUCER_EPOCH)
+			session_epoch_done(s, container_of(j, struct session_epoch_job, pj));
 		else
 			session_chunk_done(s, container_of(j, struct session_chunk, pj));
 		session_unref(s);

@@ -27,6 +27,7 @@ struct session;
 enum producer_job_kind {
 	PRODUCER_BATCH, /* a struct session_job: produce a batch into its ring slot */
 	PRODUCER_CHUNK, /* a struct session_chunk: tokenize text ahead of planning */
+	PRODUCER_EPOCH, /* a struct session_epoch_job: measure an epoch's length (session-epoch.h) */
 };
 
 /* Embedded in each job; the session sets kind and session, the producer the rest. */

@@ -22,9 +22,11 @@
 #include <stdint.h>
 
 #include "daemon/feed/producer.h"
+#include "daemon/feed/session-epoch.h"
 #include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/order/cursor.h"
+#include "daemon/order/epoch-len.h"
 #include "daemon/pack/bestfit.h"
 #include "daemon/pack/concat.h"
 #include "daemon/pack/pack.h"
@@ -36,6 +38,18 @@
 #endif
 
 struct session_src;
+
+/* An EPOCH_INFO being measured on the pool (session-epoch.c); freed when done. */
+struct session_epoch_job {
+	struct producer_job pj; /* kind PRODUCER_EPOCH */
+	bool has_pos;           /* else: the stream's start */
+	struct stream_pos pos;  /* the cursor's position */
+	uint64_t next_batch;    /* the cursor's batch */
+	session_epoch_fn done;
+	void *userdata;
+	int result;             /* of epoch_units_measure */
+	struct epoch_units m;
+};
 
 /*
  * A chunk of one text stream: visits first_seq .. first_seq + t.n - 1, read
@@ -135,6 +149,10 @@ struct session {
 	uint64_t full_since_ns;   /* ring full since, 0 when not */
 	uint64_t full_ns_total;   /* time the ring spent full */
 };
+
+/* session-epoch.c: the pool's half (any thread) and the main thread's */
+void session_epoch_run(struct session_epoch_job *j);
+void session_epoch_done(struct session *s, struct session_epoch_job *j);
 
 /* session.c */
 void session_ref(struct session *s);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The requests a connection may send, after HELLO: ATTACH (a session and its
- * ring, within the memory limits), STATUS, DETACH, and the operator commands
+ * ring, within the memory limits), STATUS, DETACH, EPOCH_INFO (attached:
+ * measured on the pool, answered when done), and the operator commands
  * RELOAD and DRAIN (root, feedd's own user, or admin_users / admin_groups).
  * A request that cannot be served is answered with ERROR and the connection
  * stays; one that breaks the protocol drops it (conn.c).
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon/feed/session-epoch.h"
 #include "daemon/server/server-internal.h"
 
 static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
@@ -48,7 +50,8 @@ static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
 	snprintf(c->name, sizeof(c->name), "%s", h.name);
 	c->hello = true;
 	struct wire_hello_reply r = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid(),
-				      .flags = gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0 };
+				      .flags = (gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0) |
+					       WIRE_DAEMON_EPOCH_INFO };
 	snprintf(r.daemon_version, sizeof(r.daemon_version), "%s", FEEDD_VERSION);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
 	int n = wire_encode_hello_reply(buf, sizeof(buf), &r);
@@ -250,6 +253,51 @@ static int handle_status(struct conn *c, const uint8_t *p, size_t len)
 	return conn_queue(c, buf, WIRE_HEADER_SIZE + jl, NULL, 0);
 }
 
+static int epoch_info_reply(struct conn *c, const struct session_epoch_info *info)
+{
+	struct wire_epoch_info_reply rep = { .epoch = info->epoch, .batches = info->batches,
+					     .first_batch = info->first_batch, .units = info->units };
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EPOCH_INFO_REPLY_SIZE];
+	int n = wire_encode_epoch_info_reply(buf, sizeof(buf), &rep);
+	return n < 0 ? n : conn_queue(c, buf, (size_t)n, NULL, 0);
+}
+
+/* The pool measured the epoch: answer (the connection still holds its open session, else this is not called). */
+static void on_epoch_info(struct session *sess, int code, const struct session_epoch_info *info, const char *msg,
+			  void *userdata)
+{
+	struct conn *c = userdata;
+	if (code < 0)
+		conn_send_error(c, code, "%s", msg);
+	else if (epoch_info_reply(c, info) < 0)
+		conn_send_error(c, -ENOBUFS, "cannot queue the epoch length");
+	event_active(c->wev, EV_WRITE, 0);
+}
+
+static int handle_epoch_info(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_epoch_info m;
+	if (wire_decode_epoch_info(p, len, &m) < 0)
+		return -EBADMSG;
+	if (!c->session) {
+		conn_send_error(c, -ENOTCONN, "epoch lengths are per attachment: attach to a feed first");
+		return 0;
+	}
+	struct cursor cur;
+	if (m.cursor[0] && cursor_parse(m.cursor, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "cursor '%.64s' is malformed or damaged (bad check digits)", m.cursor);
+		return 0;
+	}
+	struct session_epoch_info info;
+	char err[512];
+	int r = session_epoch_info(c->session, m.cursor[0] ? &cur : NULL, on_epoch_info, c, &info, err, sizeof(err));
+	if (r < 0) {
+		conn_send_error(c, r, "%s", err);
+		return 0;
+	}
+	return r == 1 ? epoch_info_reply(c, &info) : 0;
+}
+
 static int admin_reply(struct conn *c, const char *msg)
 {
 	struct wire_admin_reply rep;
@@ -327,6 +375,8 @@ int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t 
 			return -EBADMSG;
 		c->closing = true;
 		return 0;
+	case WIRE_EPOCH_INFO:
+		return handle_epoch_info(c, payload, h->length);
 	case WIRE_RELOAD:
 		return handle_reload(c, payload, h->length);
 	case WIRE_DRAIN:

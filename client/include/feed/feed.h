@@ -130,6 +130,27 @@ int feed_client_stats(const feed_client *c, struct feed_stats *ret);
 /* Lower bound (ns) of histogram bucket b of struct feed_stats. */
 uint64_t feed_stats_bucket_lower(unsigned b);
 
+/* The length of an epoch of the attached rank's stream (docs/sample-order.md, section 16). */
+struct feed_epoch_info {
+	uint64_t epoch;       /* the epoch measured */
+	uint64_t batches;     /* this rank's batches whose epoch is `epoch` */
+	uint64_t first_batch; /* index of the first of them (batch numbering of the stream) */
+	uint64_t units;       /* this rank's positions (packing concat) or rows (pad) in the epoch */
+};
+
+/*
+ * Measures the epoch of the position `cursor` names: a cursor of this
+ * attachment's stream (a batch's cursor names where the next batch starts),
+ * or NULL / "" for the stream's start. Asks the daemon, which walks the
+ * epoch's order (it may take a while on a large corpus; the reply is
+ * cached daemon-side per rank and epoch). Returns 0; -EOPNOTSUPP when the
+ * feed cannot know it without tokenizing or packing (mixtures, text feeds,
+ * packing bestfit: the message says why) or the daemon is too old to
+ * answer; -ENOTCONN when not attached; -EINVAL for a cursor of another
+ * stream; or the error that stopped the stream.
+ */
+int feed_client_epoch_info(feed_client *c, const char *cursor, struct feed_epoch_info *ret);
+
 /*
  * The daemon's status document (JSON, docs/protocol.md). Works with or
  * without an attachment. Returns 0 and a malloc'd string in *ret_json.

@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/feed/feed.h"
+#include "daemon/feed/session-epoch.h"
+#include "daemon/feed/session-internal.h"
+#include "daemon/order/epoch-len.h"
+
+int feed_epoch_info_supported(const struct feed *f, char *err, size_t errlen)
+{
+	const char *why = NULL;
+	if (f->n_sources)
+		why = "is a mixture: each source runs through its epochs at its own pace, so no epoch of the feed has "
+		      "a batch count";
+	else if (f->kind == FEED_TEXT)
+		why = "tokenizes its text on the way: its epoch's token counts are known only once the epoch has been "
+		      "tokenized";
+	else if (f->conf.packing == CONF_PACKING_BESTFIT)
+		why = "packs with bestfit: its rows per epoch are known only by packing the epoch, and its buffers cross "
+		      "epochs";
+	if (!why)
+		return 0;
+	snprintf(err, errlen, "feed %s %s; set the training length in steps (max_steps) instead", f->name, why);
+	return -EOPNOTSUPP;
+}
+
+/* Units per batch: B*L positions (concat) or B rows, one document each (pad). */
+static uint64_t unit_per_batch(const struct feed *f)
+{
+	return f->conf.packing == CONF_PACKING_PAD ? f->conf.batch_size
+						   : (uint64_t)f->conf.batch_size * f->conf.seq_len;
+}
+
+static const struct feed_epoch_len *cache_find(const struct feed *f, uint32_t rank, uint32_t world,
+					       const struct cursor *c)
+{
+	for (unsigned i = 0; i < FEED_EPOCH_LENS; i++) {
+		const struct feed_epoch_len *e = &f->epoch_lens[i];
+		if (!e->used || e->rank != rank || e->world != world)
+			continue;
+		/* The stream's start is the first epoch with batches: the one whose first batch is 0. */
+		if (c ? e->epoch == c->pos.epoch : e->first_batch == 0)
+			return e;
+	}
+	return NULL;
+}
+
+static void cache_put(struct feed *f, uint32_t rank, uint32_t world, const struct session_epoch_info *info)
+{
+	struct feed_epoch_len *e = &f->epoch_lens[f->epoch_lens_next++ % FEED_EPOCH_LENS];
+	*e = (struct feed_epoch_len){ .used = true, .rank = rank, .world = world, .epoch = info->epoch,
+				      .first_batch = info->first_batch, .batches = info->batches, .units = info->units };
+}
+
+static void info_of(const struct feed_epoch_len *e, struct session_epoch_info *ret)
+{
+	*ret = (struct session_epoch_info){ .epoch = e->epoch, .first_batch = e->first_batch, .batches = e->batches,
+					    .units = e->units };
+}
+
+int session_epoch_info(struct session *s, const struct cursor *c, session_epoch_fn done, void *userdata,
+		       struct session_epoch_info *ret, char *err, size_t errlen)
+{
+	struct feed *f = s->feed;
+	int r = feed_epoch_info_supported(f, err, errlen);
+	if (r < 0)
+		return r;
+	if (c) {
+		if (c->fingerprint != f->fingerprint || c->world != s->world || c->rank != s->rank || c->n_sources ||
+		    (f->conf.packing == CONF_PACKING_PAD && c->pos.offset)) {
+			snprintf(err, errlen, "cursor is not one of rank %u of world %u's stream of feed %s", s->rank,
+				 s->world, f->name);
+			return -EINVAL;
+		}
+	}
+	const struct feed_epoch_len *e = cache_find(f, s->rank, s->world, c);
+	if (e) {
+		info_of(e, ret);
+		return 1;
+	}
+	struct session_epoch_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->pj.kind = PRODUCER_EPOCH;
+	j->pj.session = s;
+	j->has_pos = c != NULL;
+	if (c) {
+		j->pos = c->pos;
+		j->next_batch = c->batch;
+	}
+	j->done = done;
+	j->userdata = userdata;
+	session_ref(s);
+	producer_submit(s->producer, &j->pj);
+	return 0;
+}
+
+void session_epoch_run(struct session_epoch_job *j)
+{
+	struct session *s = j->pj.session;
+	const struct feed *f = s->feed;
+	if (__atomic_load_n(&s->closed, __ATOMIC_RELAXED)) {
+		j->result = -ECANCELED;
+		return;
+	}
+	j->result = epoch_units_measure(&f->params, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
+					f->conf.packing == CONF_PACKING_PAD, j->has_pos ? &j->pos : NULL, &j->m);
+}
+
+void session_epoch_done(struct session *s, struct session_epoch_job *j)
+{
+	struct feed *f = s->feed;
+	struct session_epoch_info info = { 0 };
+	char msg[256] = "";
+	int r = j->result;
+	if (r == 0) {
+		uint64_t u = unit_per_batch(f);
+		uint64_t before = j->m.before / u; /* the epoch's batches before the cursor's */
+		if (before > j->next_batch) {
+			r = -EINVAL;
+		} else {
+			info = (struct session_epoch_info){ .epoch = j->m.epoch, .first_batch = j->next_batch - before,
+							    .batches = epoch_units_batches(&j->m, u),
+							    .units = j->m.total };
+			cache_put(f, s->rank, s->world, &info);
+		}
+	}
+	if (r == -EINVAL)
+		snprintf(msg, sizeof(msg), "cursor does not name a position in rank %u's stream of feed %s", s->rank,
+			 f->name);
+	else if (r == -ENODATA)
+		snprintf(msg, sizeof(msg), "rank %u of world %u receives no tokens from feed %s", s->rank, s->world,
+			 f->name);
+	else if (r < 0)
+		snprintf(msg, sizeof(msg), "cannot measure the epoch: %s", strerror(-r));
+	if (!s->closed)
+		j->done(s, r, r < 0 ? NULL : &info, msg, j->userdata);
+	free(j);
+}
