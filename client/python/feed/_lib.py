@@ -65,6 +65,12 @@ class feed_device_batch(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("input_ids", "labels", "position_ids", "cu_seqlens")]
 
 
+class feed_epoch_info(ctypes.Structure):
+    """struct feed_epoch_info: the length of an epoch of the rank's stream."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("epoch", "batches", "first_batch", "units")]
+
+
 # Sizes of the C structs on LP64 (checked by the tests against the header). Not `assert`: python -O strips it.
 for _t, _size in ((feed_batch, 88), (feed_stats, 4152)):
     if ctypes.sizeof(_t) != _size:
@@ -84,6 +90,7 @@ _SIGNATURES = {
     "feed_client_stats": (ctypes.c_int, [_P, ctypes.POINTER(feed_stats)]),
     "feed_stats_bucket_lower": (ctypes.c_uint64, [ctypes.c_uint]),
     "feed_client_status": (ctypes.c_int, [_P, ctypes.POINTER(_P)]),
+    "feed_client_epoch_info": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(feed_epoch_info)]),
     "feed_client_error": (ctypes.c_char_p, [_P]),
     "feed_client_close": (_P, [_P]),
     "feed_strerror": (ctypes.c_char_p, [ctypes.c_int]),

@@ -465,6 +465,7 @@ class Loader(_Base):
         self._cursor = None    # cursor after the last batch returned to the user
         self._next_index = 0   # index of the batch that follows it
         self._epoch = None     # epoch of the last batch returned
+        self._epoch_len = None  # the last epoch_info() answer, while the next batch is one of its epoch
         self._conn = None
         self._closed = False
         self._lower = None
@@ -611,6 +612,33 @@ class Loader(_Base):
         """Epoch of the last batch returned (None before the first)."""
         return self._epoch
 
+    def epoch_info(self):
+        """The epoch the next batch belongs to, as feedd measures it (docs/sample-order.md,
+        section 16): a dict with "epoch", "batches" (this rank's batches whose epoch it is),
+        "first_batch" (the index of the first of them), "remaining" (those from the next
+        batch on) and "units" (the rank's positions, or rows with packing "pad", in it).
+        Raises TypeError where the feed cannot know it (mixtures, text feeds, bestfit)."""
+        conn = self._attached()
+        info = self._epoch_len
+        nxt = self._next_index
+        if info is None or not info["first_batch"] <= nxt < info["first_batch"] + info["batches"]:
+            out = _lib.feed_epoch_info()
+            c = self._cursor.encode() if self._cursor else None
+            r = lib.feed_client_epoch_info(conn.ptr, c, ctypes.byref(out))
+            if r == -errno.EOPNOTSUPP:
+                raise TypeError(f"len(feed.Loader) is not known for feed '{self._feed}': {conn.error()}")
+            if r < 0:
+                _raise(r, conn.error())
+            info = {k: int(getattr(out, k)) for k in ("epoch", "batches", "first_batch", "units")}
+            self._epoch_len = info
+        return dict(info, remaining=info["first_batch"] + info["batches"] - nxt)
+
+    def __len__(self):
+        """This rank's batches in the loader's current epoch: the epoch of the next batch
+        (docs/python.md). It changes from epoch to epoch when the feed shuffles. TypeError
+        for feeds that cannot know it (mixtures, text feeds, packing bestfit): use max_steps."""
+        return self.epoch_info()["batches"]
+
     @property
     def labels(self):
         """The label convention of this loader's batches: "hf" or "shifted"."""
@@ -681,6 +709,7 @@ class Loader(_Base):
         self._attached()
         self._attach(cursor)
         self._epoch = None
+        self._epoch_len = None
         self._cursor = cursor
         self._next_index = int(state.get("next_batch", 0))
 
