@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: MIT
+"""len(feed.Loader): this rank's batches in the current epoch (docs/sample-order.md, section 16).
+
+A real feedd, real shards and the Python loader, against the independent
+reference (tests/ref/feed_ref.py): for several ranks, worlds, seeds, shuffle
+windows, bos/eos and both packings that know it ("concat", "pad"), the
+reference's stream is cut into batches and the batches whose epoch is e are
+counted; len(loader) must equal that count for the epoch of the next batch,
+at the start, after every batch across several epochs, and after resuming
+from a state_dict. Feeds that cannot know it (bestfit, mixtures, text) raise
+TypeError saying why and naming max_steps.
+
+Runs with Debian's /usr/bin/python3.
+"""
+
+import collections
+import itertools
+import os
+import shutil
+
+import pytest
+
+from conftest import BUILD, feed_conf, feed_ref, gen_megatron, use_feed_package
+
+os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
+use_feed_package()
+import feed  # noqa: E402
+
+L, B = 16, 2
+EPOCHS = 3  # checked; the reference is laid out one epoch further
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Small u16 shards (empty and multi-sequence documents, some longer than a row) so epochs are short."""
+    d = tmp_path_factory.mktemp("epochlen")
+    gen_megatron.main([str(d), "--shards", "5", "--docs-per-shard", "24", "--mean-len", "20", "--empty-frac", "0.1",
+                       "--multi-seq-frac", "0.2", "--seed", "5"])
+    return d
+
+
+def ref_epochs(glob, packing, rank, world, seed, shuffle, window, bos, eos, n):
+    """The epoch of each of the reference's first n batches of this rank."""
+    rs = feed_ref.RankStream(feed_ref.load_shards(feed_ref.expand_globs([str(glob)])), seed, shuffle, window, world,
+                             rank, bos=bos, eos=eos)
+    if packing == "concat":
+        batches = rs.batches(L, B, count=n)
+    else:
+        batches = feed_ref.pad_batches(feed_ref.rank_documents(rs), L, B, 0)
+    return [b["epoch"] for b in itertools.islice(batches, n)]
+
+
+CASES = [  # packing, rank, world, seed, shuffle, window, bos, eos
+    ("concat", 0, 1, 7, True, 2, None, 50256),
+    ("concat", 2, 3, 11, True, 1, None, None),
+    ("concat", 1, 2, 3, False, 3, 50255, 50256),
+    ("concat", 3, 4, 0, True, 5, 50255, None),
+    ("pad", 0, 2, 7, True, 2, None, 50256),
+    ("pad", 2, 3, 9, False, 1, 50255, 50256),
+    ("pad", 0, 1, 1, True, 3, None, None),
+]
+
+
+def case_conf(name, glob, packing, seed, shuffle, window, bos, eos):
+    tok = lambda t: "none" if t is None else str(t)  # noqa: E731
+    return feed_conf(name, glob, seq_len=L, batch_size=B, seed=seed, shuffle="true" if shuffle else "false",
+                     window=window, bos=tok(bos), eos=tok(eos), extra=f"packing = {packing}\n")
+
+
+@pytest.mark.parametrize("packing,rank,world,seed,shuffle,window,bos,eos", CASES)
+def test_len_is_the_reference_count_of_the_current_epoch(daemon, shards, packing, rank, world, seed, shuffle,
+                                                         window, bos, eos):
+    glob = f"{shards}/shard_*.idx"
+    d = daemon(case_conf("f", glob, packing, seed, shuffle, window, bos, eos))
+    # Enough batches to cover EPOCHS epochs and the start of the next.
+    n = 64
+    while True:
+        epochs = ref_epochs(glob, packing, rank, world, seed, shuffle, window, bos, eos, n)
+        if epochs[-1] > EPOCHS:
+            break
+        n *= 2
+    count = collections.Counter(epochs)
+    first = {e: epochs.index(e) for e in count}
+    last = max(i for i, e in enumerate(epochs) if e < EPOCHS)
+
+    loader = feed.Loader("f", rank=rank, world_size=world, socket=d.socket, as_numpy=True, copy=True)
+    seen = set()
+    for i in range(last + 1):
+        e = epochs[i]  # the epoch of the next batch
+        assert len(loader) == count[e], f"before batch {i} (epoch {e})"
+        info = loader.epoch_info()
+        assert (info["epoch"], info["first_batch"], info["remaining"]) == (e, first[e], first[e] + count[e] - i)
+        seen.add(e)
+        b = next(loader)
+        assert (b.index, b.epoch) == (i, e)
+    assert seen == set(range(EPOCHS)) - {e for e in range(EPOCHS) if e not in count}, seen
+    assert len(seen) >= 2
+
+    # Resumed mid-epoch from a state: the same count, measured from the cursor.
+    state = loader.state_dict()
+    loader.close()
+    again = feed.Loader("f", rank=rank, world_size=world, socket=d.socket, as_numpy=True, copy=True)
+    again.load_state_dict(state)
+    e = epochs[last + 1]
+    assert len(again) == count[e] and again.epoch_info()["first_batch"] == first[e]
+    assert next(again).index == last + 1
+    again.close()
+
+
+def test_len_with_torch_dataloader_and_before_the_first_batch(daemon, shards):
+    torch = pytest.importorskip("torch")
+    glob = f"{shards}/shard_*.idx"
+    d = daemon(case_conf("f", glob, "concat", 7, True, 2, None, 50256))
+    epochs = ref_epochs(glob, "concat", 1, 2, 7, True, 2, None, 50256, 400)
+    loader = feed.Loader("f", rank=1, world_size=2, socket=d.socket)
+    dl = torch.utils.data.DataLoader(loader, batch_size=None, num_workers=0)
+    assert len(dl) == len(loader) == epochs.count(epochs[0])
+    loader.close()
+
+
+def test_feeds_that_cannot_know_raise_type_error(daemon, shards, tmp_path):
+    glob = f"{shards}/shard_*.idx"
+    conf = (feed_conf("bf", glob, seq_len=L, batch_size=B, eos="50256", extra="packing = bestfit\n")
+            + f"[feed.mix]\nsources = a:0.5, b:0.5\nseq_len = {L}\nbatch_size = {B}\nseed = 1\nshuffle = true\n"
+            f"shuffle_window = 2\neos = 50256\n[feed.mix.a]\nshards = {glob}\n[feed.mix.b]\nshards = {glob}\n")
+    d = daemon(conf)
+    for name, why in (("bf", "bestfit"), ("mix", "mixture")):
+        loader = feed.Loader(name, socket=d.socket, as_numpy=True, copy=True)
+        with pytest.raises(TypeError, match=f"{why}.*max_steps"):
+            len(loader)
+        # The connection is still good: batches keep coming, and len() still answers the same way.
+        assert next(loader).index == 0
+        with pytest.raises(TypeError):
+            len(loader)
+        # Something that only asks for a length hint is not disturbed.
+        assert list(itertools.islice(loader, 2))[1].index == 2
+        loader.close()
+
+
+def test_a_text_feed_raises_type_error(daemon, tmp_path):
+    ranks = BUILD / "tokdata" / "ranks" / "cl100k_base.tiktoken"
+    if not ranks.exists() or not shutil.which("zstd"):
+        pytest.skip("tokenizer data missing (scripts/fetch-tok-data.sh)")
+    (tmp_path / "a.txt").write_text("".join(f"document {i} says hello\n" for i in range(50)))
+    d = daemon(f"[feedd]\ncache_dir = {tmp_path / 'cache'}\n[feed.t]\nformat = text\nshards = {tmp_path}/a.txt\n"
+               f"tokenizer = {ranks}\ntokenizer_preset = cl100k_base\nseq_len = {L}\nbatch_size = {B}\n"
+               "eos = <|endoftext|>\n")
+    loader = feed.Loader("t", socket=d.socket, as_numpy=True, copy=True)
+    with pytest.raises(TypeError, match="tokenizes.*max_steps"):
+        len(loader)
+    loader.close()
