@@ -73,6 +73,9 @@ struct feed_client {
 /* Records a message for feed_client_error() and returns code. Keeps errno. */
 int client_fail(feed_client *c, int code, const char *fmt, ...) _printf_(3, 4);
 
+/* Sends all of buf. Returns 0 or a negative errno (-ECONNRESET for a closed peer). */
+int client_send(feed_client *c, const void *buf, size_t len);
+
 /*
  * Reads one message. Returns its type with the payload in *ret_payload
  * (malloc'd, caller frees), or a negative code. An ERROR message is turned

@@ -40,7 +40,7 @@ int client_fail(feed_client *c, int code, const char *fmt, ...)
 	return code;
 }
 
-static int send_all(feed_client *c, const void *buf, size_t len)
+int client_send(feed_client *c, const void *buf, size_t len)
 {
 	const uint8_t *p = buf;
 	while (len > 0) {
@@ -202,7 +202,7 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 		snprintf(h.name, sizeof(h.name), "%.31s", comm);
 		uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_SIZE];
 		int n = wire_encode_hello(buf, sizeof(buf), &h);
-		r = n < 0 ? n : send_all(c, buf, (size_t)n);
+		r = n < 0 ? n : client_send(c, buf, (size_t)n);
 		/*
 		 * A daemon that refuses the connection (access control, a connection
 		 * limit) sends its ERROR first and stops reading: the reason may be
@@ -325,7 +325,7 @@ static int attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
 	int n = wire_encode_attach(buf, sizeof(buf), &a);
 	if (n < 0)
 		return client_fail(c, n, "cannot encode the attach request");
-	r = send_all(c, buf, (size_t)n);
+	r = client_send(c, buf, (size_t)n);
 	if (r < 0)
 		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
 
@@ -617,7 +617,7 @@ FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 	struct wire_status st = { 0 };
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_STATUS_SIZE];
 	int n = wire_encode_status(buf, sizeof(buf), &st);
-	int r = n < 0 ? n : send_all(c, buf, (size_t)n);
+	int r = n < 0 ? n : client_send(c, buf, (size_t)n);
 	if (r < 0) {
 		errno = saved;
 		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
@@ -642,57 +642,10 @@ FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 	return 0;
 }
 
-FEED_EXPORT int feed_client_epoch_info(feed_client *c, const char *cursor, struct feed_epoch_info *ret)
-{
-	assert_return(c && ret, -EINVAL);
-	int saved = errno;
-	int r = 0;
-	struct wire_epoch_info m = { 0 };
-	if (!c->attached)
-		r = client_fail(c, -ENOTCONN, "not attached to a feed");
-	else if (c->stopped)
-		r = c->stopped;
-	else if (!(c->daemon_flags & WIRE_DAEMON_EPOCH_INFO))
-		r = client_fail(c, -EOPNOTSUPP, "this feedd is too old to tell an epoch's length; set the training "
-				"length in steps (max_steps) instead");
-	else if (cursor && strlen(cursor) >= sizeof(m.cursor))
-		r = client_fail(c, -EINVAL, "a cursor is at most %zu bytes", sizeof(m.cursor) - 1);
-	if (r < 0) {
-		errno = saved;
-		return r;
-	}
-	snprintf(m.cursor, sizeof(m.cursor), "%s", cursor ? cursor : "");
-	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EPOCH_INFO_SIZE];
-	int n = wire_encode_epoch_info(buf, sizeof(buf), &m);
-	r = n < 0 ? n : send_all(c, buf, (size_t)n);
-	if (r < 0) {
-		errno = saved;
-		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
-	}
-	void *p;
-	size_t len;
-	int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
-	errno = saved;
-	if (type < 0) {
-		/* The ERROR that stops the stream may come first: then it is the stream's, for next() too. */
-		if (__atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) != FEED_RING_RUNNING)
-			c->stopped = type;
-		return type;
-	}
-	struct wire_epoch_info_reply rep;
-	r = type == WIRE_EPOCH_INFO_REPLY ? wire_decode_epoch_info_reply(p, len, &rep) : -EPROTO;
-	free(p);
-	if (r < 0)
-		return client_fail(c, -EPROTO, "feedd sent an unexpected reply to EPOCH_INFO");
-	*ret = (struct feed_epoch_info){ .epoch = rep.epoch, .batches = rep.batches, .first_batch = rep.first_batch,
-					 .units = rep.units };
-	return 0;
-}
-
 /* Sends an operator command (encoded in buf) and waits for its ADMIN_REPLY. */
 static int admin_request(feed_client *c, const uint8_t *buf, int n, char **ret_message)
 {
-	int r = n < 0 ? n : send_all(c, buf, (size_t)n);
+	int r = n < 0 ? n : client_send(c, buf, (size_t)n);
 	if (r < 0)
 		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
 	void *p;

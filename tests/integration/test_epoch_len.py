@@ -149,3 +149,23 @@ def test_a_text_feed_raises_type_error(daemon, tmp_path):
     with pytest.raises(TypeError, match="tokenizes.*max_steps"):
         len(loader)
     loader.close()
+
+
+def test_a_cursor_of_another_stream_is_refused_and_the_stream_goes_on(daemon, shards):
+    """EPOCH_INFO through libfeed: a cursor of another rank, or a damaged one, is -EINVAL; the attachment lives on."""
+    import ctypes
+    import errno
+    from feed import _lib
+    glob = f"{shards}/shard_*.idx"
+    d = daemon(case_conf("f", glob, "concat", 7, True, 2, None, 50256))
+    other = feed.Loader("f", rank=1, world_size=2, socket=d.socket, as_numpy=True, copy=True)
+    foreign = next(other).cursor
+    other.close()
+    loader = feed.Loader("f", rank=0, world_size=2, socket=d.socket, as_numpy=True, copy=True)
+    conn = loader._conn
+    out = _lib.feed_epoch_info()
+    for cursor, why in ((foreign, "not one of rank 0"), (foreign[:-1] + ("1" if foreign[-1] == "0" else "0"), "malformed")):
+        r = _lib.lib.feed_client_epoch_info(conn.ptr, cursor.encode(), ctypes.byref(out))
+        assert r == -errno.EINVAL and why in conn.error(), (r, conn.error())
+    assert next(loader).index == 0 and len(loader) > 0
+    loader.close()

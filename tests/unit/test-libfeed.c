@@ -281,6 +281,12 @@ static void test_geometry_rewritten_after_attach(const char *dir)
 		r = feed_client_attach(c, "web", 0, 1, NULL);
 	CHECK(r == 0, "attach to the fake daemon: %d (%s)", r, r ? feed_client_error(c) : "");
 	if (r == 0) {
+		/* The fake daemon's HELLO_REPLY lacks WIRE_DAEMON_EPOCH_INFO: an old daemon, never asked. */
+		struct feed_epoch_info info;
+		CHECK_INT(feed_client_epoch_info(c, NULL, &info), -EOPNOTSUPP);
+		CHECK_CONTAINS(feed_client_error(c), "too old");
+	}
+	if (r == 0) {
 		char b;
 		if (write(go[1], "x", 1) != 1 || read(done[0], &b, 1) != 1)
 			CHECK(false, "the fake daemon did not rewrite the ring");
@@ -364,6 +370,9 @@ static void test_null_outputs(const char *dir)
 		CHECK_INT(feed_client_drain(c, "web", NULL), -EINVAL);
 		CHECK_INT(feed_client_attach(c, NULL, 0, 1, NULL), -EINVAL);
 		CHECK_INT(feed_client_device_batch(c, NULL, NULL, NULL), -EINVAL);
+		CHECK_INT(feed_client_epoch_info(c, NULL, NULL), -EINVAL);
+		struct feed_epoch_info info;
+		CHECK_INT(feed_client_epoch_info(c, NULL, &info), -ENOTCONN);
 		feed_client_close(c);
 	}
 	waitpid(pid, NULL, 0);

@@ -323,6 +323,49 @@ static void test_status_detach(void)
 	CHECK_INT(wire_encode_status_reply_header(buf, sizeof(buf), (size_t)WIRE_MAX_REPLY + 1), -EMSGSIZE);
 }
 
+static int dec_epoch_info(const void *p, size_t len, void *ret)
+{
+	return wire_decode_epoch_info(p, len, ret);
+}
+
+static int dec_epoch_info_reply(const void *p, size_t len, void *ret)
+{
+	return wire_decode_epoch_info_reply(p, len, ret);
+}
+
+static void test_epoch_info(void)
+{
+	struct wire_epoch_info m = { .flags = 0 }, d;
+	snprintf(m.cursor, sizeof(m.cursor), "fc1-00000000000000aa-2-1-5-3-0-7-0-12345678");
+	const uint8_t *p = encoded(wire_encode_epoch_info(buf, sizeof(buf), &m), WIRE_EPOCH_INFO, WIRE_EPOCH_INFO_SIZE);
+	CHECK_INT(wire_decode_epoch_info(p, WIRE_EPOCH_INFO_SIZE, &d), 0);
+	CHECK_STR(d.cursor, m.cursor);
+	check_lengths("epoch_info", p, WIRE_EPOCH_INFO_SIZE, dec_epoch_info, sizeof(d));
+	buf[WIRE_HEADER_SIZE + 4] = 1; /* reserved */
+	CHECK_INT(wire_decode_epoch_info(buf + WIRE_HEADER_SIZE, WIRE_EPOCH_INFO_SIZE, &d), -EBADMSG);
+	buf[WIRE_HEADER_SIZE + 4] = 0;
+	buf[WIRE_HEADER_SIZE] = 1; /* flags */
+	CHECK_INT(wire_decode_epoch_info(buf + WIRE_HEADER_SIZE, WIRE_EPOCH_INFO_SIZE, &d), -EBADMSG);
+	memset(buf + WIRE_HEADER_SIZE, 'x', WIRE_EPOCH_INFO_SIZE); /* an unterminated cursor */
+	memset(buf + WIRE_HEADER_SIZE, 0, 8);
+	CHECK_INT(wire_decode_epoch_info(buf + WIRE_HEADER_SIZE, WIRE_EPOCH_INFO_SIZE, &d), -EBADMSG);
+	CHECK_CAPS("epoch_info", WIRE_HEADER_SIZE + WIRE_EPOCH_INFO_SIZE, wire_encode_epoch_info(buf, cap, &m));
+
+	struct wire_epoch_info_reply r = { .epoch = 3, .batches = UINT64_C(0x100000001), .first_batch = 77,
+					   .units = 123456 }, dr;
+	p = encoded(wire_encode_epoch_info_reply(buf, sizeof(buf), &r), WIRE_EPOCH_INFO_REPLY,
+		    WIRE_EPOCH_INFO_REPLY_SIZE);
+	CHECK_INT(wire_decode_epoch_info_reply(p, WIRE_EPOCH_INFO_REPLY_SIZE, &dr), 0);
+	CHECK_U64(dr.epoch, 3);
+	CHECK_U64(dr.batches, UINT64_C(0x100000001));
+	CHECK_U64(dr.first_batch, 77);
+	CHECK_U64(dr.units, 123456);
+	check_lengths("epoch_info_reply", p, WIRE_EPOCH_INFO_REPLY_SIZE, dec_epoch_info_reply, sizeof(dr));
+	CHECK_CAPS("epoch_info_reply", WIRE_HEADER_SIZE + WIRE_EPOCH_INFO_REPLY_SIZE,
+		   wire_encode_epoch_info_reply(buf, cap, &r));
+	CHECK_STR(wire_type_name(WIRE_EPOCH_INFO), "EPOCH_INFO");
+}
+
 static void put_le16(uint8_t *p, uint16_t v)
 {
 	v = htole16(v);
@@ -452,6 +495,7 @@ int main(void)
 	test_attach_reply();
 	test_error();
 	test_status_detach();
+	test_epoch_info();
 	test_header();
 	test_socket_path();
 	return unit_exit("test-wire");
