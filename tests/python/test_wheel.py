@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """pip install of the feed wheel into a fresh venv, then the Python suite and the examples against it.
 
-The wheel is built offline from a copy of the sources it needs (client/python, client/libfeed.*,
+The wheel is built offline from a copy of the sources it needs (client/python, client/libfeed*, client/*.c,
 client/include, proto/) with Debian's python3-mesonpy: `pip wheel --no-build-isolation`. The venv has
 --system-site-packages only so that Debian's torch and numpy are visible (PyPI is not reachable here);
 the feed package itself must come from the wheel, which the integration tests check
@@ -41,7 +41,8 @@ def venv(tmp_path_factory):
     src = top / "src"
     for rel in ("client/python", "client/include", "proto"):
         shutil.copytree(SRC / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__", ".mesonpy-*"))
-    for f in (SRC / "client").glob("libfeed.*"):
+    # libfeed's sources: libfeed.c and the files split from it (device.c, epoch.c), its header and symbols.
+    for f in [*(SRC / "client").glob("libfeed*"), *(SRC / "client").glob("*.c")]:
         shutil.copy2(f, src / "client" / f.name)
     dist = top / "dist"
     run([PY, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", dist,
@@ -97,7 +98,7 @@ def test_a_missing_libfeed_is_a_clear_import_error(venv, tmp_path):
     assert "cannot load libfeed from $FEED_LIBRARY=/nonexistent/libfeed.so.0" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("suite", ["test_python.py", "test_python_train.py", "test_examples.py"])
+@pytest.mark.parametrize("suite", ["test_python.py", "test_python_train.py", "test_examples.py", "test_epoch_len.py"])
 def test_the_python_suite_passes_against_the_installed_package(venv, suite):
     vpy, _ = venv
     need_modules("torch")
