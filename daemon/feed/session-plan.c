@@ -10,6 +10,8 @@
 #include "daemon/feed/session-text.h"
 #include "proto/macro.h"
 
+/* ---- The streams' queues of taken, undrawn documents ---- */
+
 static struct pack_doc *queue_at(struct session_src *x, size_t i)
 {
 	return &x->queue[(x->q_head + i) & (x->q_cap - 1)];
@@ -284,7 +286,6 @@ static void count_concat(const struct batch_plan *plan, struct pack_counters *re
 		pos += p->count;
 	}
 }
-
 
 int session_cursor_not_here(char *err, size_t errlen, uint32_t rank, const struct feed *f)
 {

@@ -11,7 +11,8 @@ in docs/architecture.md (between the `layering-table` markers):
           - client/ including a daemon header outside the library's rooms;
           - the library's rooms in the table differ from feedd_lib_sources in
             daemon/meson.build;
-          - a log_*() call outside the policy rooms (and log/ itself).
+          - a log_*() call outside the policy rooms (and log/ itself);
+          - a room's private header (*-internal.h) included from another room.
   report  - room-level include cycles, C files over 800 lines, and declared
             edges that no include uses: printed, and fatal only with
             FEEDD_LAYERING_STRICT=1 (cycles and sizes; other helpers are
@@ -150,6 +151,9 @@ def main():
                 continue
             graph.setdefault(src, set()).add(dst)
             why.setdefault((src, dst), f"{rel} includes {inc}")
+            if target.endswith("-internal.h"):
+                # A room's *-internal.h is its private half (struct session, the server's structs): others use its API.
+                fatal.append(f"private: {rel} includes {inc}, which is private to {dst}/")
             if src in ("feedctl", "libfeed") and target.startswith("daemon/"):
                 layer = table.get(dst, ("?",))[0]
                 if layer != "library":
@@ -216,6 +220,9 @@ def self_test():
         "daemon/feed/feed.h": "#pragma once\n#include \"daemon/lib/lib.h\"\n",
         "daemon/feed/feed.c": "#include \"daemon/feed/feed.h\"\nvoid g(void) { log_info(\"ok here\"); }\n",
         "client/feedctl/prep.c": "#include \"daemon/feed/feed.h\"\n",
+        "daemon/feed/feed-internal.h": "#pragma once\n",
+        "daemon/feed/inside.c": "#include \"daemon/feed/feed-internal.h\"\n",
+        "daemon/b/b.c": "#include \"daemon/feed/feed-internal.h\"\n",
     }
     want = [
         "FAIL library: lib -> a",                      # the library reaching into the daemon
@@ -225,6 +232,7 @@ def self_test():
         "FAIL logging: daemon/a/a.c:2 calls log_info",
         "FAIL size: daemon/lib/lib.c has 802 lines",   # strict only
         "FAIL cycle: a <-> b",                         # strict only
+        "FAIL private: daemon/b/b.c includes daemon/feed/feed-internal.h",
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, text in files.items():
@@ -242,6 +250,9 @@ def self_test():
                 if expect and w not in text:
                     print(f"self-test ({'strict' if strict else 'default'}): missing '{w}' in:\n{text}")
                     ok = False
+            if "private: daemon/feed/inside.c" in text:
+                print("self-test: a room including its own internal header was flagged")
+                ok = False
             if "logging: daemon/feed" in text:
                 print("self-test: the policy layer's log call was flagged")
                 ok = False
