@@ -4,7 +4,7 @@
  * They read only the windows telemetry.c keeps and write a verdict in words
  * and a kind per client and per feed; the first rule that matches wins:
  *
- *   client: failed > slow-release > starved (blocked on an empty ring) >
+ *   client: failed > stopped > slow-release > starved (blocked on an empty ring) >
  *           warming-up / idle (too few batches) > starved > transfer-bound >
  *           compute-bound; then a straggler check against its peers.
  *   starved, why: host (workers wait for a CPU) > storage (reads off-CPU) >
@@ -21,6 +21,9 @@
 
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
+
+/* What a healthy loop holds: the batch it works on and the previous one (a copy in flight, the Loader's last). */
+#define HEALTHY_HELD 2
 
 /* "0.3" below 10, "41" above: the precision a reader needs. */
 static const char *fmt_pct(double v, char buf[static 16])
@@ -104,8 +107,14 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 	}
 	const struct stage *rd = &t->win.d.s[STAGE_READ];
 	uint64_t worker_ns = tfeed_worker_ns(t);
-	double offcpu = telemetry_pct(rd->offcpu_ns, worker_ns);
-	if (offcpu >= k->storage_pct) {
+	/*
+	 * A share of the workers' time, bounded by construction (the read stage's
+	 * off-CPU time is part of its busy time, which is part of the workers'),
+	 * and only when something was read: a feed served from cache that waits
+	 * off-CPU waits on something else.
+	 */
+	double offcpu = telemetry_pct(MIN(rd->offcpu_ns, rd->busy_ns), MAX(worker_ns, rd->busy_ns));
+	if (rd->bytes > 0 && offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
 			 "reads at %.0f MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
@@ -165,9 +174,22 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		say(d, DIAG_ERROR, "failed", "failed: the stream stopped with an error (the client was told why; see the log)");
 		return;
 	}
+	if (c->stopped) {
+		snprintf(d->cause, sizeof(d->cause), "stopped");
+		say(d, DIAG_WARNING, "stopped",
+		    "stopped: the client process is stopped (SIGSTOP or a debugger: state T in /proc); nothing moved for %.0f s",
+		    (double)(tm->now - c->progress_ns) / 1e9);
+		return;
+	}
 	unsigned slots = c->slot_count;
-	double full = MIN(100.0, telemetry_pct(w->full_ns, w->span_ns));
-	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)1);
+	double full = telemetry_pct(w->full_ns, w->span_ns);
+	/*
+	 * A full ring alone is a trainer slower than the feed: healthy. It sits
+	 * on slots the feed needs when it holds more than a loop does (the batch
+	 * it works on and the previous one, HEALTHY_HELD) and at least held_pct
+	 * of the ring, so the feed has little or nothing left to fill ahead.
+	 */
+	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)HEALTHY_HELD + 1);
 	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
 		snprintf(d->cause, sizeof(d->cause), "release");
 		say(d, DIAG_WARNING, "slow-release", "client slow to release: ring full %s %% of the time, holding %" PRIu64 " of %u slots",
@@ -189,7 +211,13 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 			    w->batches, (double)w->span_ns / 1e9, c->fill);
 		return;
 	}
-	if (stall >= k->starved_pct) {
+	/*
+	 * The wait is the client's word (its page); the ring's fullness is the
+	 * daemon's. Batches were ready while the ring was full, so a wait over a
+	 * ring full for full_pct of the window is not the feed's doing.
+	 */
+	bool ready = !blocked && full >= k->full_pct;
+	if (stall >= k->starved_pct && !ready) {
 		char why[300];
 		d->needed_x = blocked ? INFINITY : needed_factor(w->wait_ns, w->step_ns);
 		const char *kind = explain(tm, telemetry_find_feed(tm, c->feed), d->needed_x, slots, d->cause, sizeof(d->cause), why,
@@ -205,7 +233,12 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		    fmt_pct(h2d, a), fmt_pct(stall, b));
 		return;
 	}
-	say(d, DIAG_OK, "compute-bound", "compute-bound: data wait %s %% of step time", fmt_pct(stall, a));
+	if (stall >= k->starved_pct)
+		say(d, DIAG_OK, "compute-bound",
+		    "compute-bound: data wait %s %% of step time (as reported by the client; batches were ready, the ring full %s %% of the time)",
+		    fmt_pct(stall, a), fmt_pct(full, b));
+	else
+		say(d, DIAG_OK, "compute-bound", "compute-bound: data wait %s %% of step time", fmt_pct(stall, a));
 }
 
 static int cmp_double(const void *x, const void *y)
@@ -214,8 +247,15 @@ static int cmp_double(const void *x, const void *y)
 	return (a > b) - (a < b);
 }
 
+/* Mean time between the batches the daemon published for c over its window (ms); INFINITY when none. */
+static double batch_interval_ms(const struct telemetry_client *c)
+{
+	const struct client_sums *w = &c->d->win;
+	return w->published ? (double)w->span_ns / (double)w->published / 1e6 : INFINITY;
+}
+
 /*
- * Names a rank whose mean wait or step per batch exceeds the median of its
+ * Names a rank whose mean time per batch exceeds the median of its
  * peers (same feed, same world, at least two of them with enough batches) by
  * straggler_pct and straggler_min_ms.
  */
@@ -233,22 +273,22 @@ static void find_straggler(const struct telemetry *tm, struct telemetry_client *
 	_cleanup_free_ double *v = malloc(n * sizeof(*v));
 	if (!v)
 		return;
-	static const char *const what[2] = { "step", "wait" };
-	for (unsigned m = 0; m < 2; m++) {
-		size_t i = 0;
-		for (const struct telemetry_client *p = tm->clients; p; p = p->next)
-			if (p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches)
-				v[i++] = (double)(m ? p->d->win.wait_ns : p->d->win.step_ns) / (double)p->d->win.batches / 1e6;
-		qsort(v, n, sizeof(*v), cmp_double);
-		double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-		double mine = (double)(m ? c->d->win.wait_ns : c->d->win.step_ns) / (double)c->d->win.batches / 1e6;
-		if (mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0)) {
-			snprintf(c->straggler, sizeof(c->straggler),
-				 "straggler: %s %.1f ms per batch vs a median of %.1f ms over its %zu peers (+%.0f %%)", what[m],
-				 mine, med, n, med > 0 ? 100.0 * (mine - med) / med : 100.0);
-			return;
-		}
-	}
+	/*
+	 * The time between batches the daemon published for each rank: its own
+	 * count, not the client's page, so a client that lies about its waits
+	 * and steps can move only its own figures, never get a peer named.
+	 */
+	size_t i = 0;
+	for (const struct telemetry_client *p = tm->clients; p; p = p->next)
+		if (p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches)
+			v[i++] = batch_interval_ms(p);
+	qsort(v, n, sizeof(*v), cmp_double);
+	double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+	double mine = batch_interval_ms(c);
+	if (isfinite(mine) && isfinite(med) && mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0))
+		snprintf(c->straggler, sizeof(c->straggler),
+			 "straggler: a batch every %.1f ms vs a median of %.1f ms over its %zu peers (+%.0f %%)", mine, med, n,
+			 med > 0 ? 100.0 * (mine - med) / med : 100.0);
 }
 
 void diagnose_failed_feed(const struct feed *f, struct diag *d)

@@ -301,7 +301,7 @@ def test_straggler_is_named(daemon, dataset):
                 return None
             return cs if cs[2]["diagnosis"]["straggler"] else None
         cs = wait_for(d, named, what="a straggler")
-        assert re.match(r"straggler: step [\d.]+ ms per batch vs a median of [\d.]+ ms over its 2 peers",
+        assert re.match(r"straggler: a batch every [\d.]+ ms vs a median of [\d.]+ ms over its 2 peers",
                         cs[2]["diagnosis"]["straggler"])
         assert cs[2]["diagnosis"]["kind"] == "straggler"
         assert cs[0]["diagnosis"]["straggler"] is None and cs[1]["diagnosis"]["straggler"] is None
