@@ -33,6 +33,19 @@ static FILE *create(const char *dir, const char *name)
 }
 
 /* Runs gnuplot on script inside dir. Returns 0, or -1 after saying why. */
+/* s inside a double-quoted gnuplot string: backslash, double quote and newline escaped. */
+static void gp_escape(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			fputc('\\', f);
+		if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
 static int gnuplot(const char *dir, const char *script)
 {
 	pid_t pid = fork();
@@ -127,8 +140,16 @@ static int plot_client(const char *dir, json_t *c, json_t *feed, unsigned minute
 		return -1;
 	json_t *dg = json_object_get(c, "diagnosis");
 	fprintf(f, "set terminal pngcairo size 1100,800 noenhanced font ',10'\nset output '%s.png'\n", base);
-	fprintf(f, "set multiplot layout 2,1 title 'client %.0f: feed %s rank %.0f/%.0f\\n%s'\n", num(c, "id"), str(c, "feed"),
-		num(c, "rank"), num(c, "world"), json_is_object(dg) ? str(dg, "text") : "");
+	/*
+	 * A two-line title: only a double-quoted gnuplot string turns \n into a
+	 * line break (a single-quoted one printed it); the verdict's words are
+	 * escaped for it (feedd's verdicts hold apostrophes).
+	 */
+	fprintf(f, "set multiplot layout 2,1 title \"client %.0f: feed ", num(c, "id"));
+	gp_escape(f, str(c, "feed"));
+	fprintf(f, " rank %.0f/%.0f\\n", num(c, "rank"), num(c, "world"));
+	gp_escape(f, json_is_object(dg) ? str(dg, "text") : "");
+	fprintf(f, "\"\n");
 	fprintf(f, "set title 'wait and step time per batch, last %u min (per-second means)'\n", minutes);
 	fprintf(f, "set xlabel 'seconds ago'\nset ylabel 'ms per batch'\nset grid\nset key top left\n"
 		   "set xrange [%d:0]\nset yrange [0:*]\n", -(int)minutes * 60);

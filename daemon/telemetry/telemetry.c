@@ -164,6 +164,13 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 	 * neither does one that is merely idle or blocked. The kernel tells them
 	 * apart: only when the page did not move is /proc/PID/stat read.
 	 */
+	/*
+	 * The wait or step a client was in when it was stopped ends, and is
+	 * counted by libfeed, only after it resumes: that time was a stop, not a
+	 * wait or a computation, and would make it look starved for a window.
+	 */
+	if (c->stopped)
+		d.wait_ns = d.step_ns = d.h2d_ns = 0;
 	uint64_t released = delta(&c->p_tail, rc->tail, UINT64_MAX);
 	if (d.wait_ns || d.step_ns || d.batches || released || d.reports || c->progress_ns == 0)
 		c->progress_ns = now;
