@@ -163,8 +163,7 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 	 * A client frozen by SIGSTOP (or a debugger) moves nothing on its page;
 	 * neither does one that is merely idle or blocked. The kernel tells them
 	 * apart: only when the page did not move is /proc/PID/stat read.
-	 */
-	/*
+	 *
 	 * The wait or step a client was in when it was stopped ends, and is
 	 * counted by libfeed, only after it resumes: that time was a stop, not a
 	 * wait or a computation, and would make it look starved for a window.
@@ -175,6 +174,10 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 	if (d.wait_ns || d.step_ns || d.batches || released || d.reports || c->progress_ns == 0)
 		c->progress_ns = now;
 	c->stopped = now - c->progress_ns >= NSEC_PER_SEC / 2 && r->pid > 0 && pid_stopped(r->pid);
+	c->d->attach_wait_ns += d.wait_ns;
+	c->d->attach_step_ns += d.step_ns;
+	c->d->attach_h2d_ns += d.h2d_ns;
+	c->d->attach_reports += d.reports;
 	struct client_slot *cur = &c->d->slots[c->cur];
 	window_add(cur->v, c->d->win.v, d.v, CLIENT_SCALARS);
 	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
@@ -184,6 +187,8 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 		cur->step[b] = (uint32_t)MIN((uint64_t)cur->step[b] + st, (uint64_t)UINT32_MAX);
 		c->d->win.wait[b] += w;
 		c->d->win.step[b] += st;
+		c->d->attach_wait[b] += w;
+		c->d->attach_step[b] += st;
 	}
 	/*
 	 * The consumer page carries only the H2D total: each second's mean copy

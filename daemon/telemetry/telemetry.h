@@ -99,6 +99,13 @@ struct sample {
 struct client_data {
 	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS]; /* the previous histogram readings */
 	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
+	/*
+	 * Since attach, summed from the clamped per-second deltas rather than
+	 * read off the page: a client that writes 2^64 - 1 into its page gets
+	 * no count that overflows a JSON integer, or any other absurd figure.
+	 */
+	uint64_t attach_wait[FEED_HIST_BUCKETS], attach_step[FEED_HIST_BUCKETS];
+	uint64_t attach_wait_ns, attach_step_ns, attach_h2d_ns, attach_reports;
 	struct client_sums win;                 /* the window's running sums */
 	struct client_slot slots[WINDOW_SLOTS];
 };

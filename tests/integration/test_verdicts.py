@@ -277,3 +277,58 @@ def slow_device_reason():
 
 def test_starved_by_storage():
     pytest.skip(slow_device_reason())
+
+
+def test_a_lying_client_moves_only_its_own_figures(daemon, dataset):
+    """Property test: rank 0 of four writes random and extreme values into every telemetry field of its consumer
+    page (the page is the client's to write), round after round. Whatever it writes, every share in status and
+    metrics stays in 0..100 (ratios 0..1), no figure is negative, the three honest ranks stay compute-bound and
+    are never named stragglers, and the worst line names no rank but the liar."""
+    import mmap
+    import random
+    import struct as st_
+    from test_hostile import RawClient
+    from test_metrics import get, parse_exposition
+    d = daemon(DIAG + "[feedd]\nmetrics_listen = 127.0.0.1:0\n\n" + feed_conf("web", f"{dataset}/shard_*.idx"))
+    honest = [c_client(d, "web", r, 4, 10) for r in (1, 2, 3)]
+    liar = RawClient(d.socket)
+    code, info = liar.attach("web", rank=0, world=4)
+    assert code == 0, info
+    page = mmap.mmap(liar.fds[1], 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    rnd = random.Random(19)
+    extremes = [0, 1, 2**32 - 1, 2**63, 2**64 - 1]
+
+    def value():
+        return rnd.choice(extremes) if rnd.random() < 0.4 else rnd.getrandbits(rnd.choice((8, 20, 40, 64)))
+
+    try:
+        table_case(d, (1, 4), "compute-bound", 0, honest)
+        for rnd_no in range(14):
+            # delivered .. reported_step (offsets 128..192) and both histograms; never the tail (64), which the
+            # daemon validates and a bad one of which ends the session (test_hostile).
+            for off in range(128, 200, 8):
+                st_.pack_into("<Q", page, off, value())
+            st_.pack_into("<I", page, 72, rnd.choice((0, 1, 2**32 - 1)))
+            for b in rnd.sample(range(512), 24):
+                st_.pack_into("<Q", page, 200 + 8 * b, value())
+            time.sleep(1.1)  # a tick reads it
+            st = d.status()
+            check_bounded(st)
+            for r in (1, 2, 3):
+                c = client_of(st, r, 4)
+                assert c["diagnosis"]["severity"] == 0 and c["diagnosis"]["straggler"] is None, (r, c["diagnosis"])
+            worst = st["telemetry"]["worst"]
+            if worst["severity"] > 0:
+                assert "rank 0/4" in worst["text"], worst
+            assert [s["rank"] for s in st["feeds"][0]["diagnosis"]["stragglers"]] in ([], [0])
+            status, _, body = get(d)
+            assert status == 200
+            for fam in parse_exposition(body).values():
+                for n, labels, v in fam.samples:
+                    assert v >= 0 and not math.isnan(v), (n, labels, v)
+                    if n.endswith("_ratio"):
+                        assert v <= 1, (n, labels, v)
+    finally:
+        page.close()
+        liar.close()
+        stop(*honest)
