@@ -116,11 +116,18 @@ static int plot_client(const char *dir, json_t *c, json_t *feed, unsigned minute
 	double tt = w + s > 0 ? w + s : 1;
 	double rd = busy(st, "read"), off = rd * num(json_object_get(st, "read"), "offcpu_pct") / 100;
 	double parts[6] = { off, rd - off, busy(st, "decompress"), busy(st, "tokenize"), busy(st, "pack"), 0 };
-	double job = busy(st, "job"), staged = 0;
+	/*
+	 * Shares of all the feed's worker time (stages.workers: a text feed's
+	 * reads and tokenizing run outside `job`), at least what the stages
+	 * claim: the parts sum to 100 % by construction, "other" is the rest.
+	 */
+	double staged = 0;
 	for (int i = 0; i < 5; i++)
 		staged += parts[i];
-	parts[5] = job > staged ? job - staged : 0;
-	double jt = job > 0 ? job : (staged > 0 ? staged : 1);
+	double jt = MAX(MAX(busy(st, "workers"), busy(st, "job")), staged);
+	parts[5] = jt - staged;
+	if (jt <= 0)
+		jt = 1;
 	snprintf(name, sizeof(name), "%s-time.dat", base);
 	f = create(dir, name);
 	if (!f)

@@ -419,6 +419,13 @@ def test_report_writes_pngs_and_a_summary(daemon, dataset, tmp_path):
         assert f"(client-{ids[0]}-web-rank0.png)" in md
         assert "### Stages of feed web" in md
         assert "wrote" in r.stderr
+        # Where time goes: every share is 0..100 and each bar sums to 100 % (the parts are of one whole).
+        for rank in (0, 1):
+            rows = (out / f"client-{ids[rank]}-web-rank{rank}-time.dat").read_text().splitlines()[1:]
+            for row in rows:
+                vals = [float(v) for v in row.rsplit('"', 1)[1].split()]
+                assert all(0 <= v <= 100 for v in vals), row
+                assert sum(vals) == pytest.approx(100, abs=0.01) or sum(vals) == 0, row
         # The title is two lines: a double-quoted gnuplot string with \\n (a single-quoted one printed "\\n").
         gp = (out / f"client-{ids[1]}-web-rank1.gp").read_text()
         title = next(l for l in gp.splitlines() if l.startswith("set multiplot"))
