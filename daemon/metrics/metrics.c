@@ -305,7 +305,11 @@ static void histogram(struct out *o, const struct status_input *in, char (*cl)[L
 	family(o, name, "histogram", help);
 	for (size_t i = 0; i < in->n_clients; i++) {
 		const struct status_client *c = &in->clients[i];
-		const uint64_t *h = step ? c->reading.cons.hist_step : c->reading.cons.hist_wait;
+		/* Since attach as of the last tick, as status has it: sums of clamped readings, never absurd. */
+		const struct telemetry_period *p = &c->tv.since_attach;
+		const uint64_t *h = step ? p->hist_step : p->hist_wait;
+		if (!c->tv.tracked || !h)
+			continue;
 		uint64_t acc = 0;
 		unsigned b = 0;
 		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
@@ -317,7 +321,7 @@ static void histogram(struct out *o, const struct status_input *in, char (*cl)[L
 		for (; b < FEED_HIST_BUCKETS; b++)
 			acc = sat_add(acc, h[b]);
 		put(o, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, cl[i], acc);
-		put(o, "%s_sum{%s} %s\n", name, cl[i], secs(step ? c->step_ns : c->wait_ns, a));
+		put(o, "%s_sum{%s} %s\n", name, cl[i], secs(step ? p->step_ns : p->wait_ns, a));
 		put(o, "%s_count{%s} %" PRIu64 "\n", name, cl[i], acc);
 	}
 }

@@ -353,6 +353,21 @@ void diagnose_all(struct telemetry *tm)
 		diagnose_feed(tm, t);
 }
 
+/*
+ * How much of a verdict the daemon saw itself, for ties in the worst line:
+ * a stop (/proc), a ring held full (its own clock, the slots it cannot
+ * refill), a straggler (the batches it published) before a stall, which is
+ * the client's own account of its waits and steps.
+ */
+static int evidence(const struct diag *d)
+{
+	static const char *const kinds[] = { "stopped", "slow-release", "straggler" };
+	for (size_t i = 0; i < ARRAY_SIZE(kinds); i++)
+		if (d->kind && strcmp(d->kind, kinds[i]) == 0)
+			return (int)(ARRAY_SIZE(kinds) - i);
+	return 0;
+}
+
 int telemetry_worst(const struct telemetry *tm, char *buf, size_t len)
 {
 	const struct diag *best = NULL;
@@ -362,7 +377,9 @@ int telemetry_worst(const struct telemetry *tm, char *buf, size_t len)
 		if (!c->diag.kind)
 			continue;
 		if (!best || c->diag.severity > best->severity ||
-		    (c->diag.severity == best->severity && c->diag.stall_pct > best->stall_pct)) {
+		    (c->diag.severity == best->severity && evidence(&c->diag) > evidence(best)) ||
+		    (c->diag.severity == best->severity && evidence(&c->diag) == evidence(best) &&
+		     c->diag.stall_pct > best->stall_pct)) {
 			best = &c->diag;
 			bc = c;
 			bf = NULL;

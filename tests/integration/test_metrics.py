@@ -372,6 +372,9 @@ def test_numbers_equal_the_status_document(daemon, tmp_path):
         # Held clients and full rings: nothing moves but the clocks. Wait for the last publish to settle.
         wait_for(lambda: all(c["batches_published"] == c["ring_slots"] for c in d.status()["clients"]),
                  "both rings full")
+        # Since-attach histograms are sums of the clamped per-second readings: as of the last tick.
+        wait_for(lambda: all(c["telemetry"]["since_attach"]["wait"]["count"] == c["ring_slots"]
+                             for c in d.status()["clients"]), "a tick after the last batch")
         endpoint(d)
         st = d.status()
         fams = scrape(d)
@@ -509,8 +512,10 @@ def test_counters_grow_while_a_client_consumes(daemon, tmp_path):
                          "the client's batches to grow")
         for name in ("feedd_feed_batches_total", "feedd_feed_tokens_total", "feedd_feed_read_bytes_total"):
             assert later[name].value(feed="web") > first[name].value(feed="web"), name
-        assert later["feedd_client_batch_wait_seconds"].value("_count", **sel) > \
-            first["feedd_client_batch_wait_seconds"].value("_count", **sel)
+        # The histograms are since attach as of the daemon's last tick (once a second).
+        n_first = first["feedd_client_batch_wait_seconds"].value("_count", **sel)
+        wait_for(lambda: scrape(d)["feedd_client_batch_wait_seconds"].value("_count", **sel) > n_first,
+                 "the wait histogram to grow at a tick")
         assert later["feedd_client_step_seconds_total"].value(**sel) > first["feedd_client_step_seconds_total"].value(**sel)
         # Scrapes count themselves.
         assert later["feedd_metrics_scrapes_total"].value() > first["feedd_metrics_scrapes_total"].value()
