@@ -261,7 +261,10 @@ def test_starved_by_tokenization(daemon, tmp_path):
         assert c["diagnosis"]["cause"] in ("tokenize", "host"), c["diagnosis"]
 
     try:
-        table_case(d, (0, 1), "starved", 2, [p], tok, settle_pred=lambda st, c: c["diagnosis"]["cause"] == "tokenize")
+        # On a loaded host (CI's 2 CPUs) the one worker may wait for a CPU past host_pct: the host rule comes first
+        # by design, and that verdict is as true; any other cause is wrong.
+        table_case(d, (0, 1), "starved", 2, [p], tok,
+                   settle_pred=lambda st, c: c["diagnosis"]["cause"] in ("tokenize", "host"))
     finally:
         stop(p)
 
