@@ -25,7 +25,7 @@
 /* What a healthy loop holds: the batch it works on and the previous one (a copy in flight, the Loader's last). */
 #define HEALTHY_HELD 2
 
-/* "0.3" below 10, "41" above: the precision a reader needs. */
+/* "0.3" below 10, "41" above: the precision a reader needs (of a share, or a rate: never "0 MB/s" for 0.4). */
 static const char *fmt_pct(double v, char buf[static 16])
 {
 	snprintf(buf, 16, v < 1 ? "%.2f" : v < 10 ? "%.1f" : "%.0f", v);
@@ -72,11 +72,11 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 			   char *out, size_t len)
 {
 	const struct conf_diagnosis *k = &tm->conf;
-	char a[16], need[48];
+	char a[16], rate[16], need[48];
 	if (isfinite(needed) && needed < 100)
 		snprintf(need, sizeof(need), "~%.1fx", needed);
 	else
-		snprintf(need, sizeof(need), "far more");
+		snprintf(need, sizeof(need), "much");
 
 	const struct stage *job = t ? &t->win.d.s[STAGE_JOB] : NULL;
 	if (!job || job->busy_ns == 0) {
@@ -117,8 +117,8 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 	if (rd->bytes > 0 && offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
-			 "reads at %.0f MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
-			 span > 0 ? (double)rd->bytes / 1e6 / span : 0.0,
+			 "reads at %s MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
+			 fmt_pct(span > 0 ? (double)rd->bytes / 1e6 / span : 0.0, rate),
 			 rd->depth_n ? (double)rd->depth_sum / (double)rd->depth_n : 1.0, fmt_pct(offcpu, a), need);
 		return "storage-bound";
 	}
@@ -143,8 +143,8 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 		const struct stage *s = &t->win.d.s[best];
 		uint64_t bytes = best == STAGE_JOB ? job->bytes : s->bytes;
 		snprintf(cause, cause_len, "%s", stage_name(best));
-		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
-			 stage_noun(best), tm->threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
+		snprintf(out, len, "%s busy on all %u threads at %s MB/s (%s %% of worker time); needs %s more %s throughput",
+			 stage_noun(best), tm->threads, fmt_pct(span > 0 ? (double)bytes / 1e6 / span : 0.0, rate),
 			 fmt_pct(telemetry_pct(best_ns, worker_ns), a), need, stage_noun(best));
 		static char kind[_STAGE_MAX][24];
 		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
@@ -155,6 +155,22 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 		 "workers are busy only %s %% of the time on %u threads: batches come late, not slowly (a ring of %u slots is refilled once half of it is free; more ring_slots absorb the jitter)",
 		 fmt_pct(tm->pool_busy_pct, a), tm->threads, slots);
 	return "latency-bound";
+}
+
+/*
+ * The slots c held at every one of its last samples, up to HELD_SAMPLES
+ * seconds (its history; the last sample alone without one). A loop caught
+ * between taking a batch and giving back the one before holds one more for
+ * an instant; a client that sits on slots holds them all the time.
+ */
+#define HELD_SAMPLES 3
+static uint64_t held_throughout(const struct telemetry *tm, const struct telemetry_client *c)
+{
+	uint64_t held = c->held;
+	unsigned n = MIN(c->hist_n, MIN((unsigned)HELD_SAMPLES, tm->conf.window_s));
+	for (unsigned i = 0; i < n; i++)
+		held = MIN(held, (uint64_t)c->hist[(c->hist_head + c->hist_n - 1 - i) % c->hist_cap].held);
+	return held;
 }
 
 static double needed_factor(uint64_t wait, uint64_t step)
@@ -190,10 +206,11 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 	 * of the ring, so the feed has little or nothing left to fill ahead.
 	 */
 	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)HEALTHY_HELD + 1);
-	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
+	uint64_t held = held_throughout(tm, c);
+	if (w->span_ns && full >= k->full_pct && held >= need_held) {
 		snprintf(d->cause, sizeof(d->cause), "release");
 		say(d, DIAG_WARNING, "slow-release", "client slow to release: ring full %s %% of the time, holding %" PRIu64 " of %u slots",
-		    fmt_pct(full, a), c->held, slots);
+		    fmt_pct(full, a), held, slots);
 		return;
 	}
 

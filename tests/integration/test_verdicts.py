@@ -157,12 +157,14 @@ def test_healthy_loop_holding_the_previous_batch(daemon, dataset):
 
     def extra(st, c):
         held[c["telemetry"]["held"]] += 1
-        assert c["telemetry"]["held"] <= 2, c["telemetry"]
+        # A tick may catch the loop between taking a batch and giving back the one before (3, for an instant).
+        assert c["telemetry"]["held"] <= 3, c["telemetry"]
 
     try:
         _, _, st = table_case(d, (0, 1), "compute-bound", 0, [p], extra)
         assert client_of(st, 0, 1)["telemetry"]["window"]["ring_full_pct"] > 50
         print(f"held slots per sample: {dict(held)}")
+        assert sum(v for k, v in held.items() if k <= 2) >= 0.9 * sum(held.values()), held
     finally:
         stop(p)
 
@@ -291,19 +293,102 @@ def test_mixture_served_from_cache_is_not_storage_bound(daemon, dataset):
         stop(p)
 
 
-def slow_device_reason():
-    if os.geteuid() != 0:
-        return "needs root for a dm-delay device or a cgroup io.max limit"
-    if not shutil.which("dmsetup") or subprocess.run(["dmsetup", "targets"], capture_output=True).returncode != 0:
-        return "no device-mapper in this kernel (dmsetup targets fails): no dm-delay device can be made"
-    out = subprocess.run(["dmsetup", "targets"], capture_output=True, text=True).stdout
-    if "delay" not in out:
-        return "the kernel has no dm-delay target"
-    return "a dm-delay storage case is not written yet"
+class SlowStorage:
+    """A blkio cgroup that limits reads from the device holding `path` to `bps` bytes/s (cgroup v1
+    blkio.throttle.read_bps_device; mounted here when no blkio hierarchy is). `reason` says why not, else None."""
+
+    def __init__(self, path, bps):
+        self.mounted = self.dir = None
+        self.reason = None
+        if os.geteuid() != 0:
+            self.reason = "needs root for a blkio cgroup (or a dm-delay device)"
+            return
+        root = None
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fs, opts = line.split()[:4]
+                if fs == "cgroup" and "blkio" in opts.split(","):
+                    root = mnt
+        if root is None:
+            root = str(path) + ".blkio"
+            os.makedirs(root, exist_ok=True)
+            r = subprocess.run(["mount", "-t", "cgroup", "-o", "blkio", "none", root], capture_output=True, text=True)
+            if r.returncode != 0:
+                self.reason = f"no blkio cgroup hierarchy can be mounted ({r.stderr.strip()}); cgroup v2 io.max and " \
+                              "dm-delay are not tried"
+                return
+            self.mounted = root
+        self.root = root
+        if not os.path.exists(os.path.join(root, "blkio.throttle.read_bps_device")):
+            self.reason = "the kernel has no blkio throttling (CONFIG_BLK_DEV_THROTTLING)"
+            return
+        self.dir = os.path.join(root, f"feedd-verdicts-{os.getpid()}")
+        os.makedirs(self.dir, exist_ok=True)
+        st = os.stat(path)
+        dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        try:
+            with open(os.path.join(self.dir, "blkio.throttle.read_bps_device"), "w") as f:
+                f.write(f"{dev} {bps}\n")
+        except OSError as e:
+            self.reason = f"cannot throttle device {dev} ({e}): a partition or a virtual filesystem?"
+
+    def add(self, pid):
+        with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def close(self):
+        if self.dir and os.path.isdir(self.dir):
+            with open(os.path.join(self.dir, "cgroup.procs")) as f:
+                pids = f.read().split()
+            for pid in pids:
+                try:
+                    with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                        f.write(pid)
+                except OSError:
+                    pass
+            os.rmdir(self.dir)
+        self.dir = None
+        if self.mounted:
+            subprocess.run(["umount", self.mounted])
+            os.rmdir(self.mounted)
+            self.mounted = None
 
 
-def test_starved_by_storage():
-    pytest.skip(slow_device_reason())
+def test_starved_by_storage(daemon, tmp_path):
+    """Reads limited to 2 MB/s by a blkio cgroup around feedd, data not in the page cache (60 MB, evicted with
+    posix_fadvise), 4x8192-token batches (64 KiB of reads each), a loop that only takes batches: the
+    storage rule must name storage, with the rate it read at."""
+    import gen_megatron
+    data = tmp_path / "slow"
+    data.mkdir()
+    slow = SlowStorage(data, 2 * 1024 * 1024)
+    try:
+        if slow.reason:
+            pytest.skip(slow.reason)
+        gen_megatron.main([str(data), "--shards", "4", "--docs-per-shard", "12500", "--mean-len", "600",
+                           "--seed", "9"])
+        os.sync()
+        for f in os.listdir(data):
+            fd = os.open(data / f, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        d = daemon(DIAG + "[feedd]\nring_slots = 4\n\n"
+                   + feed_conf("slow", f"{data}/shard_*.idx", seq_len=8192, batch_size=4), threads=2)
+        slow.add(d.proc.pid)
+        p = python_client(d, "slow", 0, 1, 0)
+
+        def storage(st, c):
+            assert c["diagnosis"]["cause"] == "storage", c["diagnosis"]
+            rd = st["feeds"][0]["stages"]["read"]
+            assert rd["mb_per_s"] <= 2.1 * 1.05, rd  # what the cgroup lets through (MiB/s in MB/s)
+
+        try:
+            table_case(d, (0, 1), "starved", 2, [p], storage,
+                       settle_pred=lambda st, c: c["diagnosis"]["cause"] == "storage")
+        finally:
+            stop(p)
+    finally:
+        slow.close()
 
 
 def test_a_lying_client_moves_only_its_own_figures(daemon, dataset):

@@ -172,7 +172,7 @@ static void test_starved_causes(void)
 	tm->pool_busy_pct = 95;
 	diagnose_all(tm);
 	CHECK_STR(c.diag.cause, "storage");
-	CHECK_CONTAINS(c.diag.text, "storage-bound: reads at 2 MB/s");
+	CHECK_CONTAINS(c.diag.text, "storage-bound: reads at 2.0 MB/s");
 	CHECK_STR(t->diag.kind, "storage-bound");
 
 	/* Reads on the CPU, workers mostly idle: batches come late, not slowly. */
