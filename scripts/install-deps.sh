@@ -10,7 +10,7 @@ libpcre2-dev libzstd-dev zlib1g-dev libunistring-dev
 python3 python3-numpy python3-pytest python3-torch python3-prometheus-client
 python3-mesonpy python3-venv python3-pip
 systemd util-linux
-gnuplot-nox
+gnuplot-nox prometheus
 fio python3-matplotlib libopenblas0-pthread
 scdoc man-db groff-base dpkg-dev debhelper dh-python lintian
 clang libclang-rt-14-dev valgrind"

@@ -33,6 +33,19 @@ static FILE *create(const char *dir, const char *name)
 }
 
 /* Runs gnuplot on script inside dir. Returns 0, or -1 after saying why. */
+/* s inside a double-quoted gnuplot string: backslash, double quote and newline escaped. */
+static void gp_escape(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			fputc('\\', f);
+		if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
 static int gnuplot(const char *dir, const char *script)
 {
 	pid_t pid = fork();
@@ -103,11 +116,18 @@ static int plot_client(const char *dir, json_t *c, json_t *feed, unsigned minute
 	double tt = w + s > 0 ? w + s : 1;
 	double rd = busy(st, "read"), off = rd * num(json_object_get(st, "read"), "offcpu_pct") / 100;
 	double parts[6] = { off, rd - off, busy(st, "decompress"), busy(st, "tokenize"), busy(st, "pack"), 0 };
-	double job = busy(st, "job"), staged = 0;
+	/*
+	 * Shares of all the feed's worker time (stages.workers: a text feed's
+	 * reads and tokenizing run outside `job`), at least what the stages
+	 * claim: the parts sum to 100 % by construction, "other" is the rest.
+	 */
+	double staged = 0;
 	for (int i = 0; i < 5; i++)
 		staged += parts[i];
-	parts[5] = job > staged ? job - staged : 0;
-	double jt = job > 0 ? job : (staged > 0 ? staged : 1);
+	double jt = MAX(MAX(busy(st, "workers"), busy(st, "job")), staged);
+	parts[5] = jt - staged;
+	if (jt <= 0)
+		jt = 1;
 	snprintf(name, sizeof(name), "%s-time.dat", base);
 	f = create(dir, name);
 	if (!f)
@@ -127,8 +147,16 @@ static int plot_client(const char *dir, json_t *c, json_t *feed, unsigned minute
 		return -1;
 	json_t *dg = json_object_get(c, "diagnosis");
 	fprintf(f, "set terminal pngcairo size 1100,800 noenhanced font ',10'\nset output '%s.png'\n", base);
-	fprintf(f, "set multiplot layout 2,1 title 'client %.0f: feed %s rank %.0f/%.0f\\n%s'\n", num(c, "id"), str(c, "feed"),
-		num(c, "rank"), num(c, "world"), json_is_object(dg) ? str(dg, "text") : "");
+	/*
+	 * A two-line title: only a double-quoted gnuplot string turns \n into a
+	 * line break (a single-quoted one printed it); the verdict's words are
+	 * escaped for it (feedd's verdicts hold apostrophes).
+	 */
+	fprintf(f, "set multiplot layout 2,1 title \"client %.0f: feed ", num(c, "id"));
+	gp_escape(f, str(c, "feed"));
+	fprintf(f, " rank %.0f/%.0f\\n", num(c, "rank"), num(c, "world"));
+	gp_escape(f, json_is_object(dg) ? str(dg, "text") : "");
+	fprintf(f, "\"\n");
 	fprintf(f, "set title 'wait and step time per batch, last %u min (per-second means)'\n", minutes);
 	fprintf(f, "set xlabel 'seconds ago'\nset ylabel 'ms per batch'\nset grid\nset key top left\n"
 		   "set xrange [%d:0]\nset yrange [0:*]\n", -(int)minutes * 60);

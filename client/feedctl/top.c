@@ -5,6 +5,12 @@
  * overwrites the last frame's and clears its rest, and whatever is left
  * below is cleared, so the screen does not flicker. The terminal's mode is
  * restored on every way out.
+ *
+ * The frame fits the terminal: its size is asked with TIOCGWINSZ before each
+ * frame, and a SIGWINCH (the terminal resized) redraws at once. Lines are cut
+ * at the width (counting UTF-8 characters, not bytes) and the frame at the
+ * height less one row, so the cursor never reaches the last row and the
+ * header never scrolls away. Output that is not a terminal is not cut.
  */
 #include <errno.h>
 #include <poll.h>
@@ -13,32 +19,65 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client/feedctl/feedctl.h"
 
-static volatile sig_atomic_t stop;
+static volatile sig_atomic_t stop, resized;
 
 static void on_signal(int sig)
 {
 	stop = 1;
 }
 
-/* Writes a frame: every line ends by clearing the rest of the screen line. */
-static void draw(const char *frame)
+static void on_winch(int sig)
+{
+	resized = 1;
+}
+
+/* The bytes of the first `cols` UTF-8 characters of p[0..n) (continuation bytes do not count). */
+static size_t fit(const char *p, size_t n, unsigned cols)
+{
+	size_t i = 0;
+	for (unsigned chars = 0; i < n; i++) {
+		if (((unsigned char)p[i] & 0xC0) != 0x80 && chars++ == cols)
+			break;
+	}
+	return i;
+}
+
+/*
+ * Writes a frame in rows x cols (0: no limit): every line is cut at cols and
+ * ends by clearing the rest of the screen line; at most rows - 1 lines.
+ */
+static void draw(const char *frame, unsigned rows, unsigned cols)
 {
 	fputs("\033[H", stdout);
-	for (const char *p = frame; *p;) {
+	unsigned row = 0;
+	for (const char *p = frame; *p && (rows == 0 || row + 1 < rows); row++) {
 		const char *nl = strchr(p, '\n');
 		size_t n = nl ? (size_t)(nl - p) : strlen(p);
-		fwrite(p, 1, n, stdout);
-		fputs("\033[K\n", stdout);
+		fwrite(p, 1, cols ? fit(p, n, cols) : n, stdout);
+		fputs(rows && row + 2 == rows ? "\033[K" : "\033[K\n", stdout);
 		p += n + (nl != NULL);
 	}
 	fputs("\033[J", stdout);
 	fflush(stdout);
+}
+
+/* The terminal's size, or 0 x 0 when stdout is not one. */
+static void term_size(unsigned *rows, unsigned *cols)
+{
+	struct winsize ws;
+	if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0 && ws.ws_col > 0) {
+		*rows = ws.ws_row;
+		*cols = ws.ws_col;
+	} else {
+		*rows = *cols = 0;
+	}
 }
 
 int cmd_top(int argc, char **argv)
@@ -77,6 +116,8 @@ int cmd_top(int argc, char **argv)
 	struct sigaction sa = { .sa_handler = on_signal };
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	struct sigaction sw = { .sa_handler = on_winch }; /* no SA_RESTART: poll() returns, the frame is redrawn */
+	sigaction(SIGWINCH, &sw, NULL);
 	fputs("\033[?25l\033[2J", stdout); /* hide the cursor, clear once */
 
 	int ret = 0;
@@ -103,12 +144,20 @@ int cmd_top(int argc, char **argv)
 			fprintf(m, "\nfeedd is not answering; retrying\n");
 		}
 		fclose(m);
-		draw(frame);
+		unsigned rows, cols;
+		term_size(&rows, &cols);
+		draw(frame, rows, cols);
 		free(frame);
 
 		/* Sleep until the next frame, or a key; once stdin has ended (a pipe, /dev/null), just sleep. */
 		struct pollfd p = { .fd = STDIN_FILENO, .events = POLLIN };
+		resized = 0;
 		int k = poll(&p, keys ? 1 : 0, (int)(interval * 1000));
+		if (k < 0 && resized) {
+			if (iterations >= 0)
+				n--; /* a redraw for the new size is not one of the frames asked for */
+			continue;
+		}
 		if (k > 0 && (p.revents & (POLLIN | POLLHUP))) {
 			char c;
 			ssize_t r = read(STDIN_FILENO, &c, 1);

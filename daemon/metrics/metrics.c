@@ -6,9 +6,12 @@
  * sample of a family together. Label values are escaped as the format says
  * (backslash, double quote, newline).
  *
- * Client series carry feed, rank, world, pid and client (the connection id):
- * one process may hold two connections for the same rank, and two series
- * with the same labels would make the whole scrape invalid.
+ * Client series carry feed, rank and world: a trainer restarted on the same
+ * rank continues the same series (a pid or connection id would start new ones
+ * at every restart, unbounded for alerting and recording rules). One process
+ * may hold two connections for the same rank, and two series with the same
+ * labels would make the whole scrape invalid: the second and later get
+ * conn="2", "3", ... in the order status lists them.
  *
  * The wait histogram is the consumer page's log-linear histogram (4 buckets
  * per power of two, in ns) folded into one Prometheus bucket per power of
@@ -116,13 +119,14 @@ static void feed_labels(const struct feed *f, char *buf, size_t cap)
 	snprintf(buf + n, cap - n, "\"");
 }
 
-/* feed="name",rank="r",world="w",pid="p",client="id" */
-static void client_labels(const struct status_client *c, char *buf, size_t cap)
+/* feed="name",rank="r",world="w", and conn="n" for the n-th connection (n >= 2) on the same feed, rank and world */
+static void client_labels(const struct status_client *c, unsigned dup, char *buf, size_t cap)
 {
 	size_t n = (size_t)snprintf(buf, cap, "feed=\"");
 	n = escape(buf, n, cap, c->feed->name);
-	snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\",pid=\"%d\",client=\"%" PRIu64 "\"", c->rank,
-		 c->world, (int)c->pid, c->id);
+	n += (size_t)snprintf(buf + n, cap - n, "\",rank=\"%u\",world=\"%u\"", c->rank, c->world);
+	if (dup > 1 && n < cap)
+		snprintf(buf + n, cap - n, ",conn=\"%u\"", dup);
 }
 
 #define LABELS_MAX 640 /* a feed name is a config section name: far shorter */
@@ -285,6 +289,43 @@ static const char *le_text(unsigned k, char buf[static 32])
 	return buf;
 }
 
+/* Every kind a client's diagnosis can have (diagnosis.c). */
+static const char *const client_kinds[] = { "failed",  "stopped",        "slow-release",  "warming-up", "idle",
+					    "starved", "transfer-bound", "compute-bound", "straggler" };
+
+/*
+ * A client histogram in Prometheus' native text form: the consumer page's
+ * log-linear buckets folded into one per power of two (exact: each `le` is a
+ * boundary of the page's buckets), then _sum and _count.
+ */
+static void histogram(struct out *o, const struct status_input *in, char (*cl)[LABELS_MAX], const char *name,
+		      const char *help, bool step)
+{
+	char a[32];
+	family(o, name, "histogram", help);
+	for (size_t i = 0; i < in->n_clients; i++) {
+		const struct status_client *c = &in->clients[i];
+		/* Since attach as of the last tick, as status has it: sums of clamped readings, never absurd. */
+		const struct telemetry_period *p = &c->tv.since_attach;
+		const uint64_t *h = step ? p->hist_step : p->hist_wait;
+		if (!c->tv.tracked || !h)
+			continue;
+		uint64_t acc = 0;
+		unsigned b = 0;
+		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
+			/* Ring bucket 4(k-1) is the first at or above 2^k ns. */
+			for (; b < 4 * (k - 1); b++)
+				acc = sat_add(acc, h[b]);
+			put(o, "%s_bucket{%s,le=\"%s\"} %" PRIu64 "\n", name, cl[i], le_text(k, a), acc);
+		}
+		for (; b < FEED_HIST_BUCKETS; b++)
+			acc = sat_add(acc, h[b]);
+		put(o, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, cl[i], acc);
+		put(o, "%s_sum{%s} %s\n", name, cl[i], secs(step ? p->step_ns : p->wait_ns, a));
+		put(o, "%s_count{%s} %" PRIu64 "\n", name, cl[i], acc);
+	}
+}
+
 static void render_clients(struct out *o, const struct status_input *in, char (*cl)[LABELS_MAX])
 {
 	char a[32];
@@ -312,24 +353,30 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 	CLIENT_FAMILY("feedd_client_stuck", "gauge", "1 while the client is reported for releasing no batch.", "%d",
 		      c->stuck ? 1 : 0);
 
-	family(o, "feedd_client_batch_wait_seconds", "histogram",
-	       "How long each next() call of the client waited for a batch (libfeed's histogram, exact at powers of two).");
+	histogram(o, in, cl, "feedd_client_batch_wait_seconds",
+		  "How long each next() call of the client waited for a batch (libfeed's histogram, exact at powers of two; "
+		  "reported by the client).", false);
+	histogram(o, in, cl, "feedd_client_batch_step_seconds",
+		  "Time between a next() return and the client's following call: its step (libfeed's histogram, exact at "
+		  "powers of two; reported by the client).", true);
+
+	/*
+	 * The verdict for alerting: one series per kind, 1 for the client's
+	 * current one and 0 for the others, so every series exists from attach
+	 * on and `feedd_client_verdict{kind="stopped"} == 1` is a plain alert.
+	 */
+	family(o, "feedd_client_verdict", "gauge",
+	       "1 for the kind of the client's current diagnosis (docs/telemetry.md), 0 for the other kinds.");
 	for (size_t i = 0; i < in->n_clients; i++) {
 		const struct status_client *c = &in->clients[i];
-		uint64_t acc = 0;
-		unsigned b = 0;
-		for (unsigned k = HIST_FIRST_POW; k <= HIST_LAST_POW; k++) {
-			/* Ring bucket 4(k-1) is the first at or above 2^k ns. */
-			for (; b < 4 * (k - 1); b++)
-				acc = sat_add(acc, c->reading.cons.hist_wait[b]);
-			put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"%s\"} %" PRIu64 "\n", cl[i], le_text(k, a), acc);
-		}
-		for (; b < FEED_HIST_BUCKETS; b++)
-			acc = sat_add(acc, c->reading.cons.hist_wait[b]);
-		put(o, "feedd_client_batch_wait_seconds_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", cl[i], acc);
-		put(o, "feedd_client_batch_wait_seconds_sum{%s} %s\n", cl[i], secs(c->wait_ns, a));
-		put(o, "feedd_client_batch_wait_seconds_count{%s} %" PRIu64 "\n", cl[i], acc);
+		const char *kind = c->tv.tracked && c->tv.diag && c->tv.diag->kind ? c->tv.diag->kind : "warming-up";
+		for (size_t k = 0; k < ARRAY_SIZE(client_kinds); k++)
+			put(o, "feedd_client_verdict{%s,kind=\"%s\"} %d\n", cl[i], client_kinds[k],
+			    strcmp(kind, client_kinds[k]) == 0);
 	}
+	CLIENT_FAMILY("feedd_client_verdict_severity", "gauge",
+		      "Severity of the client's diagnosis: 0 fine, 1 notice, 2 warning, 3 error.", "%d",
+		      c->tv.tracked && c->tv.diag ? (int)c->tv.diag->severity : 0);
 }
 
 int metrics_render(const struct status_input *in, const struct metrics_self *self, struct evbuffer *out)
@@ -343,8 +390,13 @@ int metrics_render(const struct status_input *in, const struct metrics_self *sel
 	}
 	for (size_t i = 0; i < in->n_feeds; i++)
 		feed_labels(in->feeds[i], fl[i], LABELS_MAX);
-	for (size_t i = 0; i < in->n_clients; i++)
-		client_labels(&in->clients[i], cl[i], LABELS_MAX);
+	for (size_t i = 0; i < in->n_clients; i++) {
+		const struct status_client *c = &in->clients[i];
+		unsigned dup = 1;
+		for (size_t j = 0; j < i; j++)
+			dup += in->clients[j].feed == c->feed && in->clients[j].rank == c->rank && in->clients[j].world == c->world;
+		client_labels(c, dup, cl[i], LABELS_MAX);
+	}
 	struct out o = { .b = out };
 	render_daemon(&o, in, self);
 	render_feeds(&o, in, fl);

@@ -45,6 +45,7 @@ void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *
 	ret->tail = r->tail;
 	ret->full_ns = session_full_ns(s, now);
 	ret->failed = session_failed(s);
+	ret->pid = c->pid;
 }
 
 void conn_status(struct conn *c, uint64_t now, struct status_client *ret)

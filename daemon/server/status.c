@@ -272,7 +272,7 @@ static json_t *client_json(const struct status_client *c, unsigned history_max, 
 			      "first_batch", (json_int_t)c->first_batch, "batches_published", (json_int_t)c->published,
 			      "batches_delivered", (json_int_t)c->delivered, "ring_slots", (int)c->ring_slots,
 			      "ring_fill", (json_int_t)c->fill, "ring_full_pct",
-			      c->attached_ns ? 100.0 * (double)c->full_ns / (double)c->attached_ns : 0.0, "tokens_per_s",
+			      telemetry_pct(c->full_ns, c->attached_ns), "tokens_per_s",
 			      c->tokens_per_s, "wait_s", (double)c->wait_ns / 1e9, "step_s", (double)c->step_ns / 1e9,
 			      "state", c->failed ? "failed" : "streaming");
 	if (!o)

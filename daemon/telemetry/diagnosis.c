@@ -4,7 +4,7 @@
  * They read only the windows telemetry.c keeps and write a verdict in words
  * and a kind per client and per feed; the first rule that matches wins:
  *
- *   client: failed > slow-release > starved (blocked on an empty ring) >
+ *   client: failed > stopped > slow-release > starved (blocked on an empty ring) >
  *           warming-up / idle (too few batches) > starved > transfer-bound >
  *           compute-bound; then a straggler check against its peers.
  *   starved, why: host (workers wait for a CPU) > storage (reads off-CPU) >
@@ -22,7 +22,10 @@
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
 
-/* "0.3" below 10, "41" above: the precision a reader needs. */
+/* What a healthy loop holds: the batch it works on and the previous one (a copy in flight, the Loader's last). */
+#define HEALTHY_HELD 2
+
+/* "0.3" below 10, "41" above: the precision a reader needs (of a share, or a rate: never "0 MB/s" for 0.4). */
 static const char *fmt_pct(double v, char buf[static 16])
 {
 	snprintf(buf, 16, v < 1 ? "%.2f" : v < 10 ? "%.1f" : "%.0f", v);
@@ -69,11 +72,11 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 			   char *out, size_t len)
 {
 	const struct conf_diagnosis *k = &tm->conf;
-	char a[16], need[48];
+	char a[16], rate[16], need[48];
 	if (isfinite(needed) && needed < 100)
 		snprintf(need, sizeof(need), "~%.1fx", needed);
 	else
-		snprintf(need, sizeof(need), "far more");
+		snprintf(need, sizeof(need), "much");
 
 	const struct stage *job = t ? &t->win.d.s[STAGE_JOB] : NULL;
 	if (!job || job->busy_ns == 0) {
@@ -104,12 +107,18 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 	}
 	const struct stage *rd = &t->win.d.s[STAGE_READ];
 	uint64_t worker_ns = tfeed_worker_ns(t);
-	double offcpu = telemetry_pct(rd->offcpu_ns, worker_ns);
-	if (offcpu >= k->storage_pct) {
+	/*
+	 * A share of the workers' time, bounded by construction (the read stage's
+	 * off-CPU time is part of its busy time, which is part of the workers'),
+	 * and only when something was read: a feed served from cache that waits
+	 * off-CPU waits on something else.
+	 */
+	double offcpu = telemetry_pct(MIN(rd->offcpu_ns, rd->busy_ns), MAX(worker_ns, rd->busy_ns));
+	if (rd->bytes > 0 && offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,
-			 "reads at %.0f MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
-			 span > 0 ? (double)rd->bytes / 1e6 / span : 0.0,
+			 "reads at %s MB/s with queue depth %.1f; workers wait on storage %s %% of their time; needs %s faster storage",
+			 fmt_pct(span > 0 ? (double)rd->bytes / 1e6 / span : 0.0, rate),
 			 rd->depth_n ? (double)rd->depth_sum / (double)rd->depth_n : 1.0, fmt_pct(offcpu, a), need);
 		return "storage-bound";
 	}
@@ -134,8 +143,8 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 		const struct stage *s = &t->win.d.s[best];
 		uint64_t bytes = best == STAGE_JOB ? job->bytes : s->bytes;
 		snprintf(cause, cause_len, "%s", stage_name(best));
-		snprintf(out, len, "%s busy on all %u threads at %.0f MB/s (%s %% of worker time); needs %s more %s throughput",
-			 stage_noun(best), tm->threads, span > 0 ? (double)bytes / 1e6 / span : 0.0,
+		snprintf(out, len, "%s busy on all %u threads at %s MB/s (%s %% of worker time); needs %s more %s throughput",
+			 stage_noun(best), tm->threads, fmt_pct(span > 0 ? (double)bytes / 1e6 / span : 0.0, rate),
 			 fmt_pct(telemetry_pct(best_ns, worker_ns), a), need, stage_noun(best));
 		static char kind[_STAGE_MAX][24];
 		snprintf(kind[best], sizeof(kind[best]), "%s-bound", stage_name(best));
@@ -146,6 +155,22 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 		 "workers are busy only %s %% of the time on %u threads: batches come late, not slowly (a ring of %u slots is refilled once half of it is free; more ring_slots absorb the jitter)",
 		 fmt_pct(tm->pool_busy_pct, a), tm->threads, slots);
 	return "latency-bound";
+}
+
+/*
+ * The slots c held at every one of its last samples, up to HELD_SAMPLES
+ * seconds (its history; the last sample alone without one). A loop caught
+ * between taking a batch and giving back the one before holds one more for
+ * an instant; a client that sits on slots holds them all the time.
+ */
+#define HELD_SAMPLES 3
+static uint64_t held_throughout(const struct telemetry *tm, const struct telemetry_client *c)
+{
+	uint64_t held = c->held;
+	unsigned n = MIN(c->hist_n, MIN((unsigned)HELD_SAMPLES, tm->conf.window_s));
+	for (unsigned i = 0; i < n; i++)
+		held = MIN(held, (uint64_t)c->hist[(c->hist_head + c->hist_n - 1 - i) % c->hist_cap].held);
+	return held;
 }
 
 static double needed_factor(uint64_t wait, uint64_t step)
@@ -165,13 +190,27 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		say(d, DIAG_ERROR, "failed", "failed: the stream stopped with an error (the client was told why; see the log)");
 		return;
 	}
+	if (c->stopped) {
+		snprintf(d->cause, sizeof(d->cause), "stopped");
+		say(d, DIAG_WARNING, "stopped",
+		    "stopped: the client process is stopped (SIGSTOP or a debugger: state T in /proc); nothing moved for %.0f s",
+		    (double)(tm->now - c->progress_ns) / 1e9);
+		return;
+	}
 	unsigned slots = c->slot_count;
-	double full = MIN(100.0, telemetry_pct(w->full_ns, w->span_ns));
-	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)1);
-	if (w->span_ns && full >= k->full_pct && c->held >= need_held) {
+	double full = telemetry_pct(w->full_ns, w->span_ns);
+	/*
+	 * A full ring alone is a trainer slower than the feed: healthy. It sits
+	 * on slots the feed needs when it holds more than a loop does (the batch
+	 * it works on and the previous one, HEALTHY_HELD) and at least held_pct
+	 * of the ring, so the feed has little or nothing left to fill ahead.
+	 */
+	uint64_t need_held = MAX((uint64_t)ceil(k->held_pct / 100.0 * slots), (uint64_t)HEALTHY_HELD + 1);
+	uint64_t held = held_throughout(tm, c);
+	if (w->span_ns && full >= k->full_pct && held >= need_held) {
 		snprintf(d->cause, sizeof(d->cause), "release");
 		say(d, DIAG_WARNING, "slow-release", "client slow to release: ring full %s %% of the time, holding %" PRIu64 " of %u slots",
-		    fmt_pct(full, a), c->held, slots);
+		    fmt_pct(full, a), held, slots);
 		return;
 	}
 
@@ -189,7 +228,13 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 			    w->batches, (double)w->span_ns / 1e9, c->fill);
 		return;
 	}
-	if (stall >= k->starved_pct) {
+	/*
+	 * The wait is the client's word (its page); the ring's fullness is the
+	 * daemon's. Batches were ready while the ring was full, so a wait over a
+	 * ring full for full_pct of the window is not the feed's doing.
+	 */
+	bool ready = !blocked && full >= k->full_pct;
+	if (stall >= k->starved_pct && !ready) {
 		char why[300];
 		d->needed_x = blocked ? INFINITY : needed_factor(w->wait_ns, w->step_ns);
 		const char *kind = explain(tm, telemetry_find_feed(tm, c->feed), d->needed_x, slots, d->cause, sizeof(d->cause), why,
@@ -205,7 +250,12 @@ static void diagnose_client(const struct telemetry *tm, struct telemetry_client 
 		    fmt_pct(h2d, a), fmt_pct(stall, b));
 		return;
 	}
-	say(d, DIAG_OK, "compute-bound", "compute-bound: data wait %s %% of step time", fmt_pct(stall, a));
+	if (stall >= k->starved_pct)
+		say(d, DIAG_OK, "compute-bound",
+		    "compute-bound: data wait %s %% of step time (as reported by the client; batches were ready, the ring full %s %% of the time)",
+		    fmt_pct(stall, a), fmt_pct(full, b));
+	else
+		say(d, DIAG_OK, "compute-bound", "compute-bound: data wait %s %% of step time", fmt_pct(stall, a));
 }
 
 static int cmp_double(const void *x, const void *y)
@@ -214,8 +264,15 @@ static int cmp_double(const void *x, const void *y)
 	return (a > b) - (a < b);
 }
 
+/* Mean time between the batches the daemon published for c over its window (ms); INFINITY when none. */
+static double batch_interval_ms(const struct telemetry_client *c)
+{
+	const struct client_sums *w = &c->d->win;
+	return w->published ? (double)w->span_ns / (double)w->published / 1e6 : INFINITY;
+}
+
 /*
- * Names a rank whose mean wait or step per batch exceeds the median of its
+ * Names a rank whose mean time per batch exceeds the median of its
  * peers (same feed, same world, at least two of them with enough batches) by
  * straggler_pct and straggler_min_ms.
  */
@@ -233,22 +290,22 @@ static void find_straggler(const struct telemetry *tm, struct telemetry_client *
 	_cleanup_free_ double *v = malloc(n * sizeof(*v));
 	if (!v)
 		return;
-	static const char *const what[2] = { "step", "wait" };
-	for (unsigned m = 0; m < 2; m++) {
-		size_t i = 0;
-		for (const struct telemetry_client *p = tm->clients; p; p = p->next)
-			if (p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches)
-				v[i++] = (double)(m ? p->d->win.wait_ns : p->d->win.step_ns) / (double)p->d->win.batches / 1e6;
-		qsort(v, n, sizeof(*v), cmp_double);
-		double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-		double mine = (double)(m ? c->d->win.wait_ns : c->d->win.step_ns) / (double)c->d->win.batches / 1e6;
-		if (mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0)) {
-			snprintf(c->straggler, sizeof(c->straggler),
-				 "straggler: %s %.1f ms per batch vs a median of %.1f ms over its %zu peers (+%.0f %%)", what[m],
-				 mine, med, n, med > 0 ? 100.0 * (mine - med) / med : 100.0);
-			return;
-		}
-	}
+	/*
+	 * The time between batches the daemon published for each rank: its own
+	 * count, not the client's page, so a client that lies about its waits
+	 * and steps can move only its own figures, never get a peer named.
+	 */
+	size_t i = 0;
+	for (const struct telemetry_client *p = tm->clients; p; p = p->next)
+		if (p != c && p->feed == c->feed && p->world == c->world && p->d->win.batches >= k->min_batches)
+			v[i++] = batch_interval_ms(p);
+	qsort(v, n, sizeof(*v), cmp_double);
+	double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+	double mine = batch_interval_ms(c);
+	if (isfinite(mine) && isfinite(med) && mine - med >= k->straggler_min_ms && mine > med * (1 + k->straggler_pct / 100.0))
+		snprintf(c->straggler, sizeof(c->straggler),
+			 "straggler: a batch every %.1f ms vs a median of %.1f ms over its %zu peers (+%.0f %%)", mine, med, n,
+			 med > 0 ? 100.0 * (mine - med) / med : 100.0);
 }
 
 void diagnose_failed_feed(const struct feed *f, struct diag *d)
@@ -313,6 +370,21 @@ void diagnose_all(struct telemetry *tm)
 		diagnose_feed(tm, t);
 }
 
+/*
+ * How much of a verdict the daemon saw itself, for ties in the worst line:
+ * a stop (/proc), a ring held full (its own clock, the slots it cannot
+ * refill), a straggler (the batches it published) before a stall, which is
+ * the client's own account of its waits and steps.
+ */
+static int evidence(const struct diag *d)
+{
+	static const char *const kinds[] = { "stopped", "slow-release", "straggler" };
+	for (size_t i = 0; i < ARRAY_SIZE(kinds); i++)
+		if (d->kind && strcmp(d->kind, kinds[i]) == 0)
+			return (int)(ARRAY_SIZE(kinds) - i);
+	return 0;
+}
+
 int telemetry_worst(const struct telemetry *tm, char *buf, size_t len)
 {
 	const struct diag *best = NULL;
@@ -322,7 +394,9 @@ int telemetry_worst(const struct telemetry *tm, char *buf, size_t len)
 		if (!c->diag.kind)
 			continue;
 		if (!best || c->diag.severity > best->severity ||
-		    (c->diag.severity == best->severity && c->diag.stall_pct > best->stall_pct)) {
+		    (c->diag.severity == best->severity && evidence(&c->diag) > evidence(best)) ||
+		    (c->diag.severity == best->severity && evidence(&c->diag) == evidence(best) &&
+		     c->diag.stall_pct > best->stall_pct)) {
 			best = &c->diag;
 			bc = c;
 			bf = NULL;

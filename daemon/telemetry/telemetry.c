@@ -14,8 +14,11 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/telemetry/telemetry-internal.h"
 #include "proto/macro.h"
@@ -117,6 +120,23 @@ struct tfeed *telemetry_find_feed(const struct telemetry *tm, const struct feed 
 	return NULL;
 }
 
+/* Whether /proc/PID/stat says the process is stopped ('T', or 't' traced); false when unreadable. */
+static bool pid_stopped(int pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	/* "PID (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'. */
+	const char *e = strrchr(buf, ')');
+	return e && e[1] == ' ' && (e[2] == 'T' || e[2] == 't');
+}
+
 void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_reading *r)
 {
 	struct telemetry *tm = c->tm;
@@ -137,7 +157,27 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 		.reports = delta(&c->p_reports, rc->reports, UINT32_MAX),
 		.batches = delta(&c->p_delivered, rc->delivered, UINT32_MAX),
 		.full_ns = delta(&c->p_full, r->full_ns, dt),
+		.published = delta(&c->p_published, r->published, UINT32_MAX),
 	};
+	/*
+	 * A client frozen by SIGSTOP (or a debugger) moves nothing on its page;
+	 * neither does one that is merely idle or blocked. The kernel tells them
+	 * apart: only when the page did not move is /proc/PID/stat read.
+	 *
+	 * The wait or step a client was in when it was stopped ends, and is
+	 * counted by libfeed, only after it resumes: that time was a stop, not a
+	 * wait or a computation, and would make it look starved for a window.
+	 */
+	if (c->stopped)
+		d.wait_ns = d.step_ns = d.h2d_ns = 0;
+	uint64_t released = delta(&c->p_tail, rc->tail, UINT64_MAX);
+	if (d.wait_ns || d.step_ns || d.batches || released || d.reports || c->progress_ns == 0)
+		c->progress_ns = now;
+	c->stopped = now - c->progress_ns >= NSEC_PER_SEC / 2 && r->pid > 0 && pid_stopped(r->pid);
+	c->d->attach_wait_ns += d.wait_ns;
+	c->d->attach_step_ns += d.step_ns;
+	c->d->attach_h2d_ns += d.h2d_ns;
+	c->d->attach_reports += d.reports;
 	struct client_slot *cur = &c->d->slots[c->cur];
 	window_add(cur->v, c->d->win.v, d.v, CLIENT_SCALARS);
 	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
@@ -147,6 +187,8 @@ void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_
 		cur->step[b] = (uint32_t)MIN((uint64_t)cur->step[b] + st, (uint64_t)UINT32_MAX);
 		c->d->win.wait[b] += w;
 		c->d->win.step[b] += st;
+		c->d->attach_wait[b] += w;
+		c->d->attach_step[b] += st;
 	}
 	/*
 	 * The consumer page carries only the H2D total: each second's mean copy

@@ -59,8 +59,12 @@ struct diag {
 };
 
 /* The scalar sums of a client's window or sub-window (same order as client_sums). */
-#define CLIENT_SCALARS 7
-#define CLIENT_SCALAR_FIELDS uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns
+#define CLIENT_SCALARS 8
+/*
+ * wait, step, h2d, reports and batches come from the consumer page (written by
+ * the client, clamped); span, full and published are the daemon's own.
+ */
+#define CLIENT_SCALAR_FIELDS uint64_t span_ns, wait_ns, step_ns, h2d_ns, reports, batches, full_ns, published
 
 /* One sub-window of a client; histograms in u32 to halve the memory. */
 struct client_slot {
@@ -95,6 +99,13 @@ struct sample {
 struct client_data {
 	uint64_t p_hw[FEED_HIST_BUCKETS], p_hs[FEED_HIST_BUCKETS]; /* the previous histogram readings */
 	uint64_t h2d_attach[FEED_HIST_BUCKETS]; /* per-second mean H2D times since attach */
+	/*
+	 * Since attach, summed from the clamped per-second deltas rather than
+	 * read off the page: a client that writes 2^64 - 1 into its page gets
+	 * no count that overflows a JSON integer, or any other absurd figure.
+	 */
+	uint64_t attach_wait[FEED_HIST_BUCKETS], attach_step[FEED_HIST_BUCKETS];
+	uint64_t attach_wait_ns, attach_step_ns, attach_h2d_ns, attach_reports;
 	struct client_sums win;                 /* the window's running sums */
 	struct client_slot slots[WINDOW_SLOTS];
 };
@@ -106,6 +117,7 @@ struct telemetry_reading {
 	uint64_t tail;             /* the ring's validated tail (ring->tail) */
 	uint64_t full_ns;          /* time the ring spent full since attach, up to now */
 	bool failed;               /* the stream stopped with an error */
+	int pid;                   /* the client's pid (SO_PEERCRED), 0 if unknown: for its /proc state */
 };
 
 /*
@@ -121,7 +133,9 @@ struct telemetry_client {
 	uint64_t attach_ns, last_ns;
 	bool failed;
 	/* the previous readings, to difference against */
-	uint64_t p_wait, p_step, p_h2d, p_reports, p_delivered, p_full;
+	uint64_t p_wait, p_step, p_h2d, p_reports, p_delivered, p_full, p_published, p_tail;
+	uint64_t progress_ns; /* when the consumer page last moved (any counter, or a release) */
+	bool stopped;         /* the page did not move and /proc/PID/stat says 'T' (SIGSTOP, a debugger) */
 	struct client_data *d; /* the big part, allocated on attach: an unattached connection does not carry it */
 	unsigned cur;          /* the current sub-window in d->slots */
 	struct sample *hist;   /* ring of hist_cap seconds */
@@ -230,9 +244,10 @@ struct telemetry_daemon_view {
 void telemetry_daemon_view(const struct telemetry *tm, struct telemetry_daemon_view *ret);
 
 /* part as a percentage of whole (0 when whole is 0): every share telemetry and status show. */
+/* A share in per cent, bounded by construction: part is clamped to whole, so it is always 0..100. */
 static inline double telemetry_pct(uint64_t part, uint64_t whole)
 {
-	return whole ? 100.0 * (double)part / (double)whole : 0.0;
+	return whole ? 100.0 * (double)(part < whole ? part : whole) / (double)whole : 0.0;
 }
 
 /* Value (ns) at quantile q of a histogram of FEED_HIST_BUCKETS buckets (bucket midpoint, nearest rank); NAN when empty. */

@@ -246,7 +246,8 @@ def test_the_parser_rejects_what_the_format_forbids():
 # ---------------------------------------------------------------------------
 # feedd's endpoint
 
-CLIENT_LABELS = {"feed", "rank", "world", "pid", "client"}
+# Keyed by feed and rank (not pid or connection): a restarted trainer continues its series.
+CLIENT_LABELS = {"feed", "rank", "world"}
 
 
 def small_data(tmp, seed=3):
@@ -334,7 +335,8 @@ def test_names_types_and_labels_follow_the_conventions(daemon, tmp_path):
             "feedd_feed_ring_memory_bytes": "gauge", "feedd_client_batches_total": "counter",
             "feedd_client_wait_seconds_total": "counter", "feedd_client_step_seconds_total": "counter",
             "feedd_client_stall_ratio": "gauge", "feedd_client_ring_fill": "gauge", "feedd_client_epoch": "gauge",
-            "feedd_client_batch_wait_seconds": "histogram",
+            "feedd_client_batch_wait_seconds": "histogram", "feedd_client_batch_step_seconds": "histogram",
+            "feedd_client_verdict": "gauge", "feedd_client_verdict_severity": "gauge",
         }
         for name, typ in expected.items():
             assert name in fams and fams[name].type == typ, f"{name}: {fams.get(name) and fams[name].type}"
@@ -342,8 +344,8 @@ def test_names_types_and_labels_follow_the_conventions(daemon, tmp_path):
         for name, fam in fams.items():
             for n, labels, _ in fam.samples:
                 if name.startswith("feedd_client_"):
-                    assert set(labels) - {"le"} == CLIENT_LABELS, f"{n}{labels}"
-                    assert labels["pid"] == str(c.pid) and labels["rank"] == "1" and labels["world"] == "2"
+                    assert set(labels) - {"le", "kind"} == CLIENT_LABELS, f"{n}{labels}"
+                    assert labels["rank"] == "1" and labels["world"] == "2"
                     assert labels["feed"] == "web"
                 elif name.startswith("feedd_feed_"):
                     assert set(labels) - {"stage"} == {"feed"}, f"{n}{labels}"
@@ -370,6 +372,9 @@ def test_numbers_equal_the_status_document(daemon, tmp_path):
         # Held clients and full rings: nothing moves but the clocks. Wait for the last publish to settle.
         wait_for(lambda: all(c["batches_published"] == c["ring_slots"] for c in d.status()["clients"]),
                  "both rings full")
+        # Since-attach histograms are sums of the clamped per-second readings: as of the last tick.
+        wait_for(lambda: all(c["telemetry"]["since_attach"]["wait"]["count"] == c["ring_slots"]
+                             for c in d.status()["clients"]), "a tick after the last batch")
         endpoint(d)
         st = d.status()
         fams = scrape(d)
@@ -402,7 +407,7 @@ def test_numbers_equal_the_status_document(daemon, tmp_path):
                 c["memory_bytes"] for c in st["clients"] if c["feed"] == n)
 
         for c in st["clients"]:
-            sel = dict(feed=c["feed"], rank=c["rank"], world=c["world"], pid=c["pid"], client=c["id"])
+            sel = dict(feed=c["feed"], rank=c["rank"], world=c["world"])
             assert fams["feedd_client_batches_total"].value(**sel) == c["batches_delivered"] == c["ring_slots"]
             assert fams["feedd_client_batches_published_total"].value(**sel) == c["batches_published"]
             assert fams["feedd_client_ring_fill"].value(**sel) == c["ring_fill"] == 6
@@ -448,13 +453,58 @@ def test_packing_and_mixture_counters_equal_the_status_document(daemon, tmp_path
     assert fams["feedd_feed_source_documents_total"].type == "counter"
 
 
+def test_verdict_gauge_step_histogram_and_series_that_survive_a_restart(daemon, tmp_path):
+    """The diagnosis is exported one-hot by kind; the step histogram is the client's own; a trainer restarted on
+    the same rank continues the same series, and a second connection on one rank gets conn="2" (a valid scrape)."""
+    data = small_data(tmp_path)
+    d = daemon("[diagnosis]\nwindow_s = 3\nmin_batches = 3\n\n" + metrics_conf(data))
+    sel = dict(feed="web", rank=0, world=1)
+    c = d.client("web", 0, 1, 400, sleep_ms=20)
+    try:
+        assert c.stdout.readline().strip() == "attached"
+        fams = wait_for(lambda: (f := scrape(d))["feedd_client_verdict"].value(kind="compute-bound", **sel) == 1
+                        and f, "a compute-bound verdict in the gauge", timeout=30)
+        verdict = fams["feedd_client_verdict"].values(**sel)
+        assert sum(verdict.values()) == 1 and len(verdict) >= 9
+        assert {dict(k)["kind"] for k in verdict} >= {"stopped", "slow-release", "starved", "straggler"}
+        assert fams["feedd_client_verdict_severity"].value(**sel) == 0
+        st = d.status()
+        sc = next(x for x in st["clients"] if x["rank"] == 0)
+        steps = fams["feedd_client_batch_step_seconds"]
+        n = steps.value("_count", **sel)
+        assert n == steps.value("_bucket", le="+Inf", **sel) > 10
+        # 20 ms sleeps: most steps fall between 2^24 ns (16.8 ms) and 2^26 ns (67 ms).
+        below = {dict(k)["le"]: v for k, v in steps.values("_bucket", **sel).items()}
+        assert below["0.016777216"] <= 0.2 * n and below["0.067108864"] >= 0.8 * n, below
+        assert steps.value("_sum", **sel) == pytest.approx(n * 0.0205, rel=0.5)
+        assert sc["diagnosis"]["kind"] in ("compute-bound", "warming-up")
+        before = set(verdict)
+    finally:
+        c.kill()
+        c.wait()
+    a, b = d.client("web", 0, 1, 10**6, sleep_ms=20), d.client("web", 0, 1, 10**6, sleep_ms=20)
+    try:
+        for p in (a, b):
+            assert p.stdout.readline().strip() == "attached"
+        fams = wait_for(lambda: len((f := scrape(d))["feedd_client_verdict_severity"].values(**sel)) == 2 and f,
+                        "two connections on rank 0")
+        series = fams["feedd_client_verdict_severity"].values(**sel)
+        assert sorted(dict(k).get("conn", "1") for k in series) == ["1", "2"]
+        # The restarted rank's first connection has exactly the labels of the one before.
+        assert {k for k in fams["feedd_client_verdict"].values(**sel) if "conn" not in dict(k)} == before
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_counters_grow_while_a_client_consumes(daemon, tmp_path):
     data = small_data(tmp_path)
     d = daemon(metrics_conf(data))
     c = d.client("web", 0, 1, 10**6, sleep_ms=5)
     try:
         assert c.stdout.readline().strip() == "attached"
-        sel = dict(feed="web", rank=0, world=1, pid=c.pid)
+        sel = dict(feed="web", rank=0, world=1)
         first = wait_for(lambda: (f := scrape(d))["feedd_client_batches_total"].values(**sel) and f,
                          "the client's series")
         n0 = first["feedd_client_batches_total"].value(**sel)
@@ -462,8 +512,10 @@ def test_counters_grow_while_a_client_consumes(daemon, tmp_path):
                          "the client's batches to grow")
         for name in ("feedd_feed_batches_total", "feedd_feed_tokens_total", "feedd_feed_read_bytes_total"):
             assert later[name].value(feed="web") > first[name].value(feed="web"), name
-        assert later["feedd_client_batch_wait_seconds"].value("_count", **sel) > \
-            first["feedd_client_batch_wait_seconds"].value("_count", **sel)
+        # The histograms are since attach as of the daemon's last tick (once a second).
+        n_first = first["feedd_client_batch_wait_seconds"].value("_count", **sel)
+        wait_for(lambda: scrape(d)["feedd_client_batch_wait_seconds"].value("_count", **sel) > n_first,
+                 "the wait histogram to grow at a tick")
         assert later["feedd_client_step_seconds_total"].value(**sel) > first["feedd_client_step_seconds_total"].value(**sel)
         # Scrapes count themselves.
         assert later["feedd_metrics_scrapes_total"].value() > first["feedd_metrics_scrapes_total"].value()

@@ -53,6 +53,7 @@ static void attach(struct telemetry *tm, struct telemetry_client *c, struct feed
 	c->d->win.batches = batches;
 	c->d->win.wait_ns = (uint64_t)(wait_ms * 1e6 * (double)batches);
 	c->d->win.step_ns = (uint64_t)(step_ms * 1e6 * (double)batches);
+	c->d->win.published = batches;
 	c->fill = 4;
 }
 
@@ -171,7 +172,7 @@ static void test_starved_causes(void)
 	tm->pool_busy_pct = 95;
 	diagnose_all(tm);
 	CHECK_STR(c.diag.cause, "storage");
-	CHECK_CONTAINS(c.diag.text, "storage-bound: reads at 2 MB/s");
+	CHECK_CONTAINS(c.diag.text, "storage-bound: reads at 2.0 MB/s");
 	CHECK_STR(t->diag.kind, "storage-bound");
 
 	/* Reads on the CPU, workers mostly idle: batches come late, not slowly. */
@@ -200,7 +201,12 @@ static void test_starved_causes(void)
 	free(f);
 }
 
-/* A rank whose step per batch is far above its peers' median is named a straggler; others of another world are not peers. */
+/*
+ * A rank whose time between batches (the daemon's count of batches published
+ * into its ring) is far above its peers' median is named a straggler; others
+ * of another world are not peers. What the clients write into their pages
+ * (wait, step) does not move it: rank 0 claims a 1000 ms step.
+ */
 static void test_straggler(void)
 {
 	struct telemetry *tm = new_tm();
@@ -212,10 +218,15 @@ static void test_straggler(void)
 	attach(tm, &c[2], f, 2, 4, 100, 0.1, 10.5);
 	attach(tm, &c[3], f, 3, 4, 100, 0.1, 30); /* three times slower */
 	attach(tm, &c[4], f, 0, 2, 100, 0.1, 90); /* another world: not a peer of the others */
+	/* 60 s windows: a batch every 10, 11, 10.5, 30 and 90 ms */
+	static const uint64_t published[5] = { 6000, 5454, 5714, 2000, 666 };
+	for (unsigned i = 0; i < 5; i++)
+		c[i].d->win.published = published[i];
+	c[0].d->win.step_ns = 100 * 1000 * 1000000ull; /* a lie: 1000 ms per batch */
 	diagnose_all(tm);
 	CHECK_STR(c[3].diag.kind, "straggler");
 	CHECK_INT(c[3].diag.severity, DIAG_NOTICE);
-	CHECK_CONTAINS(c[3].straggler, "step 30.0 ms per batch vs a median of 10.5 ms over its 3 peers");
+	CHECK_CONTAINS(c[3].straggler, "a batch every 30.0 ms vs a median of 10.5 ms over its 3 peers");
 	for (unsigned i = 0; i < 3; i++) {
 		CHECK_STR(c[i].diag.kind, "compute-bound");
 		CHECK(c[i].straggler[0] == 0, "rank %u named a straggler: %s", i, c[i].straggler);
@@ -307,8 +318,84 @@ static void test_sampling(void)
 	free(f);
 }
 
+/*
+ * Issue 19: a full ring is healthy unless the client holds more than a loop
+ * does; a stopped client is "stopped"; a wait over a ring the daemon saw full
+ * is the client's word only; no storage verdict without bytes read, and the
+ * storage share is at most 100 %.
+ */
+static void test_no_false_alarms(void)
+{
+	struct telemetry *tm = new_tm();
+	struct feed *f = fake_feed("web");
+	struct tfeed *t = tick_feed(tm, f);
+	struct telemetry_client c[6] = { 0 };
+	/* 0: a loop holding the batch it works on and the previous one, ring full all the time: compute-bound */
+	attach(tm, &c[0], f, 0, 6, 100, 0.1, 50);
+	c[0].slot_count = 4;
+	c[0].d->win.full_ns = 60 * SEC;
+	c[0].held = 2;
+	/* 1: holds 3 of 4, ring full: sits on slots the feed needs */
+	attach(tm, &c[1], f, 1, 6, 100, 0.1, 50);
+	c[1].slot_count = 4;
+	c[1].d->win.full_ns = 60 * SEC;
+	c[1].held = 3;
+	/* 2: a ring of 2 slots, both held: a loop's normal state */
+	attach(tm, &c[2], f, 2, 6, 100, 0.1, 50);
+	c[2].slot_count = 2;
+	c[2].d->win.full_ns = 60 * SEC;
+	c[2].held = 2;
+	/* 3: stopped */
+	attach(tm, &c[3], f, 3, 6, 100, 0.1, 50);
+	c[3].stopped = true;
+	c[3].progress_ns = tm->now - 7 * SEC;
+	/* 4: reports waiting 50 % while the daemon saw its ring full 95 % of the window */
+	attach(tm, &c[4], f, 4, 6, 100, 10, 10);
+	c[4].d->win.full_ns = 57 * SEC;
+	c[4].held = 1;
+	/* 5: starved; its feed read nothing (served from cache) but reads show off-CPU time above the workers' */
+	attach(tm, &c[5], f, 5, 6, 100, 20, 30);
+	t->win.d.s[STAGE_JOB].busy_ns = 10 * SEC;
+	t->win.d.s[STAGE_READ].busy_ns = 8 * SEC;
+	t->win.d.s[STAGE_READ].offcpu_ns = 30 * SEC; /* impossible: more than the reads' own time */
+	t->win.d.s[STAGE_READ].bytes = 0;
+	tm->pool_busy_pct = 20;
+	diagnose_all(tm);
+
+	CHECK_STR(c[0].diag.kind, "compute-bound");
+	CHECK_INT(c[0].diag.severity, DIAG_OK);
+	CHECK_STR(c[1].diag.kind, "slow-release");
+	CHECK_CONTAINS(c[1].diag.text, "holding 3 of 4 slots");
+	CHECK_STR(c[2].diag.kind, "compute-bound");
+	CHECK_STR(c[3].diag.kind, "stopped");
+	CHECK_INT(c[3].diag.severity, DIAG_WARNING);
+	CHECK_CONTAINS(c[3].diag.text, "nothing moved for 7 s");
+	CHECK_STR(c[4].diag.kind, "compute-bound");
+	CHECK_CONTAINS(c[4].diag.text, "as reported by the client");
+	CHECK_STR(c[5].diag.kind, "starved");
+	CHECK(strcmp(c[5].diag.cause, "storage") != 0, "storage blamed with 0 bytes read: %s", c[5].diag.text);
+
+	/* With bytes read, storage is named, its off-CPU time counted at most up to the reads' busy time (8 of 10 s). */
+	t->win.d.s[STAGE_READ].bytes = 1000000;
+	diagnose_all(tm);
+	CHECK_STR(c[5].diag.cause, "storage");
+	CHECK_CONTAINS(c[5].diag.text, "workers wait on storage 80 % of their time");
+	CHECK(telemetry_pct(5, 3) == 100.0 && telemetry_pct(3, 0) == 0.0 && telemetry_pct(UINT64_MAX, 1) == 100.0,
+	      "telemetry_pct is not bounded");
+
+	char worst[512];
+	CHECK_INT(telemetry_worst(tm, worst, sizeof(worst)), DIAG_WARNING);
+	/* Ties among warnings go to what the daemon saw itself (a stop), not to the highest stall a client reports. */
+	CHECK_CONTAINS(worst, "feed web rank 3/6: stopped");
+	for (unsigned i = 0; i < 6; i++)
+		telemetry_client_detach(&c[i]);
+	telemetry_free(tm);
+	free(f);
+}
+
 int main(void)
 {
+	test_no_false_alarms();
 	test_client_rules();
 	test_starved_causes();
 	test_straggler();
