@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: MIT
+"""Trainers outlive feedd (issue 17): libfeed reconnects on its own.
+
+Four clients, two C (tests/integration/stream-client with libfeed's
+reconnect_timeout set) and two Python (feed.Loader with its default
+reconnect_timeout), on two feeds, read while feedd is SIGKILLed at random
+points (KILLS times), SIGTERMed (TERMS times) and once restarted under
+systemd-socket-activate (the listening socket exists before the daemon
+does). No client sees an error, and each client's whole sequence of
+batches is bit-identical to an undisturbed run's. The counts are chosen to
+keep the test well under three minutes on a loaded two-core machine.
+
+Not covered here: a text feed with online tokenization (needs build/tokdata,
+which the default checkout lacks), and device attachments (they do not
+reconnect: libfeed returns the error, as before).
+
+Also: a daemon that comes back without the feed refuses the re-attach, and
+the client gets its reason at once, not after reconnect_timeout.
+"""
+
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import SRC, STREAM_CLIENT, FEEDD, Daemon, feed_conf, use_feed_package
+from test_crash import Drained, batches
+
+KILLS = int(os.environ.get("FEEDD_RECONNECT_KILLS", "20"))
+TERMS = 3
+ACTIVATE = shutil.which("systemd-socket-activate")
+
+PY_WORKER = r"""
+import hashlib, os, sys, time
+import feed
+sock, name, rank, world, stop, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+loader = feed.Loader(name, rank=rank, world_size=world, socket=sock, as_numpy=True, timeout=120)
+print("attached", flush=True)
+n = 0
+for b in loader:
+    h = hashlib.sha1()
+    for k in ("input_ids", "labels", "position_ids"):
+        h.update(b[k].tobytes())
+    print(f"batch {b.index} {b.epoch} {h.hexdigest()[:16]} {b.cursor}", flush=True)
+    del b
+    n += 1
+    if n == limit or os.path.exists(stop):
+        break
+    time.sleep(0.002)
+s = loader.stats()
+print(f"stats {s['reconnects']} {s['reconnect_s']:.3f} {s['batches']}", flush=True)
+print("done", flush=True)
+"""
+
+
+def conf():
+    return (feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7) +
+            feed_conf("code", f"{DATASET}/shard_*.idx", seq_len=128, batch_size=2, seed=99, eos=50256))
+
+
+def py_client(sock, name, rank, world, stop, limit=1_000_000):
+    env = {**os.environ, "PYTHONPATH": use_feed_package(), "FEEDD_BUILD_DIR": str(STREAM_CLIENT.parents[2])}
+    return subprocess.Popen([sys.executable, "-c", PY_WORKER, sock, name, str(rank), str(world), str(stop),
+                             str(limit)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def c_client(sock, name, rank, world, batches_=1_000_000, sleep_ms=2, reconnect_ms=60000):
+    env = {**os.environ, "STREAM_RECONNECT_MS": str(reconnect_ms)}
+    return subprocess.Popen([str(STREAM_CLIENT), sock, name, str(rank), str(world), str(batches_), "-",
+                             str(sleep_ms), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+DATASET = None
+
+
+@pytest.fixture
+def data(dataset):
+    global DATASET
+    DATASET = dataset
+    return dataset
+
+
+class Activated:
+    """feedd under systemd-socket-activate: the socket listens before the daemon runs."""
+
+    def __init__(self, tmp, sock):
+        self.conf = tmp / "activated.conf"
+        self.conf.write_text(conf())
+        if os.path.exists(sock):
+            os.unlink(sock)
+        self.proc = subprocess.Popen([ACTIVATE, "-l", sock, str(FEEDD), "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=open(tmp / "activated.log", "w"))
+        deadline = time.time() + 10
+        while not os.path.exists(sock):
+            assert self.proc.poll() is None and time.time() < deadline, "systemd-socket-activate did not listen"
+            time.sleep(0.01)
+
+
+def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_path, data):
+    rng = random.Random(17)
+    d = Daemon(tmp_path, conf(), name="feedd")
+    sock = d.socket
+    stop = tmp_path / "stop"
+    clients = {
+        "c web 0/2": Drained(c_client(sock, "web", 0, 2)),
+        "c code 0/1": Drained(c_client(sock, "code", 0, 1, sleep_ms=1)),
+        "py web 1/2": Drained(py_client(sock, "web", 1, 2, stop)),
+        "py code 0/1": Drained(py_client(sock, "code", 0, 1, stop)),
+    }
+    try:
+        for who, c in clients.items():
+            assert c.wait_for_line("attached"), f"{who} did not attach: {c.err()}"
+        plan = ["KILL"] * KILLS + ["TERM"] * TERMS
+        rng.shuffle(plan)
+        procs = [d.proc]
+        for i, how in enumerate(plan):
+            time.sleep(rng.uniform(0.05, 0.4))
+            d.proc.send_signal(signal.SIGKILL if how == "KILL" else signal.SIGTERM)
+            d.proc.wait(timeout=30)
+            time.sleep(rng.uniform(0.0, 0.3))  # clients back off meanwhile
+            d = Daemon(tmp_path, conf(), name="feedd")
+            procs.append(d.proc)
+        if ACTIVATE:
+            time.sleep(0.2)
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            a = Activated(tmp_path, sock)
+            procs.append(a.proc)
+        time.sleep(1.0)
+        stop.touch()
+        for who in ("py web 1/2", "py code 0/1"):
+            clients[who].proc.wait(timeout=120)
+        for who in ("c web 0/2", "c code 0/1"):
+            clients[who].proc.send_signal(signal.SIGTERM)
+            clients[who].proc.wait(timeout=30)
+        if ACTIVATE:
+            a.proc.send_signal(signal.SIGTERM)
+            a.proc.wait(timeout=30)
+        else:
+            d.stop()
+    finally:
+        for c in clients.values():
+            if c.proc.poll() is None:
+                c.proc.kill()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    got = {}
+    for who, c in clients.items():
+        out, err = c.text(), c.err()
+        assert "error" not in out and "Traceback" not in err, f"{who} failed: {out[-300:]} {err[-1500:]}"
+        got[who] = batches(out)
+        assert [g[0] for g in got[who]] == list(range(len(got[who]))), f"{who}: batch indices not contiguous"
+        assert len(got[who]) > 50, f"{who} read only {len(got[who])} batches"
+        if who.startswith("py"):
+            stats = [line.split() for line in out.splitlines() if line.startswith("stats ")]
+            assert stats and int(stats[0][1]) >= (KILLS + TERMS) // 2, f"{who}: reconnects {stats}"
+
+    # The undisturbed runs: a fresh daemon, the same clients, as many batches.
+    d = Daemon(tmp_path, conf(), name="clean")
+    try:
+        clean = {
+            "c web 0/2": c_client(d.socket, "web", 0, 2, len(got["c web 0/2"]), sleep_ms=0),
+            "c code 0/1": c_client(d.socket, "code", 0, 1, len(got["c code 0/1"]), sleep_ms=0),
+            "py web 1/2": py_client(d.socket, "web", 1, 2, tmp_path / "never", len(got["py web 1/2"])),
+            "py code 0/1": py_client(d.socket, "code", 0, 1, tmp_path / "never", len(got["py code 0/1"])),
+        }
+        for who, p in clean.items():
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, f"clean {who}: {err}"
+            want = batches(out)
+            assert len(want) == len(got[who])
+            for (i, h, cur), (_, wh, wcur) in zip(got[who], want):
+                assert (h, cur) == (wh, wcur), f"{who}: batch {i} differs from the undisturbed run"
+    finally:
+        assert d.stop() == 0
+    print({who: len(g) for who, g in got.items()}, f"{KILLS} kills, {TERMS} terms, activated: {bool(ACTIVATE)}")
+
+
+def test_a_daemon_back_without_the_feed_refuses_at_once(tmp_path, data):
+    d = Daemon(tmp_path, conf(), name="feedd")
+    c = Drained(c_client(d.socket, "code", 0, 1, sleep_ms=1, reconnect_ms=120000))
+    try:
+        assert c.wait_for_line("attached")
+        time.sleep(0.3)
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7), name="feedd")
+        t0 = time.time()
+        c.proc.wait(timeout=30)
+        took = time.time() - t0
+    finally:
+        if c.proc.poll() is None:
+            c.proc.kill()
+        d.stop()
+    out = c.text()
+    assert c.proc.returncode == 1, out[-300:]
+    last = out.splitlines()[-1]
+    assert last.startswith("error") and "refused" in last and "code" in last, last
+    assert took < 10, f"the refusal took {took:.1f} s"
+    print(last)
