@@ -206,3 +206,41 @@ def test_a_daemon_back_without_the_feed_refuses_at_once(tmp_path, data):
     assert last.startswith("error") and "refused" in last and "code" in last, last
     assert took < 10, f"the refusal took {took:.1f} s"
     print(last)
+
+
+def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
+    os.environ.setdefault("FEEDD_BUILD_DIR", str(STREAM_CLIENT.parents[2]))
+    use_feed_package()
+    import feed
+    import numpy as np
+
+    d = Daemon(tmp_path, conf(), name="feedd")
+    try:
+        loader = feed.Loader("web", socket=d.socket, as_numpy=True, timeout=60, reconnect_timeout=60)
+        held = [next(loader) for _ in range(3)]  # zero-copy views into the first daemon's ring (3 of 4 slots)
+        copies = [b["input_ids"].copy() for b in held]
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, conf(), name="feedd")
+        # The 4th slot was published before the kill: it comes from the old ring. Then one slot is
+        # given back (batch 0), and the next next() reconnects with batches 1..3 held in the old ring.
+        held.append(next(loader))
+        copies.append(held[-1]["input_ids"].copy())
+        del held[0], copies[0]
+        after = [next(loader).clone()]
+        assert loader.stats()["reconnects"] == 1
+        for b, c in zip(held, copies):
+            assert np.array_equal(b["input_ids"], c), "a held batch changed across the reconnect"
+        del held, b
+        after += [next(loader).clone() for _ in range(4)]
+        s = loader.stats()
+        assert s["reconnects"] >= 1 and s["reconnect_s"] > 0, s
+        assert [b.index for b in after] == list(range(4, 4 + len(after)))
+        ref = feed.Loader("web", socket=d.socket, as_numpy=True, reconnect_timeout=0)
+        want = [next(ref).clone() for _ in range(4 + len(after))][4:]
+        for a, w in zip(after, want):
+            assert np.array_equal(a["input_ids"], w["input_ids"]) and a.cursor == w.cursor
+        ref.close()
+        loader.close()
+    finally:
+        d.stop()
