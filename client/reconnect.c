@@ -149,6 +149,8 @@ bool client_resume(feed_client *c, int *code)
 			if (r == 0) {
 				c->reconnects++;
 				c->reconnect_ns += now_ns() - t0;
+				__atomic_store_n(&c->cons->reconnects, c->reconnects, __ATOMIC_RELAXED);
+				__atomic_store_n(&c->cons->reconnect_ns_total, c->reconnect_ns, __ATOMIC_RELAXED);
 				c->stopped = 0;
 				*code = 0;
 				errno = saved;
