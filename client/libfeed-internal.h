@@ -101,6 +101,8 @@ int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
  * re-attach gives the daemon's reason, a timeout says what happened).
  */
 bool client_resume(feed_client *c, int *code);
+/* The reconnect_timeout a new client starts with: $FEED_RECONNECT_TIMEOUT seconds, else 0 (off). */
+int64_t client_reconnect_default(void);
 /* Unmaps the retired rings no held batch points into (all of them: at close). */
 void client_retired_free(feed_client *c, bool all);
 /* Adds the counters of earlier rings' consumer pages to s. */

@@ -182,6 +182,7 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 	c->data_efd = c->space_efd = -1;
 	c->device = -1;
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", sa.sun_path);
+	c->reconnect_timeout_ms = client_reconnect_default();
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int r = c->fd < 0 ? -errno : 0;
 	if (r < 0)

@@ -23,6 +23,16 @@
 #define BACKOFF_FIRST_MS 5
 #define BACKOFF_MAX_MS 500
 
+int64_t client_reconnect_default(void)
+{
+	const char *e = secure_getenv("FEED_RECONNECT_TIMEOUT");
+	if (!e || !*e)
+		return 0;
+	char *end;
+	double s = strtod(e, &end);
+	return *end || !(s >= 0 && s < 1e12) ? 0 : (int64_t)(s * 1000.0);
+}
+
 FEED_EXPORT int feed_client_set_reconnect_timeout(feed_client *c, int64_t timeout_ms)
 {
 	assert_return(c, -EINVAL);

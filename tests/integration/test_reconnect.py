@@ -70,8 +70,10 @@ def py_client(sock, name, rank, world, stop, limit=1_000_000):
                              str(limit)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def c_client(sock, name, rank, world, batches_=1_000_000, sleep_ms=2, reconnect_ms=60000):
-    env = {**os.environ, "STREAM_RECONNECT_MS": str(reconnect_ms)}
+def c_client(sock, name, rank, world, batches_=1_000_000, sleep_ms=2, reconnect_ms=60000, by_env=False):
+    # by_env: libfeed's own default, $FEED_RECONNECT_TIMEOUT (seconds), as a trainer without code for it gets
+    env = {**os.environ, **({"FEED_RECONNECT_TIMEOUT": str(reconnect_ms / 1000)} if by_env else
+                            {"STREAM_RECONNECT_MS": str(reconnect_ms)})}
     return subprocess.Popen([str(STREAM_CLIENT), sock, name, str(rank), str(world), str(batches_), "-",
                              str(sleep_ms), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -109,7 +111,7 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     stop = tmp_path / "stop"
     clients = {
         "c web 0/2": Drained(c_client(sock, "web", 0, 2)),
-        "c code 0/1": Drained(c_client(sock, "code", 0, 1, sleep_ms=1)),
+        "c code 0/1": Drained(c_client(sock, "code", 0, 1, sleep_ms=1, by_env=True)),
         "py web 1/2": Drained(py_client(sock, "web", 1, 2, stop)),
         "py code 0/1": Drained(py_client(sock, "code", 0, 1, stop)),
     }
@@ -167,8 +169,8 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     d = Daemon(tmp_path, conf(), name="clean")
     try:
         clean = {
-            "c web 0/2": c_client(d.socket, "web", 0, 2, len(got["c web 0/2"]), sleep_ms=0),
-            "c code 0/1": c_client(d.socket, "code", 0, 1, len(got["c code 0/1"]), sleep_ms=0),
+            "c web 0/2": c_client(d.socket, "web", 0, 2, len(got["c web 0/2"]), sleep_ms=0, reconnect_ms=0),
+            "c code 0/1": c_client(d.socket, "code", 0, 1, len(got["c code 0/1"]), sleep_ms=0, reconnect_ms=0),
             "py web 1/2": py_client(d.socket, "web", 1, 2, tmp_path / "never", len(got["py web 1/2"])),
             "py code 0/1": py_client(d.socket, "code", 0, 1, tmp_path / "never", len(got["py code 0/1"])),
         }
@@ -184,7 +186,8 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     print({who: len(g) for who, g in got.items()}, f"{KILLS} kills, {TERMS} terms, activated: {bool(ACTIVATE)}")
 
 
-def test_a_daemon_back_without_the_feed_refuses_at_once(tmp_path, data):
+@pytest.mark.parametrize("change", ["feed removed", "data changed"])
+def test_a_daemon_back_that_refuses_says_why_at_once(tmp_path, data, change):
     d = Daemon(tmp_path, conf(), name="feedd")
     c = Drained(c_client(d.socket, "code", 0, 1, sleep_ms=1, reconnect_ms=120000))
     try:
@@ -192,7 +195,11 @@ def test_a_daemon_back_without_the_feed_refuses_at_once(tmp_path, data):
         time.sleep(0.3)
         d.proc.kill()
         d.proc.wait()
-        d = Daemon(tmp_path, feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7), name="feedd")
+        if change == "feed removed":
+            new = feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7)
+        else:  # another order of the same shards: the cursor's fingerprint no longer matches
+            new = feed_conf("code", f"{DATASET}/shard_*.idx", seq_len=128, batch_size=2, seed=100, eos=50256)
+        d = Daemon(tmp_path, new, name="feedd")
         t0 = time.time()
         c.proc.wait(timeout=30)
         took = time.time() - t0
@@ -204,6 +211,7 @@ def test_a_daemon_back_without_the_feed_refuses_at_once(tmp_path, data):
     assert c.proc.returncode == 1, out[-300:]
     last = out.splitlines()[-1]
     assert last.startswith("error") and "refused" in last and "code" in last, last
+    assert ("no feed named" in last) if change == "feed removed" else ("no feed named" not in last), last
     assert took < 10, f"the refusal took {took:.1f} s"
     print(last)
 

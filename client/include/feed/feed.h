@@ -101,7 +101,8 @@ int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret);
  * timeout next() returns the error that started it (-ESHUTDOWN or
  * -ECONNRESET) and feed_client_error() says what happened; a daemon that is back but refuses the attach (the feed is gone,
  * its data changed so the cursor is refused) gives its reason at once.
- * 0 (the default) disables it: next() returns the error as before. Not
+ * 0 disables it: next() returns the error as before. The default is
+ * $FEED_RECONNECT_TIMEOUT (seconds) when set, else 0. Not
  * available for device attachments (they return the error). Returns 0 or
  * -EINVAL.
  */
