@@ -254,3 +254,27 @@ def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
         loader.close()
     finally:
         d.stop()
+
+
+def test_python_gets_the_refusal_as_its_exception(tmp_path, data):
+    os.environ.setdefault("FEEDD_BUILD_DIR", str(STREAM_CLIENT.parents[2]))
+    use_feed_package()
+    import feed
+
+    d = Daemon(tmp_path, conf(), name="feedd")
+    try:
+        loader = feed.Loader("code", socket=d.socket, as_numpy=True, timeout=60)  # the default reconnect_timeout
+        for _ in range(3):
+            next(loader)
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, feed_conf("code", f"{DATASET}/shard_*.idx", seq_len=128, batch_size=2, seed=100,
+                                       eos=50256), name="feedd")
+        t0 = time.time()
+        with pytest.raises(feed.StateError, match="refused to attach feed \"code\" again"):
+            for _ in range(100):
+                next(loader)
+        assert time.time() - t0 < 10
+        loader.close()
+    finally:
+        d.stop()

@@ -571,7 +571,8 @@ class Loader(_Base):
             raise FeedTimeoutError(f"no batch from feed '{self._feed}' within {self._timeout} s "
                                    "(feedd alive but not delivering)", r)
         if r < 0:
-            _raise(r, conn.error())
+            # A refused re-attach after a restart (-ENOENT, -EINVAL) is named as an attach's refusal would be.
+            _raise_attach(r, conn.error(), True)
         self._cursor = b.cursor.decode()
         self._next_index = b.index + 1
         if conn.device >= 0:
