@@ -216,6 +216,10 @@ def test_a_daemon_back_that_refuses_says_why_at_once(tmp_path, data, change):
     print(last)
 
 
+def ring_maps():
+    return {line.split()[0] for line in open("/proc/self/maps") if "memfd:feedd-ring" in line}
+
+
 def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
     os.environ.setdefault("FEEDD_BUILD_DIR", str(STREAM_CLIENT.parents[2]))
     use_feed_package()
@@ -237,10 +241,13 @@ def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
         del held[0], copies[0]
         after = [next(loader).clone()]
         assert loader.stats()["reconnects"] == 1
+        assert len(ring_maps()) == 2, "the old ring must stay mapped while batches in it are held"
         for b, c in zip(held, copies):
             assert np.array_equal(b["input_ids"], c), "a held batch changed across the reconnect"
         del held, b
         after += [next(loader).clone() for _ in range(4)]
+        # Once its batches are released the old ring is unmapped: one ring mapped, the new daemon's.
+        assert len(ring_maps()) == 1, ring_maps()
         s = loader.stats()
         assert s["reconnects"] >= 1 and s["reconnect_s"] > 0, s
         mine = [c for c in d.status()["clients"] if c["pid"] == os.getpid()]
