@@ -10,15 +10,16 @@ does). No client sees an error, and each client's whole sequence of
 batches is bit-identical to an undisturbed run's. The counts are chosen to
 keep the test well under three minutes on a loaded two-core machine.
 
-Not covered here: a text feed with online tokenization (needs build/tokdata,
-which the default checkout lacks), and device attachments (they do not
-reconnect: libfeed returns the error, as before).
+The second feed is a JSONL feed tokenized online (cl100k_base) when
+build/tokdata/ranks/cl100k_base.tiktoken exists (scripts/fetch-tok-data.sh),
+else a second Megatron feed (the test says which). Not covered: device
+attachments (they do not reconnect: libfeed returns the error, as before).
 
 Also: a daemon that comes back without the feed refuses the re-attach, and
 the client gets its reason at once, not after reconnect_timeout.
 """
 
-import hashlib
+import json
 import os
 import random
 import shutil
@@ -29,12 +30,15 @@ import time
 
 import pytest
 
-from conftest import SRC, STREAM_CLIENT, FEEDD, Daemon, feed_conf, use_feed_package
+from conftest import BUILD, STREAM_CLIENT, FEEDD, Daemon, feed_conf, use_feed_package
 from test_crash import Drained, batches
 
 KILLS = int(os.environ.get("FEEDD_RECONNECT_KILLS", "20"))
 TERMS = 3
 ACTIVATE = shutil.which("systemd-socket-activate")
+RANKS = BUILD / "tokdata" / "ranks" / "cl100k_base.tiktoken"
+TEXT = RANKS.exists()
+FEED2 = "text" if TEXT else "code"  # the second feed of the four clients
 
 PY_WORKER = r"""
 import hashlib, os, sys, time
@@ -60,8 +64,28 @@ print("done", flush=True)
 
 
 def conf():
-    return (feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7) +
-            feed_conf("code", f"{DATASET}/shard_*.idx", seq_len=128, batch_size=2, seed=99, eos=50256))
+    c = (feed_conf("web", f"{DATASET}/shard_*.idx", eos=50256, seed=7) +
+         feed_conf("code", f"{DATASET}/shard_*.idx", seq_len=128, batch_size=2, seed=99, eos=50256))
+    if TEXT:
+        c = (f"[feedd]\ncache_dir = {DATASET}/tokcache\n" + c +
+             f"[feed.text]\nformat = jsonl\nshards = {DATASET}/text/*.jsonl\ntokenizer = {RANKS}\n"
+             "tokenizer_preset = cl100k_base\nseq_len = 128\nbatch_size = 2\nseed = 5\nshuffle = true\n"
+             "shuffle_window = 2\nbos = none\neos = <|endoftext|>\n")
+    return c
+
+
+def write_text_corpus(root):
+    """Two JSONL shards of made-up prose, the same on every run."""
+    rng = random.Random(5)
+    words = ("the of and to in is was for on that with as by at from feed daemon ring batch token shard cursor "
+             "stream rank world epoch restart reconnect trainer GPU memory socket café naïve 東京 2026 3.14 "
+             "don't it's ...").split()
+    (root / "text").mkdir(exist_ok=True)
+    for s in range(2):
+        with open(root / "text" / f"part{s}.jsonl", "w") as f:
+            for _ in range(400):
+                n = rng.randint(5, 400)
+                f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
 
 
 def py_client(sock, name, rank, world, stop, limit=1_000_000):
@@ -85,6 +109,8 @@ DATASET = None
 def data(dataset):
     global DATASET
     DATASET = dataset
+    if TEXT and not (dataset / "text").exists():
+        write_text_corpus(dataset)
     return dataset
 
 
@@ -111,9 +137,9 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     stop = tmp_path / "stop"
     clients = {
         "c web 0/2": Drained(c_client(sock, "web", 0, 2)),
-        "c code 0/1": Drained(c_client(sock, "code", 0, 1, sleep_ms=1, by_env=True)),
+        "c FEED2 0/1": Drained(c_client(sock, FEED2, 0, 1, sleep_ms=1, by_env=True)),
         "py web 1/2": Drained(py_client(sock, "web", 1, 2, stop)),
-        "py code 0/1": Drained(py_client(sock, "code", 0, 1, stop)),
+        "py FEED2 0/1": Drained(py_client(sock, FEED2, 0, 1, stop)),
     }
     try:
         for who, c in clients.items():
@@ -136,9 +162,9 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
             procs.append(a.proc)
         time.sleep(1.0)
         stop.touch()
-        for who in ("py web 1/2", "py code 0/1"):
+        for who in ("py web 1/2", "py FEED2 0/1"):
             clients[who].proc.wait(timeout=120)
-        for who in ("c web 0/2", "c code 0/1"):
+        for who in ("c web 0/2", "c FEED2 0/1"):
             clients[who].proc.send_signal(signal.SIGTERM)
             clients[who].proc.wait(timeout=30)
         if ACTIVATE:
@@ -170,9 +196,9 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     try:
         clean = {
             "c web 0/2": c_client(d.socket, "web", 0, 2, len(got["c web 0/2"]), sleep_ms=0, reconnect_ms=0),
-            "c code 0/1": c_client(d.socket, "code", 0, 1, len(got["c code 0/1"]), sleep_ms=0, reconnect_ms=0),
+            "c FEED2 0/1": c_client(d.socket, FEED2, 0, 1, len(got["c FEED2 0/1"]), sleep_ms=0, reconnect_ms=0),
             "py web 1/2": py_client(d.socket, "web", 1, 2, tmp_path / "never", len(got["py web 1/2"])),
-            "py code 0/1": py_client(d.socket, "code", 0, 1, tmp_path / "never", len(got["py code 0/1"])),
+            "py FEED2 0/1": py_client(d.socket, FEED2, 0, 1, tmp_path / "never", len(got["py FEED2 0/1"])),
         }
         for who, p in clean.items():
             out, err = p.communicate(timeout=120)
@@ -183,7 +209,8 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
                 assert (h, cur) == (wh, wcur), f"{who}: batch {i} differs from the undisturbed run"
     finally:
         assert d.stop() == 0
-    print({who: len(g) for who, g in got.items()}, f"{KILLS} kills, {TERMS} terms, activated: {bool(ACTIVATE)}")
+    print({who: len(g) for who, g in got.items()},
+          f"{KILLS} kills, {TERMS} terms, activated: {bool(ACTIVATE)}, second feed: {FEED2}")
 
 
 @pytest.mark.parametrize("change", ["feed removed", "data changed"])
