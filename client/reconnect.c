@@ -21,7 +21,7 @@
 #include "client/libfeed-internal.h"
 
 #define BACKOFF_FIRST_MS 5
-#define BACKOFF_MAX_MS 500
+#define BACKOFF_MAX_MS 250
 
 int64_t client_reconnect_default(void)
 {

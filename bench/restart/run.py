@@ -11,7 +11,7 @@ Two trainers, each a Python process reading batches back to back
 - peer (what users do today): the Loader raises when feedd dies; the trainer
   process is started again (it imports torch, as a trainer does) and resumes
   from the cursor of its last batch (its checkpoint), retrying the attach
-  with the same backoff as libfeed (5 ms doubling to 500 ms) while the
+  with the same backoff as libfeed (5 ms doubling to 250 ms) while the
   daemon is not up.
 
 Each restart: SIGKILL feedd at a random point, start it again at once (as
@@ -53,7 +53,7 @@ while True:  # the checkpoint's cursor, attached as soon as feedd takes it
         break
     except feed.DaemonGoneError:
         time.sleep(backoff)
-        backoff = min(backoff * 2, 0.5)
+        backoff = min(backoff * 2, 0.25)
 try:
     for b in loader:
         print(f"batch {b.index} {time.monotonic():.6f} {b.cursor}", flush=True)
