@@ -134,7 +134,9 @@ static void sleep_ms(uint64_t ms)
 
 bool client_resume(feed_client *c, int *code)
 {
-	if (c->reconnect_timeout_ms <= 0 || c->dev || (*code != -ESHUTDOWN && *code != -ECONNRESET))
+	/* Device attachments (also those that fell back to host batches) do not: their slots are per ring. */
+	if (c->reconnect_timeout_ms <= 0 || (c->attach_flags & WIRE_ATTACH_DEVICE) ||
+	    (*code != -ESHUTDOWN && *code != -ECONNRESET))
 		return false;
 	int saved = errno;
 	uint64_t t0 = now_ns(), limit = t0 + (uint64_t)c->reconnect_timeout_ms * NSEC_PER_MSEC;
