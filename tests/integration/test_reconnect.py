@@ -19,6 +19,7 @@ Also: a daemon that comes back without the feed refuses the re-attach, and
 the client gets its reason at once, not after reconnect_timeout.
 """
 
+import errno
 import json
 import os
 import random
@@ -310,6 +311,33 @@ def test_python_gets_the_refusal_as_its_exception(tmp_path, data):
             for _ in range(100):
                 next(loader)
         assert time.time() - t0 < 10
+        loader.close()
+    finally:
+        d.stop()
+
+
+def test_a_daemon_that_does_not_come_back_is_named_after_the_timeout(tmp_path, data):
+    os.environ.setdefault("FEEDD_BUILD_DIR", str(STREAM_CLIENT.parents[2]))
+    use_feed_package()
+    import feed
+
+    with pytest.raises(ValueError, match="reconnect_timeout"):
+        feed.Loader("web", socket=str(tmp_path / "none.sock"), reconnect_timeout=-1)
+    d = Daemon(tmp_path, conf(), name="feedd")
+    try:
+        loader = feed.Loader("web", socket=d.socket, as_numpy=True, timeout=60, reconnect_timeout=1.5)
+        next(loader)
+        d.proc.send_signal(signal.SIGTERM)
+        d.proc.wait()
+        t0 = time.time()
+        with pytest.raises(feed.DaemonGoneError, match="feedd stopped and did not come back within 1.5 s") as e:
+            for _ in range(100):
+                next(loader)
+        took = time.time() - t0
+        assert 1.4 < took < 10, took
+        assert e.value.code == -errno.ESHUTDOWN
+        with pytest.raises(feed.DaemonGoneError):  # and stays raised
+            next(loader)
         loader.close()
     finally:
         d.stop()
