@@ -3,21 +3,27 @@
 """What a feedd restart costs a trainer (issue 17): the stall, daemon exit to
 the first batch after it, p50 and p99 over --restarts restarts.
 
-Two trainers, each a Python process reading batches back to back
+Three trainers, each a Python process reading batches back to back
 (feed.Loader, as_numpy) and printing each batch's CLOCK_MONOTONIC arrival:
 
 - reconnect: one process for the whole run; libfeed reconnects on its own
-  (reconnect_timeout) and the Loader goes on.
+  (reconnect_timeout) and the Loader goes on. feedd binds its socket
+  itself: while it is down, connecting fails and libfeed backs off.
+- reconnect, socket kept: the same, with the listening socket made once by
+  the bench and passed to every feedd ($LISTEN_FDS), as systemd's
+  feedd.socket does across `systemctl restart`: connecting never fails, the
+  connection waits in the socket's backlog until the new daemon serves it.
 - peer (what users do today): the Loader raises when feedd dies; the trainer
   process is started again (it imports torch, as a trainer does) and resumes
   from the cursor of its last batch (its checkpoint), retrying the attach
   with the same backoff as libfeed (5 ms doubling to 250 ms) while the
   daemon is not up.
 
-Each restart: SIGKILL feedd at a random point, start it again at once (as
-systemd's Restart=always does, minus RestartSec), and measure from the
-moment the old daemon's exit is seen to the first batch that arrives after
-the new daemon was started. The daemon's own start-up time is in both.
+Each restart: at a random point, SIGSTOP feedd (the trainer takes what the
+ring holds), then SIGKILL it and start it again at once (as systemd's
+Restart= does, minus RestartSec), and measure from the moment the old
+daemon's exit is seen to the first batch after it. The daemon's own
+start-up time is in all three.
 
 Usage: bench/restart/run.py [--build DIR] [--restarts N] [--json out.json]
 """
@@ -27,6 +33,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,30 +107,54 @@ class Trainer:
         self.p.kill()
 
 
+def start_activated(build, conf_text, tmp, lsock):
+    """feedd serving a listening socket it inherits (fd 3, $LISTEN_FDS), as systemd's feedd.socket passes it."""
+    conf = Path(tmp) / "activated.conf"
+    conf.write_text(conf_text)
+
+    fd = lsock.fileno()
+    return subprocess.Popen(["/bin/sh", "-c", f'export LISTEN_PID=$$; exec 3<&{fd} {fd}<&-; exec "$0" "$@"',
+                             str(Path(build) / "daemon/feedd"), "-c", str(conf)],
+                            env={**os.environ, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "control"}, pass_fds=(fd,),
+                            stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "act.log", "w"))
+
+
 def measure(build, data, tmp, mode, restarts, rng):
     conf = f"[feed.web]\nshards = {data}/shard_*.idx\nseq_len = 2048\nbatch_size = 4\n"
-    d, sock = common.start_feedd(build, conf, tmp, "feedd")
-    tr = Trainer(build, mode, sock)
+    kept = mode == "reconnect, socket kept"
+    if kept:
+        sock = str(Path(tmp) / "kept.sock")
+        if os.path.exists(sock):
+            os.unlink(sock)
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lsock.bind(sock)
+        lsock.listen(128)
+        d = start_activated(build, conf, tmp, lsock)
+        start = lambda: start_activated(build, conf, tmp, lsock)  # noqa: E731
+    else:
+        d, sock = common.start_feedd(build, conf, tmp, "feedd")
+        start = lambda: common.start_feedd(build, conf, tmp, "feedd")[0]  # noqa: E731
+    tr = Trainer(build, "peer" if mode == "peer" else "reconnect", sock)
     stalls = []
     try:
         while not tr.lines:
             time.sleep(0.01)
         for _ in range(restarts):
             time.sleep(rng.uniform(0.3, 0.8))
+            # Stopped first, so the trainer takes what the ring holds: every batch after the exit is the new daemon's.
+            d.send_signal(signal.SIGSTOP)
+            time.sleep(0.1)
             d.send_signal(signal.SIGKILL)
             d.wait()
             t_exit = time.monotonic()
-            d, _ = common.start_feedd(build, conf, tmp, "feedd")
-            t_spawn = t_exit  # start_feedd returns once it listens; the spawn itself follows the exit at once
             n0 = len(tr.lines)
+            d = start()
             deadline = time.monotonic() + 120
             first = None
             while first is None and time.monotonic() < deadline:
                 with tr.lock:
-                    for i, t, _ in tr.lines[n0 - 1 if n0 else 0:]:
-                        if t > t_spawn + 0.001:
-                            first = t
-                            break
+                    if len(tr.lines) > n0:
+                        first = tr.lines[n0][1]
                 time.sleep(0.002)
             assert first is not None, f"{mode}: no batch after a restart"
             stalls.append(first - t_exit)
@@ -131,6 +162,8 @@ def measure(build, data, tmp, mode, restarts, rng):
         tr.stop()
         d.send_signal(signal.SIGTERM)
         d.wait()
+        if kept:
+            lsock.close()
     idx = [i for i, _, _ in tr.lines]
     # Nothing lost, nothing repeated: the peer resumes from its cursor, the reconnecting loader goes on.
     assert idx == list(range(len(idx))), f"{mode}: batches lost or repeated"
@@ -150,16 +183,17 @@ def main():
                               "--seed", "3"])
     rng = random.Random(17)
     res = {"machine": common.machine(), "restarts": a.restarts}
-    for mode in ("reconnect", "peer"):
+    modes = ("reconnect", "reconnect, socket kept", "peer")
+    for mode in modes:
         stalls, n = measure(build, data, tmp, mode, a.restarts, rng)
         res[mode] = {"p50_ms": pctl(stalls, 0.5) * 1e3, "p99_ms": pctl(stalls, 0.99) * 1e3,
                      "max_ms": max(stalls) * 1e3, "batches": n}
     res["ratio_p50"] = res["peer"]["p50_ms"] / max(res["reconnect"]["p50_ms"], 1e-9)
     print(f"{res['machine']}\nstall per feedd restart (daemon exit -> first batch after it), "
           f"{a.restarts} SIGKILL+restart each:")
-    for mode in ("reconnect", "peer"):
+    for mode in modes:
         r = res[mode]
-        print(f"  {mode:9s}  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  "
+        print(f"  {mode:22s}  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  "
               f"({r['batches']} batches, none lost or repeated)")
     print(f"  the peer stalls {res['ratio_p50']:.1f}x longer at p50")
     if a.json:
