@@ -113,7 +113,8 @@ def start_activated(build, conf_text, tmp, lsock):
     conf.write_text(conf_text)
 
     fd = lsock.fileno()
-    return subprocess.Popen(["/bin/sh", "-c", f'export LISTEN_PID=$$; exec 3<&{fd} {fd}<&-; exec "$0" "$@"',
+    move = "" if fd == 3 else f"exec 3<&{fd} {fd}<&-; "  # the socket must end up as fd 3
+    return subprocess.Popen(["/bin/sh", "-c", f'export LISTEN_PID=$$; {move}exec "$0" "$@"',
                              str(Path(build) / "daemon/feedd"), "-c", str(conf)],
                             env={**os.environ, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "control"}, pass_fds=(fd,),
                             stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "act.log", "w"))
@@ -137,7 +138,9 @@ def measure(build, data, tmp, mode, restarts, rng):
     tr = Trainer(build, "peer" if mode == "peer" else "reconnect", sock)
     stalls = []
     try:
+        deadline = time.monotonic() + 60
         while not tr.lines:
+            assert time.monotonic() < deadline, f"{mode}: no first batch within 60 s"
             time.sleep(0.01)
         for _ in range(restarts):
             time.sleep(rng.uniform(0.3, 0.8))
