@@ -49,6 +49,7 @@ EXPERIMENTS = [
     ("metrics_scrape", "text", None, True),
     ("telemetry_overhead", "text", None, True),
     ("spine", "print", None, True),
+    ("restart", "text", None, True),
     ("tok", "tok", None, False),
 ]
 

@@ -46,6 +46,14 @@ struct ring_geometry {
 
 struct device_ring;
 
+/* A ring left by a daemon that went away, kept mapped while batches it holds are not released (reconnect.c). */
+struct retired_ring {
+	struct retired_ring *next;
+	void *hdr;
+	size_t size;
+	uint64_t end_seq; /* client sequences below this one point into it */
+};
+
 struct feed_client {
 	int fd;
 	char error[WIRE_MESSAGE_MAX + 64];
@@ -68,7 +76,37 @@ struct feed_client {
 	struct device_ring *dev; /* that GPU's buffers and events (device_attach) */
 	const char *held_cursor;       /* cursor of the last batch delivered, in its slot */
 	char cursor[FEED_CURSOR_MAX];  /* a copy, made when that batch is released */
+
+	/* Reconnect (reconnect.c): what the attach asked for, to ask it again of the next daemon. */
+	char socket_path[108];         /* resolved at connect */
+	char feed[WIRE_NAME_MAX];
+	uint32_t rank, world, attach_flags, attach_device;
+	char start_cursor[FEED_CURSOR_MAX]; /* the attach's own cursor, used while nothing was delivered */
+	uint64_t seq_base;             /* client sequence of the current ring's sequence 0 */
+	int64_t reconnect_timeout_ms;  /* 0: reconnect disabled */
+	uint64_t reconnects, reconnect_ns;
+	struct feed_stats carry;       /* counters of the consumer pages of earlier rings */
+	struct retired_ring *retired;
 };
+
+/* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
+int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor, uint32_t flags,
+		  uint32_t device);
+
+/*
+ * The stream stopped with *code. If that is the daemon going away (stopping,
+ * or the connection lost) and reconnecting is enabled, reconnects with
+ * backoff, re-attaches at the cursor of the last batch delivered and returns
+ * true. Otherwise returns false with *code the error to report (a refused
+ * re-attach gives the daemon's reason, a timeout says what happened).
+ */
+bool client_resume(feed_client *c, int *code);
+/* The reconnect_timeout a new client starts with: $FEED_RECONNECT_TIMEOUT seconds, else 0 (off). */
+int64_t client_reconnect_default(void);
+/* Unmaps the retired rings no held batch points into (all of them: at close). */
+void client_retired_free(feed_client *c, bool all);
+/* Adds the counters of earlier rings' consumer pages to s. */
+void client_stats_carry(const feed_client *c, struct feed_stats *s);
 
 /* Records a message for feed_client_error() and returns code. Keeps errno. */
 int client_fail(feed_client *c, int code, const char *fmt, ...) _printf_(3, 4);

@@ -181,6 +181,8 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 	}
 	c->data_efd = c->space_efd = -1;
 	c->device = -1;
+	snprintf(c->socket_path, sizeof(c->socket_path), "%s", sa.sun_path);
+	c->reconnect_timeout_ms = client_reconnect_default();
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int r = c->fd < 0 ? -errno : 0;
 	if (r < 0)
@@ -302,8 +304,7 @@ static int map_fd(int fd, size_t size, int prot, void **ret)
 	return 0;
 }
 
-/* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
-static int attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
 		  uint32_t flags, uint32_t device)
 {
 	int saved = errno, r;
@@ -321,6 +322,9 @@ static int attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
 		a.flags |= WIRE_ATTACH_RESUME;
 	}
 	strcpy(a.feed, feed);
+	memmove(c->feed, a.feed, sizeof(c->feed));
+	c->rank = rank, c->world = world, c->attach_flags = flags, c->attach_device = device;
+	snprintf(c->start_cursor, sizeof(c->start_cursor), "%s", a.cursor);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ATTACH_SIZE];
 	int n = wire_encode_attach(buf, sizeof(buf), &a);
 	if (n < 0)
@@ -371,7 +375,6 @@ static int attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
 	c->batch_size = rep.batch_size;
 	c->seq_len = rep.seq_len;
 	c->first_batch = rep.first_batch;
-	c->next_seq = c->tail = 0;
 	c->attached = true;
 	c->error[0] = 0;
 	r = (flags & WIRE_ATTACH_DEVICE) ? device_attach(c, &a) : 0;
@@ -431,10 +434,10 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 {
 	assert_return(c && ret, -EINVAL);
 	int saved = errno;
-	if (!c->attached)
-		return client_fail(c, -ENOTCONN, "not attached to a feed");
 	if (c->stopped)
 		return c->stopped;
+	if (!c->attached)
+		return client_fail(c, -ENOTCONN, "not attached to a feed");
 	if (c->next_seq - c->tail >= c->slot_count)
 		return client_fail(c, -ENOBUFS, "all %u slots are held: release a batch first", c->slot_count);
 
@@ -443,14 +446,18 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		record(&c->cons->step_ns_total, &c->cons->last_step_ns, c->cons->hist_step, t0 - c->last_return_ns);
 	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 	int r = 0;
+#define RSEQ (c->next_seq - c->seq_base) /* the next sequence in the current ring */
 
 	for (;;) {
-		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq)
+		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ)
 			break;
 		uint32_t state = __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE);
 		if (state != FEED_RING_RUNNING) {
 			r = stream_stopped(c, state == FEED_RING_STOPPING ? -ESHUTDOWN : -EIO);
-			goto out;
+			if (!client_resume(c, &r))
+				goto out;
+			deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+			continue;
 		}
 		uint64_t now = now_ns();
 		if (now >= deadline) {
@@ -463,7 +470,7 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		/* Announce that we sleep, then look once more: the daemon kicks only sleepers. */
 		__atomic_store_n(&c->cons->consumer_waiting, 1, __ATOMIC_RELAXED);
 		__atomic_thread_fence(__ATOMIC_SEQ_CST);
-		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq ||
+		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ ||
 		    __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) != FEED_RING_RUNNING) {
 			__atomic_store_n(&c->cons->consumer_waiting, 0, __ATOMIC_RELAXED);
 			continue;
@@ -483,22 +490,24 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		}
 		if (k > 0 && pfd[1].revents) {
 			/* The daemon only speaks now to say the stream ended, or it hung up. */
-			if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > c->next_seq)
+			if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ)
 				break;
 			r = stream_stopped(c, -ECONNRESET);
-			goto out;
+			if (!client_resume(c, &r))
+				goto out;
+			deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 		}
 	}
 
 	/* Geometry from the attach, the slot's header copied before it is checked: nothing is read twice. */
 	const struct ring_geometry *g = &c->geo;
-	const uint8_t *slot = (const uint8_t *)c->hdr + g->header_size + (size_t)(c->next_seq % c->slot_count) * g->slot_size;
+	const uint8_t *slot = (const uint8_t *)c->hdr + g->header_size + (size_t)(RSEQ % c->slot_count) * g->slot_size;
 	const struct feed_slot_header *shared = (const struct feed_slot_header *)slot;
 	struct feed_slot_header copy;
 	memcpy(&copy, shared, offsetof(struct feed_slot_header, cursor));
 	__atomic_thread_fence(__ATOMIC_ACQUIRE); /* the checks and the batch use the copy, not a second read */
 	const struct feed_slot_header *h = &copy;
-	if (h->seq != c->next_seq || h->batch_size != c->batch_size || h->seq_len != c->seq_len ||
+	if (h->seq != RSEQ || h->batch_size != c->batch_size || h->seq_len != c->seq_len ||
 	    h->n_cu_seqlens < 2 || h->n_cu_seqlens > g->cu_capacity || !memchr(shared->cursor, 0, sizeof(shared->cursor))) {
 		r = client_fail(c, -EPROTO, "slot %llu of the ring is inconsistent", (unsigned long long)c->next_seq);
 		c->stopped = r;
@@ -526,8 +535,12 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 	__atomic_store_n(&c->cons->delivered, c->cons->delivered + 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->cons->last_delivered_batch, h->batch_index + 1, __ATOMIC_RELAXED);
 out:;
+#undef RSEQ
 	uint64_t t1 = now_ns();
-	record(&c->cons->wait_ns_total, &c->cons->last_wait_ns, c->cons->hist_wait, t1 - t0);
+	if (c->cons)
+		record(&c->cons->wait_ns_total, &c->cons->last_wait_ns, c->cons->hist_wait, t1 - t0);
+	else
+		c->carry.wait_ns_total += t1 - t0;
 	c->last_return_ns = t1;
 	errno = saved;
 	return r;
@@ -536,7 +549,7 @@ out:;
 FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
 {
 	assert_return(c, -EINVAL);
-	if (!c->attached || !b || b->seq != c->tail || c->tail >= c->next_seq)
+	if (!b || b->seq != c->tail || c->tail >= c->next_seq || (!c->attached && b->seq >= c->seq_base))
 		return client_fail(c, -EINVAL, "release the oldest batch held, once");
 	if (b->seq + 1 == c->next_seq) {
 		/* Bounded: the daemon may have rewritten the slot's cursor since next() checked it. */
@@ -548,7 +561,11 @@ FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
 	if (c->dev)
 		device_release(c, b->seq, NULL, true);
 	c->tail++;
-	__atomic_store_n(&c->cons->tail, c->tail, __ATOMIC_RELEASE);
+	if (c->tail <= c->seq_base) { /* a batch of a ring whose daemon went away */
+		client_retired_free(c, false);
+		return 0;
+	}
+	__atomic_store_n(&c->cons->tail, c->tail - c->seq_base, __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&c->hdr->producer_waiting, __ATOMIC_RELAXED) &&
 	    c->tail >= __atomic_load_n(&c->hdr->wake_tail, __ATOMIC_RELAXED))
@@ -602,6 +619,7 @@ FEED_EXPORT int feed_client_stats(const feed_client *c, struct feed_stats *ret)
 	};
 	memcpy(ret->hist_wait, p->hist_wait, sizeof(ret->hist_wait));
 	memcpy(ret->hist_step, p->hist_step, sizeof(ret->hist_step));
+	client_stats_carry(c, ret);
 	return 0;
 }
 
@@ -697,7 +715,7 @@ FEED_EXPORT int feed_client_attach(feed_client *c, const char *feed, uint32_t ra
 				   const char *cursor)
 {
 	assert_return(c, -EINVAL);
-	return attach(c, feed, rank, world, cursor, 0, 0);
+	return client_attach(c, feed, rank, world, cursor, 0, 0);
 }
 
 FEED_EXPORT int feed_client_attach_device(feed_client *c, const char *feed, uint32_t rank, uint32_t world,
@@ -707,7 +725,7 @@ FEED_EXPORT int feed_client_attach_device(feed_client *c, const char *feed, uint
 	if (device < 0 || device > WIRE_MAX_DEVICE || (flags & ~FEED_ATTACH_HOST_FALLBACK))
 		return client_fail(c, -EINVAL, "device %d or flags 0x%x are not valid", device, flags);
 	uint32_t wf = WIRE_ATTACH_DEVICE | ((flags & FEED_ATTACH_HOST_FALLBACK) ? WIRE_ATTACH_HOST_FALLBACK : 0);
-	return attach(c, feed, rank, world, cursor, wf, (uint32_t)device);
+	return client_attach(c, feed, rank, world, cursor, wf, (uint32_t)device);
 }
 
 FEED_EXPORT const char *feed_client_error(const feed_client *c)
@@ -738,53 +756,8 @@ FEED_EXPORT feed_client *feed_client_close(feed_client *c)
 		close(c->data_efd);
 	if (c->space_efd >= 0)
 		close(c->space_efd);
+	client_retired_free(c, true);
 	free(c);
 	errno = saved;
 	return NULL;
-}
-
-FEED_EXPORT const char *feed_strerror(int code)
-{
-	switch (code) {
-	case 0:
-		return "success";
-	case -ENOENT:
-		return "not found (no such feed, or no daemon socket)";
-	case -ECONNREFUSED:
-		return "feedd is not running (connection refused)";
-	case -ECONNRESET:
-		return "feedd closed the connection";
-	case -ETIMEDOUT:
-		return "timed out";
-	case -ESHUTDOWN:
-		return "feedd is stopping";
-	case -ENOBUFS:
-		return "every ring slot is held";
-	case -EPROTO:
-		return "protocol error";
-	case -ENOTCONN:
-		return "not attached";
-	case -EINVAL:
-		return "invalid argument";
-	case -EALREADY:
-		return "already attached";
-	case -ESTALE:
-		return "a shard changed on disk while being served";
-	case -ENODATA:
-		return "no data";
-	case -EPROTONOSUPPORT:
-		return "protocol version not supported";
-	case -ENODEV:
-		return "no GPU staging for that device (see feed_client_error)";
-	case -EACCES:
-		return "permission denied (the socket's mode, or feedd's allow_users / allow_groups)";
-	case -EPERM:
-		return "not permitted (operator commands need root, feedd's user or admin_users)";
-	case -EUSERS:
-		return "feedd's connection limit is reached";
-	case -EDQUOT:
-		return "feedd's ring memory limit is reached";
-	default:
-		return code < 0 ? "error (see feed_client_error)" : "not an error code";
-	}
 }

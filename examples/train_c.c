@@ -84,6 +84,7 @@ int main(int argc, char **argv)
 		waited += now_s() - w0;
 		if (r < 0) {
 			fprintf(stderr, "train_c: step %ld: %s\n", i, feed_client_error(c));
+			printf("resume with: --cursor %s\n", feed_client_cursor(c));
 			feed_client_close(c);
 			return 1;
 		}

@@ -119,7 +119,10 @@ struct feed_consumer_page {
 	uint64_t reported_step_ns_total; /* step times the trainer reported itself */
 	uint64_t hist_wait[FEED_HIST_BUCKETS]; /* log-linear buckets, see feed_hist_bucket() */
 	uint64_t hist_step[FEED_HIST_BUCKETS];
-	uint8_t pad2[FEED_CONSUMER_PAGE_SIZE - 200 - 2 * 8 * FEED_HIST_BUCKETS];
+	/* libfeed's reconnects (issue 17): how often this client's daemon went away, and the time it waited. */
+	uint64_t reconnects;
+	uint64_t reconnect_ns_total;
+	uint8_t pad2[FEED_CONSUMER_PAGE_SIZE - 216 - 2 * 8 * FEED_HIST_BUCKETS];
 };
 _Static_assert(sizeof(struct feed_consumer_page) == FEED_CONSUMER_PAGE_SIZE, "consumer page size");
 _Static_assert(__builtin_offsetof(struct feed_consumer_page, tail) == 64, "tail on its own line");

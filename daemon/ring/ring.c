@@ -221,6 +221,8 @@ void ring_read_consumer(const struct ring *r, uint64_t published, struct ring_co
 	ret->h2d_ns = __atomic_load_n(&cp->h2d_ns_total, __ATOMIC_RELAXED);
 	ret->reports = __atomic_load_n(&cp->reports, __ATOMIC_RELAXED);
 	ret->reported_step_ns = __atomic_load_n(&cp->reported_step_ns_total, __ATOMIC_RELAXED);
+	ret->reconnects = __atomic_load_n(&cp->reconnects, __ATOMIC_RELAXED);
+	ret->reconnect_ns = __atomic_load_n(&cp->reconnect_ns_total, __ATOMIC_RELAXED);
 	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++) {
 		ret->hist_wait[b] = __atomic_load_n(&cp->hist_wait[b], __ATOMIC_RELAXED);
 		ret->hist_step[b] = __atomic_load_n(&cp->hist_step[b], __ATOMIC_RELAXED);

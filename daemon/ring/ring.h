@@ -77,6 +77,7 @@ struct ring_consumer {
 	uint64_t h2d_ns;           /* host-to-device copy time the trainer reported */
 	uint64_t reports;          /* feed_client_report() calls */
 	uint64_t reported_step_ns; /* step time the trainer reported itself */
+	uint64_t reconnects, reconnect_ns; /* libfeed's reconnects before this attachment */
 	uint64_t hist_wait[FEED_HIST_BUCKETS], hist_step[FEED_HIST_BUCKETS]; /* feed_hist_bucket() buckets */
 };
 

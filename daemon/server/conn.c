@@ -84,6 +84,8 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 	sc.h2d_ns = rc->h2d_ns;
 	sc.reports = rc->reports;
 	sc.reported_step_ns = rc->reported_step_ns;
+	sc.reconnects = rc->reconnects;
+	sc.reconnect_ns = rc->reconnect_ns;
 	sc.full_ns = sc.reading.full_ns;
 	/* In double: two client-written totals may overflow a u64 sum. */
 	double w = (double)sc.wait_ns, st = (double)sc.step_ns;

@@ -282,6 +282,9 @@ static json_t *client_json(const struct status_client *c, unsigned history_max, 
 	json_object_set_new(o, "reports", json_integer((json_int_t)c->reports));
 	json_object_set_new(o, "reported_step_s", json_real((double)c->reported_step_ns / 1e9));
 	json_object_set_new(o, "h2d_s", json_real((double)c->h2d_ns / 1e9));
+	/* How often libfeed reconnected this trainer to a restarted feedd, and the time it waited (client-written). */
+	json_object_set_new(o, "reconnects", json_integer((json_int_t)MIN(c->reconnects, (uint64_t)INT64_MAX)));
+	json_object_set_new(o, "reconnect_s", json_real((double)c->reconnect_ns / 1e9));
 	json_object_set_new(o, "diagnosis", c->tv.tracked ? client_diagnosis_json(&c->tv) : json_null());
 	json_t *t = c->tv.tracked ? client_telemetry_json(&c->tv) : NULL;
 	if (t) {

@@ -69,6 +69,7 @@ struct status_client {
 	uint64_t delivered;         /* batches next() returned (at most published) */
 	uint64_t wait_ns, step_ns;  /* time blocked in next(), and between next() calls */
 	uint64_t h2d_ns, reports, reported_step_ns; /* what the trainer reported itself */
+	uint64_t reconnects, reconnect_ns;          /* libfeed's reconnects, counted by the client */
 	uint64_t full_ns;           /* time its ring spent full */
 	uint64_t fill;              /* batches published and not released */
 	uint64_t epoch;             /* the epoch its stream is planned in (0 = the first pass) */

@@ -19,6 +19,8 @@
 
 #include "client/device.c"
 #include "client/libfeed.c"
+#include "client/reconnect.c"
+#include "client/strerror.c"
 #include "tests/fuzz/fuzz.h"
 
 #define RING_MAX (16u << 20)

@@ -46,6 +46,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "connect: %s\n", feed_strerror(r));
 		return 1;
 	}
+	/* $STREAM_RECONNECT_MS: libfeed's reconnect_timeout (test_reconnect.py). */
+	const char *rt = getenv("STREAM_RECONNECT_MS");
+	if (rt)
+		feed_client_set_reconnect_timeout(c, atoll(rt));
 	r = feed_client_attach(c, argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]), cursor);
 	if (r < 0) {
 		fprintf(stderr, "attach: %s\n", feed_client_error(c));

@@ -202,7 +202,7 @@ def test_telemetry_appears_in_status_without_user_code(web):
 def test_daemon_gone_raises_within_a_second(dataset, tmp_path, how):
     d = Daemon(tmp_path, feed_conf("web", f"{dataset}/shard_*.idx"), name="gone")
     try:
-        loader = feed.Loader("web", socket=d.socket, timeout=30)
+        loader = feed.Loader("web", socket=d.socket, timeout=30, reconnect_timeout=0)  # reconnect disabled
         for _ in range(3):
             next(loader)
         kill_at = [None]

@@ -340,6 +340,8 @@ static void test_null_arguments(void)
 	CHECK_INT(feed_client_device(NULL), -EINVAL);
 	CHECK_INT(feed_client_device_batch(NULL, &b, NULL, &db), -EINVAL);
 	CHECK_INT(feed_client_device_done(NULL, &b, NULL), -EINVAL);
+	CHECK_INT(feed_client_set_reconnect_timeout(NULL, 1000), -EINVAL);
+	CHECK_INT(feed_client_reconnect_stats(NULL, NULL, NULL), -EINVAL);
 	CHECK(feed_client_error(NULL) != NULL, "feed_client_error(NULL) is a string");
 	CHECK(feed_client_close(NULL) == NULL, "feed_client_close(NULL)");
 	(void)c;
@@ -373,6 +375,12 @@ static void test_null_outputs(const char *dir)
 		CHECK_INT(feed_client_epoch_info(c, NULL, NULL), -EINVAL);
 		struct feed_epoch_info info;
 		CHECK_INT(feed_client_epoch_info(c, NULL, &info), -ENOTCONN);
+		CHECK_INT(feed_client_set_reconnect_timeout(c, -1), -EINVAL);
+		CHECK_INT(feed_client_set_reconnect_timeout(c, 0), 0);
+		CHECK_INT(feed_client_reconnect_stats(c, NULL, NULL), 0);
+		uint64_t n = 7, ns = 7;
+		CHECK_INT(feed_client_reconnect_stats(c, &n, &ns), 0);
+		CHECK(n == 0 && ns == 0, "no reconnect yet");
 		feed_client_close(c);
 	}
 	waitpid(pid, NULL, 0);

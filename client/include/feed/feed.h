@@ -90,6 +90,27 @@ int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t
  */
 int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret);
 
+/*
+ * Reconnect (an attach option; set it before or after attaching): when
+ * feedd goes away (next() would return -ESHUTDOWN or -ECONNRESET: it
+ * stopped, crashed, or is being restarted or upgraded), next() waits for the
+ * daemon to come back, for at most timeout_ms, retrying with capped
+ * exponential backoff plus jitter, attaches again at the cursor of the last
+ * batch it returned and goes on with the batch after it: the caller sees one
+ * longer next(). Batches held meanwhile stay valid until released. Past the
+ * timeout next() returns the error that started it (-ESHUTDOWN or
+ * -ECONNRESET) and feed_client_error() says what happened; a daemon that is back but refuses the attach (the feed is gone,
+ * its data changed so the cursor is refused) gives its reason at once.
+ * 0 disables it: next() returns the error as before. The default is
+ * $FEED_RECONNECT_TIMEOUT (seconds) when set, else 0. Not
+ * available for device attachments (they return the error). Returns 0 or
+ * -EINVAL.
+ */
+int feed_client_set_reconnect_timeout(feed_client *c, int64_t timeout_ms);
+
+/* How many times this client reconnected, and the time (ns) spent reconnecting. */
+int feed_client_reconnect_stats(const feed_client *c, uint64_t *ret_reconnects, uint64_t *ret_ns);
+
 /* Releases the oldest held batch, which must be b. Returns 0 or -EINVAL. */
 int feed_client_release(feed_client *c, const struct feed_batch *b);
 

@@ -157,8 +157,9 @@ class _Conn:
     def error(self):
         return lib.feed_client_error(self.ptr).decode(errors="replace")
 
-    def attach(self, feed, rank, world, cursor, device=None, fallback=False):
+    def attach(self, feed, rank, world, cursor, device=None, fallback=False, reconnect_timeout=0):
         c = cursor.encode() if cursor else None
+        lib.feed_client_set_reconnect_timeout(self.ptr, int(reconnect_timeout * 1000))
         if device is None:
             r = lib.feed_client_attach(self.ptr, feed.encode(), rank, world, c)
         else:
@@ -401,7 +402,8 @@ class Loader(_Base):
 
     Loader(feed, rank=None, world_size=None, socket=None, device="cpu",
            timeout=120.0, copy=False, as_numpy=False, allow_host_fallback=False,
-           labels="hf", dtype=None, attention_mask=False, on_epoch_end=None)
+           labels="hf", dtype=None, attention_mask=False, on_epoch_end=None,
+           reconnect_timeout=300.0)
 
     rank / world_size default to $RANK / $WORLD_SIZE (torchrun), else
     $SLURM_PROCID / $SLURM_NTASKS, else 0 / 1. socket defaults to libfeed's
@@ -418,6 +420,10 @@ class Loader(_Base):
     padding (padded packing modes; all ones for "concat").
     on_epoch_end(loader, epoch): called when the first batch of a later epoch
     arrives, before it is returned.
+    reconnect_timeout: when feedd goes away (a crash, a restart, a package
+    upgrade), next() waits up to this many seconds for it to come back and
+    goes on exactly after the last batch it returned; batches held stay
+    valid. 0: raise DaemonGoneError at once instead. Not for device="cuda:N".
 
     A torch IterableDataset: DataLoader(loader, batch_size=None,
     num_workers=0) yields its batches unchanged.
@@ -431,7 +437,7 @@ class Loader(_Base):
 
     def __init__(self, feed, rank=None, world_size=None, socket=None, device="cpu", timeout=120.0, copy=False,
                  as_numpy=False, allow_host_fallback=False, labels="hf", dtype=None, attention_mask=False,
-                 on_epoch_end=None):
+                 on_epoch_end=None, reconnect_timeout=300.0):
         self._device = _check_device(device)
         self._fallback = bool(allow_host_fallback)
         if self._device is not None and (as_numpy or copy):
@@ -450,6 +456,9 @@ class Loader(_Base):
         if timeout is not None and timeout < 0:
             raise ValueError("feed.Loader: timeout must be >= 0 seconds, or None")
         self._timeout = timeout
+        if reconnect_timeout is None or reconnect_timeout < 0:
+            raise ValueError("feed.Loader: reconnect_timeout must be >= 0 seconds (0: do not reconnect)")
+        self._reconnect_timeout = reconnect_timeout
         self._copy = bool(copy)
         self._labels = labels
         self._want_mask = bool(attention_mask)
@@ -497,7 +506,8 @@ class Loader(_Base):
         # The new attachment first: a refused state leaves the loader where it was.
         conn = _Conn(self._socket)
         try:
-            conn.attach(self._feed, self._rank, self._world, cursor, self._device, self._fallback)
+            conn.attach(self._feed, self._rank, self._world, cursor, self._device, self._fallback,
+                        self._reconnect_timeout)
         except BaseException:
             conn.close()  # now, not when the traceback that holds it goes
             raise
@@ -561,7 +571,8 @@ class Loader(_Base):
             raise FeedTimeoutError(f"no batch from feed '{self._feed}' within {self._timeout} s "
                                    "(feedd alive but not delivering)", r)
         if r < 0:
-            _raise(r, conn.error())
+            # A refused re-attach after a restart (-ENOENT, -EINVAL) is named as an attach's refusal would be.
+            _raise_attach(r, conn.error(), True)
         self._cursor = b.cursor.decode()
         self._next_index = b.index + 1
         if conn.device >= 0:
@@ -742,13 +753,16 @@ class Loader(_Base):
         """What libfeed measured for this attachment (the figures feedd shows), in seconds:
         batches, wait_s (inside next), step_s (between batches), stall_pct, wait/step
         p50/p99 (from log-linear histograms, about 19 % per bucket), last_wait_s,
-        last_step_s, reported_step_s and h2d_s (from report())."""
+        last_step_s, reported_step_s and h2d_s (from report()); reconnects and reconnect_s (the
+        times feedd went away and came back, and the time next() spent waiting for it)."""
         s = _lib.feed_stats()
         conn = self._attached()
         r = lib.feed_client_stats(conn.ptr, ctypes.byref(s))
         if r < 0:
             _raise(r, conn.error())
         wait, step = s.wait_ns_total / 1e9, s.step_ns_total / 1e9
+        n, ns = ctypes.c_uint64(), ctypes.c_uint64()
+        lib.feed_client_reconnect_stats(conn.ptr, ctypes.byref(n), ctypes.byref(ns))
         return {
             "batches": s.delivered,
             "wait_s": wait,
@@ -762,6 +776,8 @@ class Loader(_Base):
             "last_step_s": s.last_step_ns / 1e9,
             "reported_step_s": s.reported_step_ns_total / 1e9,
             "h2d_s": s.h2d_ns_total / 1e9,
+            "reconnects": n.value,
+            "reconnect_s": ns.value / 1e9,
         }
 
     def status(self):

@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libfeed: transparent reconnect. When feedd goes away (stops, crashes, is
+ * restarted or upgraded) the client waits for the next daemon with capped
+ * exponential backoff plus jitter, attaches again at the cursor of the last
+ * batch it delivered, and next() goes on: the stream is deterministic, so it
+ * continues exactly where it was. The caller sees a longer next().
+ *
+ * Batches still held point into the old ring: its mapping is kept (a
+ * retired_ring) until they are released. Client sequences go on across
+ * rings: the current ring's sequence 0 is client sequence seq_base.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/libfeed-internal.h"
+
+#define BACKOFF_FIRST_MS 5
+#define BACKOFF_MAX_MS 250
+
+int64_t client_reconnect_default(void)
+{
+	const char *e = secure_getenv("FEED_RECONNECT_TIMEOUT");
+	if (!e || !*e)
+		return 0;
+	char *end;
+	double s = strtod(e, &end);
+	return *end || !(s >= 0 && s < 1e12) ? 0 : (int64_t)(s * 1000.0);
+}
+
+FEED_EXPORT int feed_client_set_reconnect_timeout(feed_client *c, int64_t timeout_ms)
+{
+	assert_return(c, -EINVAL);
+	if (timeout_ms < 0)
+		return client_fail(c, -EINVAL, "reconnect_timeout must be >= 0 ms (0: do not reconnect)");
+	c->reconnect_timeout_ms = timeout_ms;
+	return 0;
+}
+
+FEED_EXPORT int feed_client_reconnect_stats(const feed_client *c, uint64_t *ret_reconnects, uint64_t *ret_ns)
+{
+	assert_return(c, -EINVAL);
+	if (ret_reconnects)
+		*ret_reconnects = c->reconnects;
+	if (ret_ns)
+		*ret_ns = c->reconnect_ns;
+	return 0;
+}
+
+void client_stats_carry(const feed_client *c, struct feed_stats *s)
+{
+	const struct feed_stats *k = &c->carry;
+	s->delivered += k->delivered;
+	s->wait_ns_total += k->wait_ns_total;
+	s->step_ns_total += k->step_ns_total;
+	s->reported_step_ns_total += k->reported_step_ns_total;
+	s->h2d_ns_total += k->h2d_ns_total;
+	for (size_t i = 0; i < ARRAY_SIZE(s->hist_wait); i++) {
+		s->hist_wait[i] += k->hist_wait[i];
+		s->hist_step[i] += k->hist_step[i];
+	}
+}
+
+void client_retired_free(feed_client *c, bool all)
+{
+	struct retired_ring **p = &c->retired;
+	while (*p) {
+		struct retired_ring *r = *p;
+		if (all || r->end_seq <= c->tail) {
+			munmap(r->hdr, r->size);
+			*p = r->next;
+			free(r);
+		} else
+			p = &r->next;
+	}
+}
+
+/* Lets the daemon's attachment go: the counters are carried over, the ring kept while batches point into it. */
+static void retire(feed_client *c)
+{
+	if (c->cons) {
+		struct feed_stats s;
+		if (feed_client_stats(c, &s) == 0) /* with the carry already in it */
+			c->carry = s;
+		munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
+		c->cons = NULL;
+	}
+	if (c->hdr) {
+		struct retired_ring *r = c->next_seq > c->tail ? calloc(1, sizeof(*r)) : NULL;
+		if (r) {
+			*r = (struct retired_ring){ .next = c->retired, .hdr = c->hdr, .size = c->ring_size,
+						    .end_seq = c->next_seq };
+			c->retired = r;
+		} else if (c->next_seq == c->tail)
+			munmap(c->hdr, c->ring_size);
+		/* else: out of memory with batches held; the mapping leaks rather than fault under them. */
+		c->hdr = NULL;
+	}
+	if (c->data_efd >= 0)
+		close(c->data_efd);
+	if (c->space_efd >= 0)
+		close(c->space_efd);
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = c->data_efd = c->space_efd = -1;
+	c->attached = false;
+	c->seq_base = c->next_seq;
+}
+
+/*
+ * Codes a daemon that is (re)starting answers with: worth another try. A
+ * missing socket (-ENOENT) or one nobody listens on is transient at connect;
+ * at attach -ENOENT is the daemon saying it has no such feed.
+ */
+static bool transient(int r, bool connecting)
+{
+	if (connecting && (r == -ENOENT || r == -ECONNREFUSED))
+		return true;
+	return r == -ECONNRESET || r == -ETIMEDOUT || r == -ESHUTDOWN || r == -EAGAIN || r == -EUSERS ||
+	       r == -EPIPE || r == -EINTR;
+}
+
+static void sleep_ms(uint64_t ms)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+bool client_resume(feed_client *c, int *code)
+{
+	/* Device attachments (also those that fell back to host batches) do not: their slots are per ring. */
+	if (c->reconnect_timeout_ms <= 0 || (c->attach_flags & WIRE_ATTACH_DEVICE) ||
+	    (*code != -ESHUTDOWN && *code != -ECONNRESET))
+		return false;
+	int saved = errno;
+	uint64_t t0 = now_ns(), limit = t0 + (uint64_t)c->reconnect_timeout_ms * NSEC_PER_MSEC;
+	char cause[96], feed[sizeof(c->feed)], cursor[FEED_CURSOR_MAX], last[sizeof(c->error)];
+	snprintf(cause, sizeof(cause), "%s", *code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost");
+	snprintf(feed, sizeof(feed), "%s", c->feed);
+	snprintf(cursor, sizeof(cursor), "%s", c->next_seq > 0 ? feed_client_cursor(c) : c->start_cursor);
+	retire(c);
+
+	/* Jitter from the pid and the clock: ranks of one node do not knock in step. */
+	uint64_t rnd = t0 ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c;
+	uint64_t backoff = BACKOFF_FIRST_MS;
+	int r;
+	for (;;) {
+		feed_client *n = NULL;
+		r = feed_client_connect_err(c->socket_path, last, sizeof(last), &n);
+		if (r == 0) {
+			c->fd = n->fd, c->daemon_pid = n->daemon_pid, c->daemon_flags = n->daemon_flags;
+			n->fd = -1;
+			feed_client_close(n);
+			r = client_attach(c, feed, c->rank, c->world, cursor, c->attach_flags, c->attach_device);
+			if (r == 0) {
+				c->reconnects++;
+				c->reconnect_ns += now_ns() - t0;
+				__atomic_store_n(&c->cons->reconnects, c->reconnects, __ATOMIC_RELAXED);
+				__atomic_store_n(&c->cons->reconnect_ns_total, c->reconnect_ns, __ATOMIC_RELAXED);
+				c->stopped = 0;
+				*code = 0;
+				errno = saved;
+				return true;
+			}
+			snprintf(last, sizeof(last), "%s", c->error);
+			close(c->fd);
+			c->fd = -1;
+			if (!transient(r, false)) {
+				*code = client_fail(c, r, "%s; feedd (pid %u) is back but refused to attach feed \"%s\" again "
+					       "at the last batch's cursor: %s", cause, c->daemon_pid, feed, last);
+				break;
+			}
+		} else if (!transient(r, true)) {
+			*code = client_fail(c, r, "%s; reconnecting to %s failed: %s", cause, c->socket_path, last);
+			break;
+		}
+		uint64_t now = now_ns();
+		if (now >= limit) {
+			*code = client_fail(c, *code, "%s and did not come back within %.1f s (reconnect_timeout); "
+					    "last attempt: %s", cause, (double)c->reconnect_timeout_ms / 1e3, last);
+			break;
+		}
+		rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17;
+		uint64_t wait = backoff / 2 + rnd % (backoff + 1); /* 0.5x .. 1.5x */
+		wait = MIN(wait, (limit - now) / NSEC_PER_MSEC + 1);
+		sleep_ms(wait);
+		backoff = MIN(backoff * 2, (uint64_t)BACKOFF_MAX_MS);
+	}
+	c->reconnect_ns += now_ns() - t0;
+	c->stopped = *code;
+	errno = saved;
+	return false;
+}
