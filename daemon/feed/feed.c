@@ -317,9 +317,11 @@ static int load_text(struct feed *f, char **paths, size_t n, struct io_reader *i
 	if (!f->texts || !f->shard_docs)
 		return -ENOMEM;
 	struct text_open_opts o = {
-		.kind = strcmp(f->conf.format, "jsonl") == 0 ? TEXT_JSONL : TEXT_PLAIN,
+		.kind = strcmp(f->conf.format, "jsonl") == 0     ? TEXT_JSONL :
+			strcmp(f->conf.format, "parquet") == 0 ? TEXT_PARQUET : TEXT_PLAIN,
 		.cache_dir = f->conf.cache_dir,
 		.max_doc_bytes = f->conf.max_document_bytes,
+		.column = f->conf.text_key,
 	};
 	if (o.cache_dir && mkdir(o.cache_dir, 0755) < 0 && errno != EEXIST) {
 		log_warning("feed %s: cannot create cache_dir %s (%s); text indexes stay in memory", f->name, o.cache_dir,

@@ -458,6 +458,8 @@ int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 			char where[64] = "";
 			if (t->kind == TEXT_JSONL)
 				snprintf(where, sizeof(where), ":%" PRIu64, text_doc_line(t, d));
+			else if (t->kind == TEXT_PARQUET)
+				snprintf(where, sizeof(where), ": row %" PRIu32, d);
 			if (!f->conf.skip_bad_records) {
 				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->path, where, why);
 				tok_ids_done(&out);

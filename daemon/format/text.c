@@ -21,6 +21,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "daemon/format/parquet.h"
 #include "daemon/format/text.h"
 #include "daemon/order/order.h"
 #include "proto/macro.h"
@@ -417,7 +418,7 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct io_read
 	for (size_t i = 0; ok && i < n; i++) {
 		uint64_t len = MIN((uint64_t)lengths[i], max_doc_bytes);
 		ok = offsets[i] <= h.data_bytes && len <= h.data_bytes - offsets[i] &&
-		     (i == 0 || offsets[i] > offsets[i - 1]);
+		     (i == 0 || offsets[i] >= offsets[i - 1]);
 	}
 	if (!ok) {
 		drop_index(s);
@@ -472,6 +473,68 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 	return decode(c->d, c->b, p, n, at, c->out_fd, c->out, BLOCK, c->err, c->errlen);
 }
 
+/* A Parquet shard's rows, appended to its copy in the cache through a buffer. */
+struct pq_build {
+	struct builder *b;
+	int out_fd;
+	uint8_t *buf;
+	size_t n;
+};
+
+static int pq_flush(struct pq_build *q)
+{
+	int r = write_all(q->out_fd, q->buf, q->n);
+	q->n = 0;
+	return r;
+}
+
+static int pq_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null)
+{
+	struct pq_build *q = ctx;
+	struct builder *b = q->b;
+	int r = add_doc(b, b->pos, n);
+	if (r < 0)
+		return r;
+	b->line++;
+	b->pos += n;
+	if (n > BLOCK - q->n && (r = pq_flush(q)) < 0)
+		return r;
+	if (n >= BLOCK)
+		return write_all(q->out_fd, p, n);
+	memcpy(q->buf + q->n, p, n);
+	q->n += n;
+	return 0;
+}
+
+static int build_parquet(struct text_shard *s, struct builder *b, int src_fd, const char *column,
+			 const char *data_tmp, char *err, size_t errlen)
+{
+	_cleanup_close_ int out_fd = open(data_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (out_fd < 0) {
+		int r = -errno;
+		snprintf(err, errlen, "%s: cannot create its decoded copy %s: %s", s->path, data_tmp, strerror(-r));
+		return r;
+	}
+	struct parquet_source src = { .name = s->path, .size = (uint64_t)s->id.size, .read = parquet_read_fd,
+				      .ctx = (void *)(intptr_t)src_fd };
+	struct parquet_file *f = NULL;
+	struct pq_build q = { .b = b, .out_fd = out_fd, .buf = malloc(BLOCK) };
+	err[0] = 0;
+	int r = q.buf ? parquet_open(&src, &f, err, errlen) : -ENOMEM;
+	int col = r < 0 ? r : parquet_text_column(f, column, err, errlen);
+	r = col < 0 ? col : 0;
+	/* One row group's column at a time: memory is one chunk and one page. */
+	for (uint32_t g = 0; r == 0 && g < f->n_row_groups; g++)
+		r = parquet_read_column(f, g, (uint32_t)col, pq_row, &q, err, errlen);
+	if (r == 0)
+		r = pq_flush(&q);
+	if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
+		snprintf(err, errlen, "%s: cannot write its decoded copy: %s", s->path, strerror(-r));
+	parquet_free(f);
+	free(q.buf);
+	return r;
+}
+
 static int build_index(struct text_shard *s, int src_fd, const struct text_open_opts *o, const char *data_tmp,
 		       struct io_reader *io, char *err, size_t errlen)
 {
@@ -480,7 +543,9 @@ static int build_index(struct text_shard *s, int src_fd, const struct text_open_
 	if (!buf)
 		return -ENOMEM;
 	int r;
-	if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
+	if (s->kind == TEXT_PARQUET) {
+		r = build_parquet(s, &b, src_fd, o->column ? o->column : "text", data_tmp, err, errlen);
+	} else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
 		/* The whole file is the document; nothing to scan. */
 		b.pos = (uint64_t)s->id.size;
 		r = add_doc(&b, 0, b.pos);
@@ -586,20 +651,29 @@ int text_open(const char *path, const struct text_open_opts *o, struct io_reader
 	file_id_of(&st, &s->id);
 
 	_cleanup_free_ char *idx_path = NULL, *data_path = NULL, *data_tmp = NULL;
+	const bool copy = s->codec != TEXT_CODEC_NONE || s->kind == TEXT_PARQUET;
+	/* A Parquet shard's copy holds one column: the column is part of its name. */
+	char sfx_idx[40] = ".idx", sfx_data[40] = ".data";
+	if (s->kind == TEXT_PARQUET) {
+		const char *col = o->column ? o->column : "text";
+		uint64_t h = hash_words(UINT64_C(0x7071), col, strlen(col));
+		snprintf(sfx_idx, sizeof(sfx_idx), ".%016" PRIx64 ".idx", h);
+		snprintf(sfx_data, sizeof(sfx_data), ".%016" PRIx64 ".data", h);
+	}
 	if (o->cache_dir) {
-		idx_path = cache_name(o->cache_dir, path, ".idx");
-		if (s->codec != TEXT_CODEC_NONE) {
-			data_path = cache_name(o->cache_dir, path, ".data");
+		idx_path = cache_name(o->cache_dir, path, sfx_idx);
+		if (copy) {
+			data_path = cache_name(o->cache_dir, path, sfx_data);
 			if (data_path && asprintf(&data_tmp, "%s.tmp-%d", data_path, (int)getpid()) < 0)
 				data_tmp = NULL;
 		}
-		if (!idx_path || (s->codec != TEXT_CODEC_NONE && (!data_path || !data_tmp))) {
+		if (!idx_path || (copy && (!data_path || !data_tmp))) {
 			text_free(s);
 			return -ENOMEM;
 		}
-	} else if (s->codec != TEXT_CODEC_NONE) {
+	} else if (copy) {
 		snprintf(err, errlen, "%s: a %s shard is served from a decompressed copy, and there is no cache_dir to keep it in",
-			 path, codec_name(s->codec));
+			 path, s->kind == TEXT_PARQUET ? "Parquet" : codec_name(s->codec));
 		text_free(s);
 		return -EINVAL;
 	}

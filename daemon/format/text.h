@@ -6,6 +6,11 @@
  *          (blank lines are not documents); the text is a string member of
  *          the line's object (extracted by jsonl.h).
  *   text   one document per file, the whole file.
+ *   parquet one document per row of a Parquet file's text column (parquet.h);
+ *          a null is an empty document. Its column is decoded once, at
+ *          load, into the cache directory as the documents back to back,
+ *          like a compressed shard's copy: document d is row d of the file,
+ *          row groups in file order, so (row group, row) is first_row + row.
  *
  * Either may be compressed: NAME.gz (gzip/zlib, concatenated members) or
  * NAME.zst (zstd, concatenated frames). Neither format allows seeking into
@@ -38,6 +43,7 @@
 enum text_kind {
 	TEXT_JSONL,
 	TEXT_PLAIN,
+	TEXT_PARQUET,
 };
 
 enum text_codec {
@@ -74,6 +80,7 @@ struct text_open_opts {
 	enum text_kind kind;
 	const char *cache_dir;     /* NULL: no cache */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
+	const char *column;        /* TEXT_PARQUET: the text column (text_key) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
