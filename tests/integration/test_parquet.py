@@ -17,6 +17,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +194,89 @@ def test_a_parquet_feed_needs_a_cache_dir(daemon, corpus, tmp_path):
     st = {f["name"]: f for f in d.status()["feeds"]}
     assert "no cache_dir" in st["pq"]["error"]
     d.dump("ok", tmp_path / "out", batches=3)
+
+
+sys.path.insert(0, str(SRC / "tests" / "parquet"))
+import pqwrite  # noqa: E402
+
+ROWS = ["a first document", None, "zweites Dokument — grüße", "", "a first document"] * 120
+
+
+def setter(what, field, fn):
+    """A pqwrite mutate hook that changes one header field of the first `what` page (or the indexes)."""
+    done = []
+
+    def hook(kind, obj):
+        if kind == what and not done:
+            done.append(1)
+            if kind == "indices":
+                obj[0] = fn(obj[0])
+            elif kind == "footer":
+                return fn(obj)
+            else:
+                obj[field] = fn(obj[field])
+        return None
+    return hook
+
+
+def cut_footer(b):
+    """The file with its footer's middle bytes gone, trailer kept: the length points before the start."""
+    n = struct.unpack("<I", b[-8:-4])[0]
+    return b[:len(b) - 8 - n // 2] + b[-8:]
+
+
+MALFORMED = {
+    "truncated": (lambda: pqwrite.write(ROWS)[:-30], "not a Parquet file"),
+    "footer-cut": (lambda: cut_footer(pqwrite.write(ROWS)), "bad footer"),
+    "footer-len": (lambda: (lambda b: b[:-8] + struct.pack("<I", 1 << 30) + b[-4:])(pqwrite.write(ROWS)),
+                   "footer length 1073741824 does not fit"),
+    "footer-len-short": (lambda: (lambda b: b[:-8] + struct.pack("<I", struct.unpack("<I", b[-8:-4])[0] - 7) + b[-4:])(
+        pqwrite.write(ROWS)), "bad footer"),
+    "bad-thrift": (lambda: pqwrite.write(ROWS, mutate=setter("footer", None, lambda f: f[:9] + b"\xff" * 6 + f[15:])),
+                   "bad footer"),
+    "page-compressed-lies": (lambda: pqwrite.write(ROWS, mutate=setter("data", "compressed", lambda v: v + 100000)),
+                             "page sizes do not fit"),
+    "page-uncompressed-lies": (lambda: pqwrite.write(ROWS, mutate=setter("data", "uncompressed", lambda v: v + 1)),
+                               "two sizes differ"),
+    "gzip-lies": (lambda: pqwrite.write(ROWS, codec=2, mutate=setter("data", "uncompressed", lambda v: v + 10)),
+                  "gzip page inflates to fewer bytes"),
+    "values-lie": (lambda: pqwrite.write(ROWS, mutate=setter("data", "num_values", lambda v: v + 100000)),
+                   "more values than its row group has rows left"),
+    "dict-index": (lambda: pqwrite.write(ROWS, use_dict=True, mutate=setter("indices", None, lambda v: 3)),
+                   "dictionary index out of range"),
+    "dict-count-lies": (lambda: pqwrite.write(ROWS, use_dict=True, v2=True,
+                                              mutate=setter("dict", "num_values", lambda v: v + 5)),
+                        "dictionary page ends before its values"),
+    "brotli": (lambda: pqwrite.write(ROWS, meta_codec=4), "codec BROTLI is not supported"),
+}
+
+
+def test_malformed_files_are_refused_with_file_and_offset(daemon, corpus, tmp_path):
+    """Each malformed shard fails its own feed with the file and the byte offset named; feedd serves the rest."""
+    conf = f"[feedd]\ncache_dir = {tmp_path / 'cache'}\n" + feed_section("ok", "jsonl", [corpus["dir"] / "a.jsonl"])
+    paths = {}
+    for name, (make, _) in MALFORMED.items():
+        p = tmp_path / f"{name}.parquet"
+        p.write_bytes(make())
+        paths[name] = p
+        conf += feed_section(name, "parquet", [p], "on_bad_record = skip\n")
+    good = tmp_path / "good.parquet"
+    good.write_bytes(pqwrite.write(ROWS, use_dict=True))
+    conf += feed_section("good", "parquet", [good])
+    d = daemon(conf)
+    st = {f["name"]: f for f in d.status()["feeds"]}
+    assert st["good"]["state"] == "ready" and st["good"]["documents"] == len(ROWS)
+    for name, (_, why) in MALFORMED.items():
+        f = st[name]
+        assert f["state"] == "failed", name
+        err = f["error"]
+        assert str(paths[name]) in err and why in err, (name, err)
+        at = int(err.split("byte ", 1)[1].split(":")[0].split(" ")[0])
+        assert 0 <= at < paths[name].stat().st_size, (name, err)
+        # feedctl reads it the same way, and says the same.
+        r = subprocess.run([str(FEEDCTL), "parquet-info", "--rows", "text", str(paths[name])], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and why in r.stderr, (name, r.stderr)
+    a = d.dump("ok", tmp_path / "ok", batches=5)
+    assert a["input_ids"].shape[0] == 5
+    d.dump("good", tmp_path / "good", batches=5)
