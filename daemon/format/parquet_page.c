@@ -121,7 +121,7 @@ struct rle {
 
 static void rle_init(struct rle *d, const uint8_t *p, size_t n, unsigned bw)
 {
-	*d = (struct rle){ .p = p, .end = p + n, .bw = bw };
+	*d = (struct rle){ .p = p, .end = n ? p + n : p, .bw = bw }; /* p is NULL for a required column's levels */
 }
 
 /* The next value: 0, or -EBADMSG when the data runs out or is malformed (*why says which). */
