@@ -8,7 +8,7 @@ it the doc is still written and says the plots are missing).
   bench/report.py RESULTS_DIR [--doc docs/benchmarks.md] [--plots docs/benchmarks]
 
 RESULTS_DIR holds what bench/run.sh collected: NAME.json from the
-experiments in bench/common.py's format (io, parallel, e2e, scaling, textpath), and
+experiments in bench/common.py's format (io, parallel, e2e, scaling, textpath, parquet), and
 NAME.txt, NAME.status for the scripts run as they are (starvation, padding,
 gpu_h2d): their output verbatim, and "ok" or "not available yet: <why>".
 Only the text between the two generated-part markers of the doc is
@@ -34,6 +34,7 @@ ORDER = [
     ("json", "e2e"),
     ("json", "scaling"),
     ("json", "textpath"),
+    ("json", "parquet"),
 ]
 
 

@@ -14,7 +14,7 @@
 # --no-doc   print the tables, leave docs/ alone
 # --note     words added to every table's machine line ("loaded by ...")
 # --only     a subset of: io parallel starvation padding gpu_h2d gpu_trainer e2e scaling
-#            spine tok textpath
+#            spine tok textpath parquet
 #
 # Experiments 3, 4 and 5 belong to other parts of the tree (bench/starvation.py,
 # bench/padding.*, bench/gpu_h2d.*): they are run as they are when present,
@@ -30,7 +30,7 @@ rounds=2
 results=""
 doc=1
 note=""
-only="io parallel starvation padding gpu_h2d gpu_trainer e2e scaling spine tok textpath"
+only="io parallel starvation padding gpu_h2d gpu_trainer e2e scaling spine tok textpath parquet"
 py=/usr/bin/python3
 
 while [ $# -gt 0 ]; do
@@ -116,6 +116,8 @@ experiment e2e e2e
 experiment scaling scaling
 # Needs the corpus of scripts/fetch-tok-data.sh and bench/tok/bench-tok.
 experiment textpath textpath
+# Needs that corpus too, and DuckDB from scripts/fetch-parquet-data.sh.
+experiment parquet parquet
 
 # The figures of the spine and tokenizer sections are kept by hand in the
 # doc; this run prints its own for comparison.
