@@ -473,68 +473,6 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 	return decode(c->d, c->b, p, n, at, c->out_fd, c->out, BLOCK, c->err, c->errlen);
 }
 
-/* A Parquet shard's rows, appended to its copy in the cache through a buffer. */
-struct pq_build {
-	struct builder *b;
-	int out_fd;
-	uint8_t *buf;
-	size_t n;
-};
-
-static int pq_flush(struct pq_build *q)
-{
-	int r = write_all(q->out_fd, q->buf, q->n);
-	q->n = 0;
-	return r;
-}
-
-static int pq_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null)
-{
-	struct pq_build *q = ctx;
-	struct builder *b = q->b;
-	int r = add_doc(b, b->pos, n);
-	if (r < 0)
-		return r;
-	b->line++;
-	b->pos += n;
-	if (n > BLOCK - q->n && (r = pq_flush(q)) < 0)
-		return r;
-	if (n >= BLOCK)
-		return write_all(q->out_fd, p, n);
-	memcpy(q->buf + q->n, p, n);
-	q->n += n;
-	return 0;
-}
-
-static int build_parquet(struct text_shard *s, struct builder *b, int src_fd, const char *column,
-			 const char *data_tmp, char *err, size_t errlen)
-{
-	_cleanup_close_ int out_fd = open(data_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (out_fd < 0) {
-		int r = -errno;
-		snprintf(err, errlen, "%s: cannot create its decoded copy %s: %s", s->path, data_tmp, strerror(-r));
-		return r;
-	}
-	struct parquet_source src = { .name = s->path, .size = (uint64_t)s->id.size, .read = parquet_read_fd,
-				      .ctx = (void *)(intptr_t)src_fd };
-	struct parquet_file *f = NULL;
-	struct pq_build q = { .b = b, .out_fd = out_fd, .buf = malloc(BLOCK) };
-	err[0] = 0;
-	int r = q.buf ? parquet_open(&src, &f, err, errlen) : -ENOMEM;
-	int col = r < 0 ? r : parquet_text_column(f, column, err, errlen);
-	r = col < 0 ? col : 0;
-	/* One row group's column at a time: memory is one chunk and one page. */
-	for (uint32_t g = 0; r == 0 && g < f->n_row_groups; g++)
-		r = parquet_read_column(f, g, (uint32_t)col, pq_row, &q, err, errlen);
-	if (r == 0)
-		r = pq_flush(&q);
-	if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
-		snprintf(err, errlen, "%s: cannot write its decoded copy: %s", s->path, strerror(-r));
-	parquet_free(f);
-	free(q.buf);
-	return r;
-}
-
 static int build_index(struct text_shard *s, int src_fd, const struct text_open_opts *o, const char *data_tmp,
 		       struct io_reader *io, char *err, size_t errlen)
 {
@@ -544,7 +482,9 @@ static int build_index(struct text_shard *s, int src_fd, const struct text_open_
 		return -ENOMEM;
 	int r;
 	if (s->kind == TEXT_PARQUET) {
-		r = build_parquet(s, &b, src_fd, o->column ? o->column : "text", data_tmp, err, errlen);
+		struct parquet_source ps = { .name = s->path, .size = (uint64_t)s->id.size, .read = parquet_read_fd,
+					     .ctx = (void *)(intptr_t)src_fd };
+		return text_parquet_build(s, &ps, o->column ? o->column : "text", o->max_doc_bytes, data_tmp, err, errlen);
 	} else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
 		/* The whole file is the document; nothing to scan. */
 		b.pos = (uint64_t)s->id.size;

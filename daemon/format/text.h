@@ -101,5 +101,15 @@ static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
 	return s->lines ? s->lines[d] : (uint64_t)d + 1;
 }
 
+/*
+ * Builds a Parquet shard's copy and index (text_parquet.c): column `column`
+ * of src decoded row by row into data_tmp, s->offsets/lengths/n_docs/bytes
+ * set. Returns 0, or a negative errno with a message naming the file and the
+ * byte offset in err.
+ */
+struct parquet_source;
+int text_parquet_build(struct text_shard *s, const struct parquet_source *src, const char *column,
+		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen);
+
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);
