@@ -2,10 +2,10 @@
 // Prints a Parquet file's text column with DuckDB, the reference reader: one
 // JSON string per row, `null` for a null (as `feedctl parquet-info --rows`).
 //   node dumpparquet.mjs PQDATA FILE [COLUMN]
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 
 const [pqdata, file, column = 'text'] = process.argv.slice(2);
-const { DuckDBInstance } = await import(join(pqdata, 'node_modules/@duckdb/node-api/lib/index.js'));
+const { DuckDBInstance } = await import(join(resolve(pqdata), 'node_modules/@duckdb/node-api/lib/index.js'));
 const inst = await DuckDBInstance.create(':memory:');
 const con = await inst.connect();
 await con.run('SET threads = 1');
