@@ -34,6 +34,7 @@
 
 #include "daemon/format/megatron.h"
 #include "daemon/io/reader.h"
+#include "daemon/source/source.h"
 
 static double now(void)
 {
@@ -42,11 +43,11 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void report(const char *mode, uint64_t bytes, double secs, uint64_t reads, const struct io_reader *io)
+static void report(const char *mode, uint64_t bytes, double secs, uint64_t reads, const char *engine)
 {
 	printf("{\"mode\": \"%s\", \"bytes\": %" PRIu64 ", \"seconds\": %.6f, \"mb_per_s\": %.2f, \"reads\": %" PRIu64
 	       ", \"engine\": \"%s\"}\n",
-	       mode, bytes, secs, (double)bytes / secs / 1e6, reads, io ? io_reader_engine(io) : "read(2)");
+	       mode, bytes, secs, (double)bytes / secs / 1e6, reads, engine ? engine : "read(2)");
 }
 
 struct doc_ref {
@@ -55,11 +56,11 @@ struct doc_ref {
 };
 
 struct batch {
-	struct io_req *reqs;
+	struct source_read *reqs;
 	size_t n, cap;
 	uint8_t *buf;
 	size_t used, buf_cap;
-	int fd;
+	struct source *src;
 	unsigned itemsize;
 };
 
@@ -68,7 +69,7 @@ static int emit(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
 	struct batch *b = userdata;
 	if (b->n == b->cap) {
 		size_t cap = b->cap ? b->cap * 2 : 1024;
-		struct io_req *q = realloc(b->reqs, cap * sizeof(*q));
+		struct source_read *q = realloc(b->reqs, cap * sizeof(*q));
 		if (!q)
 			return -ENOMEM;
 		b->reqs = q;
@@ -77,7 +78,7 @@ static int emit(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
 	size_t len = n_tokens * b->itemsize;
 	if (b->used + len > b->buf_cap)
 		return -ENOBUFS;
-	b->reqs[b->n++] = (struct io_req){ .fd = b->fd, .offset = byte_offset, .len = len, .dst = b->buf + b->used };
+	b->reqs[b->n++] = (struct source_read){ .src = b->src, .offset = byte_offset, .len = len, .dst = b->buf + b->used };
 	b->used += len;
 	return 0;
 }
@@ -103,8 +104,8 @@ static int run_docs(int argc, char **argv)
 	unsigned depth = (unsigned)atoi(argv[5]);
 	size_t n_shards = (size_t)(argc - 6);
 
-	struct io_reader *io;
-	int r = io_reader_new(IO_ENGINE_URING, depth, &io);
+	struct source_reader *io;
+	int r = source_reader_new(IO_ENGINE_URING, depth, &io);
 	if (r < 0) {
 		fprintf(stderr, "io: io_uring setup failed: %s\n", strerror(-r));
 		return 1;
@@ -149,7 +150,7 @@ static int run_docs(int argc, char **argv)
 		uint64_t tokens = 0;
 		while (i < n_docs && tokens < batch_tokens) {
 			const struct megatron_shard *s = shards[docs[i].shard];
-			b.fd = s->bin_fd;
+			b.src = s->bin;
 			b.itemsize = s->itemsize;
 			uint32_t len = s->doc_tokens[docs[i].doc];
 			if (len) {
@@ -164,7 +165,7 @@ static int run_docs(int argc, char **argv)
 			i++;
 		}
 		size_t failed;
-		r = io_reader_run(io, b.reqs, b.n, &failed);
+		r = source_read(io, b.reqs, b.n, &failed);
 		if (r < 0) {
 			fprintf(stderr, "io: read at byte %" PRIu64 " failed: %s\n", b.reqs[failed].offset, strerror(-r));
 			return 1;
@@ -172,14 +173,14 @@ static int run_docs(int argc, char **argv)
 		bytes += b.used;
 		reads += b.n;
 	}
-	report(shuffle ? "docs-shuffle" : "docs-seq", bytes, now() - t0, reads, io);
+	report(shuffle ? "docs-shuffle" : "docs-seq", bytes, now() - t0, reads, source_reader_engine(io));
 	for (size_t i = 0; i < n_shards; i++)
 		megatron_free(shards[i]);
 	free(shards);
 	free(docs);
 	free(b.reqs);
 	free(b.buf);
-	io_reader_free(io);
+	source_reader_free(io);
 	return 0;
 }
 
@@ -229,7 +230,7 @@ static int run_chunks(int argc, char **argv)
 		}
 		close(fd);
 	}
-	report("chunks", bytes, now() - t0, reads, io);
+	report("chunks", bytes, now() - t0, reads, io_reader_engine(io));
 	free(buf);
 	io_reader_free(io);
 	return 0;

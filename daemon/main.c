@@ -74,16 +74,16 @@ static void usage(FILE *out)
 static int load_feeds(const struct conf *conf, struct feed ***ret, size_t *ret_n, size_t *ret_failed)
 {
 	/* Feeds load on the main thread with a reader of their own; workers get theirs. */
-	struct io_reader *io = NULL;
-	int r = io_reader_new(conf->io_engine, conf->io_depth, &io);
+	struct source_reader *io = NULL;
+	int r = source_reader_new(conf->io_engine, conf->io_depth, &io);
 	if (r < 0)
 		return log_error_errno(r, "io_engine = io_uring was asked for, but io_uring cannot be set up");
-	if (io_reader_fallback(io) < 0)
-		log_warning_errno(io_reader_fallback(io), "io_uring is unavailable, reading shards with pread");
+	if (source_reader_fallback(io) < 0)
+		log_warning_errno(source_reader_fallback(io), "io_uring is unavailable, reading shards with pread");
 
 	struct feed **feeds = calloc(MAX(conf->n_feeds, 1u), sizeof(*feeds));
 	if (!feeds) {
-		io_reader_free(io);
+		source_reader_free(io);
 		return -ENOMEM;
 	}
 	size_t n = 0, failed = 0;
@@ -100,7 +100,7 @@ static int load_feeds(const struct conf *conf, struct feed ***ret, size_t *ret_n
 		failed += feeds[n]->state != FEED_READY;
 		n++;
 	}
-	io_reader_free(io);
+	source_reader_free(io);
 	*ret = feeds;
 	*ret_n = n;
 	*ret_failed = failed;
@@ -382,7 +382,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	/* GPU staging, or host-only mode with the reason (the CUDA error text) in the log and in status. */
-	r = gpu_open(NULL, &gpu);
+	r = gpu_open(&gpu);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up GPU staging");
 		ret = 1;

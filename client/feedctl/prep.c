@@ -2,9 +2,10 @@
 /*
  * feedctl prep: raw text to a Megatron indexed dataset (.bin + .idx), what
  * Megatron's tools/preprocess_data.py does, with feedd's own tokenizer,
- * reader and thread pool. It loads the inputs as a feed (the same code and
- * options a text feed uses), tokenizes runs of documents on the pool, and
- * writes them strictly in input order, one sequence per document. A bad
+ * reader and thread pool. It opens the inputs with the library a text feed
+ * uses (source/, format/, tok/, tokenize/; never feed/ or server/), tokenizes
+ * runs of documents on the pool, and writes them strictly in input order,
+ * one sequence per document. A bad
  * record under on_bad_record = skip becomes an empty document, exactly as a
  * text feed serves it, so the prepared shards give the same stream as the
  * text they came from.
@@ -21,13 +22,14 @@
 #include <unistd.h>
 
 #include "client/feedctl/feedctl.h"
-#include "daemon/conf/conf.h"
-#include "daemon/feed/feed.h"
-#include "daemon/feed/session.h"
-#include "daemon/feed/worker.h"
-#include "daemon/log/log.h"
+#include <sys/stat.h>
+
+#include "daemon/format/format.h"
+#include "daemon/order/order.h"
 #include "daemon/pool/pool.h"
+#include "daemon/source/source.h"
 #include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
 
 #define CHUNK_BYTES (1u << 20)
@@ -35,31 +37,55 @@
 struct prep {
 	pthread_mutex_t lock;
 	pthread_cond_t done;
-	struct feed *feed;
+	struct tokenize_params params;
+	enum io_engine engine;
 	unsigned threads;
 };
 
 struct prep_chunk {
-	struct text_chunk c;
+	struct pool_job job;
+	struct tokenize_chunk c;
+	uint64_t *docs;
 	struct prep *prep;
+	int result;
 	bool finished;
+};
+
+/* What each pool thread owns. */
+struct prep_thread {
+	struct source_reader *io;
+	struct tokenize_scratch tk;
 };
 
 static void *ctx_new(unsigned i, void *arg)
 {
-	return worker_new(IO_ENGINE_AUTO, 64);
+	struct prep *p = arg;
+	struct prep_thread *t = calloc(1, sizeof(*t));
+	if (t && source_reader_new(p->engine, 64, &t->io) < 0) {
+		free(t);
+		return NULL;
+	}
+	return t;
 }
 
 static void ctx_free(void *ctx)
 {
-	worker_free(ctx);
+	struct prep_thread *t = ctx;
+	if (!t)
+		return;
+	source_reader_free(t->io);
+	tokenize_scratch_done(&t->tk);
+	free(t);
 }
 
 static void chunk_run(struct pool_job *job, void *ctx)
 {
-	struct prep_chunk *pc = (struct prep_chunk *)((char *)job - offsetof(struct prep_chunk, c.job));
+	struct prep_chunk *pc = (struct prep_chunk *)((char *)job - offsetof(struct prep_chunk, job));
 	struct prep *p = pc->prep;
-	pc->c.result = worker_tokenize(ctx, p->feed, &pc->c);
+	struct prep_thread *t = ctx;
+	pc->result = tokenize_read(&t->tk, t->io, &p->params, &pc->c);
+	if (pc->result == 0)
+		pc->result = tokenize_encode(&t->tk, &p->params, &pc->c);
 	pthread_mutex_lock(&p->lock);
 	pc->finished = true;
 	pthread_cond_broadcast(&p->done);
@@ -68,9 +94,8 @@ static void chunk_run(struct pool_job *job, void *ctx)
 
 static void chunk_clear(struct prep_chunk *pc)
 {
-	free(pc->c.docs);
-	free(pc->c.start);
-	free(pc->c.ids);
+	tokenize_chunk_done(&pc->c);
+	free(pc->docs);
 	*pc = (struct prep_chunk){ 0 };
 }
 
@@ -145,8 +170,8 @@ static void usage_prep(FILE *out)
 		"  -t, --tokenizer FILE      tiktoken rank file or HF tokenizer.json\n"
 		"  -p, --preset NAME         rank files: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, llama3\n"
 		"  -o, --out PREFIX          output prefix\n"
-		"  -f, --format FMT          jsonl (default) or text (one document per file)\n"
-		"  -k, --text-key KEY        jsonl member holding the text (default: text)\n"
+		"  -f, --format FMT          jsonl (default), text (one document per file) or parquet\n"
+		"  -k, --text-key KEY        jsonl member or parquet column holding the text (default: text)\n"
 		"  -e, --append-eos TOKEN    append this id or special token to every non-empty document\n"
 		"      --on-bad-record P     skip (default: an empty document, counted) or fail\n"
 		"      --encode-special-tokens  special tokens in the text become their ids\n"
@@ -192,18 +217,15 @@ int cmd_prep(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	struct conf_feed cf = {
-		.name = "prep",
+	/* What a text feed would be configured with: documents in input order, one stream. */
+	struct {
+		const char *format, *text_key, *tokenizer, *tokenizer_preset, *cache_dir;
+		bool skip_bad_records, encode_special_tokens;
+		uint64_t max_document_bytes;
+	} cf = {
 		.format = "jsonl",
 		.text_key = "text",
-		.seq_len = 1,
-		.batch_size = 1,
-		.shuffle = false,
-		.shuffle_window = 1,
-		.bos = CONF_TOKEN_NONE,
-		.eos = CONF_TOKEN_NONE,
 		.skip_bad_records = true,
-		.max_bad_fraction = 1,
 		.max_document_bytes = UINT32_MAX - 1,
 	};
 	const char *out_prefix = NULL, *eos = NULL;
@@ -216,8 +238,8 @@ int cmd_prep(int argc, char **argv)
 		case 'p': cf.tokenizer_preset = optarg; break;
 		case 'o': out_prefix = optarg; break;
 		case 'f':
-			if (strcmp(optarg, "jsonl") != 0 && strcmp(optarg, "text") != 0) {
-				fprintf(stderr, "feedctl prep: --format %s: expected jsonl or text\n", optarg);
+			if (strcmp(optarg, "jsonl") != 0 && strcmp(optarg, "text") != 0 && strcmp(optarg, "parquet") != 0) {
+				fprintf(stderr, "feedctl prep: --format %s: expected jsonl, text or parquet\n", optarg);
 				return 2;
 			}
 			cf.format = optarg;
@@ -242,13 +264,13 @@ int cmd_prep(int argc, char **argv)
 		usage_prep(stderr);
 		return 2;
 	}
-	if (!conf_tokenizer_is_hf(cf.tokenizer) && !cf.tokenizer_preset) {
+	if (!tokenize_tok_is_hf(cf.tokenizer) && !cf.tokenizer_preset) {
 		fprintf(stderr, "feedctl prep: %s is a tiktoken rank file: give --preset (its pattern and special tokens)\n",
 			cf.tokenizer);
 		return 2;
 	}
-	cf.shards = argv + optind;
-	cf.n_shards = (size_t)(argc - optind);
+	const char *const *inputs = (const char *const *)argv + optind;
+	const size_t n_inputs = (size_t)(argc - optind);
 
 	char tmpdir[] = "/tmp/feedctl-prep-XXXXXX";
 	bool own_cache = !cf.cache_dir;
@@ -261,35 +283,82 @@ int cmd_prep(int argc, char **argv)
 	}
 
 	int ret = 1;
-	struct io_reader *io = NULL;
-	struct feed *f = NULL;
+	struct source_reader *io = NULL;
+	struct tok *tok = NULL;
+	char **paths = NULL;
+	size_t n_paths = 0;
+	struct shard **shards = NULL;
+	uint32_t n_shards = 0;
+	uint64_t n_docs = 0;
 	struct pool *pool = NULL;
-	struct prep p = { .lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER };
+	struct prep p = { .lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER, .engine = IO_ENGINE_AUTO };
 	struct out o = { 0 };
 	struct prep_chunk *ring = NULL;
-	_cleanup_free_ char *bin_path = NULL, *idx_path = NULL, *bin_tmp = NULL;
-	log_set_level(LOG_LEVEL_WARNING);
+	_cleanup_free_ char *bin_path = NULL, *idx_path = NULL, *bin_tmp = NULL, *msg = NULL;
+	char err[512] = "";
 
-	if (io_reader_new(IO_ENGINE_AUTO, 64, &io) < 0 || feed_load(&cf, io, &f) < 0) {
+	if (source_reader_new(p.engine, 64, &io) < 0) {
 		fprintf(stderr, "feedctl prep: out of memory\n");
 		goto out;
 	}
-	if (f->state != FEED_READY) {
-		fprintf(stderr, "feedctl prep: %s\n", f->error);
+	int r = tokenize_tok_load(cf.tokenizer, cf.tokenizer_preset, &tok, &msg);
+	if (r < 0) {
+		fprintf(stderr, "feedctl prep: tokenizer: %s\n", msg ? msg : strerror(-r));
 		goto out;
 	}
+	if (source_glob(inputs, n_inputs, &paths, &n_paths, err, sizeof(err)) < 0) {
+		fprintf(stderr, "feedctl prep: %s\n", err);
+		goto out;
+	}
+	if (n_paths > UINT32_MAX - 1 || !(shards = calloc(MAX(n_paths, 1u), sizeof(*shards)))) {
+		fprintf(stderr, "feedctl prep: out of memory\n");
+		goto out;
+	}
+	if (mkdir(cf.cache_dir, 0755) < 0 && errno != EEXIST) {
+		fprintf(stderr, "feedctl prep: cannot create %s: %s\n", cf.cache_dir, strerror(errno));
+		goto out;
+	}
+	const struct format_opts fo = {
+		.cache_dir = cf.cache_dir,
+		.max_doc_bytes = cf.max_document_bytes,
+		.text_key = cf.text_key,
+	};
+	for (size_t i = 0; i < n_paths; i++) {
+		if (format_open(format_find(cf.format), paths[i], &fo, io, &shards[i], err, sizeof(err)) < 0) {
+			fprintf(stderr, "feedctl prep: %s\n", err);
+			goto out;
+		}
+		n_shards++;
+		n_docs += shards[i]->n_docs;
+		if (shards[i]->truncated[0]) {
+			/* The cut line is a bad record, as in a text feed. */
+			if (!cf.skip_bad_records) {
+				fprintf(stderr, "feedctl prep: %s (on_bad_record = fail)\n", shards[i]->truncated);
+				goto out;
+			}
+			fprintf(stderr, "prep: %s\n", shards[i]->truncated);
+		}
+	}
+	p.params = (struct tokenize_params){
+		.shards = shards,
+		.tok = tok,
+		.tok_generation = 1,
+		.max_doc_bytes = cf.max_document_bytes,
+		.encode_specials = cf.encode_special_tokens,
+		.skip_bad_records = cf.skip_bad_records,
+	};
 	int32_t eos_id = -1;
 	if (eos) {
 		char *end;
 		long v = strtol(eos, &end, 10);
 		if (*eos && !*end && v >= 0 && v <= INT32_MAX)
 			eos_id = (int32_t)v;
-		else if ((eos_id = tok_special_id(f->tok, eos)) < 0) {
+		else if ((eos_id = tok_special_id(tok, eos)) < 0) {
 			fprintf(stderr, "feedctl prep: --append-eos %s: the tokenizer has no such special token\n", eos);
 			goto out;
 		}
 	}
-	o.dtype = tok_vocab_size(f->tok) <= 65536 && eos_id < 65536 ? 8 : 4;
+	o.dtype = tok_vocab_size(tok) <= 65536 && eos_id < 65536 ? 8 : 4;
 	if (asprintf(&bin_path, "%s.bin", out_prefix) < 0 || asprintf(&idx_path, "%s.idx", out_prefix) < 0 ||
 	    asprintf(&bin_tmp, "%s.bin.tmp", out_prefix) < 0)
 		goto out;
@@ -299,7 +368,6 @@ int cmd_prep(int argc, char **argv)
 		goto out;
 	}
 
-	p.feed = f;
 	if (pool_new(threads, ctx_new, ctx_free, &p, &pool) < 0) {
 		fprintf(stderr, "feedctl prep: cannot start the tokenizer threads\n");
 		goto out;
@@ -318,29 +386,30 @@ int cmd_prep(int argc, char **argv)
 	char first_bad[512] = "";
 	for (;;) {
 		/* Fill the window. */
-		while (submitted - written < window && shard < f->n_shards) {
+		while (submitted - written < window && shard < n_shards) {
 			struct prep_chunk *pc = &ring[submitted % window];
 			uint32_t cap = 256;
 			pc->prep = &p;
-			pc->c.job.run = chunk_run;
-			pc->c.docs = malloc(cap * sizeof(uint64_t));
-			if (!pc->c.docs)
+			pc->job.run = chunk_run;
+			pc->docs = malloc(cap * sizeof(uint64_t));
+			if (!pc->docs)
 				goto out;
-			while (shard < f->n_shards && pc->c.bytes < CHUNK_BYTES) {
-				if (doc >= f->texts[shard]->n_docs) {
+			pc->c.docs = pc->docs;
+			while (shard < n_shards && pc->c.bytes < CHUNK_BYTES) {
+				if (doc >= shards[shard]->n_docs) {
 					shard++;
 					doc = 0;
 					continue;
 				}
 				if (pc->c.n == cap) {
-					uint64_t *d = realloc(pc->c.docs, 2 * cap * sizeof(*d));
+					uint64_t *d = realloc(pc->docs, 2 * cap * sizeof(*d));
 					if (!d)
 						goto out;
-					pc->c.docs = d;
+					pc->c.docs = pc->docs = d;
 					cap *= 2;
 				}
-				pc->c.docs[pc->c.n++] = ORDER_DOC(shard, doc);
-				pc->c.bytes += f->texts[shard]->lengths[doc];
+				pc->docs[pc->c.n++] = ORDER_DOC(shard, doc);
+				pc->c.bytes += format_doc_bytes(shards[shard], doc);
 				doc++;
 			}
 			if (pc->c.n == 0) {
@@ -348,7 +417,7 @@ int cmd_prep(int argc, char **argv)
 				break;
 			}
 			submitted++;
-			pool_submit(pool, &pc->c.job);
+			pool_submit(pool, &pc->job);
 		}
 		if (written == submitted)
 			break;
@@ -358,7 +427,7 @@ int cmd_prep(int argc, char **argv)
 		while (!pc->finished)
 			pthread_cond_wait(&p.done, &p.lock);
 		pthread_mutex_unlock(&p.lock);
-		if (pc->c.result < 0) {
+		if (pc->result < 0) {
 			if (tty)
 				fputc('\n', stderr);
 			fprintf(stderr, "feedctl prep: %s\n", pc->c.error);
@@ -370,7 +439,7 @@ int cmd_prep(int argc, char **argv)
 		for (uint32_t i = 0; i < pc->c.n; i++) {
 			size_t n = pc->c.start[i + 1] - pc->c.start[i];
 			int32_t *ids = pc->c.ids + pc->c.start[i];
-			int r = out_doc(&o, ids, n);
+			r = out_doc(&o, ids, n);
 			if (r == 0 && eos_id >= 0 && n > 0) {
 				/* One sequence per document: eos joins the document's own. */
 				o.lengths[o.n - 1]++;
@@ -387,7 +456,7 @@ int cmd_prep(int argc, char **argv)
 		bytes_done += pc->c.bytes;
 		chunk_clear(pc);
 		written++;
-		progress(tty, docs_done, f->n_docs, bytes_done, t0, false);
+		progress(tty, docs_done, n_docs, bytes_done, t0, false);
 	}
 	if (fclose(o.bin) != 0) {
 		o.bin = NULL;
@@ -395,14 +464,14 @@ int cmd_prep(int argc, char **argv)
 		goto out;
 	}
 	o.bin = NULL;
-	int r = write_idx(idx_path, &o);
+	r = write_idx(idx_path, &o);
 	if (r == 0 && rename(bin_tmp, bin_path) < 0)
 		r = -errno;
 	if (r < 0) {
 		fprintf(stderr, "feedctl prep: writing %s: %s\n", idx_path, strerror(-r));
 		goto out;
 	}
-	progress(tty, docs_done, f->n_docs, bytes_done, t0, true);
+	progress(tty, docs_done, n_docs, bytes_done, t0, true);
 	fprintf(stderr, "prep: %" PRIu64 " documents, %" PRIu64 " tokens (%s), %" PRIu64 " bad records skipped, %u threads -> %s.{bin,idx}\n",
 		docs_done, o.tokens, o.dtype == 4 ? "i32" : "u16", skipped, threads, out_prefix);
 	if (skipped)
@@ -419,8 +488,14 @@ out:
 	}
 	free(o.lengths);
 	free(o.buf);
-	feed_unref(f);
-	io_reader_free(io);
+	for (uint32_t i = 0; i < n_shards; i++)
+		format_close(shards[i]);
+	free(shards);
+	for (size_t i = 0; i < n_paths; i++)
+		free(paths[i]);
+	free(paths);
+	tok_free(tok);
+	source_reader_free(io);
 	if (own_cache)
 		remove_cache(tmpdir);
 	return ret;

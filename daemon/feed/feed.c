@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
-#include <glob.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -11,12 +10,8 @@
 #include "daemon/feed/feed.h"
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
-
-static int cmp_path(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
 
 static void hash_bytes(uint64_t *h, const void *p, size_t n)
 {
@@ -30,7 +25,7 @@ static void hash_u64(uint64_t *h, uint64_t v)
 	hash_bytes(h, &v, sizeof(v));
 }
 
-static void hash_file(uint64_t *h, const char *path, const struct file_id *id)
+static void hash_file(uint64_t *h, const char *path, const struct source_id *id)
 {
 	hash_bytes(h, path, strlen(path) + 1);
 	hash_u64(h, (uint64_t)id->size);
@@ -43,7 +38,7 @@ static void hash_file(uint64_t *h, const char *path, const struct file_id *id)
  * the tokenizer file and its settings, the document size limit) and every
  * order parameter.
  */
-static uint64_t fingerprint_text(const struct feed *f, const struct file_id *tok_id)
+static uint64_t fingerprint_text(const struct feed *f, const struct source_id *tok_id)
 {
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
 	const struct conf_feed *c = &f->conf;
@@ -54,7 +49,7 @@ static uint64_t fingerprint_text(const struct feed *f, const struct file_id *tok
 	hash_bytes(&h, c->tokenizer_preset ? c->tokenizer_preset : "", c->tokenizer_preset ? strlen(c->tokenizer_preset) + 1 : 1);
 	hash_u64(&h, f->n_shards);
 	for (uint32_t i = 0; i < f->n_shards; i++)
-		hash_file(&h, f->texts[i]->path, &f->texts[i]->id);
+		hash_file(&h, f->shards[i]->name, f->shards[i]->ids[0]);
 	uint64_t params[] = { c->seed, c->shuffle, c->shuffle_window, c->seq_len, c->batch_size, (uint64_t)f->bos_id,
 			      (uint64_t)f->eos_id, c->encode_special_tokens, c->max_document_bytes };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
@@ -69,13 +64,12 @@ static uint64_t fingerprint_of(const struct feed *f)
 	hash_bytes(&h, "feedd-megatron-v1", 17);
 	hash_u64(&h, f->n_shards);
 	for (uint32_t i = 0; i < f->n_shards; i++) {
-		const struct megatron_shard *s = f->shards[i];
-		hash_bytes(&h, s->idx_path, strlen(s->idx_path) + 1);
-		const struct file_id *ids[2] = { &s->idx_id, &s->bin_id };
-		for (size_t k = 0; k < 2; k++) {
-			hash_u64(&h, (uint64_t)ids[k]->size);
-			hash_u64(&h, (uint64_t)ids[k]->mtime.tv_sec);
-			hash_u64(&h, (uint64_t)ids[k]->mtime.tv_nsec);
+		const struct shard *s = f->shards[i];
+		hash_bytes(&h, s->name, strlen(s->name) + 1);
+		for (size_t k = 0; k < s->n_ids; k++) {
+			hash_u64(&h, (uint64_t)s->ids[k]->size);
+			hash_u64(&h, (uint64_t)s->ids[k]->mtime.tv_sec);
+			hash_u64(&h, (uint64_t)s->ids[k]->mtime.tv_nsec);
 		}
 	}
 	const struct conf_feed *c = &f->conf;
@@ -137,70 +131,6 @@ static int set_failed(struct feed *f, int code, const char *msg)
 	return 0;
 }
 
-/*
- * Expands the globs: each in config order, its matches sorted by path bytes,
- * then made canonical (realpath) so that the fingerprint and the duplicate
- * check do not depend on how the config spells a path.
- */
-static int expand(struct feed *f, char ***ret, size_t *ret_n, char *err, size_t errlen)
-{
-	char **paths = NULL;
-	size_t n = 0;
-	int r = 0;
-	for (size_t g = 0; g < f->conf.n_shards; g++) {
-		glob_t gl = { 0 };
-		int e = glob(f->conf.shards[g], GLOB_NOSORT, NULL, &gl);
-		if (e == GLOB_NOMATCH) {
-			snprintf(err, errlen, "shards: '%s' matches no file", f->conf.shards[g]);
-			r = -ENOENT;
-		} else if (e != 0) {
-			snprintf(err, errlen, "shards: cannot expand '%s'", f->conf.shards[g]);
-			r = e == GLOB_NOSPACE ? -ENOMEM : -EIO;
-		}
-		if (r < 0) {
-			globfree(&gl);
-			goto fail;
-		}
-		qsort(gl.gl_pathv, gl.gl_pathc, sizeof(char *), cmp_path);
-		char **grown = realloc(paths, (n + gl.gl_pathc) * sizeof(*paths));
-		if (!grown) {
-			globfree(&gl);
-			r = -ENOMEM;
-			goto fail;
-		}
-		paths = grown;
-		for (size_t i = 0; i < gl.gl_pathc; i++) {
-			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
-			char *real = realpath(gl.gl_pathv[i], NULL);
-			if (!real) {
-				r = -errno;
-				snprintf(err, errlen, "shards: %s: %s", gl.gl_pathv[i], strerror(-r));
-				globfree(&gl);
-				goto fail;
-			}
-			for (size_t j = 0; j < n; j++) {
-				if (strcmp(paths[j], real) == 0) {
-					snprintf(err, errlen, "shards: %s is listed twice", real);
-					free(real);
-					globfree(&gl);
-					r = -EINVAL;
-					goto fail;
-				}
-			}
-			paths[n++] = real;
-		}
-		globfree(&gl);
-	}
-	*ret = paths;
-	*ret_n = n;
-	return 0;
-fail:
-	for (size_t i = 0; i < n; i++)
-		free(paths[i]);
-	free(paths);
-	return r;
-}
-
 static int dup_opt(char **dst, const char *src)
 {
 	*dst = NULL;
@@ -260,7 +190,7 @@ static void conf_copy_free(struct conf_feed *c)
  * A mixture (docs/sample-order.md, section 14): each source loaded as a feed
  * of its own; the first that fails fails the mixture.
  */
-static int load_sources(struct feed *f, struct io_reader *io, char *err, size_t errlen)
+static int load_sources(struct feed *f, struct source_reader *io, char *err, size_t errlen)
 {
 	uint32_t n = f->conf.mix->n;
 	if (!(f->sources = calloc(n, sizeof(*f->sources))))
@@ -288,55 +218,36 @@ static int load_sources(struct feed *f, struct io_reader *io, char *err, size_t 
 	return mix_init(f->conf.seed, f->conf.mix->units, n, &f->mix);
 }
 
-static int load_megatron(struct feed *f, char **paths, size_t n, struct io_reader *io, char *err, size_t errlen)
+/* Opens every shard through the format layer; text shards also go through the bad-record policy. */
+static int load_shards(struct feed *f, char **paths, size_t n, struct source_reader *io, char *err, size_t errlen)
 {
 	f->shards = calloc(MAX(n, 1u), sizeof(*f->shards));
 	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
 	f->doc_tokens = calloc(MAX(n, 1u), sizeof(*f->doc_tokens));
 	if (!f->shards || !f->shard_docs || !f->doc_tokens)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		int r = megatron_open(paths[i], io, &f->shards[i], err, errlen);
-		if (r < 0)
-			return r;
-		f->n_shards++;
-		f->shard_docs[i] = f->shards[i]->n_docs;
-		f->doc_tokens[i] = f->shards[i]->doc_tokens;
-		f->n_docs += f->shards[i]->n_docs;
-		f->n_nonempty += f->shards[i]->n_nonempty;
-		f->n_tokens += f->shards[i]->n_tokens;
-		f->n_bytes += f->shards[i]->n_tokens * f->shards[i]->itemsize;
-	}
-	return 0;
-}
-
-static int load_text(struct feed *f, char **paths, size_t n, struct io_reader *io, char *err, size_t errlen)
-{
-	f->texts = calloc(MAX(n, 1u), sizeof(*f->texts));
-	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
-	if (!f->texts || !f->shard_docs)
-		return -ENOMEM;
-	struct text_open_opts o = {
-		.kind = strcmp(f->conf.format, "jsonl") == 0     ? TEXT_JSONL :
-			strcmp(f->conf.format, "parquet") == 0 ? TEXT_PARQUET : TEXT_PLAIN,
+	struct format_opts o = {
 		.cache_dir = f->conf.cache_dir,
 		.max_doc_bytes = f->conf.max_document_bytes,
-		.column = f->conf.text_key,
+		.text_key = f->conf.text_key,
 	};
-	if (o.cache_dir && mkdir(o.cache_dir, 0755) < 0 && errno != EEXIST) {
+	if (f->kind == FEED_TEXT && o.cache_dir && mkdir(o.cache_dir, 0755) < 0 && errno != EEXIST) {
 		log_warning("feed %s: cannot create cache_dir %s (%s); text indexes stay in memory", f->name, o.cache_dir,
 			    strerror(errno));
 		o.cache_dir = NULL;
 	}
 	for (size_t i = 0; i < n; i++) {
-		struct text_shard *t;
-		int r = text_open(paths[i], &o, io, &t, err, errlen);
+		struct shard *t;
+		int r = format_open(f->format, paths[i], &o, io, &t, err, errlen);
 		if (r < 0)
 			return r;
-		f->texts[i] = t;
+		f->shards[i] = t;
 		f->n_shards++;
 		f->shard_docs[i] = t->n_docs;
+		f->doc_tokens[i] = t->doc_tokens;
 		f->n_docs += t->n_docs;
+		f->n_nonempty += t->n_nonempty;
+		f->n_tokens += t->n_tokens;
 		f->n_bytes += t->bytes;
 		f->n_cached += t->cached;
 		if (t->truncated[0]) {
@@ -350,6 +261,9 @@ static int load_text(struct feed *f, char **paths, size_t n, struct io_reader *i
 			log_warning("feed %s: %s", f->name, t->truncated);
 		}
 	}
+	if (f->kind != FEED_TEXT)
+		return 0;
+	/* Text: every document counts, and the token counts are known only once tokenized. */
 	f->n_nonempty = f->n_docs;
 	if ((double)f->bad_records > f->conf.max_bad_fraction * (double)f->n_docs) {
 		snprintf(err, errlen, "%" PRIu64 " bad records, more than max_bad_fraction %g of the feed's %" PRIu64
@@ -383,9 +297,7 @@ static int load_tokenizer(struct feed *f, char *err, size_t errlen)
 	f->bos_id = f->eos_id = -1;
 	if (f->conf.tokenizer) {
 		_cleanup_free_ char *msg = NULL;
-		int r = conf_tokenizer_is_hf(f->conf.tokenizer)
-				? tok_load_hf(f->conf.tokenizer, &f->tok, &msg)
-				: tok_load_rankfile(f->conf.tokenizer, f->conf.tokenizer_preset, &f->tok, &msg);
+		int r = tokenize_tok_load(f->conf.tokenizer, f->conf.tokenizer_preset, &f->tok, &msg);
 		if (r == -ENOMEM)
 			return r;
 		if (r < 0) {
@@ -400,16 +312,17 @@ static int load_tokenizer(struct feed *f, char *err, size_t errlen)
 	return r;
 }
 
-int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **ret)
+int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed **ret)
 {
 	struct feed *f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
 	f->refs = 1;
 	f->state = FEED_READY;
-	f->kind = strcmp(cf->format, "megatron") == 0 ? FEED_MEGATRON : FEED_TEXT;
+	f->format = format_find(cf->format);
+	f->kind = f->format && f->format->content == FORMAT_TOKENS ? FEED_MEGATRON : FEED_TEXT;
 	if (copy_conf(&f->conf, cf) < 0 || !(f->name = strdup(cf->name)) ||
-	    !(f->io_engine = strdup(io_reader_engine(io))) || !(f->stages = calloc(1, sizeof(*f->stages)))) {
+	    !(f->io_engine = strdup(source_reader_engine(io))) || !(f->stages = calloc(1, sizeof(*f->stages)))) {
 		feed_unref(f);
 		return -ENOMEM;
 	}
@@ -437,7 +350,7 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		*ret = f;
 		return 0;
 	}
-	r = expand(f, &paths, &n, err, sizeof(err));
+	r = source_glob((const char *const *)f->conf.shards, f->conf.n_shards, &paths, &n, err, sizeof(err));
 	if (r == -ENOMEM) {
 		feed_unref(f);
 		return r;
@@ -447,7 +360,10 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 		*ret = f;
 		return 0;
 	}
-	if ((uint64_t)n > UINT32_MAX - 1) {
+	if (!f->format) {
+		snprintf(err, sizeof(err), "format: '%s' is not a format feedd reads", cf->format);
+		r = -EINVAL;
+	} else if ((uint64_t)n > UINT32_MAX - 1) {
 		snprintf(err, sizeof(err), "shards: %zu shards, at most %u are supported", n, UINT32_MAX - 1);
 		r = -E2BIG;
 	}
@@ -455,8 +371,7 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 	if (r == 0)
 		r = load_tokenizer(f, err, sizeof(err));
 	if (r == 0)
-		r = f->kind == FEED_TEXT ? load_text(f, paths, n, io, err, sizeof(err))
-					 : load_megatron(f, paths, n, io, err, sizeof(err));
+		r = load_shards(f, paths, n, io, err, sizeof(err));
 	for (size_t i = 0; i < n; i++)
 		free(paths[i]);
 	free(paths);
@@ -484,9 +399,9 @@ int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **re
 	};
 	if (f->kind == FEED_TEXT) {
 		struct stat st;
-		struct file_id tid = { 0 };
+		struct source_id tid = { 0 };
 		if (stat(f->conf.tokenizer, &st) == 0)
-			tid = (struct file_id){ .size = st.st_size, .mtime = st.st_mtim };
+			tid = (struct source_id){ .size = (uint64_t)st.st_size, .mtime = st.st_mtim };
 		f->fingerprint = fingerprint_text(f, &tid);
 		log_info("feed %s: %u %s shards, %" PRIu64 " documents, %" PRIu64 " bytes of text (%u indexes from the cache), read with %s",
 			 f->name, f->n_shards, f->conf.format, f->n_docs, f->n_bytes, f->n_cached, f->io_engine);
@@ -513,10 +428,7 @@ struct feed *feed_unref(struct feed *f)
 	if (!f || --f->refs > 0)
 		return NULL;
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
-		megatron_free(f->shards[i]);
-	for (uint32_t i = 0; f->texts && i < f->n_shards; i++)
-		text_free(f->texts[i]);
-	free(f->texts);
+		format_close(f->shards[i]);
 	for (uint32_t i = 0; f->bad_seen && i < f->n_shards; i++)
 		free(f->bad_seen[i]);
 	free(f->bad_seen);
@@ -567,8 +479,7 @@ int feed_check(struct feed *f)
 	if (f->sources)
 		return 0;
 	for (uint32_t i = 0; i < f->n_shards; i++) {
-		int r = f->kind == FEED_TEXT ? text_check(f->texts[i], err, sizeof(err))
-					     : megatron_check(f->shards[i], err, sizeof(err));
+		int r = format_check(f->shards[i], err, sizeof(err));
 		if (r < 0) {
 			set_failed(f, r, err);
 			return r;

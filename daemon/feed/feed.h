@@ -11,8 +11,7 @@
 #include <stdint.h>
 
 #include "daemon/conf/conf.h"
-#include "daemon/format/megatron.h"
-#include "daemon/format/text.h"
+#include "daemon/format/format.h"
 #include "daemon/order/mix.h"
 #include "daemon/order/order.h"
 #include "daemon/pack/pad.h"
@@ -40,8 +39,8 @@ struct feed {
 	char *io_engine;       /* engine that read the .idx files */
 	enum feed_kind kind;
 
-	struct megatron_shard **shards;  /* FEED_MEGATRON */
-	struct text_shard **texts;       /* FEED_TEXT */
+	const struct format *format;     /* how documents are found in the shards (daemon/format/format.h) */
+	struct shard **shards;
 	struct tok *tok;                 /* the feed's tokenizer, if it names one */
 	uint64_t tok_generation;         /* tells apart toks that reuse an address, for per-thread states */
 	int32_t bos_id, eos_id;          /* -1: none */
@@ -80,7 +79,7 @@ struct feed {
  * Loads the feed described by cf. Returns 0 with a feed (possibly FAILED, with
  * the reason logged and kept in feed->error); -ENOMEM.
  */
-int feed_load(const struct conf_feed *cf, struct io_reader *io, struct feed **ret);
+int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed **ret);
 struct feed *feed_ref(struct feed *f);
 struct feed *feed_unref(struct feed *f);
 

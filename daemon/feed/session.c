@@ -210,7 +210,7 @@ static int text_submit(struct session *s, struct session_src *x)
 			}
 			uint64_t doc = doc_walk_doc(&x->ahead);
 			c->docs[c->n++] = doc;
-			c->bytes += f->texts[ORDER_DOC_SHARD(doc)]->lengths[ORDER_DOC_INDEX(doc)];
+			c->bytes += format_doc_bytes(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc));
 			x->ahead_seq++;
 			unsigned crossed;
 			int r = doc_walk_next(&x->ahead, &crossed);

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "daemon/feed/feed.h"
+#include "daemon/feed/worker.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/order/cursor.h"
 #include "daemon/pack/bestfit.h"
@@ -42,35 +43,6 @@ struct session_src;
 /* Called on the main thread when a session stops producing for good (error text in msg). */
 typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, void *userdata);
 
-/*
- * Tokenized text: a run of consecutive documents of one rank's stream (visits
- * first_seq .. first_seq + n - 1), read and tokenized together by a worker.
- * Chunks are kept in stream order; plans point into their tokens, so a chunk
- * is freed only once every batch that used it is published.
- */
-struct text_chunk {
-	struct pool_job job;
-	struct session *session;
-	struct session_src *src;      /* the stream it belongs to */
-	struct text_chunk *next;      /* in stream order */
-	struct text_chunk *next_done; /* completion list */
-	uint64_t first_seq;
-	uint32_t n;
-	uint64_t *docs;      /* n document ids */
-	uint64_t bytes;      /* of text to read */
-
-	/* written by the worker */
-	uint64_t *start;     /* n + 1 offsets into ids */
-	int32_t *ids;
-	uint32_t skipped;    /* bad records turned into empty documents */
-	char **bad;          /* n entries: why each skipped document was bad, NULL for good ones (array NULL when none) */
-	int result;
-	char error[512];     /* the failure, or the first skipped record's reason */
-
-	/* main thread */
-	bool done;
-	uint64_t last_batch; /* the latest batch that may use its tokens */
-};
 
 struct session_job {
 	struct pool_job job;

@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/feed/session.h"
 #include "daemon/feed/worker.h"
 #include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
 #include "proto/ring_abi.h"
 
@@ -19,8 +19,8 @@ struct widen_run {
 	size_t pos;
 	size_t n;
 	const struct feed *feed;            /* whose shard (a mixture's source) */
-	const struct megatron_shard *shard;
-	uint64_t byte_offset; /* in .bin, for messages */
+	const struct shard *shard;
+	uint64_t byte_offset; /* in the source, for messages */
 };
 
 struct worker *worker_new(enum io_engine engine, unsigned depth)
@@ -28,7 +28,7 @@ struct worker *worker_new(enum io_engine engine, unsigned depth)
 	struct worker *w = calloc(1, sizeof(*w));
 	if (!w)
 		return NULL;
-	if (io_reader_new(engine, depth, &w->io) < 0) {
+	if (source_reader_new(engine, depth, &w->io) < 0) {
 		free(w);
 		return NULL;
 	}
@@ -39,16 +39,12 @@ struct worker *worker_free(struct worker *w)
 {
 	if (!w)
 		return NULL;
-	io_reader_free(w->io);
+	source_reader_free(w->io);
 	free(w->raw);
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
-	free(w->text);
-	free(w->text_reqs);
-	jsonl_record_done(&w->record);
-	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
-		tok_state_free(w->toks[i].st);
+	tokenize_scratch_done(&w->tk);
 	free(w);
 	return NULL;
 }
@@ -84,12 +80,12 @@ static int reserve(struct worker *w, size_t positions, size_t pieces)
 struct emit_ctx {
 	struct worker *w;
 	const struct feed *feed;
-	const struct megatron_shard *shard;
+	const struct shard *shard;
 	size_t n;
 	size_t pos; /* stream position of the next token */
 };
 
-static int emit_range(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
+static int emit_range(void *userdata, struct source *src, uint64_t byte_offset, uint64_t n_tokens)
 {
 	struct emit_ctx *c = userdata;
 	struct worker *w = c->w;
@@ -98,8 +94,8 @@ static int emit_range(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
 		if (r < 0)
 			return r;
 	}
-	w->reqs[c->n] = (struct io_req){
-		.fd = c->shard->bin_fd,
+	w->reqs[c->n] = (struct source_read){
+		.src = src,
 		.offset = byte_offset,
 		.len = n_tokens * c->shard->itemsize,
 		.dst = w->raw + c->pos * 8,
@@ -141,10 +137,10 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 		c->feed = sf;
 		c->shard = sf->shards[s];
 		c->pos = pos + (lo - offset);
-		int r = megatron_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
+		int r = format_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
 		if (r < 0) {
 			snprintf(err, errlen, "%s: document %" PRIu32 ": cannot map tokens %" PRIu64 "..%" PRIu64,
-				 c->shard->idx_path, d, lo - bos, hi - bos);
+				 c->shard->name, d, lo - bos, hi - bos);
 			return r;
 		}
 	}
@@ -162,17 +158,19 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 #define AT(p) ((p) < n ? ids + (p) : lookahead)
 	struct stage_clock stage_clock;
 	size_t failed = 0;
-	const struct io_stats *io = io_reader_stats(w->io);
+	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, io_depth_sum = io->depth_sum, io_depth_n = io->depth_n;
 	stage_begin(&stage_clock, true);
-	int r = io_reader_run(w->io, w->reqs, c->n, &failed);
+	int r = source_read(w->io, w->reqs, c->n, &failed);
 	if (r < 0) {
-		const struct megatron_shard *sh = w->runs[failed].shard;
-		if (r == -ENODATA)
+		const char *path = r == -ENOMEM ? "" : source_name(w->reqs[failed].src);
+		if (r == -ENOMEM)
+			snprintf(err, errlen, "out of memory queueing %zu reads", c->n);
+		else if (r == -ENODATA)
 			snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its .idx points to: the file changed while serving",
-				 sh->bin_path, w->runs[failed].byte_offset + w->reqs[failed].len);
+				 path, w->runs[failed].byte_offset + w->reqs[failed].len);
 		else
-			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", sh->bin_path,
+			snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", path,
 				 w->runs[failed].byte_offset, strerror(-r));
 		return r;
 	}
@@ -182,12 +180,12 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 		     io->depth_n > io_depth_n ? io->depth_n - io_depth_n : (c->n > 0));
 	for (size_t i = 0; i < c->n; i++) {
 		const struct widen_run *run = &w->runs[i];
-		const struct megatron_shard *sh = run->shard;
+		const struct shard *sh = run->shard;
 		size_t bad;
-		r = megatron_widen(sh->dtype, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
+		r = format_widen(sh, w->raw + run->pos * 8, run->n, AT(run->pos), &bad);
 		if (r < 0) {
-			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647", sh->bin_path,
-				 run->byte_offset + bad * sh->itemsize);
+			snprintf(err, errlen, "%s: token at byte %" PRIu64 " is outside 0..2147483647",
+				 source_name(w->reqs[i].src), run->byte_offset + bad * sh->itemsize);
 			return r;
 		}
 		const uint64_t vocab = run->feed->tok ? tok_vocab_size(run->feed->tok) : 0;
@@ -202,7 +200,7 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 				while ((uint64_t)t[k] < vocab)
 					k++;
 				snprintf(err, errlen, "%s: token at byte %" PRIu64 " is %" PRId32 ", beyond the tokenizer's vocabulary of %" PRIu64 " ids",
-					 sh->bin_path, run->byte_offset + k * sh->itemsize, t[k], vocab);
+					 source_name(w->reqs[i].src), run->byte_offset + k * sh->itemsize, t[k], vocab);
 				return -ERANGE;
 			}
 		}
@@ -326,171 +324,42 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 	return 0;
 }
 
-/* This thread's state for the feed's tokenizer, made on first use. */
-static struct tok_state *tok_state_for(struct worker *w, const struct feed *f)
-{
-	for (size_t i = 0; i < ARRAY_SIZE(w->toks); i++)
-		if (w->toks[i].st && w->toks[i].generation == f->tok_generation)
-			return w->toks[i].st;
-	struct worker_tok *slot = &w->toks[w->toks_next++ % ARRAY_SIZE(w->toks)];
-	slot->st = tok_state_free(slot->st);
-	if (tok_state_new(f->tok, &slot->st) < 0)
-		return NULL;
-	slot->generation = f->tok_generation;
-	return slot->st;
-}
-
-static int grow(void **p, size_t *cap, size_t want, size_t size)
-{
-	if (want <= *cap)
-		return 0;
-	size_t n = MAX(want, *cap * 2);
-	void *q = realloc(*p, n * size);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = n;
-	return 0;
-}
-
 int worker_tokenize(struct worker *w, struct feed *f, struct text_chunk *c)
 {
-	const bool jsonl = strcmp(f->conf.format, "jsonl") == 0;
-	const uint64_t max = f->conf.max_document_bytes;
+	const struct tokenize_params p = {
+		.shards = f->shards,
+		.tok = f->tok,
+		.tok_generation = f->tok_generation,
+		.max_doc_bytes = f->conf.max_document_bytes,
+		.encode_specials = f->conf.encode_special_tokens,
+		.skip_bad_records = f->conf.skip_bad_records,
+	};
+	struct tokenize_chunk t = { .n = c->n, .docs = c->docs, .bytes = c->bytes };
 	struct stage_clock clock;
-	int r;
-
-	/* Every document of the chunk in one batch of reads, all in flight at once. */
-	size_t bytes = 0, n_reqs = 0;
-	if (grow((void **)&w->text_reqs, &w->text_reqs_cap, c->n, sizeof(*w->text_reqs)) < 0)
-		goto oom;
-	for (uint32_t i = 0; i < c->n; i++) {
-		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
-		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
-		if (t->lengths[d] > max || t->lengths[d] == 0)
-			continue;
-		w->text_reqs[n_reqs++] = (struct io_req){ .fd = t->fd, .offset = t->offsets[d], .len = t->lengths[d],
-							   .dst = (void *)(uintptr_t)bytes };
-		bytes += t->lengths[d];
-	}
-	if (grow((void **)&w->text, &w->text_cap, MAX(bytes, (size_t)1), 1) < 0)
-		goto oom;
-	for (size_t i = 0; i < n_reqs; i++)
-		w->text_reqs[i].dst = w->text + (uintptr_t)w->text_reqs[i].dst;
-	const struct io_stats *io = io_reader_stats(w->io);
+	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
 	stage_begin(&clock, true);
-	size_t failed = 0;
-	r = io_reader_run(w->io, w->text_reqs, n_reqs, &failed);
-	if (r < 0) {
-		const struct io_req *q = &w->text_reqs[failed];
-		const char *path = "?";
-		for (uint32_t s = 0; s < f->n_shards; s++)
-			if (f->texts[s]->fd == q->fd)
-				path = f->texts[s]->data_path;
-		if (r == -ENODATA)
-			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
-				 path, q->offset + q->len);
-		else
-			snprintf(c->error, sizeof(c->error), "%s: read at byte %" PRIu64 " failed: %s", path, q->offset,
-				 strerror(-r));
+	int r = tokenize_read(&w->tk, w->io, &p, &t);
+	if (r == 0) {
+		const size_t n_reqs = w->tk.n_reqs;
+		/* pread has no queue: one request at a time. */
+		stage_end_io(&f->stages->read, &clock, io->bytes - io_bytes,
+			     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
+			     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
+		stage_begin(&clock, false);
+		r = tokenize_encode(&w->tk, &p, &t);
+	}
+	/* The chunk owns what was made, also on failure. */
+	c->start = t.start;
+	c->ids = t.ids;
+	c->bad = t.bad;
+	c->skipped = t.skipped;
+	memcpy(c->error, t.error, sizeof(c->error));
+	if (r < 0)
 		return r;
-	}
-	stage_end_io(&f->stages->read, &clock, io->bytes - io_bytes,
-		     io->depth_n > depth_n ? io->depth_sum - depth_sum : (n_reqs > 0),
-		     io->depth_n > depth_n ? io->depth_n - depth_n : (n_reqs > 0));
-
-	struct tok_state *st = tok_state_for(w, f);
-	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
-	if (!st || !c->start)
-		goto oom;
-	stage_begin(&clock, false);
-	struct tok_ids out = { 0 };
-	const unsigned flags = f->conf.encode_special_tokens ? TOK_ENCODE_SPECIALS : 0;
-	size_t at = 0, replaced_total = 0;
-	char why[384];
-	/*
-	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
-	 * so that they are not copied again and again while the array grows.
-	 */
-	if (tok_ids_reserve(&out, bytes / 3 + 256) < 0)
-		goto oom;
-	for (uint32_t i = 0; i < c->n; i++) {
-		const struct text_shard *t = f->texts[ORDER_DOC_SHARD(c->docs[i])];
-		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
-		const uint8_t *doc = w->text + at;
-		size_t len = t->lengths[d], replaced = 0;
-		size_t before = out.n;
-		c->start[i] = out.n;
-		why[0] = 0;
-		if (len > max) {
-			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
-		} else {
-			at += len;
-			const char *text = (const char *)doc;
-			size_t text_len = len;
-			unsigned doc_flags = flags;
-			if (jsonl) {
-				r = jsonl_extract(&w->record, doc, len, f->conf.text_key, why, sizeof(why));
-				if (r == -ENOMEM)
-					goto oom_ids;
-				text = w->record.text;
-				text_len = w->record.len;
-				replaced = w->record.replaced;
-				if (w->record.utf8_valid)
-					doc_flags |= TOK_ENCODE_UTF8_VALID;
-			}
-			if (!why[0]) {
-				size_t rep = 0;
-				r = tok_encode(f->tok, st, text, text_len, doc_flags, &out, &rep);
-				if (r == -ENOMEM)
-					goto oom_ids;
-				if (r < 0) {
-					out.n = before;
-					snprintf(why, sizeof(why), "the tokenizer failed: %s", strerror(-r));
-				}
-				replaced += rep;
-			}
-		}
-		if (why[0]) {
-			/* A bad record: fatal, or an empty document that still counts in k mod R. */
-			out.n = before;
-			char where[64] = "";
-			if (t->kind == TEXT_JSONL)
-				snprintf(where, sizeof(where), ":%" PRIu64, text_doc_line(t, d));
-			else if (t->kind == TEXT_PARQUET)
-				snprintf(where, sizeof(where), ": row %" PRIu32, d);
-			if (!f->conf.skip_bad_records) {
-				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", t->path, where, why);
-				tok_ids_done(&out);
-				return -EBADMSG;
-			}
-			if ((!c->bad && !(c->bad = calloc(c->n, sizeof(*c->bad)))) ||
-			    asprintf(&c->bad[i], "%s%s: %s", t->path, where, why) < 0) {
-				if (c->bad)
-					c->bad[i] = NULL;
-				tok_ids_done(&out);
-				goto oom;
-			}
-			if (c->skipped++ == 0)
-				snprintf(c->error, sizeof(c->error), "%s", c->bad[i]);
-		}
-		replaced_total += replaced;
-	}
-	c->start[c->n] = out.n;
-	c->ids = out.ids ? out.ids : malloc(sizeof(int32_t));
-	if (!c->ids)
-		goto oom;
-	stage_end(&f->stages->tokenize, &clock, at);
+	stage_end(&f->stages->tokenize, &clock, t.read_bytes);
 	__atomic_fetch_add(&f->tok_docs, c->n, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->tok_tokens, out.n, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&f->utf8_replaced, replaced_total, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->tok_tokens, t.tokens, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&f->utf8_replaced, t.replaced, __ATOMIC_RELAXED);
 	return 0;
-
-oom_ids:
-	tok_ids_done(&out);
-oom:
-	snprintf(c->error, sizeof(c->error), "out of memory tokenizing %" PRIu32 " documents (%" PRIu64 " bytes)", c->n,
-		 c->bytes);
-	return -ENOMEM;
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/format/format.h"
 #include "daemon/format/megatron.h"
 #include "proto/macro.h"
 
@@ -47,17 +48,6 @@ static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 	return code;
 }
 
-static void file_id_of(const struct stat *st, struct file_id *id)
-{
-	*id = (struct file_id){ .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime = st->st_mtim };
-}
-
-static bool file_id_equal(const struct file_id *a, const struct file_id *b)
-{
-	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
-	       a->mtime.tv_nsec == b->mtime.tv_nsec;
-}
-
 static uint64_t rd64(const uint8_t *p)
 {
 	uint64_t v;
@@ -69,8 +59,7 @@ struct megatron_shard *megatron_free(struct megatron_shard *s)
 {
 	if (!s)
 		return NULL;
-	if (s->bin_fd >= 0)
-		close(s->bin_fd);
+	source_close(s->bin);
 	free(s->idx_path);
 	free(s->bin_path);
 	free(s->lengths);
@@ -190,17 +179,16 @@ static int check_arrays(struct megatron_shard *s, uint64_t D, char *err, size_t 
 	return 0;
 }
 
-int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_shard **ret, char *err,
+int megatron_open(const char *idx_path, struct source_reader *io, struct megatron_shard **ret, char *err,
 		  size_t errlen)
 {
 	int r;
-	_cleanup_close_ int idx_fd = -1;
+	struct source *idx = NULL;
 	uint64_t D = 0;
 	err[0] = 0;
 	struct megatron_shard *s = calloc(1, sizeof(*s));
 	if (!s)
 		return fail(err, errlen, -ENOMEM, "%s: out of memory", idx_path);
-	s->bin_fd = -1;
 
 	size_t n = strlen(idx_path);
 	s->idx_path = strdup(idx_path);
@@ -216,40 +204,25 @@ int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_sh
 	memcpy(s->bin_path, idx_path, n - 4);
 	strcpy(s->bin_path + n - 4, ".bin");
 
-	idx_fd = open(idx_path, O_RDONLY | O_CLOEXEC);
-	if (idx_fd < 0) {
-		r = -errno;
-		r = fail(err, errlen, r, "%s: cannot open: %s", idx_path, strerror(-r));
-		goto out;
-	}
-	s->bin_fd = open(s->bin_path, O_RDONLY | O_CLOEXEC);
-	if (s->bin_fd < 0) {
-		r = -errno;
-		r = fail(err, errlen, r, "%s: cannot open: %s", s->bin_path, strerror(-r));
-		goto out;
-	}
-	struct stat st_idx, st_bin;
-	if (fstat(idx_fd, &st_idx) < 0 || fstat(s->bin_fd, &st_bin) < 0) {
-		r = -errno;
-		r = fail(err, errlen, r, "%s: cannot stat: %s", idx_path, strerror(-r));
-		goto out;
-	}
-	if (!S_ISREG(st_idx.st_mode) || !S_ISREG(st_bin.st_mode)) {
+	r = source_open(idx_path, &idx, err, errlen);
+	if (r == 0)
+		r = source_open(s->bin_path, &s->bin, err, errlen);
+	if (r == -EINVAL)
 		r = fail(err, errlen, -EINVAL, "%s: .idx and .bin must be regular files", idx_path);
+	if (r < 0)
 		goto out;
-	}
-	file_id_of(&st_idx, &s->idx_id);
-	file_id_of(&st_bin, &s->bin_id);
+	s->idx_id = *source_identity(idx);
+	s->bin_id = *source_identity(s->bin);
 
-	uint64_t idx_size = (uint64_t)st_idx.st_size;
+	uint64_t idx_size = source_size(idx);
 	if (idx_size < IDX_HEADER) {
 		r = fail(err, errlen, -EBADMSG, "%s: truncated header (%" PRIu64 " bytes, need %d)", idx_path, idx_size,
 			 IDX_HEADER);
 		goto out;
 	}
 	uint8_t header[IDX_HEADER];
-	struct io_req hreq = { .fd = idx_fd, .offset = 0, .len = IDX_HEADER, .dst = header };
-	r = io_reader_run(io, &hreq, 1, NULL);
+	struct source_read hreq = { .src = idx, .offset = 0, .len = IDX_HEADER, .dst = header };
+	r = source_read(io, &hreq, 1, NULL);
 	if (r < 0) {
 		r = fail(err, errlen, r, "%s: cannot read header: %s", idx_path, strerror(-r));
 		goto out;
@@ -266,12 +239,12 @@ int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_sh
 		r = fail(err, errlen, -ENOMEM, "%s: out of memory for %" PRIu64 " sequences", idx_path, S);
 		goto out;
 	}
-	struct io_req reqs[3] = {
-		{ .fd = idx_fd, .offset = IDX_HEADER, .len = 4 * S, .dst = s->lengths },
-		{ .fd = idx_fd, .offset = IDX_HEADER + 4 * S, .len = 8 * S, .dst = s->pointers },
-		{ .fd = idx_fd, .offset = IDX_HEADER + 12 * S, .len = 8 * D, .dst = s->doc_idx },
+	struct source_read reqs[3] = {
+		{ .src = idx, .offset = IDX_HEADER, .len = 4 * S, .dst = s->lengths },
+		{ .src = idx, .offset = IDX_HEADER + 4 * S, .len = 8 * S, .dst = s->pointers },
+		{ .src = idx, .offset = IDX_HEADER + 12 * S, .len = 8 * D, .dst = s->doc_idx },
 	};
-	r = io_reader_run(io, reqs, ARRAY_SIZE(reqs), NULL);
+	r = source_read(io, reqs, ARRAY_SIZE(reqs), NULL);
 	if (r < 0) {
 		r = fail(err, errlen, r, "%s: cannot read: %s", idx_path, strerror(-r));
 		goto out;
@@ -280,29 +253,19 @@ int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_sh
 	if (r < 0)
 		goto out;
 
+	source_close(idx);
 	*ret = TAKE_PTR(s);
 	return 0;
 out:
+	source_close(idx);
 	megatron_free(s);
 	return r;
 }
 
 int megatron_check(const struct megatron_shard *s, char *err, size_t errlen)
 {
-	struct stat st;
-	struct file_id id;
-	const char *paths[2] = { s->idx_path, s->bin_path };
-	const struct file_id *ids[2] = { &s->idx_id, &s->bin_id };
-	for (size_t i = 0; i < 2; i++) {
-		if (stat(paths[i], &st) < 0)
-			return fail(err, errlen, -ESTALE, "%s: changed while serving: %s", paths[i], strerror(errno));
-		file_id_of(&st, &id);
-		if (!file_id_equal(&id, ids[i]))
-			return fail(err, errlen, -ESTALE,
-				    "%s: changed while serving (size %lld -> %lld, or replaced or rewritten)", paths[i],
-				    (long long)ids[i]->size, (long long)id.size);
-	}
-	return 0;
+	int r = source_check(s->idx_path, &s->idx_id, err, errlen);
+	return r < 0 ? r : source_check(s->bin_path, &s->bin_id, err, errlen);
 }
 
 int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
@@ -386,3 +349,74 @@ int megatron_widen(uint8_t dtype, const void *src, size_t n, int32_t *dst, size_
 	}
 	return 0;
 }
+
+/* ---- the format layer's view (format.h) ------------------------------------ */
+
+static int fmt_open(struct shard *sh, const char *name, const struct format_opts *o, struct source_reader *r,
+		    char *err, size_t errlen)
+{
+	struct megatron_shard *s;
+	int e = megatron_open(name, r, &s, err, errlen);
+	if (e < 0)
+		return e;
+	*sh = (struct shard){
+		.format = sh->format,
+		.impl = s,
+		.name = s->idx_path,
+		.n_docs = s->n_docs,
+		.ids = { &s->idx_id, &s->bin_id },
+		.n_ids = 2,
+		.doc_tokens = s->doc_tokens,
+		.n_tokens = s->n_tokens,
+		.n_nonempty = s->n_nonempty,
+		.itemsize = s->itemsize,
+		.bytes = s->n_tokens * s->itemsize,
+		.truncated = "",
+	};
+	return 0;
+}
+
+static void fmt_close(struct shard *sh)
+{
+	megatron_free(sh->impl);
+}
+
+static int fmt_check(const struct shard *sh, char *err, size_t errlen)
+{
+	return megatron_check(sh->impl, err, errlen);
+}
+
+struct ranges_ctx {
+	struct source *bin;
+	int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens);
+	void *ctx;
+};
+
+static int ranges_emit(void *userdata, uint64_t byte_offset, uint64_t n_tokens)
+{
+	struct ranges_ctx *c = userdata;
+	return c->emit(c->ctx, c->bin, byte_offset, n_tokens);
+}
+
+static int fmt_doc_ranges(const struct shard *sh, uint32_t doc, uint64_t offset, uint64_t count,
+			  int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
+{
+	const struct megatron_shard *s = sh->impl;
+	struct ranges_ctx c = { .bin = s->bin, .emit = emit, .ctx = ctx };
+	return megatron_doc_ranges(s, doc, offset, count, ranges_emit, &c);
+}
+
+static int fmt_widen(const struct shard *sh, const void *src, size_t n, int32_t *dst, size_t *ret_bad)
+{
+	return megatron_widen(((const struct megatron_shard *)sh->impl)->dtype, src, n, dst, ret_bad);
+}
+
+const struct format format_megatron = {
+	.name = "megatron",
+	.content = FORMAT_TOKENS,
+	.open = fmt_open,
+	.close = fmt_close,
+	.check = fmt_check,
+	.doc_ranges = fmt_doc_ranges,
+	.widen = fmt_widen,
+};

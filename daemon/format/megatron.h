@@ -7,10 +7,11 @@
  * i64[D] document indices; optionally S mode bytes. .bin: bare tokens.
  * Document d = sequences doc_idx[d] .. doc_idx[d+1]-1.
  *
- * A shard owns its .bin fd and the .idx arrays (read with io_uring); both are immutable after
- * open, so any thread may read them. The identity of both files (device,
- * inode, size, mtime) is recorded; megatron_check() tells whether they
- * changed since.
+ * A shard owns its .bin source and the .idx arrays (read through the source
+ * layer); both are immutable after open, so any thread may read them. The
+ * identity of both files is recorded; megatron_check() tells whether they
+ * changed since. The feed reaches a shard through the format layer
+ * (format.h, `format_megatron`), never through these calls.
  */
 #pragma once
 
@@ -19,20 +20,13 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "daemon/io/reader.h"
-
-struct file_id {
-	dev_t dev;
-	ino_t ino;
-	off_t size;
-	struct timespec mtime;
-};
+#include "daemon/source/source.h"
 
 struct megatron_shard {
 	char *idx_path;
 	char *bin_path;
-	int bin_fd;
-	struct file_id idx_id, bin_id;
+	struct source *bin;
+	struct source_id idx_id, bin_id;
 
 	uint8_t dtype;       /* Megatron dtype code */
 	unsigned itemsize;   /* bytes per token in .bin */
@@ -51,7 +45,7 @@ struct megatron_shard {
  * Returns 0, or a negative errno with a message naming the file and the
  * offending field/index in err (always NUL-terminated).
  */
-int megatron_open(const char *idx_path, struct io_reader *io, struct megatron_shard **ret, char *err,
+int megatron_open(const char *idx_path, struct source_reader *io, struct megatron_shard **ret, char *err,
 		  size_t errlen);
 struct megatron_shard *megatron_free(struct megatron_shard *s);
 

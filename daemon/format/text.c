@@ -21,7 +21,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "daemon/format/parquet.h"
+#include "daemon/format/format.h"
 #include "daemon/format/text.h"
 #include "daemon/order/order.h"
 #include "proto/macro.h"
@@ -370,14 +370,17 @@ static void drop_index(struct text_shard *s)
  * codec, document size limit) and is intact. Returns 1 when loaded, 0 when
  * there is none to use.
  */
-static int cache_load(struct text_shard *s, const char *idx_path, struct io_reader *io, uint64_t max_doc_bytes)
+static int cache_load(struct text_shard *s, const char *idx_path, struct source_reader *io, uint64_t max_doc_bytes)
 {
-	_cleanup_close_ int fd = open(idx_path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct text_index_header))
+	struct source *file = NULL;
+	char why[256];
+	if (source_open(idx_path, &file, why, sizeof(why)) < 0)
 		return 0;
+	const uint64_t size = source_size(file);
 	_cleanup_free_ void *buf = NULL;
-	if (io_reader_read_file(io, fd, (size_t)st.st_size, &buf) < 0)
+	int r = size < sizeof(struct text_index_header) ? -EBADMSG : source_read_all(io, file, &buf);
+	source_close(file);
+	if (r < 0)
 		return 0;
 	struct text_index_header h;
 	memcpy(&h, buf, sizeof(h));
@@ -389,7 +392,7 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct io_read
 	if (memcmp(&h, &want, sizeof(h)) != 0 || h.n_docs >= UINT32_MAX || h.has_lines > 1)
 		return 0;
 	uint64_t per = 8 + 4 + (h.has_lines ? 8 : 0);
-	if ((uint64_t)st.st_size != sizeof(h) + h.n_docs * per)
+	if (size != sizeof(h) + h.n_docs * per)
 		return 0;
 	size_t n = (size_t)h.n_docs;
 	const uint8_t *p = (const uint8_t *)buf + sizeof(h);
@@ -429,20 +432,15 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct io_read
 
 /* ---- open ----------------------------------------------------------------- */
 
-static void file_id_of(const struct stat *st, struct file_id *id)
-{
-	*id = (struct file_id){ .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime = st->st_mtim };
-}
-
-/* Reads the whole of fd (size bytes) in large blocks, handing each to fn. */
-static int read_blocks(struct io_reader *io, int fd, uint64_t size, uint8_t *buf,
+/* Reads the whole of src (size bytes) in large blocks, handing each to fn. */
+static int read_blocks(struct source_reader *io, struct source *src, uint64_t size, uint8_t *buf,
 		       int (*fn)(void *ctx, const uint8_t *p, size_t n, uint64_t at), void *ctx)
 {
 	for (uint64_t at = 0; at < size;) {
 		size_t n = (size_t)MIN((uint64_t)BLOCK, size - at);
-		struct io_req req = { .fd = fd, .offset = at, .len = n, .dst = buf };
+		struct source_read req = { .src = src, .offset = at, .len = n, .dst = buf };
 		size_t failed;
-		int r = io_reader_run(io, &req, 1, &failed);
+		int r = source_read(io, &req, 1, &failed);
 		if (r < 0)
 			return r;
 		r = fn(ctx, buf, n, at);
@@ -473,24 +471,23 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 	return decode(c->d, c->b, p, n, at, c->out_fd, c->out, BLOCK, c->err, c->errlen);
 }
 
-static int build_index(struct text_shard *s, int src_fd, const struct text_open_opts *o, const char *data_tmp,
-		       struct io_reader *io, char *err, size_t errlen)
+static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_tmp,
+		       struct source_reader *io, char *err, size_t errlen)
 {
 	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
 	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
 	if (!buf)
 		return -ENOMEM;
 	int r;
-	if (s->kind == TEXT_PARQUET) {
-		struct parquet_source ps = { .name = s->path, .size = (uint64_t)s->id.size, .read = parquet_read_fd,
-					     .ctx = (void *)(intptr_t)src_fd };
-		return text_parquet_build(s, &ps, o->column ? o->column : "text", o->max_doc_bytes, data_tmp, err, errlen);
-	} else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
+	if (s->kind == TEXT_PARQUET)
+		return text_parquet_build(s, src, io, o->text_key ? o->text_key : "text", o->max_doc_bytes, data_tmp, err,
+					  errlen);
+	else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
 		/* The whole file is the document; nothing to scan. */
 		b.pos = (uint64_t)s->id.size;
 		r = add_doc(&b, 0, b.pos);
 	} else if (s->codec == TEXT_CODEC_NONE) {
-		r = read_blocks(io, src_fd, (uint64_t)s->id.size, buf, scan_block, &b);
+		r = read_blocks(io, src, (uint64_t)s->id.size, buf, scan_block, &b);
 		if (r == 0)
 			r = scan_end(&b);
 		if (r < 0 && r != -ENOMEM && r != -E2BIG)
@@ -512,7 +509,7 @@ static int build_index(struct text_shard *s, int src_fd, const struct text_open_
 			return r;
 		err[0] = 0;
 		struct decode_ctx c = { .d = &d, .b = &b, .out_fd = out_fd, .out = out, .err = err, .errlen = errlen };
-		r = read_blocks(io, src_fd, (uint64_t)s->id.size, buf, decode_block, &c);
+		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
 		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
 		if (r == 0 && decoder_truncated(&d, s->id.size > 0)) {
@@ -549,8 +546,8 @@ struct text_shard *text_free(struct text_shard *s)
 {
 	if (!s)
 		return NULL;
-	if (s->fd >= 0)
-		close(s->fd);
+	source_close(s->data);
+	free(s->text_key);
 	free(s->offsets);
 	free(s->lengths);
 	free(s->lines);
@@ -560,42 +557,40 @@ struct text_shard *text_free(struct text_shard *s)
 	return NULL;
 }
 
-int text_open(const char *path, const struct text_open_opts *o, struct io_reader *io, struct text_shard **ret,
+static void source_closep(struct source **s)
+{
+	source_close(*s);
+}
+
+int text_open(const char *path, const struct text_open_opts *o, struct source_reader *io, struct text_shard **ret,
 	      char *err, size_t errlen)
 {
 	int r;
 	struct text_shard *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->fd = -1;
 	s->kind = o->kind;
 	s->codec = text_codec_of(path);
 	s->path = strdup(path);
-	if (!s->path) {
+	s->text_key = strdup(o->text_key ? o->text_key : "text");
+	if (!s->path || !s->text_key) {
 		text_free(s);
 		return -ENOMEM;
 	}
-	_cleanup_close_ int src = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	if (src < 0 || fstat(src, &st) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+	_cleanup_(source_closep) struct source *src = NULL;
+	r = source_open(path, &src, err, errlen);
+	if (r < 0) {
 		text_free(s);
 		return r;
 	}
-	if (!S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "%s: not a regular file", path);
-		text_free(s);
-		return -EINVAL;
-	}
-	file_id_of(&st, &s->id);
+	s->id = *source_identity(src);
 
 	_cleanup_free_ char *idx_path = NULL, *data_path = NULL, *data_tmp = NULL;
 	const bool copy = s->codec != TEXT_CODEC_NONE || s->kind == TEXT_PARQUET;
 	/* A Parquet shard's copy holds one column: the column is part of its name. */
 	char sfx_idx[40] = ".idx", sfx_data[40] = ".data";
 	if (s->kind == TEXT_PARQUET) {
-		const char *col = o->column ? o->column : "text";
+		const char *col = o->text_key ? o->text_key : "text";
 		uint64_t h = hash_words(UINT64_C(0x7071), col, strlen(col));
 		snprintf(sfx_idx, sizeof(sfx_idx), ".%016" PRIx64 ".idx", h);
 		snprintf(sfx_data, sizeof(sfx_data), ".%016" PRIx64 ".data", h);
@@ -657,9 +652,9 @@ int text_open(const char *path, const struct text_open_opts *o, struct io_reader
 
 	if (data_path) {
 		s->data_path = TAKE_PTR(data_path);
-		s->fd = open(s->data_path, O_RDONLY | O_CLOEXEC);
-		if (s->fd < 0) {
-			r = -errno;
+		char why[512];
+		r = source_open(s->data_path, &s->data, why, sizeof(why));
+		if (r < 0) {
 			snprintf(err, errlen, "%s: cannot open its decompressed copy %s: %s", path, s->data_path,
 				 strerror(-r));
 			text_free(s);
@@ -671,7 +666,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct io_reader
 			text_free(s);
 			return -ENOMEM;
 		}
-		s->fd = TAKE_FD(src);
+		s->data = TAKE_PTR(src);
 	}
 	*ret = s;
 	return 0;
@@ -679,18 +674,109 @@ int text_open(const char *path, const struct text_open_opts *o, struct io_reader
 
 int text_check(const struct text_shard *s, char *err, size_t errlen)
 {
-	struct stat st;
-	struct file_id id;
-	if (stat(s->path, &st) < 0) {
-		snprintf(err, errlen, "%s: changed while serving: %s", s->path, strerror(errno));
-		return -ESTALE;
-	}
-	file_id_of(&st, &id);
-	if (id.dev != s->id.dev || id.ino != s->id.ino || id.size != s->id.size ||
-	    id.mtime.tv_sec != s->id.mtime.tv_sec || id.mtime.tv_nsec != s->id.mtime.tv_nsec) {
-		snprintf(err, errlen, "%s: changed while serving (size, mtime or inode differ from when it was loaded)",
-			 s->path);
-		return -ESTALE;
-	}
+	return source_check(s->path, &s->id, err, errlen);
+}
+
+/* ---- the format layer's view (format.h) ------------------------------------ */
+
+static int fmt_open(struct shard *sh, const char *name, const struct format_opts *o, struct source_reader *r,
+		    char *err, size_t errlen)
+{
+	struct text_open_opts to = {
+		.kind = sh->format == &format_jsonl ? TEXT_JSONL : sh->format == &format_parquet ? TEXT_PARQUET : TEXT_PLAIN,
+		.cache_dir = o->cache_dir,
+		.max_doc_bytes = o->max_doc_bytes,
+		.text_key = o->text_key,
+	};
+	struct text_shard *t;
+	int e = text_open(name, &to, r, &t, err, errlen);
+	if (e < 0)
+		return e;
+	*sh = (struct shard){
+		.format = sh->format,
+		.impl = t,
+		.name = t->path,
+		.n_docs = t->n_docs,
+		.ids = { &t->id },
+		.n_ids = 1,
+		.bytes = t->bytes,
+		.cached = t->cached,
+		.truncated = t->truncated,
+	};
 	return 0;
 }
+
+static void fmt_close(struct shard *sh)
+{
+	text_free(sh->impl);
+}
+
+static int fmt_check(const struct shard *sh, char *err, size_t errlen)
+{
+	return text_check(sh->impl, err, errlen);
+}
+
+static uint64_t fmt_doc_bytes(const struct shard *sh, uint32_t doc)
+{
+	return ((const struct text_shard *)sh->impl)->lengths[doc];
+}
+
+static void fmt_doc_read(const struct shard *sh, uint32_t doc, struct source_read *ret)
+{
+	const struct text_shard *t = sh->impl;
+	*ret = (struct source_read){ .src = t->data, .offset = t->offsets[doc], .len = t->lengths[doc] };
+}
+
+static int fmt_jsonl_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
+			  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
+{
+	const struct text_shard *t = sh->impl;
+	int r = jsonl_extract(&st->jsonl, bytes, len, t->text_key, why, whylen);
+	if (r < 0)
+		return r;
+	*ret = (struct format_text){ .text = st->jsonl.text, .len = st->jsonl.len, .replaced = st->jsonl.replaced,
+				     .utf8_valid = st->jsonl.utf8_valid };
+	return 0;
+}
+
+static int fmt_plain_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
+			  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
+{
+	*ret = (struct format_text){ .text = (const char *)bytes, .len = len };
+	return 0;
+}
+
+static void fmt_jsonl_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
+{
+	snprintf(buf, n, ":%" PRIu64, text_doc_line(sh->impl, doc));
+}
+
+static void fmt_plain_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
+{
+	if (n)
+		buf[0] = 0;
+}
+
+const struct format format_jsonl = {
+	.name = "jsonl",
+	.content = FORMAT_TEXT,
+	.open = fmt_open,
+	.close = fmt_close,
+	.check = fmt_check,
+	.doc_bytes = fmt_doc_bytes,
+	.doc_read = fmt_doc_read,
+	.doc_text = fmt_jsonl_text,
+	.doc_where = fmt_jsonl_where,
+};
+
+const struct format format_text = {
+	.name = "text",
+	.content = FORMAT_TEXT,
+	.open = fmt_open,
+	.close = fmt_close,
+	.check = fmt_check,
+	.doc_bytes = fmt_doc_bytes,
+	.doc_read = fmt_doc_read,
+	.doc_text = fmt_plain_text,
+	.doc_where = fmt_plain_where,
+};

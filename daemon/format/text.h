@@ -29,7 +29,8 @@
  * directory a plain shard's index lives in memory only and a compressed shard
  * cannot be served.
  *
- * A shard is immutable after open and read by any thread.
+ * A shard is immutable after open and read by any thread. The feed reaches
+ * it through the format layer (format.h: `format_jsonl`, `format_text`).
  */
 #pragma once
 
@@ -37,8 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/format/megatron.h"
-#include "daemon/io/reader.h"
+#include "daemon/source/source.h"
 
 enum text_kind {
 	TEXT_JSONL,
@@ -55,8 +55,9 @@ enum text_codec {
 struct text_shard {
 	char *path;            /* the source, canonical */
 	char *data_path;       /* the file documents are read from: the source or its decompressed copy */
-	int fd;                /* data_path, read-only */
-	struct file_id id;     /* of the source, at open */
+	struct source *data;   /* data_path */
+	struct source_id id;   /* of the source, at open */
+	char *text_key;        /* jsonl: the member holding the text; parquet: the column */
 	enum text_kind kind;
 	enum text_codec codec;
 	bool cached;           /* the index came from the cache directory */
@@ -80,7 +81,7 @@ struct text_open_opts {
 	enum text_kind kind;
 	const char *cache_dir;     /* NULL: no cache */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
-	const char *column;        /* TEXT_PARQUET: the text column (text_key) */
+	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -91,7 +92,7 @@ enum text_codec text_codec_of(const char *path);
  * Returns 0; or a negative errno with a message naming the file and the
  * offset or line in err.
  */
-int text_open(const char *path, const struct text_open_opts *o, struct io_reader *io, struct text_shard **ret,
+int text_open(const char *path, const struct text_open_opts *o, struct source_reader *io, struct text_shard **ret,
 	      char *err, size_t errlen);
 struct text_shard *text_free(struct text_shard *s);
 
@@ -103,12 +104,11 @@ static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
 
 /*
  * Builds a Parquet shard's copy and index (text_parquet.c): column `column`
- * of src decoded row by row into data_tmp, s->offsets/lengths/n_docs/bytes
- * set. Returns 0, or a negative errno with a message naming the file and the
- * byte offset in err.
+ * of src (read through io) decoded row by row into data_tmp,
+ * s->offsets/lengths/n_docs/bytes set. Returns 0, or a negative errno with
+ * a message naming the file and the byte offset in err.
  */
-struct parquet_source;
-int text_parquet_build(struct text_shard *s, const struct parquet_source *src, const char *column,
+int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
 		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */

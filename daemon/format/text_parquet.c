@@ -5,6 +5,8 @@
  * cache directory, one document per row (a null: an empty one). The rows
  * are counted by the footer, so the index is sized once. Memory: one column
  * chunk and one page while decoding (parquet.h), plus the write buffer.
+ * Bytes come through the source layer, so a shard in object storage is read
+ * the same way.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/format/format.h"
 #include "daemon/format/parquet.h"
 #include "daemon/format/text.h"
 #include "proto/macro.h"
@@ -72,12 +75,37 @@ static int on_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null
 	return 0;
 }
 
-int text_parquet_build(struct text_shard *s, const struct parquet_source *src, const char *column,
+struct source_ctx {
+	struct source *src;
+	struct source_reader *io;
+};
+
+/* parquet_read_fn over the source layer, in reads of at most 1 GiB. */
+static int source_range(void *ctx, uint64_t offset, size_t len, void *dst)
+{
+	struct source_ctx *c = ctx;
+	uint8_t *p = dst;
+	while (len > 0) {
+		size_t n = MIN(len, (size_t)1 << 30), failed;
+		struct source_read q = { .src = c->src, .offset = offset, .len = n, .dst = p };
+		int r = source_read(c->io, &q, 1, &failed);
+		if (r < 0)
+			return r;
+		p += n;
+		offset += n;
+		len -= n;
+	}
+	return 0;
+}
+
+int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
 		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen)
 {
+	struct source_ctx sc = { .src = src, .io = io };
+	struct parquet_source ps = { .name = s->path, .size = source_size(src), .read = source_range, .ctx = &sc };
 	struct parquet_file *f = NULL;
 	err[0] = 0;
-	int r = parquet_open(src, &f, err, errlen);
+	int r = parquet_open(&ps, &f, err, errlen);
 	if (r < 0)
 		return r;
 	int col = parquet_text_column(f, column, err, errlen);
@@ -129,3 +157,57 @@ int text_parquet_build(struct text_shard *s, const struct parquet_source *src, c
 		s->bytes = b.pos;
 	return r;
 }
+
+/*
+ * The format layer's view (format.h): a text shard like format_text's (one
+ * document per stored range, the bytes are the text), opened as a Parquet
+ * shard (text.c's open picks TEXT_PARQUET by the format), and placed by row.
+ */
+static int pq_open(struct shard *sh, const char *name, const struct format_opts *o, struct source_reader *r,
+		   char *err, size_t errlen)
+{
+	return format_text.open(sh, name, o, r, err, errlen);
+}
+
+static void pq_close(struct shard *sh)
+{
+	format_text.close(sh);
+}
+
+static int pq_check(const struct shard *sh, char *err, size_t errlen)
+{
+	return format_text.check(sh, err, errlen);
+}
+
+static uint64_t pq_doc_bytes(const struct shard *sh, uint32_t doc)
+{
+	return format_text.doc_bytes(sh, doc);
+}
+
+static void pq_doc_read(const struct shard *sh, uint32_t doc, struct source_read *ret)
+{
+	format_text.doc_read(sh, doc, ret);
+}
+
+static int pq_doc_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
+		       struct format_state *st, struct format_text *ret, char *why, size_t whylen)
+{
+	return format_text.doc_text(sh, doc, bytes, len, st, ret, why, whylen);
+}
+
+static void pq_doc_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
+{
+	snprintf(buf, n, ": row %" PRIu32, doc);
+}
+
+const struct format format_parquet = {
+	.name = "parquet",
+	.content = FORMAT_TEXT,
+	.open = pq_open,
+	.close = pq_close,
+	.check = pq_check,
+	.doc_bytes = pq_doc_bytes,
+	.doc_read = pq_doc_read,
+	.doc_text = pq_doc_text,
+	.doc_where = pq_doc_where,
+};

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The small interface between the GPU staging logic (gpu_ring) and whatever
+ * The small interface between the GPU staging logic (staging.c) and whatever
  * moves bytes: the CUDA backend (backend-cuda.c, libcudart plus driver entry
  * points) or the host simulation (backend-sim.c: streams are worker threads,
- * events are counters), which the tests use on machines without a GPU.
+ * events are counters), which the tests use on machines without a GPU; it is
+ * built only into the tests (feedd-gpu-sim), never into feedd.
  *
- * Semantics every backend keeps, because gpu_ring relies on them:
+ * Semantics every backend keeps, because staging relies on them:
  * - work queued on one stream runs in order, asynchronously to the caller;
  * - record(e) on a stream marks "everything queued on it so far"; wait(e)
  *   makes a stream wait for the most recent record of e *at the time wait is

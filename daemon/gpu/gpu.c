@@ -26,25 +26,21 @@ int gpu_backend_cuda_new(struct gpu_backend **ret, char *err, size_t errlen)
 }
 #endif
 
-int gpu_open(const char *which, struct gpu **ret)
+/* The GPU layer over backend b (NULL: unavailable, r and why say why). */
+static int open_with(struct gpu_backend *b, int r, const char *why, struct gpu **ret)
 {
-	struct gpu *g = calloc(1, sizeof(*g));
-	if (!g)
-		return -ENOMEM;
-	char why[256] = "";
-	int r;
-	if (which && strcmp(which, "sim") == 0)
-		r = gpu_backend_sim_new(1, &g->backend);
-	else
-		r = gpu_backend_cuda_new(&g->backend, why, sizeof(why));
-	if (r == -ENOMEM && !why[0]) {
-		free(g);
+	if (r == -ENOMEM && !why[0])
 		return r;
+	struct gpu *g = calloc(1, sizeof(*g));
+	if (!g) {
+		gpu_backend_free(b);
+		return -ENOMEM;
 	}
 	if (r < 0) {
 		g->backend = NULL;
 		snprintf(g->status, sizeof(g->status), "unavailable: %s", why[0] ? why : strerror(-r));
 	} else {
+		g->backend = b;
 		int n = g->backend->ops->device_count(g->backend);
 		snprintf(g->status, sizeof(g->status), "%s: %d device%s", g->backend->ops->name, n, n == 1 ? "" : "s");
 		g->devices = MAX(n, 0);
@@ -57,6 +53,19 @@ int gpu_open(const char *which, struct gpu **ret)
 	}
 	*ret = g;
 	return 0;
+}
+
+int gpu_open(struct gpu **ret)
+{
+	char why[256] = "";
+	struct gpu_backend *b = NULL;
+	int r = gpu_backend_cuda_new(&b, why, sizeof(why));
+	return open_with(r < 0 ? NULL : b, r, why, ret);
+}
+
+int gpu_open_backend(struct gpu_backend *b, struct gpu **ret)
+{
+	return open_with(b, 0, "", ret);
 }
 
 struct gpu *gpu_free(struct gpu *g)

@@ -25,11 +25,15 @@ struct gpu {
 };
 
 /*
- * Opens the backend named by `which` ("cuda", "sim", or NULL for the default:
- * cuda). Returns 0 with *ret set, host-only included (status says why);
- * -ENOMEM only.
+ * Opens the CUDA backend. Returns 0 with *ret set, host-only included
+ * (status says why); -ENOMEM only.
  */
-int gpu_open(const char *which, struct gpu **ret);
+int gpu_open(struct gpu **ret);
+/*
+ * Opens over a backend the caller made (the tests' host simulation,
+ * gpu_backend_sim_new(), which is built only into the tests); takes b.
+ */
+int gpu_open_backend(struct gpu_backend *b, struct gpu **ret);
 struct gpu *gpu_free(struct gpu *g);
 
 /* Applies the limits of a (re)loaded config; attachments made before keep their memory. */

@@ -123,7 +123,7 @@ static void counters_json(json_t *d, const struct status_input *in)
 char *status_json(const struct status_input *in)
 {
 	const struct worker *w0 = pool_worker_ctx(in->pool, 0);
-	int fallback = w0 ? io_reader_fallback(w0->io) : 0;
+	int fallback = w0 ? source_reader_fallback(w0->io) : 0;
 	char fb[160] = "";
 	if (fallback < 0)
 		snprintf(fb, sizeof(fb), "io_uring unavailable (%s); using pread", strerror(-fallback));
@@ -132,7 +132,7 @@ char *status_json(const struct status_input *in)
 				 "version", FEEDD_VERSION, "pid", (int)getpid(), "uptime_s", (double)in->uptime_ns / 1e9,
 				 "socket", in->socket_path, "threads", (int)pool_threads(in->pool), "threads_busy",
 				 (int)pool_busy(in->pool), "jobs_queued", (int)pool_queued(in->pool), "io_engine",
-				 w0 ? io_reader_engine(w0->io) : "none", "io_fallback",
+				 w0 ? source_reader_engine(w0->io) : "none", "io_fallback",
 				 fallback < 0 ? json_string(fb) : json_null(), "gpu", in->gpu_status, "connections_total",
 				 (json_int_t)in->counters.accepted, "protocol_errors", (json_int_t)in->counters.protocol_errors);
 	if (!root)

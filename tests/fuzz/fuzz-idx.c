@@ -20,18 +20,18 @@
 #include <unistd.h>
 
 #include "daemon/format/megatron.h"
-#include "daemon/io/reader.h"
+#include "daemon/source/source.h"
 #include "tests/fuzz/fuzz.h"
 
 static char dir[64], idx_path[128], bin_path[128];
-static struct io_reader *io;
+static struct source_reader *io;
 
 static void cleanup(void)
 {
 	unlink(idx_path);
 	unlink(bin_path);
 	rmdir(dir);
-	io = io_reader_free(io);
+	io = source_reader_free(io);
 }
 
 unsigned long fuzz_accepted;
@@ -40,7 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
 	snprintf(dir, sizeof(dir), "%s/fuzz-idx-XXXXXX", tmp);
-	if (!mkdtemp(dir) || io_reader_new(IO_ENGINE_PREAD, 8, &io) < 0) {
+	if (!mkdtemp(dir) || source_reader_new(IO_ENGINE_PREAD, 8, &io) < 0) {
 		perror("fuzz-idx: setup");
 		abort();
 	}

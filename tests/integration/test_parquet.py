@@ -296,3 +296,20 @@ def test_malformed_files_are_refused_with_file_and_offset(daemon, corpus, tmp_pa
     a = d.dump("ok", tmp_path / "ok", batches=5)
     assert a["input_ids"].shape[0] == 5
     d.dump("good", tmp_path / "good", batches=5)
+
+
+def test_prep_reads_parquet_as_it_reads_the_jsonl(corpus, tmp_path):
+    """feedctl prep --format parquet writes the very .bin/.idx that prep of the same documents as JSONL writes."""
+    outs = {}
+    for name, fmt, inputs in (("jsonl", "jsonl", [corpus["dir"] / "a.jsonl", corpus["dir"] / "b.jsonl"]),
+                              ("pq", "parquet", [combo_dir(corpus, "gzip:dict:v2:2048") / "a.parquet",
+                                                 combo_dir(corpus, "gzip:dict:v2:2048") / "b.parquet"])):
+        prefix = tmp_path / name
+        r = subprocess.run([str(FEEDCTL), "prep", "--tokenizer", str(RANKS), "--preset", "cl100k_base", "--format",
+                            fmt, "--append-eos", "<|endoftext|>", "--out", str(prefix), "--threads", "2",
+                            *map(str, inputs)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[name] = prefix
+    for ext in (".bin", ".idx"):
+        a, b = Path(f"{outs['jsonl']}{ext}").read_bytes(), Path(f"{outs['pq']}{ext}").read_bytes()
+        assert len(a) > 1000 and a == b, ext

@@ -320,10 +320,18 @@ static void test_missing_device(void)
 }
 
 /* Host-only: a daemon without a usable backend says why, and refuses device attaches with that reason. */
+/* The host simulation (built only into the tests) as the GPU layer's backend. */
+static int open_sim(struct gpu **ret)
+{
+	struct gpu_backend *b;
+	int r = gpu_backend_sim_new(1, &b);
+	return r < 0 ? r : gpu_open_backend(b, ret);
+}
+
 static void test_host_only(void)
 {
 	struct gpu *g;
-	REQUIRE(gpu_open(NULL, &g) == 0, "gpu_open");
+	REQUIRE(gpu_open(&g) == 0, "gpu_open");
 	if (!gpu_available(g)) {
 		CHECK(strncmp(g->status, "unavailable: ", 13) == 0, "status '%s'", g->status);
 		struct ring_geometry geo = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
@@ -336,7 +344,7 @@ static void test_host_only(void)
 		ring_free(r);
 	}
 	gpu_free(g);
-	REQUIRE(gpu_open("sim", &g) == 0, "gpu_open sim");
+	REQUIRE(open_sim(&g) == 0, "gpu_open sim");
 	CHECK(gpu_available(g), "the simulation is always available");
 	CHECK_STR(g->status, "sim: 1 device");
 	gpu_free(g);
@@ -352,7 +360,7 @@ static void test_host_only(void)
 static void test_device_memory_limit(void)
 {
 	struct gpu *g;
-	REQUIRE(gpu_open("sim", &g) == 0, "gpu_open sim");
+	REQUIRE(open_sim(&g) == 0, "gpu_open sim");
 	struct ring_geometry geo = { .slot_count = 4, .batch_size = 8, .seq_len = 4096, .rank = 0, .world = 1 };
 	struct ring *r[3];
 	for (unsigned i = 0; i < 3; i++)

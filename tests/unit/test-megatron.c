@@ -22,7 +22,7 @@
 
 static char dir[64];
 static pid_t main_pid;
-static struct io_reader *io;
+static struct source_reader *src; /* what megatron_open reads through */
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -142,8 +142,8 @@ static void check_base(const char *what, const struct megatron_shard *s, const c
 	CHECK(s->bin_path && strlen(s->bin_path) == strlen(idx) && strcmp(s->bin_path + strlen(idx) - 4, ".bin") == 0 &&
 		      strncmp(s->bin_path, idx, strlen(idx) - 4) == 0,
 	      "%s: bin_path \"%s\" is not the .bin beside %s", what, s->bin_path, idx);
-	CHECK(s->bin_fd >= 0 && (fcntl(s->bin_fd, F_GETFD) & FD_CLOEXEC), "%s: bin_fd %d is not an O_CLOEXEC fd", what,
-	      s->bin_fd);
+	CHECK(s->bin && strcmp(source_name(s->bin), s->bin_path) == 0, "%s: the .bin source is not %s", what,
+	      s->bin_path);
 	CHECK_U64(s->dtype, 8);
 	CHECK_U64(s->itemsize, 2);
 	CHECK_STR(megatron_dtype_name(s->dtype), "u16");
@@ -168,7 +168,7 @@ static void test_valid(void)
 	struct megatron_shard *s = NULL;
 
 	write_shard("base", &spec, idx, sizeof(idx));
-	int r = megatron_open(idx, io, &s, err, sizeof(err));
+	int r = megatron_open(idx, src, &s, err, sizeof(err));
 	CHECK(r == 0 && s, "base shard: megatron_open returned %d: %s", r, err);
 	if (r == 0) {
 		check_base("base shard", s, idx);
@@ -179,7 +179,7 @@ static void test_valid(void)
 	/* The optional trailing mode bytes change nothing. */
 	spec.modes = true;
 	write_shard("modes", &spec, idx, sizeof(idx));
-	r = megatron_open(idx, io, &s, err, sizeof(err));
+	r = megatron_open(idx, src, &s, err, sizeof(err));
 	CHECK(r == 0 && s, "shard with mode bytes: megatron_open returned %d: %s", r, err);
 	if (r == 0) {
 		check_base("shard with mode bytes", s, idx);
@@ -193,7 +193,7 @@ static void test_valid(void)
 	struct idx_spec w = { .dtype = 4, .S = 3, .D = 2, .S_field = -1, .D_field = -1, .lengths = len,
 			      .pointers = ptr, .doc_idx = doc, .cut = -1, .bin_bytes = 40 };
 	write_shard("i32", &w, idx, sizeof(idx));
-	r = megatron_open(idx, io, &s, err, sizeof(err));
+	r = megatron_open(idx, src, &s, err, sizeof(err));
 	CHECK(r == 0 && s, "i32 shard: megatron_open returned %d: %s", r, err);
 	if (r == 0) {
 		CHECK_U64(s->itemsize, 4);
@@ -209,7 +209,7 @@ static void test_valid(void)
 	struct idx_spec e = { .dtype = 1, .S = 0, .D = 1, .S_field = -1, .D_field = -1, .doc_idx = only0, .cut = -1,
 			      .bin_bytes = 0 };
 	write_shard("empty", &e, idx, sizeof(idx));
-	r = megatron_open(idx, io, &s, err, sizeof(err));
+	r = megatron_open(idx, src, &s, err, sizeof(err));
 	CHECK(r == 0 && s, "empty shard: megatron_open returned %d: %s", r, err);
 	if (r == 0) {
 		CHECK_U64(s->n_docs, 0);
@@ -243,7 +243,7 @@ static void open_bad(const char *what, const struct idx_spec *spec, int code, co
 	char idx[256], err[512] = "";
 	struct megatron_shard *s = (struct megatron_shard *)(uintptr_t)1; /* must stay untouched */
 	write_shard("bad", spec, idx, sizeof(idx));
-	int r = megatron_open(idx, io, &s, err, sizeof(err));
+	int r = megatron_open(idx, src, &s, err, sizeof(err));
 	CHECK(r == code, "%s: megatron_open returned %d (%s), expected %d; error \"%s\"", what, r,
 	      r < 0 ? strerror(-r) : "success", code, err);
 	if (r == 0) {
@@ -355,7 +355,7 @@ static void test_corrupt(void)
 	char idx[256], err[512] = "";
 	struct megatron_shard *sh = NULL;
 	write_shard("nobin", &s, idx, sizeof(idx));
-	int r = megatron_open(idx, io, &sh, err, sizeof(err));
+	int r = megatron_open(idx, src, &sh, err, sizeof(err));
 	CHECK_INT(r, -ENOENT);
 	CHECK_CONTAINS(err, "nobin.bin");
 	if (r == 0)
@@ -366,16 +366,16 @@ static void test_corrupt(void)
 	write_shard("named", &s, idx, sizeof(idx));
 	char other[300];
 	snprintf(other, sizeof(other), "%s/named.bin", dir);
-	r = megatron_open(other, io, &sh, err, sizeof(err));
+	r = megatron_open(other, src, &sh, err, sizeof(err));
 	CHECK_INT(r, -EINVAL);
 	CHECK_CONTAINS(err, other);
 	snprintf(other, sizeof(other), "%s/named.idx.gz", dir);
-	r = megatron_open(other, io, &sh, err, sizeof(err));
+	r = megatron_open(other, src, &sh, err, sizeof(err));
 	CHECK_INT(r, -EINVAL);
-	r = megatron_open("idx", io, &sh, err, sizeof(err));
+	r = megatron_open("idx", src, &sh, err, sizeof(err));
 	CHECK_INT(r, -EINVAL);
 	snprintf(other, sizeof(other), "%s/missing.idx", dir);
-	r = megatron_open(other, io, &sh, err, sizeof(err));
+	r = megatron_open(other, src, &sh, err, sizeof(err));
 	CHECK_INT(r, -ENOENT);
 	CHECK_CONTAINS(err, "missing.idx");
 #undef RESET
@@ -390,7 +390,7 @@ static void test_corrupt(void)
 static void doc_idx_far_past_s(void *ctx)
 {
 	/* The parent's io_uring must not be driven from a child: use a reader of our own. */
-	REQUIRE(io_reader_new(IO_ENGINE_PREAD, 8, &io) == 0, "io_reader_new failed");
+	REQUIRE(source_reader_new(IO_ENGINE_PREAD, 8, &src) == 0, "source_reader_new failed");
 	struct idx_spec s = base_spec();
 	static const int64_t doc[] = { 0, 1000000000, 3, 3, 5 };
 	s.doc_idx = doc;
@@ -414,7 +414,7 @@ static void test_check(void)
 	/* Truncated .bin. */
 	write_shard("chk", &spec, idx, sizeof(idx));
 	snprintf(bin, sizeof(bin), "%s/chk.bin", dir);
-	REQUIRE(megatron_open(idx, io, &s, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(megatron_open(idx, src, &s, err, sizeof(err)) == 0, "open: %s", err);
 	CHECK_INT(megatron_check(s, err, sizeof(err)), 0);
 	REQUIRE(truncate(bin, 10) == 0, "truncate: %s", strerror(errno));
 	err[0] = 0;
@@ -424,7 +424,7 @@ static void test_check(void)
 
 	/* .bin rewritten in place: same inode, same size, new contents. */
 	write_shard("chk", &spec, idx, sizeof(idx));
-	REQUIRE(megatron_open(idx, io, &s, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(megatron_open(idx, src, &s, err, sizeof(err)) == 0, "open: %s", err);
 	sleep_ms(20); /* past the file system's timestamp granularity */
 	int fd = open(bin, O_WRONLY | O_CLOEXEC);
 	REQUIRE(fd >= 0, "open %s: %s", bin, strerror(errno));
@@ -435,7 +435,7 @@ static void test_check(void)
 
 	/* .idx replaced by another file (rename over it). */
 	write_shard("chk", &spec, idx, sizeof(idx));
-	REQUIRE(megatron_open(idx, io, &s, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(megatron_open(idx, src, &s, err, sizeof(err)) == 0, "open: %s", err);
 	char tmp[300];
 	write_shard("chk2", &spec, tmp, sizeof(tmp));
 	REQUIRE(rename(tmp, idx) == 0, "rename: %s", strerror(errno));
@@ -446,7 +446,7 @@ static void test_check(void)
 
 	/* .bin deleted. */
 	write_shard("chk", &spec, idx, sizeof(idx));
-	REQUIRE(megatron_open(idx, io, &s, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(megatron_open(idx, src, &s, err, sizeof(err)) == 0, "open: %s", err);
 	REQUIRE(unlink(bin) == 0, "unlink: %s", strerror(errno));
 	CHECK_INT(megatron_check(s, err, sizeof(err)), -ESTALE);
 	s = megatron_free(s);
@@ -497,7 +497,7 @@ static void test_ranges(void)
 	struct idx_spec spec = base_spec();
 	struct megatron_shard *s = NULL;
 	write_shard("ranges", &spec, idx, sizeof(idx));
-	REQUIRE(megatron_open(idx, io, &s, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(megatron_open(idx, src, &s, err, sizeof(err)) == 0, "open: %s", err);
 
 	/* doc 0 = seq 0 (3 tokens at byte 0) + seq 1 (2 tokens at byte 6). */
 	check_ranges(s, 0, 0, 5, 0, 2, (const uint64_t[]){ 0, 6 }, (const uint64_t[]){ 3, 2 });
@@ -713,7 +713,7 @@ int main(void)
 	snprintf(dir, sizeof(dir), "%s", tmpl);
 	main_pid = getpid();
 	atexit(cleanup);
-	REQUIRE(io_reader_new(IO_ENGINE_AUTO, 8, &io) == 0, "io_reader_new failed");
+	REQUIRE(source_reader_new(IO_ENGINE_AUTO, 8, &src) == 0, "source_reader_new failed");
 
 	test_valid();
 	test_corrupt();
@@ -723,6 +723,6 @@ int main(void)
 	test_widen();
 	test_io();
 
-	io = io_reader_free(io);
+	src = source_reader_free(src);
 	return unit_exit("test-megatron");
 }

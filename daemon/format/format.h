@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The format layer: how documents are found in a shard's bytes. A feed, its
+ * sessions and its workers see shards only through this interface; which
+ * format a shard is in is one `struct format` (a table of functions) chosen
+ * by the feed's `format =` key. Bytes come from the source layer
+ * (daemon/source/source.h), so a format reads local files and object storage
+ * alike.
+ *
+ * Two kinds of content:
+ *   FORMAT_TOKENS  documents stored as token ids (Megatron .idx/.bin). The
+ *                  token count of every document is known at open
+ *                  (shard->doc_tokens); doc_ranges() says which byte ranges
+ *                  of which source hold a run of a document's tokens, and
+ *                  widen() turns the stored ids into int32.
+ *   FORMAT_TEXT    documents stored as text, tokenized on the way (JSONL,
+ *                  plain text, Parquet). doc_read() says which byte range
+ *                  of which source to read for a document, doc_text() finds
+ *                  the document's text in those bytes once read (a JSON
+ *                  member, a whole file, a row of a decoded page).
+ *
+ * Reads are not done by the format on the hot path: the worker gathers the
+ * ranges of a whole batch (or a chunk of documents), submits them at once to
+ * its source_reader, and hands the bytes back. So every read of a batch is in
+ * flight together whatever the format.
+ *
+ * Adding a format (a checklist; Parquet, issue #23, followed it):
+ *   1. daemon/format/NAME.c defines `const struct format format_NAME` with
+ *      open/close/check and the functions of its kind, and sets the summary
+ *      fields of struct shard in open;
+ *   2. add it to the table in format.c (format_find) and to the accepted
+ *      values of `format` in conf/conf.c;
+ *   3. the feed, sessions, workers and `feedctl prep` need no change.
+ *
+ * Laziness (issue #22): today every format indexes a shard at open. The
+ * interface leaves room for doing it per shuffle window: n_docs is what the
+ * sample order needs up front; everything else is asked per document.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/format/jsonl.h"
+#include "daemon/source/source.h"
+
+enum format_content {
+	FORMAT_TOKENS,
+	FORMAT_TEXT,
+};
+
+/* What a feed's configuration says about its shards, for format->open. */
+struct format_opts {
+	const char *cache_dir;  /* where a format may keep indexes and decompressed copies; NULL: none */
+	uint64_t max_doc_bytes; /* text: a longer document is a bad record (indexed, never read) */
+	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
+};
+
+/*
+ * An open shard: a format's own state (`impl`) behind a summary that the
+ * format's open fills in. Immutable after open; read by any thread.
+ */
+struct shard {
+	const struct format *format;
+	void *impl;                  /* the format's own shard (struct megatron_shard, struct text_shard, ...) */
+	const char *name;            /* as the feed names it: a canonical path (Megatron: the .idx) */
+	uint32_t n_docs;             /* documents, in the order the sample order numbers them */
+
+	/* identity for the feed's fingerprint: name, then size and mtime of each file (at most 2) */
+	const struct source_id *ids[2];
+	unsigned n_ids;
+
+	/* FORMAT_TOKENS */
+	const uint32_t *doc_tokens;  /* n_docs: tokens per document */
+	uint64_t n_tokens;
+	uint32_t n_nonempty;         /* documents with at least one token */
+	unsigned itemsize;           /* bytes per stored token */
+
+	/* FORMAT_TEXT */
+	uint64_t bytes;              /* of text, as read */
+	bool cached;                 /* the index came from cache_dir */
+	const char *truncated;       /* non-empty: the shard ends early and why (the feed's bad-record policy decides) */
+};
+
+/* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
+struct format_state {
+	struct jsonl_record jsonl;
+};
+
+/* A document's text, found in the bytes read for it. */
+struct format_text {
+	const char *text;  /* points into the bytes read or into the format_state */
+	size_t len;
+	size_t replaced;   /* invalid UTF-8 sequences replaced by U+FFFD */
+	bool utf8_valid;   /* known valid UTF-8 (the tokenizer may skip checking) */
+};
+
+struct format {
+	const char *name; /* as `format =` spells it */
+	enum format_content content;
+
+	/*
+	 * Opens and validates the shard `name`, reading through r, and fills s
+	 * (s->format is set already). Returns 0, or a negative errno with a
+	 * message naming the file and the offending field, offset or line.
+	 */
+	int (*open)(struct shard *s, const char *name, const struct format_opts *o, struct source_reader *r, char *err,
+		    size_t errlen);
+	void (*close)(struct shard *s);
+	/* 0, or -ESTALE with a message: a file of the shard changed since open. */
+	int (*check)(const struct shard *s, char *err, size_t errlen);
+
+	/*
+	 * FORMAT_TOKENS: calls emit(ctx, source, byte offset, tokens) per
+	 * contiguous run of stored tokens offset .. offset + count - 1 of
+	 * document doc, in order (the worker turns each into a source_read of
+	 * tokens * itemsize bytes). Stops at emit's first negative result and
+	 * returns it; -EINVAL past the document's end.
+	 */
+	int (*doc_ranges)(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+			  int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens),
+			  void *ctx);
+	/* Widens n stored ids at src to dst. 0, or -ERANGE with *ret_bad the first id outside 0..INT32_MAX. */
+	int (*widen)(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad);
+
+	/*
+	 * FORMAT_TEXT: the size of document doc's text as stored, in bytes: what
+	 * max_document_bytes limits (a longer document is a bad record and is
+	 * not read) and what runs of documents are sized by.
+	 */
+	uint64_t (*doc_bytes)(const struct shard *s, uint32_t doc);
+	/*
+	 * The range to read for document doc (ret->dst is the caller's; len 0:
+	 * nothing to read). It may hold more than the document (a columnar
+	 * format's page or row group): doc_text() finds the document in it.
+	 */
+	void (*doc_read)(const struct shard *s, uint32_t doc, struct source_read *ret);
+	/*
+	 * Finds document doc's text in the bytes read for it. Returns 0; -ENOMEM;
+	 * or another negative errno for a bad record, with why (without the
+	 * file name) in why.
+	 */
+	int (*doc_text)(const struct shard *s, uint32_t doc, const uint8_t *bytes, size_t len,
+			struct format_state *st, struct format_text *ret, char *why, size_t whylen);
+	/* Where document doc is, for messages after the shard's name (":12" for a line); "" when nothing helps. */
+	void (*doc_where)(const struct shard *s, uint32_t doc, char *buf, size_t n);
+};
+
+/* The format named `name` ("megatron", "jsonl", "text", "parquet"), or NULL. */
+const struct format *format_find(const char *name);
+
+/* Opens shard `name` in format fmt. Returns like format->open. */
+int format_open(const struct format *fmt, const char *name, const struct format_opts *o, struct source_reader *r,
+		struct shard **ret, char *err, size_t errlen);
+struct shard *format_close(struct shard *s);
+
+static inline int format_check(const struct shard *s, char *err, size_t errlen)
+{
+	return s->format->check(s, err, errlen);
+}
+
+static inline int format_doc_ranges(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+				    int (*emit)(void *ctx, struct source *src, uint64_t byte_offset,
+						uint64_t n_tokens),
+				    void *ctx)
+{
+	return s->format->doc_ranges(s, doc, offset, count, emit, ctx);
+}
+
+static inline int format_widen(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad)
+{
+	return s->format->widen(s, src, n, dst, ret_bad);
+}
+
+static inline uint64_t format_doc_bytes(const struct shard *s, uint32_t doc)
+{
+	return s->format->doc_bytes(s, doc);
+}
+
+static inline void format_doc_read(const struct shard *s, uint32_t doc, struct source_read *ret)
+{
+	s->format->doc_read(s, doc, ret);
+}
+
+static inline int format_doc_text(const struct shard *s, uint32_t doc, const uint8_t *bytes, size_t len,
+				  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
+{
+	return s->format->doc_text(s, doc, bytes, len, st, ret, why, whylen);
+}
+
+static inline void format_doc_where(const struct shard *s, uint32_t doc, char *buf, size_t n)
+{
+	s->format->doc_where(s, doc, buf, n);
+}
+
+void format_state_done(struct format_state *st);
+
+extern const struct format format_megatron, format_jsonl, format_text, format_parquet;

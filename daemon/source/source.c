@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The source layer's one implementation today: local files, read by the
+ * thread's io_reader (io_uring, else pread). A URL scheme that no
+ * implementation serves is refused at open, so a config naming s3:// fails
+ * with a clear message until issue #24 adds that implementation here: its
+ * own struct source_impl, its per-thread state in struct source_reader, and
+ * its reads split out of the batch in source_submit().
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/source/source.h"
+#include "proto/macro.h"
+
+struct source {
+	char *name;
+	struct source_id id;
+	int fd;
+};
+
+struct source_reader {
+	struct io_reader *io;
+	struct io_req *reqs; /* queued reads, in submission order */
+	size_t n, cap;
+};
+
+static void id_of(const struct stat *st, struct source_id *id)
+{
+	*id = (struct source_id){ .dev = st->st_dev, .ino = st->st_ino, .size = (uint64_t)st->st_size,
+				  .mtime = st->st_mtim, .ctime = st->st_ctim };
+}
+
+/* "scheme://..." names an object store; anything else is a path. */
+static bool is_url(const char *name)
+{
+	const char *p = strstr(name, "://");
+	if (!p || p == name)
+		return false;
+	for (const char *q = name; q < p; q++)
+		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
+			return false;
+	return true;
+}
+
+int source_open(const char *name, struct source **ret, char *err, size_t errlen)
+{
+	if (is_url(name)) {
+		snprintf(err, errlen, "%s: no source implementation serves this URL scheme", name);
+		return -EPROTONOSUPPORT;
+	}
+	_cleanup_close_ int fd = open(name, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int r = -errno;
+		snprintf(err, errlen, "%s: cannot open: %s", name, strerror(-r));
+		return r;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a regular file", name);
+		return -EINVAL;
+	}
+	struct source *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	id_of(&st, &s->id);
+	s->fd = TAKE_FD(fd);
+	*ret = s;
+	return 0;
+}
+
+struct source *source_close(struct source *s)
+{
+	if (!s)
+		return NULL;
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s->name);
+	free(s);
+	return NULL;
+}
+
+const char *source_name(const struct source *s)
+{
+	return s->name;
+}
+
+uint64_t source_size(const struct source *s)
+{
+	return s->id.size;
+}
+
+const struct source_id *source_identity(const struct source *s)
+{
+	return &s->id;
+}
+
+int source_identify(const char *name, struct source_id *ret)
+{
+	struct stat st;
+	if (is_url(name))
+		return -EPROTONOSUPPORT;
+	if (stat(name, &st) < 0)
+		return -errno;
+	id_of(&st, ret);
+	return 0;
+}
+
+bool source_id_equal(const struct source_id *a, const struct source_id *b)
+{
+	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
+	       a->mtime.tv_nsec == b->mtime.tv_nsec && a->ctime.tv_sec == b->ctime.tv_sec &&
+	       a->ctime.tv_nsec == b->ctime.tv_nsec;
+}
+
+int source_check(const char *name, const struct source_id *was, char *err, size_t errlen)
+{
+	struct source_id now;
+	int r = source_identify(name, &now);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: changed while serving: %s", name, strerror(-r));
+		return -ESTALE;
+	}
+	if (!source_id_equal(&now, was)) {
+		snprintf(err, errlen, "%s: changed while serving (size %llu -> %llu, or replaced or rewritten)", name,
+			 (unsigned long long)was->size, (unsigned long long)now.size);
+		return -ESTALE;
+	}
+	return 0;
+}
+
+static int cmp_path(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen)
+{
+	char **paths = NULL;
+	size_t n = 0;
+	int r = 0;
+	for (size_t g = 0; g < n_patterns; g++) {
+		glob_t gl = { 0 };
+		int e = glob(patterns[g], GLOB_NOSORT, NULL, &gl);
+		if (e == GLOB_NOMATCH) {
+			snprintf(err, errlen, "shards: '%s' matches no file", patterns[g]);
+			r = -ENOENT;
+		} else if (e != 0) {
+			snprintf(err, errlen, "shards: cannot expand '%s'", patterns[g]);
+			r = e == GLOB_NOSPACE ? -ENOMEM : -EIO;
+		}
+		if (r < 0) {
+			globfree(&gl);
+			goto fail;
+		}
+		qsort(gl.gl_pathv, gl.gl_pathc, sizeof(char *), cmp_path);
+		char **grown = realloc(paths, (n + gl.gl_pathc) * sizeof(*paths));
+		if (!grown) {
+			globfree(&gl);
+			r = -ENOMEM;
+			goto fail;
+		}
+		paths = grown;
+		for (size_t i = 0; i < gl.gl_pathc; i++) {
+			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
+			char *real = realpath(gl.gl_pathv[i], NULL);
+			if (!real) {
+				r = -errno;
+				snprintf(err, errlen, "shards: %s: %s", gl.gl_pathv[i], strerror(-r));
+				globfree(&gl);
+				goto fail;
+			}
+			for (size_t j = 0; j < n; j++) {
+				if (strcmp(paths[j], real) == 0) {
+					snprintf(err, errlen, "shards: %s is listed twice", real);
+					free(real);
+					globfree(&gl);
+					r = -EINVAL;
+					goto fail;
+				}
+			}
+			paths[n++] = real;
+		}
+		globfree(&gl);
+	}
+	*ret = paths;
+	*ret_n = n;
+	return 0;
+fail:
+	for (size_t i = 0; i < n; i++)
+		free(paths[i]);
+	free(paths);
+	return r;
+}
+
+int source_reader_new(enum io_engine engine, unsigned depth, struct source_reader **ret)
+{
+	struct source_reader *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	int e = io_reader_new(engine, depth, &r->io);
+	if (e < 0) {
+		free(r);
+		return e;
+	}
+	*ret = r;
+	return 0;
+}
+
+struct source_reader *source_reader_free(struct source_reader *r)
+{
+	if (!r)
+		return NULL;
+	io_reader_free(r->io);
+	free(r->reqs);
+	free(r);
+	return NULL;
+}
+
+const char *source_reader_engine(const struct source_reader *r)
+{
+	return io_reader_engine(r->io);
+}
+
+int source_reader_fallback(const struct source_reader *r)
+{
+	return io_reader_fallback(r->io);
+}
+
+const struct io_stats *source_reader_stats(const struct source_reader *r)
+{
+	return io_reader_stats(r->io);
+}
+
+int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
+{
+	if (r->n + n > r->cap) {
+		size_t cap = MAX(r->n + n, MAX(r->cap * 2, (size_t)16));
+		struct io_req *q = realloc(r->reqs, cap * sizeof(*q));
+		if (!q)
+			return -ENOMEM;
+		r->reqs = q;
+		r->cap = cap;
+	}
+	for (size_t i = 0; i < n; i++)
+		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
+						     .len = reads[i].len, .dst = reads[i].dst };
+	r->n += n;
+	return 0;
+}
+
+int source_complete(struct source_reader *r, size_t *ret_failed)
+{
+	/* Local files: the whole batch in flight at once on the thread's io_uring. */
+	size_t n = r->n;
+	r->n = 0;
+	return io_reader_run(r->io, r->reqs, n, ret_failed);
+}
+
+int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed)
+{
+	int e = source_submit(r, reads, n);
+	return e < 0 ? e : source_complete(r, ret_failed);
+}
+
+int source_read_all(struct source_reader *r, struct source *s, void **ret)
+{
+	return io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
+}

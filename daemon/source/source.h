@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The source layer: where a shard's bytes come from. Everything above it
+ * (the formats, the workers, the feed's change check) names an object by the
+ * string the configuration gave, and reads byte ranges of it; only this layer
+ * knows whether that is a local file (today: io_uring, or pread(2) where
+ * io_uring is unavailable) or, later, an object in S3-compatible storage
+ * (issue #24), which adds an implementation behind the same calls.
+ *
+ *   struct source         one open object: its name, size and identity.
+ *                         Immutable after open; any thread may read it.
+ *   struct source_reader  one per thread: the engines that carry reads
+ *                         (an io_uring today; a curl multi handle later).
+ *   source_submit()       queues reads of byte ranges, of any sources;
+ *   source_complete()     waits until every read queued is done.
+ *
+ * Reads are submitted and completed rather than run one by one, so that a
+ * network implementation keeps many requests in flight, and the local one
+ * keeps a whole batch in one io_uring submission, as the workers always did.
+ *
+ * Identity is what tells that an object changed under a running feed
+ * (docs/sample-order.md: a shard must not change while it is served): for a
+ * local file its device, inode, size, mtime and ctime; an object store will
+ * use its size, ETag and Last-Modified.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "daemon/io/reader.h"
+
+struct source_id {
+	uint64_t dev;
+	uint64_t ino;
+	uint64_t size;
+	struct timespec mtime;
+	struct timespec ctime;
+};
+
+struct source;
+struct source_reader;
+
+/* One read: len bytes of src at offset, to dst. */
+struct source_read {
+	struct source *src;
+	uint64_t offset;
+	size_t len;
+	void *dst;
+};
+
+/*
+ * Opens the object `name` (a path today). Returns 0; or a negative errno
+ * with a message naming it in err: -ENOENT, -EACCES, ..., -EINVAL when it
+ * is not a regular file, -EPROTONOSUPPORT for a URL scheme no implementation
+ * serves.
+ */
+int source_open(const char *name, struct source **ret, char *err, size_t errlen);
+struct source *source_close(struct source *s);
+
+const char *source_name(const struct source *s);
+uint64_t source_size(const struct source *s);
+/* The identity recorded at open. */
+const struct source_id *source_identity(const struct source *s);
+
+/* The identity `name` has now. Returns 0 or a negative errno. */
+int source_identify(const char *name, struct source_id *ret);
+bool source_id_equal(const struct source_id *a, const struct source_id *b);
+/*
+ * Checks that `name` still names the object whose identity was `was`.
+ * Returns 0, or -ESTALE with "NAME: changed while serving (...)" in err.
+ */
+int source_check(const char *name, const struct source_id *was, char *err, size_t errlen);
+
+/*
+ * Expands shard patterns: each in the given order, its matches sorted by
+ * name bytes (docs/sample-order.md fixes this order), then made canonical
+ * (a local path: realpath) so that fingerprints and the duplicate check do
+ * not depend on how the config spells a name. Returns 0 with the names in
+ * *ret (caller frees each and the array); or a negative errno with a message
+ * in err: -ENOENT (a pattern matches nothing), -EINVAL (a name twice),
+ * -ENOMEM, -EIO.
+ */
+int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen);
+
+/*
+ * A thread's reader. engine and depth configure the local implementation
+ * (reader.h): with IO_ENGINE_AUTO a failed io_uring setup falls back to
+ * pread and source_reader_fallback() tells why. Returns 0, -ENOMEM, or the
+ * io_uring error with IO_ENGINE_URING.
+ */
+int source_reader_new(enum io_engine engine, unsigned depth, struct source_reader **ret);
+struct source_reader *source_reader_free(struct source_reader *r);
+/* The local engine: "io_uring" or "pread". */
+const char *source_reader_engine(const struct source_reader *r);
+int source_reader_fallback(const struct source_reader *r);
+const struct io_stats *source_reader_stats(const struct source_reader *r);
+
+/*
+ * Queues n reads (the array is copied; the destinations must stay valid
+ * until source_complete()). Returns 0 or -ENOMEM; nothing is queued then.
+ */
+int source_submit(struct source_reader *r, const struct source_read *reads, size_t n);
+/*
+ * Waits for every read queued since the last completion and forgets them.
+ * Returns 0; or a negative errno with *ret_failed (if not NULL) the index,
+ * in submission order, of a failing read: -ENODATA when the object ended
+ * before the read did (it shrank under us), the read's own error otherwise.
+ * On error the destinations' contents are unspecified.
+ */
+int source_complete(struct source_reader *r, size_t *ret_failed);
+
+/* source_submit() then source_complete(). */
+int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed);
+/* Reads the whole object into a new buffer (caller frees). */
+int source_read_all(struct source_reader *r, struct source *s, void **ret);

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/order/order.h"
+#include "daemon/tok/tok.h"
+#include "daemon/tokenize/tokenize.h"
+#include "proto/macro.h"
+
+void tokenize_scratch_done(struct tokenize_scratch *t)
+{
+	free(t->text);
+	free(t->reqs);
+	format_state_done(&t->fmt);
+	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
+		tok_state_free(t->toks[i].st);
+	*t = (struct tokenize_scratch){ 0 };
+}
+
+void tokenize_chunk_done(struct tokenize_chunk *c)
+{
+	for (uint32_t i = 0; c->bad && i < c->n; i++)
+		free(c->bad[i]);
+	free(c->bad);
+	free(c->start);
+	free(c->ids);
+	c->bad = NULL;
+	c->start = NULL;
+	c->ids = NULL;
+}
+
+bool tokenize_tok_is_hf(const char *path)
+{
+	size_t n = strlen(path);
+	return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error)
+{
+	return tokenize_tok_is_hf(path) ? tok_load_hf(path, ret, ret_error) : tok_load_rankfile(path, preset, ret, ret_error);
+}
+
+static int grow(void **p, size_t *cap, size_t want, size_t size)
+{
+	if (want <= *cap)
+		return 0;
+	size_t n = MAX(want, *cap * 2);
+	void *q = realloc(*p, n * size);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+/* This thread's state for the tokenizer, made on first use. */
+static struct tok_state *tok_state_for(struct tokenize_scratch *t, const struct tokenize_params *p)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
+		if (t->toks[i].st && t->toks[i].generation == p->tok_generation)
+			return t->toks[i].st;
+	__typeof__(t->toks[0]) *slot = &t->toks[t->toks_next++ % ARRAY_SIZE(t->toks)];
+	slot->st = tok_state_free(slot->st);
+	if (tok_state_new(p->tok, &slot->st) < 0)
+		return NULL;
+	slot->generation = p->tok_generation;
+	return slot->st;
+}
+
+static int oom(struct tokenize_chunk *c)
+{
+	snprintf(c->error, sizeof(c->error), "out of memory tokenizing %" PRIu32 " documents (%" PRIu64 " bytes)", c->n,
+		 c->bytes);
+	return -ENOMEM;
+}
+
+int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
+		  struct tokenize_chunk *c)
+{
+	/* Every document of the chunk in one batch of reads, all in flight at once. */
+	size_t bytes = 0, n = 0;
+	t->n_reqs = 0;
+	if (grow((void **)&t->reqs, &t->reqs_cap, c->n, sizeof(*t->reqs)) < 0)
+		return oom(c);
+	for (uint32_t i = 0; i < c->n; i++) {
+		const struct shard *s = p->shards[ORDER_DOC_SHARD(c->docs[i])];
+		const uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
+		struct source_read *q = &t->reqs[n];
+		format_doc_read(s, d, q);
+		if (format_doc_bytes(s, d) > p->max_doc_bytes || q->len == 0)
+			continue;
+		q->dst = (void *)(uintptr_t)bytes;
+		bytes += q->len;
+		n++;
+	}
+	if (grow((void **)&t->text, &t->text_cap, MAX(bytes, (size_t)1), 1) < 0)
+		return oom(c);
+	for (size_t i = 0; i < n; i++)
+		t->reqs[i].dst = t->text + (uintptr_t)t->reqs[i].dst;
+	t->n_reqs = n;
+	size_t failed = 0;
+	int e = source_read(r, t->reqs, n, &failed);
+	if (e == -ENOMEM)
+		return oom(c);
+	if (e < 0) {
+		const struct source_read *q = &t->reqs[failed];
+		const char *path = source_name(q->src);
+		if (e == -ENODATA)
+			snprintf(c->error, sizeof(c->error), "%s: ends before byte %" PRIu64 " that its index points to: the file changed while serving",
+				 path, q->offset + q->len);
+		else
+			snprintf(c->error, sizeof(c->error), "%s: read at byte %" PRIu64 " failed: %s", path, q->offset,
+				 strerror(-e));
+		return e;
+	}
+	return 0;
+}
+
+int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c)
+{
+	const uint64_t max = p->max_doc_bytes;
+	int r;
+	struct tok_state *st = tok_state_for(t, p);
+	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
+	if (!st || !c->start)
+		return oom(c);
+	struct tok_ids out = { 0 };
+	const unsigned flags = p->encode_specials ? TOK_ENCODE_SPECIALS : 0;
+	size_t at = 0, replaced_total = 0;
+	char why[384];
+	/*
+	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
+	 * so that they are not copied again and again while the array grows.
+	 */
+	size_t bytes = 0;
+	for (size_t i = 0; i < t->n_reqs; i++)
+		bytes += t->reqs[i].len;
+	if (tok_ids_reserve(&out, bytes / 3 + 256) < 0)
+		return oom(c);
+	for (uint32_t i = 0; i < c->n; i++) {
+		const struct shard *s = p->shards[ORDER_DOC_SHARD(c->docs[i])];
+		uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
+		const uint8_t *doc = t->text + at;
+		struct source_read q;
+		format_doc_read(s, d, &q);
+		size_t len = q.len, replaced = 0;
+		size_t before = out.n;
+		c->start[i] = out.n;
+		why[0] = 0;
+		if (format_doc_bytes(s, d) > max) {
+			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
+		} else {
+			at += len;
+			struct format_text text;
+			r = format_doc_text(s, d, doc, len, &t->fmt, &text, why, sizeof(why));
+			if (r == -ENOMEM)
+				goto oom_ids;
+			if (r < 0 && !why[0])
+				snprintf(why, sizeof(why), "%s", strerror(-r));
+			if (!why[0]) {
+				size_t rep = 0;
+				replaced = text.replaced;
+				r = tok_encode(p->tok, st, text.text, text.len,
+					       flags | (text.utf8_valid ? TOK_ENCODE_UTF8_VALID : 0), &out, &rep);
+				if (r == -ENOMEM)
+					goto oom_ids;
+				if (r < 0) {
+					out.n = before;
+					snprintf(why, sizeof(why), "the tokenizer failed: %s", strerror(-r));
+				}
+				replaced += rep;
+			}
+		}
+		if (why[0]) {
+			/* A bad record: fatal, or an empty document that still counts in k mod R. */
+			out.n = before;
+			char where[64];
+			format_doc_where(s, d, where, sizeof(where));
+			if (!p->skip_bad_records) {
+				snprintf(c->error, sizeof(c->error), "%s%s: %s (on_bad_record = fail)", s->name, where, why);
+				tok_ids_done(&out);
+				return -EBADMSG;
+			}
+			if ((!c->bad && !(c->bad = calloc(c->n, sizeof(*c->bad)))) ||
+			    asprintf(&c->bad[i], "%s%s: %s", s->name, where, why) < 0) {
+				if (c->bad)
+					c->bad[i] = NULL;
+				tok_ids_done(&out);
+				return oom(c);
+			}
+			if (c->skipped++ == 0)
+				snprintf(c->error, sizeof(c->error), "%s", c->bad[i]);
+		}
+		replaced_total += replaced;
+	}
+	c->start[c->n] = out.n;
+	c->ids = out.ids ? out.ids : malloc(sizeof(int32_t));
+	if (!c->ids)
+		return oom(c);
+	c->read_bytes = at;
+	c->tokens = out.n;
+	c->replaced = replaced_total;
+	return 0;
+
+oom_ids:
+	tok_ids_done(&out);
+	return oom(c);
+}

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tokenizing a chunk of text documents: read every document of the chunk
+ * through the source layer (one batch of reads, all in flight at once), find
+ * each document's text through the format layer, and encode it with the
+ * tokenizer. Shared by the daemon's workers (feed/worker.c, which adds its
+ * telemetry around the two phases) and `feedctl prep`, so that prepared
+ * shards hold exactly the tokens a text feed serves.
+ *
+ * A bad record (not JSON, no text member, longer than max_doc_bytes, a
+ * tokenizer error) is fatal under skip_bad_records = false; otherwise it
+ * becomes an empty document, named in bad[i], and counted in skipped.
+ *
+ * No logging, no feed: this sits in the library below the policy layer.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/format/format.h"
+#include "daemon/source/source.h"
+
+struct tok;
+struct tok_state;
+
+/* How a text feed's documents become tokens. */
+struct tokenize_params {
+	struct shard *const *shards;  /* indexed by ORDER_DOC_SHARD(doc) */
+	const struct tok *tok;
+	uint64_t tok_generation;      /* tells apart toks that reuse an address (per-thread states) */
+	uint64_t max_doc_bytes;
+	bool encode_specials;         /* special tokens in the text are encoded as such */
+	bool skip_bad_records;
+};
+
+/* A run of documents: docs in, tokens out. */
+struct tokenize_chunk {
+	uint32_t n;
+	const uint64_t *docs; /* n document ids (ORDER_DOC) */
+	uint64_t bytes;       /* of text to read, for messages */
+
+	/* written by tokenize_encode() */
+	uint64_t *start;      /* n + 1 offsets into ids (malloc'd, the caller's to free) */
+	int32_t *ids;         /* malloc'd */
+	uint32_t skipped;     /* bad records turned into empty documents */
+	char **bad;           /* n entries, why each skipped document was bad (NULL when none was) */
+	uint64_t read_bytes;  /* bytes read and handed to the tokenizer */
+	uint64_t tokens;
+	uint64_t replaced;    /* invalid UTF-8 sequences replaced */
+	char error[512];      /* the failure, or the first skipped record's reason */
+};
+
+/* A thread's reusable buffers and tokenizer states. */
+struct tokenize_scratch {
+	uint8_t *text;
+	size_t text_cap;
+	struct source_read *reqs;
+	size_t reqs_cap, n_reqs;
+	struct format_state fmt;
+	struct {
+		uint64_t generation;
+		struct tok_state *st;
+	} toks[4];            /* per-thread states of the tokenizers met lately */
+	unsigned toks_next;
+};
+
+void tokenize_scratch_done(struct tokenize_scratch *t);
+
+/*
+ * Phase 1: reads the chunk's documents into t->text through r. Returns 0;
+ * or a negative errno with a message naming the file and byte in c->error.
+ */
+int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
+		  struct tokenize_chunk *c);
+/*
+ * Phase 2: tokenizes what tokenize_read() read, filling c's outputs.
+ * Returns 0; -EBADMSG for a bad record under skip_bad_records = false,
+ * -ENOMEM; with a message in c->error.
+ */
+int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c);
+
+/*
+ * Whether path names a Hugging Face tokenizer.json (by its ".json" name);
+ * anything else is a tiktoken rank file, which needs a preset.
+ */
+bool tokenize_tok_is_hf(const char *path);
+/*
+ * Loads the tokenizer a text feed names (tok_load_hf or tok_load_rankfile
+ * by tokenize_tok_is_hf). Returns like those, with a message in *ret_error.
+ */
+int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error);
+
+/* Frees c's outputs (start, ids, bad), keeping docs. */
+void tokenize_chunk_done(struct tokenize_chunk *c);
