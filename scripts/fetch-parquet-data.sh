@@ -6,7 +6,9 @@
 # where the tests look by default). Idempotent. Nothing fetched is committed.
 #   node_modules/   npm: @duckdb/node-api (DuckDB with its Parquet writer and
 #                   reader, the reference the tests and bench compare with),
-#                   gpt-tokenizer@4.0.0 (the cl100k_base rank file the feeds use)
+#                   parquet-wasm@0.8.0 + apache-arrow@21.2.0 (arrow-rs's
+#                   writer, a second one), gpt-tokenizer@4.0.0 (the
+#                   cl100k_base rank file the feeds use)
 # Needs: npm/node.
 set -eu
 
@@ -15,8 +17,9 @@ dir=${1:-${FEEDD_PQDATA:-$here/build/pqdata}}
 mkdir -p "$dir"
 cd "$dir"
 
-if [ ! -f node_modules/.feedd-pq-ok ]; then
+if [ ! -f node_modules/.feedd-pq2-ok ]; then
 	[ -f package.json ] || printf '{ "name": "feedd-pqdata", "private": true, "type": "module" }\n' >package.json
-	npm install --no-audit --no-fund --no-save @duckdb/node-api@1.5.6-r.1 gpt-tokenizer@4.0.0
-	touch node_modules/.feedd-pq-ok
+	npm install --no-audit --no-fund --no-save @duckdb/node-api@1.5.6-r.1 parquet-wasm@0.8.0 \
+		apache-arrow@21.2.0 gpt-tokenizer@4.0.0
+	touch node_modules/.feedd-pq2-ok
 fi

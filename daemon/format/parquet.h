@@ -6,8 +6,8 @@
  *
  * Supported: flat schemas whose chosen column is a top-level BYTE_ARRAY,
  * REQUIRED or OPTIONAL (a null is an empty value); data pages v1 and v2;
- * dictionary pages; PLAIN, PLAIN_DICTIONARY, RLE_DICTIONARY and
- * DELTA_LENGTH_BYTE_ARRAY values;
+ * dictionary pages; PLAIN, PLAIN_DICTIONARY, RLE_DICTIONARY,
+ * DELTA_LENGTH_BYTE_ARRAY and DELTA_BYTE_ARRAY values;
  * RLE/bit-packed definition levels; UNCOMPRESSED, SNAPPY, GZIP and ZSTD.
  * Refused, with the file and the field named: encryption, column chunks in
  * other files, a repeated or nested text column, other physical types, other

@@ -16,7 +16,8 @@
  * header. PLAIN BYTE_ARRAY values are u32 length + bytes; dictionary indexes
  * are one byte of bit width, then the RLE/bit-packed hybrid;
  * DELTA_LENGTH_BYTE_ARRAY (DuckDB's v2 pages) is the lengths as
- * DELTA_BINARY_PACKED, then the bytes.
+ * DELTA_BINARY_PACKED, then the bytes; DELTA_BYTE_ARRAY (arrow-rs's v2
+ * pages) adds the lengths of prefixes shared with the previous value.
  */
 #include <endian.h>
 #include <errno.h>
@@ -33,7 +34,7 @@
 #include "proto/macro.h"
 
 enum { PAGE_DATA = 0, PAGE_INDEX = 1, PAGE_DICT = 2, PAGE_DATA_V2 = 3 };
-enum { ENC_PLAIN = 0, ENC_PLAIN_DICT = 2, ENC_RLE = 3, ENC_DELTA_LENGTH = 6, ENC_RLE_DICT = 8 };
+enum { ENC_PLAIN = 0, ENC_PLAIN_DICT = 2, ENC_RLE = 3, ENC_DELTA_LENGTH = 6, ENC_DELTA_BYTES = 7, ENC_RLE_DICT = 8 };
 
 struct page_header {
 	int32_t type, uncompressed, compressed;
@@ -300,6 +301,20 @@ static int delta_next(struct delta *d, int64_t *ret, const char **why)
 	return 0;
 }
 
+/* Where a DELTA_BINARY_PACKED stream of count values at p[0..n) ends (its values checked as they are skipped). */
+static int delta_end(const uint8_t *p, size_t n, uint64_t count, const uint8_t **ret, const char **why)
+{
+	struct delta d;
+	int r = delta_init(&d, p, n, count, why);
+	for (uint64_t i = 0; r == 0 && i < count; i++) {
+		int64_t v;
+		r = delta_next(&d, &v, why);
+	}
+	if (r == 0)
+		*ret = d.p;
+	return r;
+}
+
 /* ---- decompression -------------------------------------------------------- */
 
 static int inflate_all(const uint8_t *in, size_t n, uint8_t *out, size_t want, const char **why)
@@ -378,6 +393,8 @@ struct chunk_reader {
 	uint32_t dict_n;
 	uint32_t *dict_off, *dict_len;
 	bool have_dict;
+	uint8_t *value[2];    /* DELTA_BYTE_ARRAY: the previous value and the one being built */
+	size_t value_cap[2];
 	parquet_value_fn fn;
 	void *ctx;
 	uint64_t row;
@@ -473,30 +490,33 @@ static int read_values(struct chunk_reader *c, const struct page_header *h, stru
 {
 	int r;
 	bool dict = h->encoding == ENC_PLAIN_DICT || h->encoding == ENC_RLE_DICT;
-	bool dlba = h->encoding == ENC_DELTA_LENGTH;
-	if (!dict && !dlba && h->encoding != ENC_PLAIN) {
-		*why = h->encoding == 7 ? "values encoded DELTA_BYTE_ARRAY (not supported)" :
-		       "values in an unsupported encoding";
+	bool dlba = h->encoding == ENC_DELTA_LENGTH, dba = h->encoding == ENC_DELTA_BYTES;
+	if (!dict && !dlba && !dba && h->encoding != ENC_PLAIN) {
+		*why = "values in an unsupported encoding";
 		return -ENOTSUP;
 	}
 	struct rle idx;
-	struct delta lens;
-	size_t at = 0;
-	if (dlba) {
-		/* The lengths, then the bytes: one pass finds where the bytes start. */
+	struct delta lens, prefixes;
+	size_t at = 0, prev_len = 0;
+	unsigned cur = 0;
+	if (dlba || dba) {
+		/*
+		 * DELTA_LENGTH_BYTE_ARRAY: the lengths, then the bytes.
+		 * DELTA_BYTE_ARRAY: the lengths of the prefixes shared with the
+		 * previous value, then the suffixes as DELTA_LENGTH_BYTE_ARRAY.
+		 * A first pass over the lengths finds where the bytes start.
+		 */
 		uint64_t count = (uint64_t)h->n_values;
+		const uint8_t *q = vals, *data;
 		if (c->optional && (r = count_defined(def, h->n_values, &count, why)) < 0)
 			return r;
-		if ((r = delta_init(&lens, vals, vn, count, why)) < 0)
+		if (dba && ((r = delta_end(vals, vn, count, &q, why)) < 0 ||
+			    (r = delta_init(&prefixes, vals, vn, count, why)) < 0))
 			return r;
-		for (uint64_t i = 0; i < count; i++) {
-			int64_t l;
-			if ((r = delta_next(&lens, &l, why)) < 0)
-				return r;
-		}
-		at = (size_t)(lens.p - vals);
-		if ((r = delta_init(&lens, vals, vn, count, why)) < 0)
+		if ((r = delta_end(q, vn - (size_t)(q - vals), count, &data, why)) < 0 ||
+		    (r = delta_init(&lens, q, vn - (size_t)(q - vals), count, why)) < 0)
 			return r;
+		at = (size_t)(data - vals);
 	}
 	if (dict) {
 		if (!c->have_dict) {
@@ -536,9 +556,9 @@ static int read_values(struct chunk_reader *c, const struct page_header *h, stru
 			}
 			p = c->dict + c->dict_off[k];
 			len = c->dict_len[k];
-		} else if (dlba) {
-			int64_t l;
-			if ((r = delta_next(&lens, &l, why)) < 0)
+		} else if (dlba || dba) {
+			int64_t l, pre = 0;
+			if ((r = delta_next(&lens, &l, why)) < 0 || (dba && (r = delta_next(&prefixes, &pre, why)) < 0))
 				return r;
 			if (l < 0 || (uint64_t)l > vn - at) {
 				*why = "DELTA_LENGTH_BYTE_ARRAY length negative or past its page";
@@ -547,6 +567,29 @@ static int read_values(struct chunk_reader *c, const struct page_header *h, stru
 			p = vals + at;
 			len = (uint32_t)l;
 			at += len;
+			if (dba) {
+				if (pre < 0 || (uint64_t)pre > prev_len) {
+					*why = "DELTA_BYTE_ARRAY prefix longer than the previous value";
+					return -EBADMSG;
+				}
+				/* Both parts come from the page, so a value is never longer than it. */
+				size_t n = (size_t)pre + len;
+				if (n > c->value_cap[cur]) {
+					uint8_t *b = realloc(c->value[cur], n);
+					if (!b)
+						return -ENOMEM;
+					c->value[cur] = b;
+					c->value_cap[cur] = n;
+				}
+				if (pre)
+					memcpy(c->value[cur], c->value[!cur], (size_t)pre);
+				if (len)
+					memcpy(c->value[cur] + pre, p, len);
+				p = c->value[cur];
+				len = (uint32_t)n;
+				prev_len = n;
+				cur = !cur;
+			}
 		} else {
 			if (vn - at < 4) {
 				*why = "page ends before its values";
@@ -719,5 +762,7 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 	free(c.dict_buf);
 	free(c.dict_off);
 	free(c.dict_len);
+	free(c.value[0]);
+	free(c.value[1]);
 	return r;
 }

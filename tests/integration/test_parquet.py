@@ -36,6 +36,9 @@ pytestmark = pytest.mark.skipif(not shutil.which("node") or not DUCKDB.exists() 
 
 CODECS = ["uncompressed", "snappy", "zstd", "gzip"]
 SPECS = [f"{c}:{d}:{v}:{rg}" for c in CODECS for d in ("dict", "plain") for v in ("v1", "v2") for rg in (2048, 100000)]
+# arrow-rs (parquet-wasm): a second writer, smaller row groups (it takes any size) and 64 KiB pages.
+RS_SPECS = [f"{c}:{d}:{v}:1000" for c in CODECS for d in ("dict", "plain") for v in ("v1", "v2")]
+RS = PQDATA / "node_modules" / "parquet-wasm"
 
 EDGE = [
     "Grüße aus Köln — naïve café, Ångström",
@@ -86,6 +89,9 @@ def corpus(tmp_path_factory):
     write_jsonl(d / "b.jsonl", b, len(a))
     subprocess.run(["node", str(SRC / "tests" / "parquet" / "mkparquet.mjs"), str(PQDATA), str(d / "pq"), *SPECS,
                     "--", str(d / "a.jsonl"), str(d / "b.jsonl")], check=True, timeout=600)
+    if RS.exists():
+        subprocess.run(["node", str(SRC / "tests" / "parquet" / "mkparquet-rs.mjs"), str(PQDATA), str(d / "pq"),
+                        *RS_SPECS, "--", str(d / "a.jsonl"), str(d / "b.jsonl")], check=True, timeout=600)
     return {"dir": d, "docs": {"a": a, "b": b}}
 
 
@@ -123,6 +129,27 @@ def test_reader_agrees_with_duckdb(corpus, spec):
     assert text_lines and all(l.endswith(" " + want) and codec.upper() in l for l in text_lines), info
     if spec.endswith(":100000") and spec.startswith("zstd:dict:v2"):
         assert rows_of(path) == duckdb_rows(path)
+
+
+@pytest.mark.skipif(not RS.exists(), reason="parquet-wasm (scripts/fetch-parquet-data.sh) missing")
+@pytest.mark.parametrize("spec", RS_SPECS)
+def test_reader_agrees_with_arrow_rs_files(daemon, corpus, tmp_path, spec):
+    """arrow-rs's files of every combination decode to the documents, and serve the JSONL feed's batches."""
+    paths = [corpus["dir"] / "pq" / f"rs-{spec.replace(':', '-')}" / f"{s}.parquet" for s in ("a", "b")]
+    for shard, path in zip(("a", "b"), paths):
+        assert rows_of(path) == [None if null else t for t, null in corpus["docs"][shard]], path
+    info = subprocess.run([str(FEEDCTL), "parquet-info", str(paths[0])], capture_output=True, text=True,
+                          check=True).stdout
+    assert info.count("row group ") == 5  # 4500 rows, 1000 per group
+    if spec.endswith(":v2:1000") and ":plain:" in spec:
+        assert "DELTA_BYTE_ARRAY" in info, info
+    if spec.startswith("zstd:"):
+        head = f"[feedd]\ncache_dir = {tmp_path / 'cache'}\n"
+        d = daemon(head + feed_section("jsonl", "jsonl", [corpus["dir"] / "a.jsonl", corpus["dir"] / "b.jsonl"])
+                   + feed_section("rs", "parquet", paths))
+        ref = d.dump("jsonl", tmp_path / "jsonl", rank=1, world=2, batches=20)
+        got = d.dump("rs", tmp_path / "rs", rank=1, world=2, batches=20)
+        assert np.array_equal(got["input_ids"], ref["input_ids"]) and np.array_equal(got["labels"], ref["labels"])
 
 
 def test_parquet_info_shows_schema_and_row_groups(corpus):

@@ -148,7 +148,7 @@ static void test_duckdb_files(const char *dir)
 	struct dirent *e;
 	unsigned files = 0;
 	while ((e = readdir(d))) {
-		if (!strstr(e->d_name, ".parquet"))
+		if (strncmp(e->d_name, "duckdb-", 7) != 0 || !strstr(e->d_name, ".parquet"))
 			continue;
 		char path[4096];
 		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
