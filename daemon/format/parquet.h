@@ -17,7 +17,9 @@
  * checked before use, and every error names the file and the byte offset.
  * Bytes are read through a callback over byte ranges, so the reader does not
  * care where the file lives. Memory: the footer's metadata, and while a
- * column chunk is read, that chunk (compressed) and one page (decompressed).
+ * column chunk is read, one page (compressed and decompressed), its header
+ * window and the chunk's dictionary: bounded by the pages a writer makes, not
+ * by its row-group size.
  *
  * A parquet_file is immutable after open; reading chunks of it from several
  * threads at once is safe when the callback is.

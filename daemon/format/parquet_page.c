@@ -34,6 +34,9 @@
 #include "daemon/format/thrift.h"
 #include "proto/macro.h"
 
+#define WINDOW (64u << 10)      /* first read of a page: its header, and all of a small page */
+#define WINDOW_MAX (16u << 20)  /* the longest page header accepted */
+
 enum { PAGE_DATA = 0, PAGE_INDEX = 1, PAGE_DICT = 2, PAGE_DATA_V2 = 3 };
 enum { ENC_PLAIN = 0, ENC_PLAIN_DICT = 2, ENC_RLE = 3, ENC_DELTA_LENGTH = 6, ENC_DELTA_BYTES = 7, ENC_RLE_DICT = 8 };
 
@@ -489,15 +492,18 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 		return -EBADMSG;
 	}
 	size_t len = (size_t)ch->compressed;
-	uint8_t *buf = malloc(MAX(len, (size_t)1));
 	struct chunk_reader c = { .f = f, .codec = ch->codec, .optional = e->repetition == 1, .fn = fn, .ctx = ctx };
-	int r = buf ? f->src.read(f->src.ctx, (uint64_t)start, len, buf) : -ENOMEM;
-	if (r < 0 && r != -ENOMEM)
-		snprintf(err, errlen, "%s: cannot read column '%s' of row group %u at byte %" PRId64 ": %s", f->name,
-			 e->name, rg, start, strerror(-r));
+	/*
+	 * Page by page: a window holds the header (and the payload when it is
+	 * small); a larger payload is read on its own. Memory is a page, not
+	 * the chunk, whatever the writer's row-group size.
+	 */
+	uint8_t *win = NULL, *pay = NULL;
+	size_t pay_cap = 0;
 	size_t pos = 0;
 	const char *why = NULL;
 	uint64_t page_at = (uint64_t)start;
+	int r = (win = malloc(WINDOW_MAX)) ? 0 : -ENOMEM;
 	while (r == 0 && c.row < (uint64_t)g->n_rows) {
 		page_at = (uint64_t)start + pos;
 		if (pos >= len) {
@@ -505,34 +511,77 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 			r = -EBADMSG;
 			break;
 		}
-		struct thrift t;
+		struct thrift t = { 0 };
 		struct page_header h;
-		thrift_init(&t, buf + pos, len - pos, page_at);
-		if ((r = read_header(&t, &h)) < 0) {
+		size_t w = MIN(len - pos, (size_t)WINDOW), got = 0;
+		for (;;) {
+			/* A header longer than the window (statistics can be large): read more, up to WINDOW_MAX. */
+			if ((r = f->src.read(f->src.ctx, page_at + got, w - got, win + got)) < 0)
+				break;
+			got = w;
+			thrift_init(&t, win, w, page_at);
+			if ((r = read_header(&t, &h)) == 0 || w == MIN(len - pos, (size_t)WINDOW_MAX))
+				break;
+			w = MIN(len - pos, MIN(w * 4, (size_t)WINDOW_MAX));
+		}
+		if (r < 0 && !t.error) {
+			snprintf(err, errlen, "%s: cannot read column '%s' of row group %u at byte %" PRIu64 ": %s", f->name,
+				 e->name, rg, page_at, strerror(-r));
+			break;
+		}
+		if (r < 0) {
 			why = t.error;
 			page_at = t.error_at;
 			break;
 		}
-		pos += (size_t)(t.p - (buf + pos));
+		size_t hlen = (size_t)(t.p - win);
+		pos += hlen;
 		if (h.compressed < 0 || h.uncompressed < 0 || (size_t)h.compressed > len - pos ||
-		    (uint32_t)h.uncompressed > PARQUET_MAX_PAGE) {
+		    (uint32_t)h.uncompressed > PARQUET_MAX_PAGE || (uint32_t)h.compressed > PARQUET_MAX_PAGE) {
 			why = "page sizes do not fit its column chunk (or exceed 256 MiB)";
 			r = -EBADMSG;
 			break;
 		}
-		const uint8_t *in = buf + pos;
 		size_t n = (size_t)h.compressed;
+		const uint8_t *in = win + hlen;
+		if (hlen + n > got) {
+			if (n > pay_cap) {
+				uint8_t *b = realloc(pay, n);
+				if (!b) {
+					r = -ENOMEM;
+					break;
+				}
+				pay = b;
+				pay_cap = n;
+			}
+			if ((r = f->src.read(f->src.ctx, (uint64_t)start + pos, n, pay)) < 0) {
+				snprintf(err, errlen, "%s: cannot read column '%s' of row group %u at byte %" PRIu64 ": %s",
+					 f->name, e->name, rg, (uint64_t)start + pos, strerror(-r));
+				break;
+			}
+			in = pay;
+		}
 		pos += n;
 		if (h.type == PAGE_DICT) {
 			const uint8_t *p;
 			if (!h.have_sub) {
 				why = "dictionary page without its header";
 				r = -EBADMSG;
-			} else if (c.row > 0) {
-				why = "dictionary page after data pages";
+			} else if (c.row > 0 || c.have_dict) {
+				why = "dictionary page after data pages, or a second one";
 				r = -EBADMSG;
 			} else if ((r = page_bytes(&c, in, n, (size_t)h.uncompressed, true, &c.dict_buf, &(size_t){ 0 }, &p,
 						   &why)) == 0) {
+				/* The dictionary outlives its page's buffer: keep a copy when it was used in place. */
+				if (p == in) {
+					c.dict_buf = malloc(MAX(n, (size_t)1));
+					if (!c.dict_buf) {
+						r = -ENOMEM;
+						break;
+					}
+					memcpy(c.dict_buf, in, n);
+					p = c.dict_buf;
+				}
 				r = read_dict(&c, &h, p, (size_t)h.uncompressed, &why);
 			}
 		} else if (h.type == PAGE_DATA || h.type == PAGE_DATA_V2) {
@@ -550,7 +599,8 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 	if (r < 0 && why)
 		snprintf(err, errlen, "%s: byte %" PRIu64 ": row group %u, column '%s' (%s): %s", f->name, page_at, rg,
 			 e->name, parquet_codec_name(ch->codec), why);
-	free(buf);
+	free(win);
+	free(pay);
 	free(c.page);
 	free(c.dict_buf);
 	free(c.dict_off);

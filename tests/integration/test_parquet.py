@@ -297,6 +297,17 @@ MALFORMED = {
 }
 
 
+def test_long_page_headers_and_small_row_groups(tmp_path):
+    """A page header longer than the first read of a page (a writer's statistics can be) is read whole."""
+    def pad(kind, obj):
+        if kind in ("data", "dict"):
+            obj["pad"] = b"s" * 200000
+    for v2 in (False, True):
+        p = tmp_path / f"pad{int(v2)}.parquet"
+        p.write_bytes(pqwrite.write(ROWS, use_dict=True, v2=v2, rg_rows=7, page_rows=3, codec=2, mutate=pad))
+        assert rows_of(p) == [r if r is not None else None for r in ROWS]
+
+
 def test_malformed_files_are_refused_with_file_and_offset(daemon, corpus, tmp_path):
     """Each malformed shard fails its own feed with the file and the byte offset named; feedd serves the rest."""
     conf = f"[feedd]\ncache_dir = {tmp_path / 'cache'}\n" + feed_section("ok", "jsonl", [corpus["dir"] / "a.jsonl"])

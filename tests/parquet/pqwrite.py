@@ -101,7 +101,10 @@ def page(kind, fields, payload_raw, levels, codec, mutate, v2):
     else:
         sub = [(1, I32, h["num_values"]), (2, I32, h["num_nulls"]), (3, I32, h["num_rows"]), (4, I32, h["encoding"]),
                (5, I32, h["def_len"]), (6, I32, h.get("rep_len", 0)), (7, TRUE, codec != 0)]
-    hdr = tstruct([(1, I32, h["type"]), (2, I32, h["uncompressed"]), (3, I32, h["compressed"]), (sub_id, STRUCT, sub)])
+    fields = [(1, I32, h["type"]), (2, I32, h["uncompressed"]), (3, I32, h["compressed"]), (sub_id, STRUCT, sub)]
+    if "pad" in h:  # an unknown field a reader must skip (as it would statistics it does not read)
+        fields.append((20, BINARY, h["pad"]))
+    hdr = tstruct(fields)
     return hdr + levels + body
 
 
