@@ -503,7 +503,8 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 	size_t pos = 0;
 	const char *why = NULL;
 	uint64_t page_at = (uint64_t)start;
-	int r = (win = malloc(WINDOW_MAX)) ? 0 : -ENOMEM;
+	size_t win_cap = MIN(len, (size_t)WINDOW);
+	int r = (win = malloc(MAX(win_cap, (size_t)1))) ? 0 : -ENOMEM;
 	while (r == 0 && c.row < (uint64_t)g->n_rows) {
 		page_at = (uint64_t)start + pos;
 		if (pos >= len) {
@@ -516,6 +517,15 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 		size_t w = MIN(len - pos, (size_t)WINDOW), got = 0;
 		for (;;) {
 			/* A header longer than the window (statistics can be large): read more, up to WINDOW_MAX. */
+			if (w > win_cap) {
+				uint8_t *b = realloc(win, w);
+				if (!b) {
+					r = -ENOMEM;
+					break;
+				}
+				win = b;
+				win_cap = w;
+			}
 			if ((r = f->src.read(f->src.ctx, page_at + got, w - got, win + got)) < 0)
 				break;
 			got = w;
@@ -524,6 +534,8 @@ int parquet_read_column(const struct parquet_file *f, uint32_t rg, uint32_t col,
 				break;
 			w = MIN(len - pos, MIN(w * 4, (size_t)WINDOW_MAX));
 		}
+		if (r == -ENOMEM)
+			break;
 		if (r < 0 && !t.error) {
 			snprintf(err, errlen, "%s: cannot read column '%s' of row group %u at byte %" PRIu64 ": %s", f->name,
 				 e->name, rg, page_at, strerror(-r));
