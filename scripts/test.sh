@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # The test command: install dependencies, build, fetch the tokenizer peers and
-# corpus (if that suite exists), run every meson test, then the hardening
+# corpus and the Parquet writer (if those suites exist), run every meson test, then the hardening
 # stages (ASan+UBSan, valgrind, fuzzing, soak; FEEDD_TEST_STAGES), and end
 # with a line "N passed, N failed[, N skipped]" over all of them. Exit status
 # is non-zero on any failure.
@@ -12,6 +12,9 @@ scripts/build.sh
 BUILD=${FEEDD_BUILD_DIR:-build}
 if [ -x scripts/fetch-tok-data.sh ]; then
 	scripts/fetch-tok-data.sh "$BUILD/tokdata" || echo "test: fetching tokenizer data failed; those tests will skip" >&2
+fi
+if [ -x scripts/fetch-parquet-data.sh ]; then
+	scripts/fetch-parquet-data.sh "$BUILD/pqdata" || echo "test: fetching DuckDB failed; the Parquet tests will skip" >&2
 fi
 rc=0
 # Stages after the plain run (docs/reliability.md): FEEDD_TEST_STAGES picks them, default all.

@@ -170,8 +170,8 @@ static void usage_prep(FILE *out)
 		"  -t, --tokenizer FILE      tiktoken rank file or HF tokenizer.json\n"
 		"  -p, --preset NAME         rank files: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base, llama3\n"
 		"  -o, --out PREFIX          output prefix\n"
-		"  -f, --format FMT          jsonl (default) or text (one document per file)\n"
-		"  -k, --text-key KEY        jsonl member holding the text (default: text)\n"
+		"  -f, --format FMT          jsonl (default), text (one document per file) or parquet\n"
+		"  -k, --text-key KEY        jsonl member or parquet column holding the text (default: text)\n"
 		"  -e, --append-eos TOKEN    append this id or special token to every non-empty document\n"
 		"      --on-bad-record P     skip (default: an empty document, counted) or fail\n"
 		"      --encode-special-tokens  special tokens in the text become their ids\n"
@@ -238,8 +238,8 @@ int cmd_prep(int argc, char **argv)
 		case 'p': cf.tokenizer_preset = optarg; break;
 		case 'o': out_prefix = optarg; break;
 		case 'f':
-			if (strcmp(optarg, "jsonl") != 0 && strcmp(optarg, "text") != 0) {
-				fprintf(stderr, "feedctl prep: --format %s: expected jsonl or text\n", optarg);
+			if (strcmp(optarg, "jsonl") != 0 && strcmp(optarg, "text") != 0 && strcmp(optarg, "parquet") != 0) {
+				fprintf(stderr, "feedctl prep: --format %s: expected jsonl, text or parquet\n", optarg);
 				return 2;
 			}
 			cf.format = optarg;

@@ -192,7 +192,7 @@ static const char *conf_feed_tokenizer_problem(const struct conf_feed *f)
 {
 	bool text = strcmp(f->format, "megatron") != 0;
 	if (text && !f->tokenizer)
-		return "a text format (jsonl, text) needs 'tokenizer'";
+		return "a text format (jsonl, text, parquet) needs 'tokenizer'";
 	if (!f->tokenizer && f->bos_name)
 		return "bos names a special token, which needs 'tokenizer' to resolve";
 	if (!f->tokenizer && f->eos_name)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "daemon/conf/conf-internal.h"
+#include "daemon/format/format.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
@@ -317,8 +318,11 @@ struct conf_key {
 static int set_format(struct parse *p, void *obj, const struct conf_key *k, const char *value)
 {
 	struct conf_feed *f = obj;
-	if (strcmp(value, "megatron") != 0 && strcmp(value, "jsonl") != 0 && strcmp(value, "text") != 0)
-		return conf_bad(p, "format: '%s' is not supported (supported: megatron, jsonl, text)", value);
+	if (!format_find(value)) {
+		char names[128];
+		format_names(names, sizeof(names));
+		return conf_bad(p, "format: '%s' is not supported (supported: %s)", value, names);
+	}
 	return set_string(p, &f->format, value);
 }
 

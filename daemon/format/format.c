@@ -12,7 +12,16 @@ static const struct format *const formats[] = {
 	&format_megatron,
 	&format_jsonl,
 	&format_text,
+	&format_parquet,
 };
+
+void format_names(char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = 0;
+	for (size_t i = 0; i < ARRAY_SIZE(formats) && used < len; i++)
+		used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", formats[i]->name);
+}
 
 const struct format *format_find(const char *name)
 {

@@ -14,7 +14,7 @@
  *                  of which source hold a run of a document's tokens, and
  *                  widen() turns the stored ids into int32.
  *   FORMAT_TEXT    documents stored as text, tokenized on the way (JSONL,
- *                  plain text; Parquet next). doc_read() says which byte range
+ *                  plain text, Parquet). doc_read() says which byte range
  *                  of which source to read for a document, doc_text() finds
  *                  the document's text in those bytes once read (a JSON
  *                  member, a whole file, a row of a decoded page).
@@ -24,12 +24,12 @@
  * its source_reader, and hands the bytes back. So every read of a batch is in
  * flight together whatever the format.
  *
- * Adding a format (a checklist; Parquet, issue #23, is the next):
+ * Adding a format (a checklist; Parquet, issue #23, followed it):
  *   1. daemon/format/NAME.c defines `const struct format format_NAME` with
  *      open/close/check and the functions of its kind, and sets the summary
  *      fields of struct shard in open;
- *   2. add it to the table in format.c (format_find) and to the accepted
- *      values of `format` in conf/conf.c;
+ *   2. add it to the table in format.c (format_find; `format` in the
+ *      config accepts what that table names);
  *   3. the feed, sessions, workers and `feedctl prep` need no change.
  *
  * Laziness (issue #22): today every format indexes a shard at open. The
@@ -147,8 +147,10 @@ struct format {
 	void (*doc_where)(const struct shard *s, uint32_t doc, char *buf, size_t n);
 };
 
-/* The format named `name` ("megatron", "jsonl", "text"), or NULL. */
+/* The format named `name` ("megatron", "jsonl", "text", "parquet"), or NULL. */
 const struct format *format_find(const char *name);
+/* The names format_find() knows, ", "-separated in table order, into buf (for messages). */
+void format_names(char *buf, size_t len);
 
 /* Opens shard `name` in format fmt. Returns like format->open. */
 int format_open(const struct format *fmt, const char *name, const struct format_opts *o, struct source_reader *r,
@@ -196,4 +198,4 @@ static inline void format_doc_where(const struct shard *s, uint32_t doc, char *b
 
 void format_state_done(struct format_state *st);
 
-extern const struct format format_megatron, format_jsonl, format_text;
+extern const struct format format_megatron, format_jsonl, format_text, format_parquet;

@@ -421,7 +421,7 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	for (size_t i = 0; ok && i < n; i++) {
 		uint64_t len = MIN((uint64_t)lengths[i], max_doc_bytes);
 		ok = offsets[i] <= h.data_bytes && len <= h.data_bytes - offsets[i] &&
-		     (i == 0 || offsets[i] > offsets[i - 1]);
+		     (i == 0 || offsets[i] >= offsets[i - 1]);
 	}
 	if (!ok) {
 		drop_index(s);
@@ -479,7 +479,10 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 	if (!buf)
 		return -ENOMEM;
 	int r;
-	if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
+	if (s->kind == TEXT_PARQUET)
+		return text_parquet_build(s, src, io, o->text_key ? o->text_key : "text", o->max_doc_bytes, data_tmp, err,
+					  errlen);
+	else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
 		/* The whole file is the document; nothing to scan. */
 		b.pos = (uint64_t)s->id.size;
 		r = add_doc(&b, 0, b.pos);
@@ -583,20 +586,29 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	s->id = *source_identity(src);
 
 	_cleanup_free_ char *idx_path = NULL, *data_path = NULL, *data_tmp = NULL;
+	const bool copy = s->codec != TEXT_CODEC_NONE || s->kind == TEXT_PARQUET;
+	/* A Parquet shard's copy holds one column: the column is part of its name. */
+	char sfx_idx[40] = ".idx", sfx_data[40] = ".data";
+	if (s->kind == TEXT_PARQUET) {
+		const char *col = o->text_key ? o->text_key : "text";
+		uint64_t h = hash_words(UINT64_C(0x7071), col, strlen(col));
+		snprintf(sfx_idx, sizeof(sfx_idx), ".%016" PRIx64 ".idx", h);
+		snprintf(sfx_data, sizeof(sfx_data), ".%016" PRIx64 ".data", h);
+	}
 	if (o->cache_dir) {
-		idx_path = cache_name(o->cache_dir, path, ".idx");
-		if (s->codec != TEXT_CODEC_NONE) {
-			data_path = cache_name(o->cache_dir, path, ".data");
+		idx_path = cache_name(o->cache_dir, path, sfx_idx);
+		if (copy) {
+			data_path = cache_name(o->cache_dir, path, sfx_data);
 			if (data_path && asprintf(&data_tmp, "%s.tmp-%d", data_path, (int)getpid()) < 0)
 				data_tmp = NULL;
 		}
-		if (!idx_path || (s->codec != TEXT_CODEC_NONE && (!data_path || !data_tmp))) {
+		if (!idx_path || (copy && (!data_path || !data_tmp))) {
 			text_free(s);
 			return -ENOMEM;
 		}
-	} else if (s->codec != TEXT_CODEC_NONE) {
+	} else if (copy) {
 		snprintf(err, errlen, "%s: a %s shard is served from a decompressed copy, and there is no cache_dir to keep it in",
-			 path, codec_name(s->codec));
+			 path, s->kind == TEXT_PARQUET ? "Parquet" : codec_name(s->codec));
 		text_free(s);
 		return -EINVAL;
 	}
@@ -671,7 +683,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		    char *err, size_t errlen)
 {
 	struct text_open_opts to = {
-		.kind = sh->format == &format_jsonl ? TEXT_JSONL : TEXT_PLAIN,
+		.kind = sh->format == &format_jsonl ? TEXT_JSONL : sh->format == &format_parquet ? TEXT_PARQUET : TEXT_PLAIN,
 		.cache_dir = o->cache_dir,
 		.max_doc_bytes = o->max_doc_bytes,
 		.text_key = o->text_key,

@@ -6,6 +6,11 @@
  *          (blank lines are not documents); the text is a string member of
  *          the line's object (extracted by jsonl.h).
  *   text   one document per file, the whole file.
+ *   parquet one document per row of a Parquet file's text column (parquet.h);
+ *          a null is an empty document. Its column is decoded once, at
+ *          load, into the cache directory as the documents back to back,
+ *          like a compressed shard's copy: document d is row d of the file,
+ *          row groups in file order, so (row group, row) is first_row + row.
  *
  * Either may be compressed: NAME.gz (gzip/zlib, concatenated members) or
  * NAME.zst (zstd, concatenated frames). Neither format allows seeking into
@@ -38,6 +43,7 @@
 enum text_kind {
 	TEXT_JSONL,
 	TEXT_PLAIN,
+	TEXT_PARQUET,
 };
 
 enum text_codec {
@@ -51,7 +57,7 @@ struct text_shard {
 	char *data_path;       /* the file documents are read from: the source or its decompressed copy */
 	struct source *data;   /* data_path */
 	struct source_id id;   /* of the source, at open */
-	char *text_key;        /* jsonl: the member holding the text */
+	char *text_key;        /* jsonl: the member holding the text; parquet: the column */
 	enum text_kind kind;
 	enum text_codec codec;
 	bool cached;           /* the index came from the cache directory */
@@ -75,7 +81,7 @@ struct text_open_opts {
 	enum text_kind kind;
 	const char *cache_dir;     /* NULL: no cache */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
-	const char *text_key;      /* jsonl: the member holding the text (NULL: "text") */
+	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -95,6 +101,15 @@ static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
 {
 	return s->lines ? s->lines[d] : (uint64_t)d + 1;
 }
+
+/*
+ * Builds a Parquet shard's copy and index (text_parquet.c): column `column`
+ * of src (read through io) decoded row by row into data_tmp,
+ * s->offsets/lengths/n_docs/bytes set. Returns 0, or a negative errno with
+ * a message naming the file and the byte offset in err.
+ */
+int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
+		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Writes the seed corpus of one fuzz target into a directory.
 
-Usage: gen-seeds.py TARGET OUTDIR   (TARGET: wire, idx, rankfile, hf, ring, jsonl)
+Usage: gen-seeds.py TARGET OUTDIR   (TARGET: wire, idx, rankfile, hf, ring, jsonl, parquet)
 
 Seeds are valid inputs in each target's input format (see the target's
 header comment), plus a few near-misses, so the fuzzer starts from the
@@ -200,12 +200,29 @@ def jsonl(out):
     (out / "key-content").write_bytes(b"\x01" + lines[-1])
 
 
+def parquet(out):
+    """Files from tests/parquet/pqwrite.py in each of its shapes (tests/fuzz/corpus/parquet/ holds DuckDB's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parquet"))
+    import pqwrite
+    rows = ["hello", None, "w\u00f6rld", "", "hello", "x" * 40] * 6
+    for codec in (0, 2):
+        for d in (False, True):
+            for v2 in (False, True):
+                for opt in (False, True):
+                    rr = rows if opt else [r or "" for r in rows]
+                    name = f"pq-{codec}-{int(d)}-{int(v2)}-{int(opt)}"
+                    (out / name).write_bytes(pqwrite.write(rr, codec=codec, use_dict=d, v2=v2, optional=opt,
+                                                           rg_rows=20, page_rows=7))
+    (out / "empty").write_bytes(pqwrite.write([]))
+
+
 def main():
     target, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
         f.unlink()
-    {"wire": wire, "idx": idx, "rankfile": rankfile, "hf": hf, "ring": ring, "jsonl": jsonl}[target](out)
+    {"wire": wire, "idx": idx, "rankfile": rankfile, "hf": hf, "ring": ring, "jsonl": jsonl,
+     "parquet": parquet}[target](out)
 
 
 if __name__ == "__main__":

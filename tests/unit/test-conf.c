@@ -381,7 +381,7 @@ static void test_text_sources(void)
 		      "text defaults differ from docs/configuration.md");
 		conf_free(c);
 	}
-	load_bad("unknown format", "[feed.t]\nformat = parquet\nshards = a\n", 2, 0, "parquet");
+	load_bad("unknown format", "[feed.t]\nformat = orc\nshards = a\n", 2, 0, "orc");
 	load_bad("unknown preset", "[feed.t]\ntokenizer_preset = gpt5\n", 2, 0, "gpt5");
 	load_bad("bad policy", "[feed.t]\non_bad_record = ignore\n", 2, 0, "on_bad_record");
 	load_bad("bad fraction", "[feed.t]\nmax_bad_fraction = 2\n", 2, 0, "max_bad_fraction");
