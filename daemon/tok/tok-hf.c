@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "tok-internal.h"
+#include "tok-model.h"
 
 /* HF ByteLevel's own regex (use_regex true), as in tokenizers' byte_level.rs. */
 #define TOK_PAT_BYTELEVEL "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -493,6 +494,20 @@ int tok_load_hf(const char *path, struct tok **ret, char **ret_error) {
 	if (json_object_get(root, "padding") && !json_is_null(json_object_get(root, "padding"))) {
 		r = tok_unsupported(t, ret_error, "padding", json_object_get(root, "padding"));
 		goto fail;
+	}
+	const char *mtype = json_string_value(json_object_get(json_object_get(root, "model"), "type"));
+	if (mtype && (strcmp(mtype, "Unigram") == 0 || strcmp(mtype, "WordPiece") == 0)) {
+		/* Unigram and WordPiece bring their own text passes (tok-hf-model.c). */
+		r = tok_hf_added(t, json_object_get(root, "added_tokens"), ret_error);
+		if (r == 0)
+			r = tok_hf_model_load(t, root, ret_error);
+		if (r == 0)
+			r = tok_finish(t, ret_error);
+		if (r < 0)
+			goto fail;
+		json_decref(root);
+		*ret = t;
+		return 0;
 	}
 	r = tok_hf_normalizer(t, json_object_get(root, "normalizer"), ret_error);
 	if (r < 0)

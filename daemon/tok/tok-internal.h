@@ -109,6 +109,10 @@ struct tok {
 	bool jit;
 
 	size_t vocab_size;
+
+	/* Unigram or WordPiece (tok-model.h); NULL for byte-level BPE, which
+	 * the fields above hold. */
+	struct tok_model *model;
 };
 
 /* Error text helper: formats "name:where: msg" into *ret_error (if not NULL)

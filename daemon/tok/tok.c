@@ -21,6 +21,7 @@
 #include <uninorm.h>
 
 #include "tok-internal.h"
+#include "tok-model.h"
 
 #define TOK_WINDOW (256u * 1024u)
 #define TOK_BATCH 4096
@@ -77,6 +78,9 @@ struct tok_state {
 
 	struct tok_hot_slot hot[TOK_HOT_SLOTS];
 
+	struct tok_model_scratch *model;  /* t->model's per-thread state */
+	bool run_at_start;      /* the run of text being encoded begins the document */
+
 	struct tok_cache_slot *cache;
 	size_t cache_used;
 	uint8_t *cache_keys;
@@ -102,6 +106,7 @@ struct tok *tok_free(struct tok *t) {
 	free(t->pairs);
 	free(t->pair2);
 	free(t->whole_ok);
+	tok_model_free(t->model);
 	free(t->name);
 	free(t);
 	return NULL;
@@ -121,7 +126,9 @@ int tok_special_id(const struct tok *t, const char *name) {
 }
 
 int tok_token_bytes(const struct tok *t, int32_t id, const uint8_t **ret, size_t *ret_len) {
-	if (id >= 0 && (uint32_t) id < t->n_ids && t->off[id + 1] > t->off[id]) {
+	if (t->model && tok_model_token(t->model, id, ret, ret_len) == 0)
+		return 0;
+	if (!t->model && id >= 0 && (uint32_t) id < t->n_ids && t->off[id + 1] > t->off[id]) {
 		*ret = t->bytes + t->off[id];
 		*ret_len = t->off[id + 1] - t->off[id];
 		return 0;
@@ -372,7 +379,7 @@ static int tok_compile_added(struct tok *t, bool only_plain, pcre2_code **ret, c
 int tok_finish(struct tok *t, char **ret_error) {
 	int r;
 
-	if (t->n_re == 0)
+	if (t->n_re == 0 && !t->model)
 		return tok_errorf(ret_error, -EINVAL, "%s: no pre-tokenizer pattern", t->name);
 	if (t->n_added > 1) /* qsort(NULL, 0, ...) is undefined (UBSan) */
 		qsort(t->added, t->n_added, sizeof(*t->added), tok_added_cmp);
@@ -382,7 +389,7 @@ int tok_finish(struct tok *t, char **ret_error) {
 	r = tok_compile_added(t, true, &t->plain_re, ret_error);
 	if (r < 0)
 		return r;
-	t->vocab_size = t->n_ids;
+	t->vocab_size = t->model ? tok_model_vocab_size(t->model) : t->n_ids;
 	for (size_t i = 0; i < t->n_added; i++)
 		if ((size_t) t->added[i].id + 1 > t->vocab_size)
 			t->vocab_size = (size_t) t->added[i].id + 1;
@@ -403,6 +410,7 @@ struct tok_state *tok_state_free(struct tok_state *st) {
 	free(st->cache);
 	free(st->cache_keys);
 	free(st->cache_ids);
+	tok_model_scratch_free(st->model);
 	free(st);
 	return NULL;
 }
@@ -852,9 +860,34 @@ static int tok_ordinary_windowed(struct tok_state *st, const uint8_t *s, size_t 
 	}
 }
 
+static void tok_emit_ids(void *userdata, const uint32_t *ids, size_t n) {
+	struct tok_state *st = userdata;
+
+	for (size_t i = 0; i < n; i++)
+		tok_emit(st, ids[i]);
+}
+
+/* Unigram and WordPiece models take the run whole, UTF-8 repaired. */
+static int tok_ordinary_model(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
+	size_t rep = 0;
+	int r;
+
+	if (!st->utf8_valid && tok_utf8_valid_prefix(s, n) != n) {
+		r = tok_reserve(&st->fix, &st->fix_cap, 3 * n + 1);
+		if (r < 0)
+			return r;
+		n = tok_utf8_replace(s, n, st->fix, &rep);
+		*n_replaced += rep;
+		s = st->fix;
+	}
+	return tok_model_encode(st->t->model, &st->model, s, n, st->run_at_start, tok_emit_ids, st);
+}
+
 static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
 	if (n == 0)
 		return 0;
+	if (st->t->model)
+		return tok_ordinary_model(st, s, n, n_replaced);
 	if (!st->t->nfc && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
 		return tok_split(st, 0, s, n);
 	return tok_ordinary_windowed(st, s, n, n_replaced);
@@ -894,12 +927,14 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 		}
 		ov = pcre2_get_ovector_pointer(st->md);
 		size_t ms = ov[0], me = ov[1];
+		st->run_at_start = pos == 0;
 		r = tok_ordinary(st, s + pos, ms - pos, &n_replaced);
 		if (r < 0)
 			break;
 		tok_emit(st, (uint32_t) tok_added_id(t, s + ms, me - ms));
 		pos = me;
 	}
+	st->run_at_start = pos == 0;
 	if (r == 0 && st->sink_error == 0)
 		r = tok_ordinary(st, s + pos, len - pos, &n_replaced);
 	if (r == 0)

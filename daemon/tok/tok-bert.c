@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * BERT's text passes, as HF tokenizers runs them:
+ *
+ * BertNormalizer, in this order:
+ *   clean_text            drop NUL, U+FFFD and "other" characters (Cc, Cf,
+ *                         Co as HF's unicode_categories tables have them;
+ *                         \t \n \r excepted), white space becomes ' ';
+ *   handle_chinese_chars  ' ' before and after each CJK ideograph (the
+ *                         ranges of BERT's _is_chinese_char);
+ *   strip_accents         (default: = lowercase) NFD, then drop Mn;
+ *   lowercase             Rust's char::to_lowercase, character by character
+ *                         (no final-sigma rule).
+ * BertPreTokenizer: split on white space (removed), then isolate each
+ * punctuation character (ASCII punctuation or Unicode P*).
+ *
+ * The character classes are generated from the reference itself
+ * (gen-bert-tables.mjs -> tok-bert-tables.h).  NFD is libunistring's
+ * (Unicode 14; HF's unicode-normalization is 16: text with characters
+ * assigned since then and decomposable may differ).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uninorm.h>
+
+#include "tok-internal.h"
+#include "tok-model.h"
+#include "tok-bert-tables.h"
+
+static bool is_chinese(uint32_t c) {
+	return (c >= 0x4e00 && c <= 0x9fff) || (c >= 0x3400 && c <= 0x4dbf) || (c >= 0x20000 && c <= 0x2a6df) ||
+	       (c >= 0x2a700 && c <= 0x2b73f) || (c >= 0x2b740 && c <= 0x2b81f) || (c >= 0x2b920 && c <= 0x2ceaf) ||
+	       (c >= 0xf900 && c <= 0xfaff) || (c >= 0x2f800 && c <= 0x2fa1f);
+}
+
+/* Rust's char::is_whitespace (Unicode White_Space). */
+static bool is_white(uint32_t c) {
+	return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+	       (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+static const struct tok_lower *find_lower(uint32_t c) {
+	size_t lo = 0, hi = TOK_ELEMENTSOF(tok_bert_lower);
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (c < tok_bert_lower[mid].cp)
+			hi = mid;
+		else if (c > tok_bert_lower[mid].cp)
+			lo = mid + 1;
+		else
+			return &tok_bert_lower[mid];
+	}
+	return NULL;
+}
+
+static int put_lower(struct tok_buf *out, uint32_t c, bool lowercase) {
+	uint8_t u[12];
+	size_t k = 0;
+
+	if (lowercase) {
+		const struct tok_lower *l = c < 0x80 ? NULL : find_lower(c);
+		if (c < 0x80)
+			c = c >= 'A' && c <= 'Z' ? c + 32 : c;
+		else if (l) {
+			for (size_t i = 0; i < l->n; i++)
+				k += tok_utf8_enc(l->to[i], u + k);
+			return tok_buf_put(out, u, k);
+		}
+	}
+	k = tok_utf8_enc(c, u);
+	return tok_buf_put(out, u, k);
+}
+
+/* clean_text and handle_chinese_chars; lowercase too when lower (no
+ * accents to strip in between). */
+static int bert_pass1(const struct tok_bert_norm *b, const uint8_t *s, size_t n, bool lower, struct tok_buf *out) {
+	int r = tok_buf_reserve(out, n + 8);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n;) {
+		uint32_t c;
+		if (s[i] < 0x80) {
+			c = s[i++];
+			if (b->clean_text) {
+				if (c == '\t' || c == '\n' || c == '\r')
+					c = ' ';
+				else if (c < 0x20 || c == 0x7f)
+					continue;
+			}
+			if (lower && c >= 'A' && c <= 'Z')
+				c += 32;
+			r = tok_buf_reserve(out, 1);
+			if (r < 0)
+				return r;
+			out->p[out->n++] = (uint8_t) c;
+			continue;
+		}
+		i += tok_utf8_dec(s + i, &c);
+		if (b->clean_text) {
+			if (tok_range_has(tok_bert_other, TOK_ELEMENTSOF(tok_bert_other), c))
+				continue;
+			if (tok_range_has(tok_bert_space, TOK_ELEMENTSOF(tok_bert_space), c))
+				c = ' ';
+		}
+		if (b->handle_chinese_chars && is_chinese(c)) {
+			uint8_t u[6];
+			size_t k = tok_utf8_enc(c, u + 1);
+			u[0] = ' ';
+			u[k + 1] = ' ';
+			r = tok_buf_put(out, u, k + 2);
+		} else
+			r = put_lower(out, c, lower);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n, struct tok_buf *out) {
+	struct tok_buf tmp = { 0 };
+	bool ascii = true;
+	int r;
+
+	for (size_t i = 0; i < n && ascii; i++)
+		ascii = s[i] < 0x80;
+	if (!b->strip_accents || ascii)
+		return bert_pass1(b, s, n, b->lowercase, out);
+	r = bert_pass1(b, s, n, false, &tmp);
+	if (r < 0)
+		goto done;
+	size_t len = 0;
+	uint8_t *nfd = u8_normalize(UNINORM_NFD, tmp.p, tmp.n, NULL, &len);
+	if (!nfd && tmp.n > 0) {
+		r = -errno;
+		goto done;
+	}
+	r = tok_buf_reserve(out, len);
+	for (size_t i = 0; r == 0 && i < len;) {
+		uint32_t c;
+		i += tok_utf8_dec(nfd + i, &c);
+		if (c >= 0x300 && tok_range_has(tok_bert_mn, TOK_ELEMENTSOF(tok_bert_mn), c))
+			continue;
+		r = put_lower(out, c, b->lowercase);
+	}
+	free(nfd);
+done:
+	free(tmp.p);
+	return r;
+}
+
+int tok_bert_pretokenize(const uint8_t *s, size_t n, tok_piece_fn piece, void *userdata) {
+	size_t word = 0;
+	int r;
+
+	for (size_t i = 0; i < n;) {
+		uint32_t c;
+		size_t k;
+		bool white, punct;
+
+		if (s[i] < 0x80) {
+			c = s[i];
+			k = 1;
+			white = c == ' ' || (c >= 0x09 && c <= 0x0d);
+			/* char::is_ascii_punctuation */
+			punct = (c >= 0x21 && c <= 0x2f) || (c >= 0x3a && c <= 0x40) || (c >= 0x5b && c <= 0x60) ||
+				(c >= 0x7b && c <= 0x7e);
+		} else {
+			k = tok_utf8_dec(s + i, &c);
+			white = is_white(c);
+			punct = !white && tok_range_has(tok_bert_punct, TOK_ELEMENTSOF(tok_bert_punct), c);
+		}
+		if (white || punct) {
+			if (i > word) {
+				r = piece(userdata, s + word, i - word);
+				if (r < 0)
+					return r;
+			}
+			if (punct) {
+				r = piece(userdata, s + i, k);
+				if (r < 0)
+					return r;
+			}
+			word = i + k;
+		}
+		i += k;
+	}
+	if (n > word)
+		return piece(userdata, s + word, n - word);
+	return 0;
+}

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The WordPiece model (BERT), as HF tokenizers' models/wordpiece runs it:
+ * a word longer than max_input_chars_per_word characters is unk_token;
+ * otherwise, from its start, the longest vocabulary entry is taken (after
+ * the first, with the continuing-subword prefix, "##"), shrinking a
+ * character at a time; if some position has no entry the whole word is
+ * unk_token.  Lengths past the longest entry cannot match and are skipped,
+ * which gives the same result as HF's search from the end of the word.
+ * Read-only after tok_wordpiece_finish().
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok-internal.h"
+#include "tok-model.h"
+
+struct tok_wordpiece {
+	struct tok_strmap map;
+	char *prefix;
+	size_t prefix_len;
+	size_t max_chars;
+	uint32_t unk;
+	uint32_t n_ids;         /* largest id + 1 */
+	uint32_t *by_id;        /* entry index by id, UINT32_MAX = unused */
+};
+
+int tok_wordpiece_new(const char *prefix, size_t max_chars, struct tok_wordpiece **ret) {
+	struct tok_wordpiece *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return -ENOMEM;
+	w->prefix = strdup(prefix);
+	if (!w->prefix) {
+		free(w);
+		return -ENOMEM;
+	}
+	w->prefix_len = strlen(prefix);
+	w->max_chars = max_chars;
+	*ret = w;
+	return 0;
+}
+
+struct tok_wordpiece *tok_wordpiece_free(struct tok_wordpiece *w) {
+	if (!w)
+		return NULL;
+	tok_strmap_clear(&w->map);
+	free(w->prefix);
+	free(w->by_id);
+	free(w);
+	return NULL;
+}
+
+int tok_wordpiece_add(struct tok_wordpiece *w, const char *token, size_t len, uint32_t id) {
+	if (id >= INT32_MAX)
+		return -E2BIG;
+	if (id + 1 > w->n_ids)
+		w->n_ids = id + 1;
+	return tok_strmap_add(&w->map, token, len, id);
+}
+
+int tok_wordpiece_finish(struct tok_wordpiece *w, const char *unk) {
+	int64_t id;
+	int r;
+
+	r = tok_strmap_finish(&w->map);
+	if (r < 0)
+		return r;
+	id = tok_strmap_find(&w->map, (const uint8_t *) unk, strlen(unk));
+	if (id < 0)
+		return -ENOENT;
+	w->unk = (uint32_t) id;
+	w->by_id = malloc((w->n_ids + 1) * sizeof(*w->by_id));
+	if (!w->by_id)
+		return -ENOMEM;
+	memset(w->by_id, 0xff, (w->n_ids + 1) * sizeof(*w->by_id));
+	for (size_t i = 0; i < w->map.n_ents; i++)
+		w->by_id[w->map.ents[i].id] = (uint32_t) i;
+	return 0;
+}
+
+size_t tok_wordpiece_size(const struct tok_wordpiece *w) {
+	return w->n_ids;
+}
+
+const char *tok_wordpiece_token(const struct tok_wordpiece *w, uint32_t id, size_t *ret_len) {
+	if (id >= w->n_ids || w->by_id[id] == UINT32_MAX)
+		return NULL;
+	*ret_len = w->map.ents[w->by_id[id]].len;
+	return w->map.bytes + w->map.ents[w->by_id[id]].off;
+}
+
+int64_t tok_wordpiece_find(const struct tok_wordpiece *w, const uint8_t *s, size_t n) {
+	return tok_strmap_find(&w->map, s, n);
+}
+
+int tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t n, struct tok_u32s *out) {
+	const size_t first = out->n, max_len = w->map.max_len;
+	uint8_t stack_buf[256], *buf = stack_buf;
+	_tok_cleanup_free_ uint8_t *heap_buf = NULL;
+	size_t chars = 0;
+	int r;
+
+	/* A key is never longer than max_len (prefix included). */
+	if (max_len > sizeof(stack_buf)) {
+		heap_buf = buf = malloc(max_len);
+		if (!buf)
+			return -ENOMEM;
+	}
+
+	for (size_t i = 0; i < n; i++)
+		chars += (s[i] & 0xc0) != 0x80;
+	if (chars > w->max_chars)
+		return tok_u32s_push(out, w->unk);
+	for (size_t start = 0; start < n;) {
+		const size_t pre = start > 0 ? w->prefix_len : 0;
+		int64_t id = -1;
+		size_t end;
+
+		if (pre >= max_len)
+			goto unk;
+		end = n - start + pre > max_len ? start + max_len - pre : n;
+		/* Back to a character boundary. */
+		while (end > start && end < n && (s[end] & 0xc0) == 0x80)
+			end--;
+		for (; end > start; end--) {
+			if (end < n && (s[end] & 0xc0) == 0x80)
+				continue;
+			const uint8_t *key = s + start;
+			if (pre) {
+				memcpy(buf, w->prefix, pre);
+				memcpy(buf + pre, s + start, end - start);
+				key = buf;
+			}
+			id = tok_strmap_find(&w->map, key, pre + end - start);
+			if (id >= 0)
+				break;
+		}
+		if (id < 0)
+			goto unk;
+		r = tok_u32s_push(out, (uint32_t) id);
+		if (r < 0)
+			return r;
+		start = end;
+	}
+	return 0;
+unk:
+	out->n = first;
+	return tok_u32s_push(out, w->unk);
+}
