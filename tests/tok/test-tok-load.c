@@ -259,8 +259,8 @@ static void test_hf(void) {
 		}
 	}
 
-	expect_load_error("wordpiece.json", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", -EOPNOTSUPP,
-			  "wordpiece.json: model.type: unsupported value \"WordPiece\"");
+	expect_load_error("wordlevel.json", "{\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}", -EOPNOTSUPP,
+			  "wordlevel.json: model.type: unsupported value \"WordLevel\"");
 	_tok_cleanup_free_ char *a = hf_json("", BL, "{\"type\":\"NFKC\"}", "[]");
 	expect_load_error("nfkc.json", a, -EOPNOTSUPP, "nfkc.json: normalizer.type");
 	_tok_cleanup_free_ char *b = hf_json("\"byte_fallback\":true,", BL, "null", "[]");
