@@ -26,7 +26,11 @@
 //
 // References: ref/hf-NAME.multi.u32 and ref/hf-NAME-nosp.multi.u32 (multi.txt
 // as one document), ref/hf-NAME.edge.json ({b64, ids, ids_nosp} for the
-// edge cases).
+// edge cases), ref/hf-NAME.allchars.u32 for allchars.txt: every code point
+// of planes 0-3 and 14 alone, after a mapped base (µ, Ａ: grapheme clusters
+// under 6 bytes, where HF's Precompiled replaces the whole cluster), and
+// before U+0301; it is what catches a Unicode-version difference in the
+// tables (BERT's classes, lowercasing, NFD, grapheme breaks).
 // Usage: node mkmodels.mjs DIR
 import fs from 'node:fs';
 import path from 'node:path';
@@ -135,6 +139,19 @@ function writeU32(file, ids) {
 }
 
 const corpus = fs.readFileSync(path.join(dir, 'multi.txt'), 'utf8');
+const allchars = (() => {
+  const out = [];
+  const ok = (cp) => cp < 0x40000 || (cp >= 0xe0000 && cp < 0xe1000);
+  for (let cp = 0; cp < 0x110000; cp++) {
+    if ((cp >= 0xd800 && cp <= 0xdfff) || !ok(cp)) continue;
+    const c = String.fromCodePoint(cp);
+    out.push(c + ' ');
+    if (cp < 0x10000) out.push('\u00b5' + c + ' ' + c + '\u0301 ');
+    if (cp < 0x800) out.push('\uff21' + c + ' ');
+  }
+  return out.join('');
+})();
+writeFile(path.join(dir, 'allchars.txt'), allchars);
 const files = { ...unigramFiles(), ...wordpieceFiles() };
 for (const [name, json] of Object.entries(files)) {
   const out = path.join(dir, 'ref', `hf-${name}.edge.json`);
@@ -149,6 +166,8 @@ for (const [name, json] of Object.entries(files)) {
     console.log(`tokenizers ${name}${suffix}: ${enc.getIds().length} ids in ${(Date.now() - t0) / 1000}s`);
     writeU32(path.join(dir, 'ref', `hf-${name}${suffix}.multi.u32`), enc.getIds());
   }
+  const all = await tok.encode(allchars, null, { addSpecialTokens: false });
+  writeU32(path.join(dir, 'ref', `hf-${name}.allchars.u32`), all.getIds());
   const edge = [];
   for (const buf of edgeCases) {
     const text = buf.toString('utf8');

@@ -12,7 +12,8 @@
  *                                subset and the edge cases.
  *   test-tok-peers model NAME    a Unigram or WordPiece tokenizer.json
  *                                (tests/tok/mkmodels.mjs) vs HF tokenizers on
- *                                the multilingual corpus and the edge cases,
+ *                                the multilingual corpus, the edge cases and
+ *                                every code point (allchars.txt),
  *                                with specials recognised and as text (HF's
  *                                encode_special_tokens), then from 2 threads.
  *
@@ -201,6 +202,10 @@ int main(int argc, char **argv) {
 			abort();
 		ok &= check_edge(t, st, rel, "ids", TOK_ENCODE_SPECIALS);
 		ok &= check_edge(t, st, rel, "ids_nosp", 0);
+		free(rel);
+		if (asprintf(&rel, "ref/hf-%s.allchars.u32", argv[2]) < 0)
+			abort();
+		ok &= check_corpus(t, "allchars.txt", rel, TOK_ENCODE_SPECIALS, false);
 		free(rel);
 		if (asprintf(&rel, "ref/hf-%s.multi.u32", argv[2]) < 0)
 			abort();
