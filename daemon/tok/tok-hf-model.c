@@ -48,7 +48,21 @@ struct tok_model {
 	bool split;
 };
 
+/* Pre-token -> ids, direct-mapped: words repeat (Zipf), and a hit skips
+ * the Viterbi search or WordPiece's lookups.  Per thread. */
+#define PIECE_CACHE_SLOTS (1u << 14)
+#define PIECE_CACHE_KEY 30
+#define PIECE_CACHE_IDS 6
+
+struct piece_slot {
+	uint32_t hash;
+	uint8_t len, n_ids;
+	uint8_t key[PIECE_CACHE_KEY];
+	uint32_t ids[PIECE_CACHE_IDS];
+};
+
 struct tok_model_scratch {
+	struct piece_slot cache[PIECE_CACHE_SLOTS];
 	struct tok_buf a, b, m;
 	struct tok_u32s ids;
 	struct tok_unigram_scratch *uni;
@@ -436,12 +450,40 @@ struct run {
 
 static int model_piece(void *userdata, const uint8_t *s, size_t n) {
 	struct run *run = userdata;
+	struct tok_u32s *out = &run->sc->ids;
+	struct piece_slot *c = NULL;
+	size_t first = out->n;
+	int r;
 
 	if (n == 0)
 		return 0;
+	if (n <= PIECE_CACHE_KEY) {
+		uint32_t h = (uint32_t) tok_hash_bytes(s, n);
+		c = &run->sc->cache[h & (PIECE_CACHE_SLOTS - 1)];
+		if (c->len == n && c->hash == h && memcmp(c->key, s, n) == 0) {
+			for (size_t i = 0; i < c->n_ids; i++) {
+				r = tok_u32s_push(out, c->ids[i]);
+				if (r < 0)
+					return r;
+			}
+			return 0;
+		}
+		c->hash = h;
+		c->len = 0;
+	}
 	if (run->m->unigram)
-		return tok_unigram_encode(run->m->unigram, &run->sc->uni, s, n, &run->sc->ids);
-	return tok_wordpiece_encode(run->m->wordpiece, s, n, &run->sc->ids);
+		r = tok_unigram_encode(run->m->unigram, &run->sc->uni, s, n, out);
+	else
+		r = tok_wordpiece_encode(run->m->wordpiece, s, n, out);
+	if (r < 0)
+		return r;
+	if (c && out->n - first <= PIECE_CACHE_IDS) {
+		c->len = (uint8_t) n;
+		c->n_ids = (uint8_t) (out->n - first);
+		memcpy(c->key, s, n);
+		memcpy(c->ids, out->ids + first, c->n_ids * sizeof(uint32_t));
+	}
+	return 0;
 }
 
 static bool is_white(uint32_t c) {

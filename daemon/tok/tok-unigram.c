@@ -11,8 +11,8 @@
  *   - adjacent unknowns are fused into one string (fuse_unk, always on in
  *     HF's Unigram), which is looked up again in the vocabulary, then with
  *     byte_fallback spelled as <0xXX> pieces if all exist, else unk_id.
- * The struct is read-only after tok_unigram_finish(); a scratch (Viterbi
- * arrays and a cache of pre-token -> ids) is per thread.
+ * The struct is read-only after tok_unigram_finish(); a scratch (the
+ * Viterbi arrays) is per thread.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -24,9 +24,6 @@
 
 #define UNK_PENALTY 10.0
 #define NONE UINT32_MAX
-#define CACHE_SLOTS (1u << 14)
-#define CACHE_KEY 30
-#define CACHE_IDS 6
 
 struct tok_edge {
 	uint64_t key;           /* parent << 8 | byte; UINT64_MAX = empty */
@@ -50,19 +47,11 @@ struct tok_unigram {
 	uint64_t edge_mask;
 };
 
-struct cache_slot {
-	uint32_t hash;
-	uint8_t len, n_ids;
-	uint8_t key[CACHE_KEY];
-	uint32_t ids[CACHE_IDS];
-};
-
 struct tok_unigram_scratch {
 	double *best;
 	uint32_t *start, *id;
 	uint32_t *seg_end, *seg_id;
 	size_t cap;
-	struct cache_slot cache[CACHE_SLOTS];
 };
 
 int tok_unigram_new(size_t n_pieces, struct tok_unigram **ret) {
@@ -347,8 +336,6 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 
 int tok_unigram_encode(const struct tok_unigram *u, struct tok_unigram_scratch **scratch, const uint8_t *s, size_t n,
 		       struct tok_u32s *out) {
-	struct cache_slot *c = NULL;
-	size_t first = out->n;
 	int r;
 
 	if (n == 0)
@@ -356,28 +343,5 @@ int tok_unigram_encode(const struct tok_unigram *u, struct tok_unigram_scratch *
 	r = scratch_reserve(scratch, n);
 	if (r < 0)
 		return r;
-	if (n <= CACHE_KEY) {
-		uint32_t h = (uint32_t) tok_hash_bytes(s, n);
-		c = &(*scratch)->cache[h & (CACHE_SLOTS - 1)];
-		if (c->len == n && c->hash == h && memcmp(c->key, s, n) == 0) {
-			for (size_t i = 0; i < c->n_ids; i++) {
-				r = tok_u32s_push(out, c->ids[i]);
-				if (r < 0)
-					return r;
-			}
-			return 0;
-		}
-		c->hash = h;
-		c->len = 0;
-	}
-	r = viterbi(u, *scratch, s, n, out);
-	if (r < 0)
-		return r;
-	if (c && out->n - first <= CACHE_IDS) {
-		c->len = (uint8_t) n;
-		c->n_ids = (uint8_t) (out->n - first);
-		memcpy(c->key, s, n);
-		memcpy(c->ids, out->ids + first, c->n_ids * sizeof(uint32_t));
-	}
-	return 0;
+	return viterbi(u, *scratch, s, n, out);
 }
