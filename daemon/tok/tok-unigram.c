@@ -15,6 +15,7 @@
  * Viterbi arrays) is per thread.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +26,12 @@
 #define UNK_PENALTY 10.0
 #define NONE UINT32_MAX
 
-struct tok_edge {
-	uint64_t key;           /* parent << 8 | byte; UINT64_MAX = empty */
-	uint32_t child;
+/* Trie node; the children of a node are consecutive (breadth-first
+ * layout), so finding one scans a few bytes of labels[]. */
+struct tok_node {
+	uint32_t first;         /* index of the first child */
+	uint32_t term;          /* piece id ending here, or NONE */
+	uint16_t n_children;
 };
 
 struct tok_unigram {
@@ -39,12 +43,12 @@ struct tok_unigram {
 	bool byte_fallback;
 	int32_t byte_ids[256];  /* id of "<0xXX>", or -1 */
 
-	/* Byte trie: node 0 is the root; term[node] = piece id or NONE. */
-	uint32_t *term;
+	/* Byte trie: node 0 is the root, whose children are also indexed
+	 * by byte in root[] (0 = none). */
+	struct tok_node *nodes;
+	uint8_t *labels;        /* byte leading to each node */
 	size_t n_nodes;
-	uint32_t root[256];     /* child of the root by byte, 0 = none */
-	struct tok_edge *edges;
-	uint64_t edge_mask;
+	uint32_t root[256];
 };
 
 struct tok_unigram_scratch {
@@ -76,8 +80,8 @@ struct tok_unigram *tok_unigram_free(struct tok_unigram *u) {
 		return NULL;
 	tok_strmap_clear(&u->map);
 	free(u->scores);
-	free(u->term);
-	free(u->edges);
+	free(u->nodes);
+	free(u->labels);
 	free(u);
 	return NULL;
 }
@@ -103,37 +107,89 @@ int tok_unigram_add(struct tok_unigram *u, const char *piece, size_t len, double
 	return 0;
 }
 
-static inline uint64_t edge_hash(uint64_t key) {
-	return (key * 0x9e3779b97f4a7c15ull) >> 17;
-}
-
 static inline uint32_t trie_child(const struct tok_unigram *u, uint32_t node, uint8_t b) {
 	if (node == 0)
 		return u->root[b];
-	uint64_t key = (uint64_t) node << 8 | b;
-	for (uint64_t i = edge_hash(key) & u->edge_mask;; i = (i + 1) & u->edge_mask) {
-		if (u->edges[i].key == key)
-			return u->edges[i].child;
-		if (u->edges[i].key == UINT64_MAX)
-			return 0;
-	}
+	const struct tok_node *nd = &u->nodes[node];
+	for (uint32_t k = nd->first, e = nd->first + nd->n_children; k < e; k++)
+		if (u->labels[k] == b)
+			return k;
+	return 0;
 }
 
-static void trie_set_child(struct tok_unigram *u, uint32_t node, uint8_t b, uint32_t child) {
-	if (node == 0) {
-		u->root[b] = child;
-		return;
-	}
-	uint64_t key = (uint64_t) node << 8 | b;
-	for (uint64_t i = edge_hash(key) & u->edge_mask;; i = (i + 1) & u->edge_mask)
-		if (u->edges[i].key == UINT64_MAX) {
-			u->edges[i] = (struct tok_edge) { .key = key, .child = child };
-			return;
+static const struct tok_unigram *sort_u;
+
+static int piece_cmp(const void *a, const void *b) {
+	const struct tok_strent *x = &sort_u->map.ents[*(const uint32_t *) a];
+	const struct tok_strent *y = &sort_u->map.ents[*(const uint32_t *) b];
+	size_t n = x->len < y->len ? x->len : y->len;
+	int c = memcmp(sort_u->map.bytes + x->off, sort_u->map.bytes + y->off, n);
+	if (c)
+		return c;
+	return x->len < y->len ? -1 : x->len > y->len;
+}
+
+struct range {
+	uint32_t lo, hi, depth, node;
+};
+
+/* Builds the trie breadth first from the pieces sorted by bytes: a node is
+ * a range of pieces sharing depth bytes; its children, the sub-ranges by
+ * the next byte, are appended together.  A piece given twice ends at one
+ * node, which holds the id the vocabulary map gives the string (the later
+ * one), as HF's token_to_ids does. */
+static int trie_build(struct tok_unigram *u) {
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	const size_t n = u->map.n_ents, max_nodes = u->map.n_bytes + 1;
+	_tok_cleanup_free_ uint32_t *order = malloc((n + 1) * sizeof(*order));
+	_tok_cleanup_free_ struct range *queue = malloc(max_nodes * sizeof(*queue));
+	size_t head = 0, tail = 0;
+
+	u->nodes = calloc(max_nodes, sizeof(*u->nodes));
+	u->labels = calloc(max_nodes, 1);
+	if (!order || !queue || !u->nodes || !u->labels)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		order[i] = (uint32_t) i;
+	/* qsort has no context argument; loading is rare, so a lock is fine. */
+	pthread_mutex_lock(&lock);
+	sort_u = u;
+	if (n > 1)
+		qsort(order, n, sizeof(*order), piece_cmp);
+	sort_u = NULL;
+	pthread_mutex_unlock(&lock);
+	u->n_nodes = 1;
+	queue[tail++] = (struct range) { 0, (uint32_t) n, 0, 0 };
+	while (head < tail) {
+		struct range r = queue[head++];
+		struct tok_node *nd = &u->nodes[r.node];
+		uint32_t lo = r.lo;
+		nd->term = NONE;
+		while (lo < r.hi && u->map.ents[order[lo]].len == r.depth) {
+			const struct tok_strent *e = &u->map.ents[order[lo]];
+			if (r.depth > 0)
+				nd->term = (uint32_t) tok_strmap_find(&u->map, (const uint8_t *) u->map.bytes + e->off, e->len);
+			lo++;
 		}
+		nd->first = (uint32_t) u->n_nodes;
+		while (lo < r.hi) {
+			uint8_t b = (uint8_t) u->map.bytes[u->map.ents[order[lo]].off + r.depth];
+			uint32_t hi = lo + 1;
+			while (hi < r.hi && (uint8_t) u->map.bytes[u->map.ents[order[hi]].off + r.depth] == b)
+				hi++;
+			uint32_t child = (uint32_t) u->n_nodes++;
+			u->labels[child] = b;
+			if (r.node == 0)
+				u->root[b] = child;
+			u->nodes[r.node].n_children++;
+			queue[tail++] = (struct range) { lo, hi, r.depth + 1, child };
+			lo = hi;
+		}
+	}
+	return 0;
 }
 
 int tok_unigram_finish(struct tok_unigram *u, int64_t unk_id, bool byte_fallback) {
-	size_t max_nodes = u->map.n_bytes + 1, size = 16;
 	int r;
 
 	if (unk_id >= 0 && (size_t) unk_id >= u->n)
@@ -143,33 +199,9 @@ int tok_unigram_finish(struct tok_unigram *u, int64_t unk_id, bool byte_fallback
 	r = tok_strmap_finish(&u->map);
 	if (r < 0)
 		return r;
-	while (size < max_nodes * 2)
-		size *= 2;
-	u->edges = malloc(size * sizeof(*u->edges));
-	u->term = malloc(max_nodes * sizeof(*u->term));
-	if (!u->edges || !u->term)
-		return -ENOMEM;
-	for (size_t i = 0; i < size; i++)
-		u->edges[i].key = UINT64_MAX;
-	u->edge_mask = size - 1;
-	u->n_nodes = 1;
-	u->term[0] = NONE;
-	for (size_t i = 0; i < u->map.n_ents; i++) {
-		const struct tok_strent *e = &u->map.ents[i];
-		const uint8_t *s = (const uint8_t *) u->map.bytes + e->off;
-		uint32_t node = 0;
-		for (size_t k = 0; k < e->len; k++) {
-			uint32_t c = trie_child(u, node, s[k]);
-			if (!c) {
-				c = (uint32_t) u->n_nodes++;
-				u->term[c] = NONE;
-				trie_set_child(u, node, s[k], c);
-			}
-			node = c;
-		}
-		if (node != 0)
-			u->term[node] = e->id;
-	}
+	r = trie_build(u);
+	if (r < 0)
+		return r;
 	for (int b = 0; b < 256; b++) {
 		char name[8];
 		snprintf(name, sizeof(name), "<0x%02X>", b);
@@ -283,7 +315,7 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 			node = trie_child(u, node, s[j]);
 			if (!node)
 				break;
-			uint32_t id = u->term[node];
+			uint32_t id = u->nodes[node].term;
 			if (id == NONE)
 				continue;
 			size_t kp = j + 1;
