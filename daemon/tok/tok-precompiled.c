@@ -126,16 +126,18 @@ int tok_precompiled_new(const uint8_t *blob, size_t n, struct tok_precompiled **
 	}
 	for (uint8_t c = 0; c < 128; c++) {
 		int64_t v = pc_first_prefix(p, &c, 1);
-		p->ascii[c] = v >= 0 && (size_t) v <= p->n_strings ? (int32_t) v : -1;
+		p->ascii[c] = v >= 0 && (size_t) v <= p->n_strings && (p->strings[v] & 0xc0) != 0x80 ? (int32_t) v : -1;
 	}
 	*ret = p;
 	return 0;
 }
 
-/* Appends the replacement at value v; false if v is out of range (HF
- * would panic on such a charsmap; here the key counts as unmapped). */
+/* Appends the replacement at value v; 1 if v is out of range (HF would
+ * panic on such a charsmap; here the key counts as unmapped). */
 static int pc_put(const struct tok_precompiled *p, int64_t v, struct tok_buf *out) {
-	if (v < 0 || (size_t) v > p->n_strings)
+	/* Also refuse an offset inside a character, so the output stays
+	 * UTF-8 (the strings are UTF-8 as a whole, NUL ends a character). */
+	if (v < 0 || (size_t) v > p->n_strings || (p->strings[v] & 0xc0) == 0x80)
 		return 1;
 	return tok_buf_put(out, p->strings + v, strlen(p->strings + v));
 }
