@@ -403,7 +403,7 @@ static void assign_added_ids(struct tok *t, const struct tok_model *m) {
 	}
 }
 
-int tok_hf_model_load(struct tok *t, const json_t *root, char **ret_error) {
+static int model_load(struct tok *t, const json_t *root, char **ret_error) {
 	const json_t *model = json_object_get(root, "model"), *added = json_object_get(root, "added_tokens"), *x;
 	const char *type = json_string_value(json_object_get(model, "type"));
 	struct tok_model *m;
@@ -637,4 +637,19 @@ int tok_model_encode(const struct tok_model *m, struct tok_model_scratch **scrat
 		pos = end;
 	}
 	return 0;
+}
+
+int tok_hf_model_load(struct tok *t, const json_t *root, char **ret_error) {
+	char *error = NULL;
+	int r = model_load(t, root, &error);
+
+	/* Every failure names the file, even one deep in a helper (-ENOMEM,
+	 * -E2BIG) that has no message of its own. */
+	if (r < 0 && !error)
+		tok_errorf(&error, r, "%s: model: %s", t->name, strerror(-r));
+	if (r < 0 && ret_error)
+		*ret_error = error;
+	else
+		free(error);
+	return r;
 }

@@ -112,6 +112,10 @@ struct tok *tok_free(struct tok *t) {
 	return NULL;
 }
 
+bool tok_is_lossless(const struct tok *t) {
+	return !t->model;
+}
+
 size_t tok_vocab_size(const struct tok *t) {
 	return t->vocab_size;
 }

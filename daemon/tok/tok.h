@@ -88,6 +88,11 @@ int tok_load_hf(const char *path, struct tok **ret, char **ret_error);
 /* Frees a tok (NULL is fine); returns NULL.  No tok_state may outlive it. */
 struct tok *tok_free(struct tok *t);
 
+/* True when the bytes of the ids always spell the text again (byte-level
+ * BPE); false for Unigram and WordPiece, which normalise the text, mark
+ * word starts and may give an unknown token. */
+bool tok_is_lossless(const struct tok *t);
+
 /* Largest token id + 1, specials included. */
 size_t tok_vocab_size(const struct tok *t);
 
