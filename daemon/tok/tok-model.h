@@ -155,7 +155,7 @@ size_t tok_unigram_size(const struct tok_unigram *u);
 const char *tok_unigram_piece(const struct tok_unigram *u, uint32_t id, size_t *ret_len);
 int64_t tok_unigram_find(const struct tok_unigram *u, const uint8_t *s, size_t n);
 struct tok_unigram_scratch *tok_unigram_scratch_free(struct tok_unigram_scratch *s);
-/* Appends the ids of one pre-token to out.  -EINVAL where HF fails
+/* Appends the ids of one pre-token to out.  -ENOENT where HF fails
  * (an unknown character and no unk_id). */
 int tok_unigram_encode(const struct tok_unigram *u, struct tok_unigram_scratch **scratch, const uint8_t *s, size_t n,
 		       struct tok_u32s *out);

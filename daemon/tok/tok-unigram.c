@@ -333,7 +333,7 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 			double cand = unk_score + base;
 			if (start[kp] == NONE || cand > best[kp]) {
 				if (u->unk_id < 0)
-					return -EINVAL;
+					return -ENOENT;
 				best[kp] = cand;
 				start[kp] = (uint32_t) i;
 				idv[kp] = (uint32_t) u->unk_id;

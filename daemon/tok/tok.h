@@ -122,7 +122,8 @@ typedef int (*tok_sink_fn)(const int32_t *ids, size_t n, void *userdata);
  * sink in batches.  On success returns 0 and, if ret_n_replaced is not NULL,
  * the number of U+FFFD substituted for invalid UTF-8.  Errors: -ENOMEM,
  * -EINVAL (st from another tok), -EIO (PCRE2 failure such as its match
- * limit), or the sink's own negative value.
+ * limit), -ENOENT (a Unigram model without unk_id meets a character it has
+ * no piece for; HF fails there too), or the sink's own negative value.
  */
 int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *text, size_t len,
 		      unsigned flags, tok_sink_fn sink, void *userdata, size_t *ret_n_replaced);
