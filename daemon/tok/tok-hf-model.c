@@ -63,7 +63,7 @@ struct piece_slot {
 
 struct tok_model_scratch {
 	struct piece_slot cache[PIECE_CACHE_SLOTS];
-	struct tok_buf a, b, m;
+	struct tok_buf a, b, m, fix;
 	struct tok_u32s ids;
 	struct tok_unigram_scratch *uni;
 };
@@ -85,6 +85,7 @@ struct tok_model_scratch *tok_model_scratch_free(struct tok_model_scratch *s) {
 	free(s->a.p);
 	free(s->b.p);
 	free(s->m.p);
+	free(s->fix.p);
 	free(s->ids.ids);
 	tok_unigram_scratch_free(s->uni);
 	free(s);
@@ -597,16 +598,18 @@ static int window(struct run *run, const uint8_t *s, size_t n, bool run_start, b
 
 /* Where a window that should reach about want may end: before an ASCII
  * space that does not follow a Prepend character (the only character a
- * grapheme cluster joins to a following space), or n. */
+ * grapheme cluster joins to a following space), or n.  Repairing invalid
+ * UTF-8 never joins across an ASCII byte either, so s may be invalid. */
 static size_t window_end(const uint8_t *s, size_t n, size_t want) {
 	for (size_t i = want; i < n; i++) {
 		if (s[i] != ' ')
 			continue;
 		size_t p = i - 1;
-		uint32_t c;
-		while (p > 0 && (s[p] & 0xc0) == 0x80)
+		uint32_t c = ' ';
+		while (p > 0 && i - p < 4 && (s[p] & 0xc0) == 0x80)
 			p--;
-		tok_utf8_dec(s + p, &c);
+		if (tok_utf8_valid_prefix(s + p, i - p) == i - p)
+			tok_utf8_dec(s + p, &c);
 		if (uc_graphemeclusterbreak_property(c) != GBP_PREPEND)
 			return i;
 	}
@@ -614,7 +617,7 @@ static size_t window_end(const uint8_t *s, size_t n, size_t want) {
 }
 
 int tok_model_encode(const struct tok_model *m, struct tok_model_scratch **scratch, const uint8_t *s, size_t n,
-		     bool at_start, tok_emit_fn emit, void *userdata) {
+		     bool at_start, bool utf8_valid, tok_emit_fn emit, void *userdata, size_t *n_replaced) {
 	struct run run = { .m = m };
 	const bool windows = m->pre != PRE_NONE && !(m->pre == PRE_METASPACE && !m->split);
 	size_t pos = 0;
@@ -628,8 +631,21 @@ int tok_model_encode(const struct tok_model *m, struct tok_model_scratch **scrat
 	run.sc = *scratch;
 	while (pos < n) {
 		size_t end = windows ? window_end(s, n, pos + TOK_MODEL_WINDOW) : n;
+		const uint8_t *w = s + pos;
+		size_t len = end - pos;
+		if (!utf8_valid && tok_utf8_valid_prefix(w, len) != len) {
+			struct tok_buf *fix = &run.sc->fix;
+			size_t rep = 0;
+			fix->n = 0;
+			r = tok_buf_reserve(fix, 3 * len + 1);
+			if (r < 0)
+				return r;
+			len = tok_utf8_replace(w, len, fix->p, &rep);
+			*n_replaced += rep;
+			w = fix->p;
+		}
 		run.sc->ids.n = 0;
-		r = window(&run, s + pos, end - pos, pos == 0, at_start);
+		r = window(&run, w, len, pos == 0, at_start);
 		if (r < 0)
 			return r;
 		if (run.sc->ids.n)

@@ -193,10 +193,12 @@ int tok_model_token(const struct tok_model *m, int32_t id, const uint8_t **ret, 
 int64_t tok_model_find(const struct tok_model *m, const char *s, size_t n);
 
 /*
- * Encodes one run of ordinary text (valid UTF-8; between added tokens) and
- * hands the ids to emit.  at_start: the run begins the document (Metaspace
- * prepend_scheme "first").  Returns 0 or a negative errno.
+ * Encodes one run of ordinary text (between added tokens) and hands the ids
+ * to emit.  at_start: the run begins the document (Metaspace
+ * prepend_scheme "first").  Unless utf8_valid, invalid UTF-8 is replaced
+ * by U+FFFD window by window, adding the count to *n_replaced.  Returns 0
+ * or a negative errno.
  */
 typedef void (*tok_emit_fn)(void *userdata, const uint32_t *ids, size_t n);
 int tok_model_encode(const struct tok_model *m, struct tok_model_scratch **scratch, const uint8_t *s, size_t n,
-		     bool at_start, tok_emit_fn emit, void *userdata);
+		     bool at_start, bool utf8_valid, tok_emit_fn emit, void *userdata, size_t *n_replaced);

@@ -871,20 +871,11 @@ static void tok_emit_ids(void *userdata, const uint32_t *ids, size_t n) {
 		tok_emit(st, ids[i]);
 }
 
-/* Unigram and WordPiece models take the run whole, UTF-8 repaired. */
+/* Unigram and WordPiece models run their own text passes, windows and
+ * UTF-8 repair (tok-hf-model.c). */
 static int tok_ordinary_model(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
-	size_t rep = 0;
-	int r;
-
-	if (!st->utf8_valid && tok_utf8_valid_prefix(s, n) != n) {
-		r = tok_reserve(&st->fix, &st->fix_cap, 3 * n + 1);
-		if (r < 0)
-			return r;
-		n = tok_utf8_replace(s, n, st->fix, &rep);
-		*n_replaced += rep;
-		s = st->fix;
-	}
-	return tok_model_encode(st->t->model, &st->model, s, n, st->run_at_start, tok_emit_ids, st);
+	return tok_model_encode(st->t->model, &st->model, s, n, st->run_at_start, st->utf8_valid, tok_emit_ids, st,
+				n_replaced);
 }
 
 static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {

@@ -138,6 +138,25 @@ function writeU32(file, ids) {
   writeFile(file, buf);
 }
 
+// Cases of these models on top of edge-cases.mjs: HF's Precompiled quirks
+// (a short cluster replaced by its first mapped prefix, CR LF), Metaspace
+// around specials, and text longer than feedd's 64 KiB windows with invalid
+// UTF-8 and Prepend characters near the cuts.
+const bytes = (...parts) => Buffer.concat(parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'utf8') : Buffer.from(p))));
+const modelCases = [
+  bytes('\uff21\u0301 \uff41\u0308\u0301 A\u0301 \u00b5\u0301 \u2126 \u212b\r\n\r\n x\r\ny'),
+  bytes('<pad><pad> <unk>x</s>[CLS] [MASK]a[SEP]\u2581\u2581 \u2581x \u2581'),
+  bytes('\u0600 \u0600x \u0605\u0661 \u0d4e\u0d15 \u110bd\u11083'),
+  (() => {
+    const parts = [];
+    for (let i = 0; i < 12000; i++) {
+      parts.push(Buffer.from(['word', 'Ünïcödé', '中文字', '\uff21\u0301', '\u0600', 'x'][i % 6] + (i % 7 ? ' ' : '  '), 'utf8'));
+      if (i % 97 === 0) parts.push(Buffer.from([0xff, 0x20, 0xe2, 0x82, 0x20, 0xc3]));
+    }
+    return Buffer.concat(parts);
+  })(),
+];
+
 const corpus = fs.readFileSync(path.join(dir, 'multi.txt'), 'utf8');
 const allchars = (() => {
   const out = [];
@@ -169,7 +188,7 @@ for (const [name, json] of Object.entries(files)) {
   const all = await tok.encode(allchars, null, { addSpecialTokens: false });
   writeU32(path.join(dir, 'ref', `hf-${name}.allchars.u32`), all.getIds());
   const edge = [];
-  for (const buf of edgeCases) {
+  for (const buf of edgeCases.concat(modelCases)) {
     const text = buf.toString('utf8');
     const a = await tok.encode(text, null, { addSpecialTokens: false });
     const b = await tokNosp.encode(text, null, { addSpecialTokens: false });
