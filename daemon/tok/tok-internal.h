@@ -111,6 +111,69 @@ struct tok {
 	size_t vocab_size;
 };
 
+#define TOK_WINDOW (256u * 1024u)
+#define TOK_BATCH 4096
+#define TOK_CACHE_SLOTS (1u << 16)
+#define TOK_CACHE_MAX_KEY 128
+#define TOK_CACHE_KEY_BYTES (1u << 20)
+#define TOK_CACHE_IDS (1u << 18)
+#define TOK_HOT_SLOTS (1u << 15)
+#define TOK_HOT_MAX_LEN 16
+#define TOK_HOT_MAX_IDS 3
+
+/* Direct-mapped cache of short pieces -> their ids.  Piece frequency is
+ * Zipfian, so a table that stays in L2 answers most lookups, which would
+ * otherwise miss in the multi-megabyte vocabulary table (measured: the
+ * vocabulary probe was the largest cost of encoding). */
+struct tok_hot_slot {
+	uint64_t k0, k1;        /* piece bytes, zero-padded */
+	uint8_t len;            /* 0 = empty */
+	uint8_t n_ids;
+	uint32_t ids[TOK_HOT_MAX_IDS];
+};
+
+struct tok_cache_slot {
+	uint64_t hash;          /* 0 = empty */
+	uint32_t key_off;
+	uint32_t ids_off;
+	uint16_t key_len;
+	uint16_t n_ids;
+};
+
+struct tok_state {
+	const struct tok *t;
+	pcre2_match_data *md;
+	pcre2_match_context *mctx;
+	pcre2_jit_stack *jstack;
+
+	tok_sink_fn sink;
+	void *userdata;
+	int sink_error;
+	bool utf8_valid;        /* this call's text carries TOK_ENCODE_UTF8_VALID */
+	int32_t batch[TOK_BATCH];
+	size_t n_batch;
+
+	uint32_t *bpe_out;
+	void *bpe_scratch;
+	size_t bpe_cap;
+
+	uint8_t *conv;          /* window: carried text + rewritten text */
+	size_t conv_len, conv_cap;
+	uint8_t *fix;           /* UTF-8 repair output before NFC */
+	size_t fix_cap;
+	uint8_t *nfc;
+	size_t nfc_cap;
+
+	struct tok_hot_slot hot[TOK_HOT_SLOTS];
+
+	struct tok_cache_slot *cache;
+	size_t cache_used;
+	uint8_t *cache_keys;
+	size_t cache_keys_len;
+	uint32_t *cache_ids;
+	size_t cache_ids_len;
+};
+
 /* Error text helper: formats "name:where: msg" into *ret_error (if not NULL)
  * and returns r. */
 int tok_errorf(char **ret_error, int r, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -233,3 +296,11 @@ static inline const struct tok_slot *tok_vocab_slot(const struct tok *t, const u
 			return sl;
 	}
 }
+
+/* Compiles a PCRE2 pattern (JIT when possible); what names it in errors. */
+int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t options,
+		pcre2_code **ret, bool *ret_jit, char **ret_error, const char *what);
+
+/* cl100k_base's pattern by hand for ASCII text: end of the pre-token that
+ * starts at pos, or 0 where PCRE2 must decide (tok-cl100k.c). */
+size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos);
