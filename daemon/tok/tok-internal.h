@@ -65,7 +65,29 @@ struct tok_added {
 	size_t len;
 	int32_t id;
 	bool special;   /* false: HF added token matched always, like HF */
+	/* General pipeline only (tok-pipe.c): */
+	bool normalized, lstrip, rstrip, single_word;
+	uint8_t *norm;          /* normalized content, when normalized */
+	const uint8_t *match;   /* what is matched: text or norm */
+	size_t match_len;
 };
+
+struct tok_norm;
+struct tok_pre;
+struct tok_buf {
+	uint8_t *p;
+	size_t n, cap;
+};
+struct tok_spans {
+	struct tok_span *v;
+	size_t n, cap;
+};
+#define TOK_MAX_PRE 8
+#define TOK_MAX_NORM 16
+
+/* Model of a general tok: ids of the piece s[0..n) into out (room for n),
+ * with scratch of model_scratch(t, n) bytes; returns how many. */
+typedef size_t (*tok_model_fn)(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 
 struct tok {
 	char *name;             /* file basename, for messages */
@@ -109,6 +131,27 @@ struct tok {
 	bool jit;
 
 	size_t vocab_size;
+
+	/* The general pipeline (tok-pipe.h), when the file is more than
+	 * byte-level BPE behind regex splits: */
+	bool general;
+	bool unicode_vocab;     /* vocabulary of UTF-8 strings, not bytes */
+	struct tok_norm *norms;
+	size_t n_norms;
+	struct tok_pre *pres;
+	size_t n_pres;
+	pcre2_code *gadd_re[2][2]; /* added tokens [normalized][with specials] */
+	tok_model_fn model;     /* NULL: byte-level BPE (tok_bpe()) */
+	size_t (*model_scratch)(const struct tok *t, size_t n);
+	void *model_data;
+	void (*model_free)(void *data);
+
+	/* BPE over UTF-8 strings (tok-model-bpe.c). */
+	uint32_t unk_id;        /* UINT32_MAX: none */
+	bool fuse_unk, byte_fallback;
+	uint32_t fallback_id[256]; /* "<0xXX>"; UINT32_MAX: missing */
+	char *bpe_prefix, *bpe_suffix;
+	size_t bpe_prefix_len, bpe_suffix_len;
 };
 
 #define TOK_WINDOW (256u * 1024u)
@@ -165,6 +208,12 @@ struct tok_state {
 	size_t nfc_cap;
 
 	struct tok_hot_slot hot[TOK_HOT_SLOTS];
+
+	/* General pipeline (tok-pipe.c, tok-pretok.c). */
+	struct tok_buf text_buf;        /* UTF-8 repaired text */
+	struct tok_buf norm_buf[2];
+	struct tok_buf pre_buf[TOK_MAX_PRE];
+	struct tok_spans pre_spans[TOK_MAX_PRE];
 
 	struct tok_cache_slot *cache;
 	size_t cache_used;
@@ -240,6 +289,21 @@ int tok_finish(struct tok *t, char **ret_error);
 size_t tok_bpe(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 size_t tok_bpe_scratch_size(size_t n);
 
+/* As tok_bpe() from the symbols init[0..n) (n >= 1) instead of bytes. */
+size_t tok_bpe_ids(const struct tok *t, const uint32_t *init, size_t n, uint32_t *out, void *scratch);
+
+/* The model of t on one piece (t->model or byte-level BPE), and its
+ * scratch size. */
+size_t tok_model_encode(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
+size_t tok_model_scratch_size(const struct tok *t, size_t n);
+
+/* BPE over UTF-8 strings: a tok_model_fn (tok-model-bpe.c). */
+size_t tok_model_bpe_utf8(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
+size_t tok_model_bpe_utf8_scratch(const struct tok *t, size_t n);
+
+/* Emits one id from inside tok_encode_stream() (tok.c). */
+void tok_piece_id(struct tok_state *st, uint32_t id);
+
 /* The first min(n, 8) bytes of s as a zero-padded little-endian word,
  * without reading past s + n. */
 static inline uint64_t tok_load_head(const uint8_t *s, size_t n) {
@@ -304,3 +368,8 @@ int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t o
 /* cl100k_base's pattern by hand for ASCII text: end of the pre-token that
  * starts at pos, or 0 where PCRE2 must decide (tok-cl100k.c). */
 size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos);
+
+/* Compiles an HF pattern (Regex as Oniguruma reads it, or a literal
+ * String) for the general pipeline. */
+int tok_compile_hf_pattern(const struct tok *t, const char *pattern, bool literal, pcre2_code **ret,
+			   char **ret_error);

@@ -174,3 +174,30 @@ int tok_add_regex(struct tok *t, const char *pattern, bool hf, char **ret_error)
 	t->n_re++;
 	return 0;
 }
+
+int tok_compile_hf_pattern(const struct tok *t, const char *pattern, bool literal, pcre2_code **ret,
+			   char **ret_error) {
+	bool jit;
+
+	if (literal) {
+		/* A String pattern: every character literal. */
+		size_t n = strlen(pattern), o = 0;
+		_tok_cleanup_free_ char *q = malloc(4 * n + 1);
+		if (!q)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++) {
+			unsigned char c = (unsigned char) pattern[i];
+			if (c < 0x80 && !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+				o += (size_t) sprintf(q + o, "\\x%02x", c);
+			else
+				q[o++] = (char) c;
+		}
+		q[o] = 0;
+		return tok_compile(t, q, o, PCRE2_UTF | PCRE2_UCP, ret, &jit, ret_error, "pattern");
+	}
+	_tok_cleanup_free_ char *translated = tok_translate_pattern(pattern, true);
+	if (!translated)
+		return -ENOMEM;
+	return tok_compile(t, translated, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, ret, &jit,
+			   ret_error, "pattern");
+}

@@ -20,7 +20,7 @@
 #include <unistr.h>
 #include <uninorm.h>
 
-#include "tok-internal.h"
+#include "tok-pipe.h"
 
 
 struct tok *tok_free(struct tok *t) {
@@ -30,8 +30,11 @@ struct tok *tok_free(struct tok *t) {
 		pcre2_code_free(t->re[i]);
 	pcre2_code_free(t->added_re);
 	pcre2_code_free(t->plain_re);
-	for (size_t i = 0; i < t->n_added; i++)
+	tok_pipe_free(t);
+	for (size_t i = 0; i < t->n_added; i++) {
 		free(t->added[i].text);
+		free(t->added[i].norm);
+	}
 	free(t->added);
 	free(t->ents);
 	free(t->bytes);
@@ -89,6 +92,7 @@ int tok_add_special(struct tok *t, const char *text, size_t len, int32_t id, boo
 		return -ENOMEM;
 	t->added = a;
 	a = &t->added[t->n_added];
+	*a = (struct tok_added) { 0 };
 	a->text = strndup(text, len);
 	if (!a->text)
 		return -ENOMEM;
@@ -144,7 +148,7 @@ static int tok_compile_added(struct tok *t, bool only_plain, pcre2_code **ret, c
 int tok_finish(struct tok *t, char **ret_error) {
 	int r;
 
-	if (t->n_re == 0)
+	if (t->n_re == 0 && !t->general)
 		return tok_errorf(ret_error, -EINVAL, "%s: no pre-tokenizer pattern", t->name);
 	if (t->n_added > 1) /* qsort(NULL, 0, ...) is undefined (UBSan) */
 		qsort(t->added, t->n_added, sizeof(*t->added), tok_added_cmp);
@@ -154,6 +158,11 @@ int tok_finish(struct tok *t, char **ret_error) {
 	r = tok_compile_added(t, true, &t->plain_re, ret_error);
 	if (r < 0)
 		return r;
+	if (t->general) {
+		r = tok_pipe_finish(t, ret_error);
+		if (r < 0)
+			return r;
+	}
 	t->vocab_size = t->n_ids;
 	for (size_t i = 0; i < t->n_added; i++)
 		if ((size_t) t->added[i].id + 1 > t->vocab_size)
@@ -175,6 +184,7 @@ struct tok_state *tok_state_free(struct tok_state *st) {
 	free(st->cache);
 	free(st->cache_keys);
 	free(st->cache_ids);
+	tok_pipe_state_free(st);
 	free(st);
 	return NULL;
 }
@@ -263,7 +273,11 @@ static const struct tok_cache_slot *tok_cache_get(const struct tok_state *st, ui
 
 /* One pre-token: a single token if it is one (and merging would keep it
  * whole), else cached or freshly merged ids. */
-static int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
+void tok_piece_id(struct tok_state *st, uint32_t id) {
+	tok_emit(st, id);
+}
+
+int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	const struct tok *t = st->t;
 	const struct tok_cache_slot *c;
 	const struct tok_slot *sl;
@@ -271,7 +285,7 @@ static int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	uint64_t h, k0 = 0, k1 = 0;
 	size_t m;
 
-	if (n == 1) {
+	if (n == 1 && !t->model) {
 		tok_emit(st, t->byte_id[s[0]]);
 		return 0;
 	}
@@ -310,13 +324,13 @@ static int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 		if (!o)
 			return -ENOMEM;
 		st->bpe_out = o;
-		void *sc = realloc(st->bpe_scratch, tok_bpe_scratch_size(cap));
+		void *sc = realloc(st->bpe_scratch, tok_model_scratch_size(t, cap));
 		if (!sc)
 			return -ENOMEM;
 		st->bpe_scratch = sc;
 		st->bpe_cap = cap;
 	}
-	m = tok_bpe(t, s, n, st->bpe_out, st->bpe_scratch);
+	m = tok_model_encode(t, s, n, st->bpe_out, st->bpe_scratch);
 	for (size_t i = 0; i < m; i++)
 		tok_emit(st, st->bpe_out[i]);
 	if (hs && m <= TOK_HOT_MAX_IDS) {
@@ -558,7 +572,11 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 	st->n_batch = 0;
 	st->utf8_valid = flags & TOK_ENCODE_UTF8_VALID;
 
-	while (sre && pos < len && st->sink_error == 0) {
+	if (t->general) {
+		r = tok_encode_general(st, s, len, flags, &n_replaced);
+		len = pos = 0;
+	}
+	while (r == 0 && sre && pos < len && st->sink_error == 0) {
 		PCRE2_SIZE *ov;
 		int k = tok_match(st, sre, s, len, pos, 0);
 
