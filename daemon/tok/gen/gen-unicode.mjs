@@ -10,12 +10,20 @@
 // Layout: a two-stage table.  tok_uni_stage1[cp >> 8] is a block number;
 // tok_uni_stage2[block * 256 + (cp & 255)] is the general category
 // (enum tok_gc, 5 bits) | 0x20 if White_Space | 0x40 if Alphabetic.
+import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const VERSION = '16.0.0';
 const base = path.resolve(process.argv[2] || 'build/tokdata/node_modules', `@unicode/unicode-${VERSION}`);
-const load = async (rel) => (await import(pathToFileURL(path.join(base, rel, 'code-points.mjs')).href)).default;
+// Package versions 1.x ship code-points.js (CommonJS), 2.x code-points.mjs.
+const load = async (rel) => {
+  for (const f of ['code-points.mjs', 'code-points.js']) {
+    const p = path.join(base, rel, f);
+    if (fs.existsSync(p)) return (await import(pathToFileURL(p).href)).default;
+  }
+  throw new Error(`${base}/${rel}: no code-points file`);
+};
 
 // Order fixes enum tok_gc in tok-unicode.h; Cn (unassigned) is 0.
 const GCS = [
