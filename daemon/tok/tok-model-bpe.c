@@ -77,3 +77,30 @@ size_t tok_model_bpe_utf8(const struct tok *t, const uint8_t *s, size_t n, uint3
 		return 0;
 	return tok_bpe_ids(t, init, m, out, init + n);
 }
+
+void tok_model_bpe_utf8_prepare(struct tok *t) {
+	static const uint8_t meta[3] = { 0xe2, 0x96, 0x81 };
+	bool fallback = t->byte_fallback;
+
+	for (unsigned b = 0; b < 256; b++)
+		fallback = fallback && t->fallback_id[b] != UINT32_MAX;
+	/* Cutting must not change which characters are first or last
+	 * (affixes), nor split a run of unknown characters (U+2581 is a
+	 * token, or no character is unknown). */
+	t->cut_meta = false;
+	if (t->bpe_prefix_len || t->bpe_suffix_len || (!fallback && tok_vocab_find(t, meta, 3) < 0))
+		return;
+	for (uint32_t id = 0; id < t->n_ids; id++) {
+		const uint8_t *s = t->bytes + t->off[id];
+		size_t n = t->off[id + 1] - t->off[id];
+		bool prev_other = false;
+		for (size_t i = 0; i < n;) {
+			uint32_t cp;
+			i += tok_utf8_next(s + i, n - i, &cp);
+			if (cp == 0x2581 && prev_other)
+				return;
+			prev_other = cp != 0x2581;
+		}
+	}
+	t->cut_meta = true;
+}
