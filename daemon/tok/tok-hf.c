@@ -528,8 +528,11 @@ static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
 	r = tok_pairs_finish(t);
 	if (r < 0)
 		return r;
-	if (t->unicode_vocab)
-		tok_model_bpe_utf8_prepare(t);
+	if (t->unicode_vocab) {
+		r = tok_model_bpe_utf8_prepare(t);
+		if (r < 0)
+			return r;
+	}
 	if (json_is_true(json_object_get(model, "ignore_merges"))) {
 		/* Like tiktoken: a piece that is a token is that token. */
 		for (uint32_t id = 0; id < t->n_ids; id++)

@@ -152,10 +152,16 @@ struct tok {
 	uint32_t fallback_id[256]; /* "<0xXX>"; UINT32_MAX: missing */
 	char *bpe_prefix, *bpe_suffix;
 	size_t bpe_prefix_len, bpe_suffix_len;
-	/* No token holds U+2581 after another character, so a piece may be
-	 * cut before each run of U+2581 without changing the ids (pieces
-	 * that repeat then hit the caches; tok_model_bpe_utf8_prepare()). */
-	bool cut_meta;
+	/* A piece may be cut between characters a and b when no token holds
+	 * "ab": no merge can join across, so the ids stay the same, and
+	 * short pieces repeat and hit the caches (SentencePiece-style files
+	 * hand whole documents to the model; tok_model_bpe_utf8_prepare()).
+	 * cut_ascii: bit b of [a] for ASCII pairs; cut_pairs: the others,
+	 * open addressing of (a << 32 | b), 0 = empty. */
+	bool cut;
+	uint64_t cut_ascii[128][2];
+	uint64_t *cut_pairs;
+	uint64_t cut_mask;
 };
 
 #define TOK_WINDOW (256u * 1024u)
@@ -304,8 +310,10 @@ size_t tok_model_scratch_size(const struct tok *t, size_t n);
 /* BPE over UTF-8 strings: a tok_model_fn (tok-model-bpe.c). */
 size_t tok_model_bpe_utf8(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 size_t tok_model_bpe_utf8_scratch(const struct tok *t, size_t n);
-/* Sets t->cut_meta where it is safe; after the vocabulary and settings. */
-void tok_model_bpe_utf8_prepare(struct tok *t);
+/* Sets up t->cut where it is safe; after the vocabulary, merges and settings. */
+int tok_model_bpe_utf8_prepare(struct tok *t);
+/* Whether a token holds the characters a, b adjacent (t->cut). */
+bool tok_cut_joined(const struct tok *t, uint32_t a, uint32_t b);
 
 /* Emits one id from inside tok_encode_stream() (tok.c). */
 void tok_piece_id(struct tok_state *st, uint32_t id);

@@ -448,6 +448,7 @@ void tok_pipe_free(struct tok *t) {
 			pcre2_code_free(t->gadd_re[a][b]);
 	if (t->model_free)
 		t->model_free(t->model_data);
+	free(t->cut_pairs);
 	free(t->bpe_prefix);
 	free(t->bpe_suffix);
 }

@@ -69,21 +69,23 @@ int tok_pre_run(struct tok_state *st, size_t level, const uint8_t *s, size_t n, 
 		return 0;
 	if (level < t->n_pres)
 		return t->pres[level].apply(&t->pres[level], st, level, s, n, first);
-	if (t->cut_meta) {
-		/* Cut before each run of U+2581 (E2 96 81) that follows
-		 * another character: the same ids (see cut_meta), and
-		 * repeated words hit the piece caches. */
-		size_t start = 0;
-		for (size_t i = 1; i + 3 <= n; i++) {
-			if (s[i] != 0xe2 || s[i + 1] != 0x96 || s[i + 2] != 0x81)
-				continue;
-			if (i >= 3 && s[i - 3] == 0xe2 && s[i - 2] == 0x96 && s[i - 1] == 0x81)
-				continue;
-			int r = tok_piece(st, s + start, i - start);
-			if (r < 0)
-				return r;
-			start = i;
-			i += 2;
+	if (t->cut) {
+		/* Cut between characters that no token joins (t->cut): the
+		 * same ids, and repeated words hit the piece caches. */
+		size_t start = 0, i = 0;
+		uint32_t prev;
+		i = tok_utf8_next(s, n, &prev);
+		while (i < n) {
+			uint32_t cp;
+			size_t k = tok_utf8_next(s + i, n - i, &cp);
+			if (!tok_cut_joined(t, prev, cp)) {
+				int r = tok_piece(st, s + start, i - start);
+				if (r < 0)
+					return r;
+				start = i;
+			}
+			prev = cp;
+			i += k;
 		}
 		return tok_piece(st, s + start, n - start);
 	}
