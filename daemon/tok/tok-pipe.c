@@ -5,7 +5,6 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include <unicase.h>
 #include <uninorm.h>
 
 #include "tok-pipe.h"
@@ -65,39 +64,43 @@ int tok_norm_nf(const struct tok_norm *nm, struct tok_state *st, const uint8_t *
 	return 0;
 }
 
+/* HF's Lowercase: Rust's char::to_lowercase character by character (so
+ * no Final_Sigma context: "ΣΑΣ" -> "σασ"), with Unicode 16's mappings. */
 int tok_norm_lowercase(const struct tok_norm *nm, struct tok_state *st, const uint8_t *in, size_t n,
 		       struct tok_buf *out) {
-	size_t len, i = 0;
-	uint8_t *o;
 	int r;
 
 	(void) nm;
 	(void) st;
-	while (i < n && in[i] < 0x80)
-		i++;
-	if (i == n) {
-		r = tok_buf_reserve(out, n);
-		if (r < 0)
-			return r;
-		for (i = 0; i < n; i++)
-			out->p[i] = (uint8_t) (in[i] >= 'A' && in[i] <= 'Z' ? in[i] | 0x20 : in[i]);
-		out->n = n;
-		return 0;
-	}
-	r = tok_buf_reserve(out, n + 16);
+	r = tok_buf_reserve(out, 3 * n);
 	if (r < 0)
 		return r;
-	len = out->cap;
-	/* Full lower-case mapping with Final_Sigma, as Rust's to_lowercase. */
-	o = u8_tolower(in, n, NULL, NULL, out->p, &len);
-	if (!o)
-		return -errno;
-	if (o != out->p) {
-		free(out->p);
-		out->p = o;
-		out->cap = len;
+	for (size_t i = 0; i < n;) {
+		uint32_t cp;
+		if (in[i] < 0x80) {
+			out->p[out->n++] = (uint8_t) (in[i] >= 'A' && in[i] <= 'Z' ? in[i] | 0x20 : in[i]);
+			i++;
+			continue;
+		}
+		size_t k = tok_utf8_next(in + i, n - i, &cp);
+		size_t lo = 0, hi = TOK_ELEMENTSOF(tok_uni_lower_map);
+		while (lo < hi) {
+			size_t mid = (lo + hi) / 2;
+			if (tok_uni_lower_map[mid].cp < cp)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo < TOK_ELEMENTSOF(tok_uni_lower_map) && tok_uni_lower_map[lo].cp == cp) {
+			/* At most 3 characters of at most 3 bytes here (<= 3 * k). */
+			for (int j = 0; j < 3 && tok_uni_lower_map[lo].to[j]; j++)
+				out->n += tok_utf8_put(tok_uni_lower_map[lo].to[j], out->p + out->n);
+		} else {
+			memcpy(out->p + out->n, in + i, k);
+			out->n += k;
+		}
+		i += k;
 	}
-	out->n = len;
 	return 0;
 }
 

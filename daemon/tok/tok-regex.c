@@ -89,6 +89,12 @@ static char *tok_translate_pattern(const char *p, bool hf) {
 				i++;
 				continue;
 			}
+			/* Oniguruma's \uHHHH is PCRE2's \x{HHHH}. */
+			if (c == 'u' && i + 5 < n + 0 && strspn(p + i + 2, "0123456789abcdefABCDEF") >= 4) {
+				o += (size_t) sprintf(q + o, "\\x{%.4s}", p + i + 2);
+				i += 5;
+				continue;
+			}
 			/* \p{X} with PCRE2's Unicode 14 gets the code points Unicode
 			 * 16 added to X: [\p{X}...] (in a class: \p{X}...). */
 			if (c == 'p' || (c == 'P' && depth == 0)) {

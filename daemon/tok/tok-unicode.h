@@ -23,6 +23,7 @@ enum tok_gc {
 
 #define TOK_UNI_WHITE_SPACE 0x20
 #define TOK_UNI_ALPHABETIC 0x40
+#define TOK_UNI_PUNCT8 0x80     /* P* in Unicode 8.0 */
 
 static inline uint8_t tok_uni_props(uint32_t cp) {
 	if (cp >= 0x110000)
@@ -45,13 +46,13 @@ static inline bool tok_uni_is_numeric(uint32_t cp) {
 	return g == TOK_GC_ND || g == TOK_GC_NL || g == TOK_GC_NO;
 }
 
-/* HF's is_punc: ASCII punctuation or a P* category. */
+/* HF's is_punc: ASCII punctuation, or P* as the unicode_categories crate
+ * has it, which is Unicode 8.0 (measured on every code point). */
 static inline bool tok_uni_is_punct(uint32_t cp) {
-	enum tok_gc g = tok_uni_gc(cp);
 	if (cp < 0x80)
 		return (cp >= 0x21 && cp <= 0x2f) || (cp >= 0x3a && cp <= 0x40) || (cp >= 0x5b && cp <= 0x60) ||
 		       (cp >= 0x7b && cp <= 0x7e);
-	return g >= TOK_GC_PC && g <= TOK_GC_PO;
+	return tok_uni_props(cp) & TOK_UNI_PUNCT8;
 }
 
 /* Rust's char::is_alphanumeric: Alphabetic or Numeric. */

