@@ -114,7 +114,24 @@ const FAMILIES = {
   neox, smollm,
   'metaspace-first': () => metaspace('first', false), 'metaspace-split': () => metaspace('always', true),
   splits, whitespace,
+  // cl100k_base's pattern in HF form (tests/tok/mkdata.mjs), for the
+  // Unicode 15/16 corpus.
+  cl100k: () => JSON.parse(fs.readFileSync(path.join(dir, 'hf/cl100k.json'), 'utf8')),
 };
+
+// tiktoken (npm) with the rank-file presets: "rank-PRESET".
+const LLAMA3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+function tiktokenFor(preset) {
+  const { Tiktoken, get_encoding } = require('tiktoken');
+  if (preset !== 'llama3') return get_encoding(preset);
+  const sp = {};
+  ['<|begin_of_text|>', '<|end_of_text|>', '<|reserved_special_token_0|>', '<|reserved_special_token_1|>',
+    '<|reserved_special_token_2|>', '<|reserved_special_token_3|>', '<|start_header_id|>', '<|end_header_id|>',
+    '<|reserved_special_token_4|>', '<|eot_id|>'].forEach((n, i) => { sp[n] = 128000 + i; });
+  for (let i = 5; i < 251; i++) sp[`<|reserved_special_token_${i}|>`] = 128000 + 5 + i;
+  return new Tiktoken(fs.readFileSync(path.join(dir, 'ranks/llama3.tiktoken'), 'utf8'), sp, LLAMA3);
+}
+const PRESETS = ['gpt2', 'p50k_base', 'cl100k_base', 'o200k_base', 'llama3'];
 
 // ---- corpora --------------------------------------------------------------
 function* walk(d) {
@@ -231,6 +248,26 @@ if (!fs.existsSync(path.join(fam, 'uni16.idx'))) {
 }
 const corpora = { multi: readCorpus('multi'), uni16: readCorpus('uni16') };
 
+for (const preset of PRESETS) {
+  const name = `rank-${preset}`;
+  if (only && only !== name) continue;
+  for (const [cname, docs] of Object.entries(corpora))
+    for (const mode of ['text', 'special']) {
+      const rf = path.join(fam, 'ref', `${name}.${cname}.${mode}.u32`);
+      if (fs.existsSync(rf)) continue;
+      const enc = tiktokenFor(preset);
+      const out = [];
+      for (const d of docs) {
+        const ids = mode === 'text' ? enc.encode_ordinary(d) : enc.encode(d, 'all');
+        out.push(ids.length);
+        for (const id of ids) out.push(id);
+      }
+      enc.free();
+      console.log(`tiktoken ${name} ${cname} ${mode}`);
+      write(rf, Buffer.from(Uint32Array.from(out).buffer));
+    }
+}
+
 for (const [name, make] of Object.entries(FAMILIES)) {
   if (only && only !== name) continue;
   const jf = path.join(fam, `${name}.json`);
@@ -249,7 +286,8 @@ for (const [name, make] of Object.entries(FAMILIES)) {
       const t0 = Date.now();
       for (const d of docs) {
         const ids = d.length ? (await t.encode(d, null, { addSpecialTokens: false })).getIds() : [];
-        out.push(ids.length, ...ids);
+        out.push(ids.length);
+        for (const id of ids) out.push(id);
       }
       const secs = (Date.now() - t0) / 1000;
       const bytes = docs.reduce((s, d) => s + Buffer.byteLength(d), 0);

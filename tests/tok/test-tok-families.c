@@ -4,7 +4,9 @@
  *
  *   test-tok-families NAME
  *
- * loads fam/NAME.json (built by tests/tok/reffamilies.mjs) and encodes each
+ * loads fam/NAME.json (built by tests/tok/reffamilies.mjs), or for NAME
+ * rank-PRESET the rank file ranks/PRESET.tiktoken with that preset (the
+ * reference is then tiktoken, npm), and encodes each
  * document of every corpus fam/CORPUS.txt (document sizes in CORPUS.idx:
  * the multilingual corpus and the Unicode 15/16 corpus) twice: without
  * TOK_ENCODE_SPECIALS (HF with encode_special_tokens=true) and with it (HF's
@@ -89,10 +91,14 @@ int main(int argc, char **argv) {
 		fprintf(stderr, "usage: %s NAME\n", argv[0]);
 		return 2;
 	}
-	snprintf(rel, sizeof(rel), "fam/%s.json", argv[1]);
+	const char *preset = strncmp(argv[1], "rank-", 5) == 0 ? argv[1] + 5 : NULL;
+	if (preset)
+		snprintf(rel, sizeof(rel), "ranks/%s.tiktoken", strcmp(preset, "gpt2") == 0 ? "r50k_base" : preset);
+	else
+		snprintf(rel, sizeof(rel), "fam/%s.json", argv[1]);
 	_tok_cleanup_free_ char *path = test_data_path(rel);
 	double t0 = now();
-	int r = tok_load_hf(path, &t, &error);
+	int r = preset ? tok_load_rankfile(path, preset, &t, &error) : tok_load_hf(path, &t, &error);
 	if (r < 0) {
 		printf("FAIL %s: %s\n", path, error ? error : strerror(-r));
 		return 1;
