@@ -83,7 +83,7 @@ int tok_norm_lowercase(const struct tok_norm *nm, struct tok_state *st, const ui
 			continue;
 		}
 		size_t k = tok_utf8_next(in + i, n - i, &cp);
-		size_t lo = 0, hi = TOK_ELEMENTSOF(tok_uni_lower_map);
+		size_t lo = 0, hi = tok_uni_lower_n;
 		while (lo < hi) {
 			size_t mid = (lo + hi) / 2;
 			if (tok_uni_lower_map[mid].cp < cp)
@@ -91,7 +91,7 @@ int tok_norm_lowercase(const struct tok_norm *nm, struct tok_state *st, const ui
 			else
 				hi = mid;
 		}
-		if (lo < TOK_ELEMENTSOF(tok_uni_lower_map) && tok_uni_lower_map[lo].cp == cp) {
+		if (lo < tok_uni_lower_n && tok_uni_lower_map[lo].cp == cp) {
 			/* At most 3 characters of at most 3 bytes here (<= 3 * k). */
 			for (int j = 0; j < 3 && tok_uni_lower_map[lo].to[j]; j++)
 				out->n += tok_utf8_put(tok_uni_lower_map[lo].to[j], out->p + out->n);

@@ -12,7 +12,7 @@
 /* Code points that Unicode 16 added to category name[0..len), as class
  * ranges, or NULL (none, or unknown name). */
 static const char *tok_uni_delta_ranges(const char *name, size_t len) {
-	for (size_t i = 0; i < TOK_ELEMENTSOF(tok_uni_deltas); i++)
+	for (size_t i = 0; i < tok_uni_n_deltas; i++)
 		if (strlen(tok_uni_deltas[i].name) == len && memcmp(tok_uni_deltas[i].name, name, len) == 0)
 			return *tok_uni_deltas[i].ranges ? tok_uni_deltas[i].ranges : NULL;
 	return NULL;
@@ -20,7 +20,7 @@ static const char *tok_uni_delta_ranges(const char *name, size_t len) {
 
 static size_t tok_uni_delta_max(void) {
 	size_t m = 0;
-	for (size_t i = 0; i < TOK_ELEMENTSOF(tok_uni_deltas); i++)
+	for (size_t i = 0; i < tok_uni_n_deltas; i++)
 		if (strlen(tok_uni_deltas[i].ranges) > m)
 			m = strlen(tok_uni_deltas[i].ranges);
 	return m;

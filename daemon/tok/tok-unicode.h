@@ -12,7 +12,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tok-unicode-table.h"
+#define TOK_UNICODE_VERSION "16.0.0"
+
+/* Generated tables (tok-unicode-table.c, daemon/tok/gen/gen-unicode.mjs).
+ * tok_uni_stage2[tok_uni_stage1[cp >> 8] * 256 + (cp & 255)]: the general
+ * category (enum tok_gc) | TOK_UNI_* bits. */
+extern const uint16_t tok_uni_stage1[4352];
+extern const uint8_t tok_uni_stage2[];
+
+/* Lower-case mapping (unconditional, per character), sorted by cp. */
+struct tok_uni_lower {
+	uint32_t cp;
+	uint32_t to[3];
+};
+extern const struct tok_uni_lower tok_uni_lower_map[];
+extern const size_t tok_uni_lower_n;
+
+/* Per category name ("L", "Nd", ...): the code points Unicode 16 added
+ * since PCRE2's Unicode 14, as PCRE2 class ranges; removed: how many it
+ * lost (those cannot be patched by adding ranges). */
+struct tok_uni_delta {
+	const char *name;
+	const char *ranges;
+	unsigned removed;
+};
+extern const struct tok_uni_delta tok_uni_deltas[];
+extern const size_t tok_uni_n_deltas;
 
 enum tok_gc {
 	TOK_GC_CN, TOK_GC_LU, TOK_GC_LL, TOK_GC_LT, TOK_GC_LM, TOK_GC_LO, TOK_GC_MN, TOK_GC_MC, TOK_GC_ME,
