@@ -486,19 +486,16 @@ static int tok_hf_bpe_utf8(struct tok *t, const json_t *model, char **ret_error)
 	return 0;
 }
 
-static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
+/* model.type "BPE": byte-level (vocabulary in GPT-2's byte alphabet, when
+ * the pre-tokenizer ends with ByteLevel) or over UTF-8 strings. */
+static int tok_hf_bpe(struct tok *t, const json_t *model, const char *where, char **ret_error) {
 	static const char *const known[] = { "type", "dropout", "unk_token", "continuing_subword_prefix",
 					     "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
 					     "vocab", "merges", NULL };
-	const char *type = json_string_value(json_object_get(model, "type"));
 	json_t *dropout = json_object_get(model, "dropout");
 	int r;
 
-	if (!json_is_object(model))
-		return tok_unsupported(t, ret_error, "model", model);
-	if (!type || strcmp(type, "BPE") != 0)
-		return tok_unsupported(t, ret_error, "model.type", json_object_get(model, "type"));
-	r = tok_check_keys(t, model, known, "model", ret_error);
+	r = tok_check_keys(t, model, known, where, ret_error);
 	if (r < 0)
 		return r;
 	if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
@@ -540,6 +537,26 @@ static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
 		return 0;
 	}
 	return tok_compute_whole_ok(t);
+}
+
+/* Model types of the general pipeline; the fast path takes only BPE.  A
+ * model sets t->model & co. (tok-pipe.h) unless it is byte-level BPE. */
+static const struct tok_hf_parser tok_hf_models[] = {
+	{ "BPE", tok_hf_bpe },
+};
+
+static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
+	const char *type = json_string_value(json_object_get(model, "type"));
+
+	if (!json_is_object(model))
+		return tok_unsupported(t, ret_error, "model", model);
+	for (size_t i = 0; type && i < TOK_ELEMENTSOF(tok_hf_models); i++)
+		if (strcmp(tok_hf_models[i].type, type) == 0) {
+			if (!t->general && i != 0)
+				break;
+			return tok_hf_models[i].parse(t, model, "model", ret_error);
+		}
+	return tok_unsupported(t, ret_error, "model.type", json_object_get(model, "type"));
 }
 
 /* Builds t from the parsed file: as plain byte-level BPE behind regex

@@ -5,10 +5,18 @@
  * pre-tokenizers of the general pipeline).
  *
  * To support another normalizer, pre-tokenizer or model type, add a parse
- * function to the table in tok-hf-pipe.c (normalizers, pre-tokenizers) or
- * tok-hf.c (models): it gets the JSON object and its path for messages
- * ("normalizer.normalizers[1]") and fills a tok_norm_add()/tok_pre_add()
- * slot, or sets t->model & co.
+ * function to the table in tok-hf-pipe.c (tok_hf_normalizers,
+ * tok_hf_pre_tokenizers) or tok-hf.c (tok_hf_models): it gets the JSON
+ * object and its path for messages ("normalizer.normalizers[1]", "model")
+ * and fills a tok_norm_add()/tok_pre_add() slot, or, for a model: adds the
+ * vocabulary (tok_vocab_add() per token, then tok_vocab_finish(); with
+ * t->unicode_vocab set, tokens are UTF-8 strings and the 256 single bytes
+ * are not required), sets t->model, t->model_scratch, t->model_data and
+ * t->model_free, and marks whole_ok (tok_compute_whole_ok() runs the
+ * model on each token's own text).  The model is called once per piece
+ * that misses the piece caches; t->unk_id, t->byte_fallback and
+ * t->fallback_id[] are there for models that want them.  Refuse (with
+ * tok_unsupported_at()) every setting not implemented exactly.
  */
 #pragma once
 
