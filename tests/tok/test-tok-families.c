@@ -2,7 +2,7 @@
 /*
  * Tokenizer families vs HF tokenizers 0.23.2, document by document.
  *
- *   test-tok-families NAME
+ *   test-tok-families NAME [CORPUS]
  *
  * loads fam/NAME.json (built by tests/tok/reffamilies.mjs), or for NAME
  * rank-PRESET the rank file ranks/PRESET.tiktoken with that preset (the
@@ -87,8 +87,8 @@ int main(int argc, char **argv) {
 	struct tok *t = NULL;
 	bool ok = true;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s NAME\n", argv[0]);
+	if (argc != 2 && argc != 3) {
+		fprintf(stderr, "usage: %s NAME [multi|uni16]\n", argv[0]);
 		return 2;
 	}
 	const char *preset = strncmp(argv[1], "rank-", 5) == 0 ? argv[1] + 5 : NULL;
@@ -106,7 +106,8 @@ int main(int argc, char **argv) {
 	printf("%s: loaded in %.2fs (%s path)\n", argv[1], now() - t0, t->general ? "general" : "byte-level");
 	for (int c = 0; c < 2; c++)
 		for (int sp = 0; sp < 2; sp++)
-			ok = check(t, argv[1], c ? "uni16" : "multi", sp) && ok;
+			if (argc < 3 || strcmp(argv[2], c ? "uni16" : "multi") == 0)
+				ok = check(t, argv[1], c ? "uni16" : "multi", sp) && ok;
 	tok_free(t);
 	printf("%s\n", ok ? "PASS" : "FAIL");
 	return ok ? 0 : 1;
