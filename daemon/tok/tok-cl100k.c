@@ -38,7 +38,7 @@ static inline size_t tok_run(const uint8_t *s, size_t n, size_t i, unsigned c) {
 	return i < n && s[i] >= 0x80 ? 0 : i;
 }
 
-size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos) {
+size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos, unsigned digits, bool end_rule) {
 	const uint8_t c = s[pos];
 	const unsigned k = tok_ascii_class(c);
 	size_t i;
@@ -67,11 +67,11 @@ size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos) {
 		if (k1 == TC_LETTER)
 			return tok_run(s, n, pos + 1, TC_LETTER);
 	}
-	/* \p{N}{1,3}+ */
+	/* \p{N}{1,3}+ (digits = 3; Qwen2's \p{N}: 1) */
 	if (k == TC_DIGIT) {
-		for (i = pos + 1; i < pos + 3 && TC(i) == TC_DIGIT; i++)
+		for (i = pos + 1; i < pos + digits && TC(i) == TC_DIGIT; i++)
 			;
-		return i < pos + 3 && TC(i) == TC_HIGH ? 0 : i;
+		return i < pos + digits && TC(i) == TC_HIGH ? 0 : i;
 	}
 	/*  ?[^\s\p{L}\p{N}]++[\r\n]*+ */
 	i = c == ' ' ? pos + 1 : pos;
@@ -89,11 +89,14 @@ size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos) {
 	size_t e = tok_run(s, n, pos, TC_SPACE);
 	if (e == 0)
 		return 0;
-	if (e == n)
+	if (e == n && end_rule)
 		return n;
 	for (i = e; i > pos; i--)
 		if (s[i - 1] == '\r' || s[i - 1] == '\n')
 			return i;
+	/* \s+(?!\S) takes a run that ends the text whole. */
+	if (e == n)
+		return n;
 	return e - pos >= 2 ? e - 1 : pos + 1;
 }
 #undef TC

@@ -169,8 +169,20 @@ static int tok_hf_split(struct tok *t, const json_t *p, const char *where, char 
 	}
 	t->keep_gaps = isolated;
 	re = json_string_value(json_object_get(pat, "Regex"));
-	if (re)
+	if (re) {
+		/* Llama 3's and Qwen2's patterns split ASCII text as the
+		 * hand-written cl100k splitter does (without \s++$). */
+		static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+					     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+		static const char qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+					    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+		if (t->n_re == 0 && t->keep_gaps && (strcmp(re, llama3) == 0 || strcmp(re, qwen2) == 0)) {
+			t->split_cl100k = true;
+			t->split_digits = strcmp(re, llama3) == 0 ? 3 : 1;
+			t->split_end_rule = false;
+		}
 		return tok_add_regex(t, re, true, ret_error);
+	}
 	const char *lit = json_string_value(json_object_get(pat, "String"));
 	if (lit) {
 		/* A literal: quote every character that PCRE2 might read. */

@@ -119,7 +119,9 @@ struct tok {
 	pcre2_code *re[TOK_MAX_REGEX];
 	size_t n_re;
 	bool keep_gaps;         /* HF Isolated keeps unmatched text; tiktoken drops it */
-	bool split_cl100k;      /* re[0] is tiktoken's cl100k_base pattern: ASCII text is split by hand */
+	bool split_cl100k;      /* re[0] is cl100k_base's pattern or a relative: ASCII text is split by hand */
+	uint8_t split_digits;   /* ... with digit runs of at most this (tok_match_cl100k()) */
+	bool split_end_rule;
 	bool nfc;
 
 	struct tok_added *added;
@@ -380,8 +382,11 @@ int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t o
 		pcre2_code **ret, bool *ret_jit, char **ret_error, const char *what);
 
 /* cl100k_base's pattern by hand for ASCII text: end of the pre-token that
- * starts at pos, or 0 where PCRE2 must decide (tok-cl100k.c). */
-size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos);
+ * starts at pos, or 0 where PCRE2 must decide (tok-cl100k.c).  digits: the
+ * longest digit run (3; Qwen2: 1); end_rule: the pattern has \s++$ first
+ * (tiktoken's cl100k_base), else its white space alternatives are Llama 3's
+ * \s*[\r\n]+|\s+(?!\S)|\s+. */
+size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos, unsigned digits, bool end_rule);
 
 /* Compiles an HF pattern (Regex as Oniguruma reads it, or a literal
  * String) for the general pipeline. */

@@ -378,7 +378,7 @@ static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, 
 		size_t ms, me;
 
 		if (cl100k) {
-			me = tok_match_cl100k(s, n, pos);
+			me = tok_match_cl100k(s, n, pos, t->split_digits, t->split_end_rule);
 			if (me > pos) {
 				r = tok_sub(st, level + 1, s + pos, me - pos);
 				if (r < 0)
@@ -542,10 +542,19 @@ static int tok_ordinary_windowed(struct tok_state *st, const uint8_t *s, size_t 
 	}
 }
 
+/* Whether any byte of s[0..n) is >= min. */
+static bool memchr_ge(const uint8_t *s, size_t n, uint8_t min) {
+	for (size_t i = 0; i < n; i++)
+		if (s[i] >= min)
+			return true;
+	return false;
+}
+
 static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
 	if (n == 0)
 		return 0;
-	if (!st->t->nfc && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
+	/* Text below U+0300 (no byte >= 0xCC) is its own NFC: in place too. */
+	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
 		return tok_split(st, 0, s, n);
 	return tok_ordinary_windowed(st, s, n, n_replaced);
 }
