@@ -24,9 +24,24 @@
 #include <string.h>
 #include <uninorm.h>
 
-#include "tok-internal.h"
 #include "tok-model.h"
+#include "tok-unicode.h"
 #include "tok-bert-tables.h"
+
+static bool tok_range_has(const struct tok_range *r, size_t n, uint32_t cp) {
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (cp < r[mid].lo)
+			hi = mid;
+		else if (cp > r[mid].hi)
+			lo = mid + 1;
+		else
+			return true;
+	}
+	return false;
+}
 
 static bool is_chinese(uint32_t c) {
 	return (c >= 0x4e00 && c <= 0x9fff) || (c >= 0x3400 && c <= 0x4dbf) || (c >= 0x20000 && c <= 0x2a6df) ||
@@ -65,12 +80,12 @@ static int put_lower(struct tok_buf *out, uint32_t c, bool lowercase) {
 			c = c >= 'A' && c <= 'Z' ? c + 32 : c;
 		else if (l) {
 			for (size_t i = 0; i < l->n; i++)
-				k += tok_utf8_enc(l->to[i], u + k);
-			return tok_buf_put(out, u, k);
+				k += tok_utf8_put(l->to[i], u + k);
+			return tok_buf_append(out, u, k);
 		}
 	}
-	k = tok_utf8_enc(c, u);
-	return tok_buf_put(out, u, k);
+	k = tok_utf8_put(c, u);
+	return tok_buf_append(out, u, k);
 }
 
 /* clean_text and handle_chinese_chars; lowercase too when lower (no
@@ -106,10 +121,10 @@ static int bert_pass1(const struct tok_bert_norm *b, const uint8_t *s, size_t n,
 		}
 		if (b->handle_chinese_chars && is_chinese(c)) {
 			uint8_t u[6];
-			size_t k = tok_utf8_enc(c, u + 1);
+			size_t k = tok_utf8_put(c, u + 1);
 			u[0] = ' ';
 			u[k + 1] = ' ';
-			r = tok_buf_put(out, u, k + 2);
+			r = tok_buf_append(out, u, k + 2);
 		} else
 			r = put_lower(out, c, lower);
 		if (r < 0)

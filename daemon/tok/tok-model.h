@@ -1,24 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Tokenizer models other than byte-level BPE, as HF tokenizers 0.23 runs them:
+ * Tokenizer models other than BPE, as HF tokenizers 0.23 runs them, and the
+ * text passes they come with, as parts of the general tokenizer.json
+ * pipeline (tok-pipe.h):
  *
  *   Unigram    (T5, mT5, XLM-R, ALBERT): Viterbi over scored pieces with
  *              unk_id, fused unknowns and byte_fallback   (tok-unigram.c),
  *   WordPiece  (BERT): greedy longest match with a continuing-subword
  *              prefix, max_input_chars_per_word, unk_token (tok-wordpiece.c),
- *
- * and the text passes they come with:
- *
  *   Precompiled      SentencePiece's charsmap (double-array trie + strings),
  *                    applied per grapheme as HF does    (tok-precompiled.c),
- *   BertNormalizer, BertPreTokenizer                    (tok-bert.c),
- *   Metaspace, WhitespaceSplit                          (tok-hf-model.c).
+ *   BertNormalizer, BertPreTokenizer                    (tok-bert.c).
  *
- * A struct tok_model is built by tok_hf_model_load() (tok-hf-model.c) from a
- * tokenizer.json and hangs off struct tok (t->model); it is read-only once
- * loaded.  Per-thread scratch is a struct tok_model_scratch, owned by the
- * struct tok_state.  tok.c hands every run of ordinary text (between added
- * tokens) to tok_model_encode().
+ * tok-hf-model.c reads them from a tokenizer.json and plugs them into the
+ * pipeline (t->model, tok_norm_add(), tok_pre_add()).  Each object is
+ * read-only once built; per-thread scratch comes from the pipeline.
  */
 #pragma once
 
@@ -27,24 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct tok;
-
-/* A growable byte buffer; zero-initialise, free(b->p). */
-struct tok_buf {
-	uint8_t *p;
-	size_t n, cap;
-};
-
-int tok_buf_reserve(struct tok_buf *b, size_t extra);
-int tok_buf_put(struct tok_buf *b, const void *s, size_t n);
-
-/* A growable id list; zero-initialise, free(v->ids). */
-struct tok_u32s {
-	uint32_t *ids;
-	size_t n, cap;
-};
-
-int tok_u32s_push(struct tok_u32s *v, uint32_t id);
+#include "tok-pipe.h"
 
 /* String -> id map.  Zero-initialise; add, then finish, then find.  A
  * string added twice maps to its later id (as a JSON object or HF's
@@ -84,7 +63,6 @@ struct tok_lower {
 	uint32_t to[3];
 };
 
-bool tok_range_has(const struct tok_range *r, size_t n, uint32_t cp);
 
 /* Decodes one UTF-8 character of valid UTF-8 at s; returns its length. */
 static inline size_t tok_utf8_dec(const uint8_t *s, uint32_t *ret_cp) {
@@ -109,8 +87,6 @@ static inline size_t tok_utf8_len(uint8_t lead) {
 	return lead < 0x80 ? 1 : lead < 0xe0 ? 2 : lead < 0xf0 ? 3 : 4;
 }
 
-/* Encodes cp as UTF-8 into out (4 bytes room); returns its length. */
-size_t tok_utf8_enc(uint32_t cp, uint8_t *out);
 
 /* --- Precompiled (tok-precompiled.c) ------------------------------------ */
 
@@ -141,7 +117,6 @@ int tok_bert_pretokenize(const uint8_t *s, size_t n, tok_piece_fn piece, void *u
 /* --- Unigram (tok-unigram.c) --------------------------------------------- */
 
 struct tok_unigram;
-struct tok_unigram_scratch;
 
 int tok_unigram_new(size_t n_pieces, struct tok_unigram **ret);
 struct tok_unigram *tok_unigram_free(struct tok_unigram *u);
@@ -154,11 +129,13 @@ size_t tok_unigram_size(const struct tok_unigram *u);
 /* The piece of id, or NULL. */
 const char *tok_unigram_piece(const struct tok_unigram *u, uint32_t id, size_t *ret_len);
 int64_t tok_unigram_find(const struct tok_unigram *u, const uint8_t *s, size_t n);
-struct tok_unigram_scratch *tok_unigram_scratch_free(struct tok_unigram_scratch *s);
-/* Appends the ids of one pre-token to out.  -ENOENT where HF fails
- * (an unknown character and no unk_id). */
-int tok_unigram_encode(const struct tok_unigram *u, struct tok_unigram_scratch **scratch, const uint8_t *s, size_t n,
-		       struct tok_u32s *out);
+/* Scratch bytes tok_unigram_encode() needs for a piece of n bytes. */
+size_t tok_unigram_scratch_size(size_t n);
+/* Writes the ids of one pre-token s[0..n) to out (room for n: every id
+ * covers at least one byte) and returns how many.  The model must have an
+ * unk_id (HF fails on an unknown character without one; the loader
+ * refuses such files). */
+size_t tok_unigram_encode(const struct tok_unigram *u, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 
 /* --- WordPiece (tok-wordpiece.c) ----------------------------------------- */
 
@@ -172,33 +149,17 @@ int tok_wordpiece_finish(struct tok_wordpiece *w, const char *unk);
 size_t tok_wordpiece_size(const struct tok_wordpiece *w);
 const char *tok_wordpiece_token(const struct tok_wordpiece *w, uint32_t id, size_t *ret_len);
 int64_t tok_wordpiece_find(const struct tok_wordpiece *w, const uint8_t *s, size_t n);
-/* Appends the ids of one word to out. */
-int tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t n, struct tok_u32s *out);
+/* Scratch bytes tok_wordpiece_encode() needs (whatever the word). */
+size_t tok_wordpiece_scratch_size(const struct tok_wordpiece *w);
+/* Writes the ids of one word s[0..n) to out (room for n) and returns how
+ * many. */
+size_t tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 
-/* --- The pipeline (tok-hf-model.c) --------------------------------------- */
+/* --- tokenizer.json (tok-hf-model.c) ------------------------------------ */
 
-struct tok_model;
-struct tok_model_scratch;
-
-/* Loads model, normalizer and pre_tokenizer of a Unigram or WordPiece
- * tokenizer.json (root) into t->model, and sets t's vocabulary size.
- * Refuses with -EOPNOTSUPP and the field named what it does not implement. */
-int tok_hf_model_load(struct tok *t, const json_t *root, char **ret_error);
-struct tok_model *tok_model_free(struct tok_model *m);
-struct tok_model_scratch *tok_model_scratch_free(struct tok_model_scratch *s);
-size_t tok_model_vocab_size(const struct tok_model *m);
-/* Token text of id (a pointer into m), -ENOENT if none. */
-int tok_model_token(const struct tok_model *m, int32_t id, const uint8_t **ret, size_t *ret_len);
-/* Id of a token of the model's vocabulary, or -1. */
-int64_t tok_model_find(const struct tok_model *m, const char *s, size_t n);
-
-/*
- * Encodes one run of ordinary text (between added tokens) and hands the ids
- * to emit.  at_start: the run begins the document (Metaspace
- * prepend_scheme "first").  Unless utf8_valid, invalid UTF-8 is replaced
- * by U+FFFD window by window, adding the count to *n_replaced.  Returns 0
- * or a negative errno.
- */
-typedef void (*tok_emit_fn)(void *userdata, const uint32_t *ids, size_t n);
-int tok_model_encode(const struct tok_model *m, struct tok_model_scratch **scratch, const uint8_t *s, size_t n,
-		     bool at_start, bool utf8_valid, tok_emit_fn emit, void *userdata, size_t *n_replaced);
+/* Parsers of the tables in tok-hf.c and tok-hf-pipe.c. */
+int tok_hf_unigram(struct tok *t, const json_t *model, const char *where, char **ret_error);
+int tok_hf_wordpiece(struct tok *t, const json_t *model, const char *where, char **ret_error);
+int tok_hf_precompiled(struct tok *t, const json_t *n, const char *where, char **ret_error);
+int tok_hf_bert_normalizer(struct tok *t, const json_t *n, const char *where, char **ret_error);
+int tok_hf_bert_pre_tokenizer(struct tok *t, const json_t *p, const char *where, char **ret_error);

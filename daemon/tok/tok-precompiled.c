@@ -139,7 +139,7 @@ static int pc_put(const struct tok_precompiled *p, int64_t v, struct tok_buf *ou
 	 * UTF-8 (the strings are UTF-8 as a whole, NUL ends a character). */
 	if (v < 0 || (size_t) v > p->n_strings || (p->strings[v] & 0xc0) == 0x80)
 		return 1;
-	return tok_buf_put(out, p->strings + v, strlen(p->strings + v));
+	return tok_buf_append(out, p->strings + v, strlen(p->strings + v));
 }
 
 /* One cluster (or one character) g[0..n): per HF's Precompiled. */
@@ -159,7 +159,7 @@ static int pc_cluster(const struct tok_precompiled *p, const uint8_t *g, size_t 
 		int64_t v = pc_first_prefix(p, g + i, k);
 		r = v >= 0 ? pc_put(p, v, out) : 1;
 		if (r > 0)
-			r = tok_buf_put(out, g + i, k);
+			r = tok_buf_append(out, g + i, k);
 		if (r < 0)
 			return r;
 		i += k;
@@ -185,7 +185,7 @@ int tok_precompiled_apply(const struct tok_precompiled *p, const uint8_t *s, siz
 					return r;
 				out->p[out->n++] = s[0];
 			} else {
-				r = tok_buf_put(out, p->strings + v, strlen(p->strings + v));
+				r = tok_buf_append(out, p->strings + v, strlen(p->strings + v));
 				if (r < 0)
 					return r;
 			}

@@ -51,13 +51,6 @@ struct tok_unigram {
 	uint32_t root[256];
 };
 
-struct tok_unigram_scratch {
-	double *best;
-	uint32_t *start, *id;
-	uint32_t *seg_end, *seg_id;
-	size_t cap;
-};
-
 int tok_unigram_new(size_t n_pieces, struct tok_unigram **ret) {
 	struct tok_unigram *u = calloc(1, sizeof(*u));
 
@@ -226,80 +219,39 @@ int64_t tok_unigram_find(const struct tok_unigram *u, const uint8_t *s, size_t n
 	return tok_strmap_find(&u->map, s, n);
 }
 
-struct tok_unigram_scratch *tok_unigram_scratch_free(struct tok_unigram_scratch *s) {
-	if (!s)
-		return NULL;
-	free(s->best);
-	free(s->start);
-	free(s->id);
-	free(s->seg_end);
-	free(s->seg_id);
-	free(s);
-	return NULL;
-}
-
-static int scratch_reserve(struct tok_unigram_scratch **ps, size_t n) {
-	struct tok_unigram_scratch *s = *ps;
-
-	if (!s) {
-		s = calloc(1, sizeof(*s));
-		if (!s)
-			return -ENOMEM;
-		*ps = s;
-	}
-	if (n + 1 > s->cap) {
-		size_t cap = n + 1 < 256 ? 256 : (n + 1) * 2;
-		double *b = realloc(s->best, cap * sizeof(*b));
-		if (b)
-			s->best = b;
-		uint32_t *st = realloc(s->start, cap * sizeof(*st));
-		if (st)
-			s->start = st;
-		uint32_t *id = realloc(s->id, cap * sizeof(*id));
-		if (id)
-			s->id = id;
-		uint32_t *se = realloc(s->seg_end, cap * sizeof(*se));
-		if (se)
-			s->seg_end = se;
-		uint32_t *si = realloc(s->seg_id, cap * sizeof(*si));
-		if (si)
-			s->seg_id = si;
-		if (!b || !st || !id || !se || !si)
-			return -ENOMEM;
-		s->cap = cap;
-	}
-	return 0;
+size_t tok_unigram_scratch_size(size_t n) {
+	/* best (double), then start, id, seg_end, seg_id (u32), n + 1 each */
+	return (n + 1) * (sizeof(double) + 4 * sizeof(uint32_t));
 }
 
 /* The ids of a string the Viterbi path made of fused unknowns. */
-static int unk_ids(const struct tok_unigram *u, const uint8_t *s, size_t n, struct tok_u32s *out) {
+static size_t unk_ids(const struct tok_unigram *u, const uint8_t *s, size_t n, uint32_t *out) {
 	int64_t id = tok_strmap_find(&u->map, s, n);
-	int r;
 
-	if (id >= 0)
-		return tok_u32s_push(out, (uint32_t) id);
+	if (id >= 0) {
+		out[0] = (uint32_t) id;
+		return 1;
+	}
 	if (u->byte_fallback) {
 		bool all = true;
 		for (size_t i = 0; i < n && all; i++)
 			all = u->byte_ids[s[i]] >= 0;
 		if (all) {
-			for (size_t i = 0; i < n; i++) {
-				r = tok_u32s_push(out, (uint32_t) u->byte_ids[s[i]]);
-				if (r < 0)
-					return r;
-			}
-			return 0;
+			for (size_t i = 0; i < n; i++)
+				out[i] = (uint32_t) u->byte_ids[s[i]];
+			return n;
 		}
 	}
-	return tok_u32s_push(out, (uint32_t) u->unk_id);
+	out[0] = (uint32_t) u->unk_id;
+	return 1;
 }
 
-static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, const uint8_t *s, size_t n,
-		   struct tok_u32s *out) {
+size_t tok_unigram_encode(const struct tok_unigram *u, const uint8_t *s, size_t n, uint32_t *out, void *scratch) {
 	const double unk_score = u->min_score - UNK_PENALTY;
-	double *best = sc->best;
-	uint32_t *start = sc->start, *idv = sc->id;
-	int r;
+	double *best = scratch;
+	uint32_t *start = (uint32_t *) (best + n + 1), *idv = start + n + 1;
+	uint32_t *seg_end = idv + n + 1, *seg_id = seg_end + n + 1;
+	size_t m = 0;
 
 	for (size_t i = 0; i <= n; i++) {
 		start[i] = NONE;
@@ -307,7 +259,7 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 	}
 	for (size_t i = 0; i < n;) {
 		const double base = best[i];
-		const size_t mblen = tok_utf8_len(s[i]);
+		const size_t mblen = tok_utf8_len(s[i]) <= n - i ? tok_utf8_len(s[i]) : n - i;
 		bool single = false;
 		uint32_t node = 0;
 
@@ -332,8 +284,6 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 			size_t kp = i + mblen;
 			double cand = unk_score + base;
 			if (start[kp] == NONE || cand > best[kp]) {
-				if (u->unk_id < 0)
-					return -ENOENT;
 				best[kp] = cand;
 				start[kp] = (uint32_t) i;
 				idv[kp] = (uint32_t) u->unk_id;
@@ -344,13 +294,10 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 	/* Walk back, recording the path's pieces last first (a fused run of
 	 * unknowns is one entry, id NONE), then emit them in text order. */
 	size_t end = n, n_seg = 0;
-	uint32_t *seg_end = sc->seg_end, *seg_id = sc->seg_id;
 	while (end > 0) {
 		size_t st = start[end];
-		bool unk = u->unk_id >= 0 && idv[end] == (uint32_t) u->unk_id;
-		if (unk && n_seg > 0 && seg_id[n_seg - 1] == NONE)
-			; /* extends the fused run: its start moves down */
-		else {
+		bool unk = idv[end] == (uint32_t) u->unk_id;
+		if (!(unk && n_seg > 0 && seg_id[n_seg - 1] == NONE)) {
 			seg_end[n_seg] = (uint32_t) end;
 			seg_id[n_seg] = unk ? NONE : idv[end];
 			n_seg++;
@@ -359,21 +306,10 @@ static int viterbi(const struct tok_unigram *u, struct tok_unigram_scratch *sc, 
 	}
 	for (size_t k = n_seg; k-- > 0;) {
 		size_t e = seg_end[k], b = k + 1 < n_seg ? seg_end[k + 1] : 0;
-		r = seg_id[k] == NONE ? unk_ids(u, s + b, e - b, out) : tok_u32s_push(out, seg_id[k]);
-		if (r < 0)
-			return r;
+		if (seg_id[k] == NONE)
+			m += unk_ids(u, s + b, e - b, out + m);
+		else
+			out[m++] = seg_id[k];
 	}
-	return 0;
-}
-
-int tok_unigram_encode(const struct tok_unigram *u, struct tok_unigram_scratch **scratch, const uint8_t *s, size_t n,
-		       struct tok_u32s *out) {
-	int r;
-
-	if (n == 0)
-		return 0;
-	r = scratch_reserve(scratch, n);
-	if (r < 0)
-		return r;
-	return viterbi(u, *scratch, s, n, out);
+	return m;
 }

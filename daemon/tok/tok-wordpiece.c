@@ -95,24 +95,19 @@ int64_t tok_wordpiece_find(const struct tok_wordpiece *w, const uint8_t *s, size
 	return tok_strmap_find(&w->map, s, n);
 }
 
-int tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t n, struct tok_u32s *out) {
-	const size_t first = out->n, max_len = w->map.max_len;
-	uint8_t stack_buf[256], *buf = stack_buf;
-	_tok_cleanup_free_ uint8_t *heap_buf = NULL;
-	size_t chars = 0;
-	int r;
+size_t tok_wordpiece_scratch_size(const struct tok_wordpiece *w) {
+	return w->map.max_len + 1;
+}
 
-	/* A key is never longer than max_len (prefix included). */
-	if (max_len > sizeof(stack_buf)) {
-		heap_buf = buf = malloc(max_len);
-		if (!buf)
-			return -ENOMEM;
-	}
+size_t tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t n, uint32_t *out, void *scratch) {
+	const size_t max_len = w->map.max_len;
+	uint8_t *buf = scratch;   /* prefix + candidate: at most max_len bytes */
+	size_t chars = 0, m = 0;
 
 	for (size_t i = 0; i < n; i++)
 		chars += (s[i] & 0xc0) != 0x80;
 	if (chars > w->max_chars)
-		return tok_u32s_push(out, w->unk);
+		goto unk;
 	for (size_t start = 0; start < n;) {
 		const size_t pre = start > 0 ? w->prefix_len : 0;
 		int64_t id = -1;
@@ -121,9 +116,6 @@ int tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t
 		if (pre >= max_len)
 			goto unk;
 		end = n - start + pre > max_len ? start + max_len - pre : n;
-		/* Back to a character boundary. */
-		while (end > start && end < n && (s[end] & 0xc0) == 0x80)
-			end--;
 		for (; end > start; end--) {
 			if (end < n && (s[end] & 0xc0) == 0x80)
 				continue;
@@ -139,13 +131,11 @@ int tok_wordpiece_encode(const struct tok_wordpiece *w, const uint8_t *s, size_t
 		}
 		if (id < 0)
 			goto unk;
-		r = tok_u32s_push(out, (uint32_t) id);
-		if (r < 0)
-			return r;
+		out[m++] = (uint32_t) id;
 		start = end;
 	}
-	return 0;
+	return m;
 unk:
-	out->n = first;
-	return tok_u32s_push(out, w->unk);
+	out[0] = w->unk;
+	return 1;
 }
