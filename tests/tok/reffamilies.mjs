@@ -117,6 +117,10 @@ const FAMILIES = {
   // cl100k_base's pattern in HF form (tests/tok/mkdata.mjs), for the
   // Unicode 15/16 corpus.
   cl100k: () => JSON.parse(fs.readFileSync(path.join(dir, 'hf/cl100k.json'), 'utf8')),
+  // Unigram (T5, XLM-R shapes over ALBERT's SentencePiece model, and byte
+  // fallback) and WordPiece (BERT), built by tests/tok/mkmodels.mjs.
+  ...Object.fromEntries(['t5-albert', 'xlmr-albert', 'unigram-bytefb', 'bert-uncased', 'bert-cased'].map((n) =>
+    [n, () => JSON.parse(fs.readFileSync(path.join(dir, `hf/${n}.json`), 'utf8'))])),
 };
 
 // tiktoken (npm) with the rank-file presets: "rank-PRESET".
