@@ -32,7 +32,12 @@ struct tok_node {
 	uint32_t first;         /* index of the first child */
 	uint32_t term;          /* piece id ending here, or NONE */
 	uint16_t n_children;
+	uint32_t dense;         /* many children: their table in dense[], + 1; else 0 */
 };
+
+/* A node with more children than this gets a 256-entry table (the few
+ * nodes after "▁" and common first bytes, where a scan would be long). */
+#define DENSE_MIN 8
 
 struct tok_unigram {
 	struct tok_strmap map;  /* piece -> id */
@@ -49,6 +54,8 @@ struct tok_unigram {
 	uint8_t *labels;        /* byte leading to each node */
 	size_t n_nodes;
 	uint32_t root[256];
+	uint32_t *dense;        /* 256 child indices (0 = none) per dense node */
+	size_t n_dense;
 };
 
 int tok_unigram_new(size_t n_pieces, struct tok_unigram **ret) {
@@ -75,6 +82,7 @@ struct tok_unigram *tok_unigram_free(struct tok_unigram *u) {
 	free(u->scores);
 	free(u->nodes);
 	free(u->labels);
+	free(u->dense);
 	free(u);
 	return NULL;
 }
@@ -104,6 +112,8 @@ static inline uint32_t trie_child(const struct tok_unigram *u, uint32_t node, ui
 	if (node == 0)
 		return u->root[b];
 	const struct tok_node *nd = &u->nodes[node];
+	if (nd->dense)
+		return u->dense[(size_t) (nd->dense - 1) * 256 + b];
 	for (uint32_t k = nd->first, e = nd->first + nd->n_children; k < e; k++)
 		if (u->labels[k] == b)
 			return k;
@@ -178,6 +188,20 @@ static int trie_build(struct tok_unigram *u) {
 			queue[tail++] = (struct range) { lo, hi, r.depth + 1, child };
 			lo = hi;
 		}
+	}
+	for (size_t i = 1; i < u->n_nodes; i++)
+		if (u->nodes[i].n_children > DENSE_MIN)
+			u->n_dense++;
+	u->dense = calloc(u->n_dense * 256 + 1, sizeof(*u->dense));
+	if (!u->dense)
+		return -ENOMEM;
+	for (size_t i = 1, k = 0; i < u->n_nodes; i++) {
+		struct tok_node *nd = &u->nodes[i];
+		if (nd->n_children <= DENSE_MIN)
+			continue;
+		for (uint32_t c = nd->first; c < nd->first + nd->n_children; c++)
+			u->dense[k * 256 + u->labels[c]] = c;
+		nd->dense = (uint32_t) ++k;
 	}
 	return 0;
 }
