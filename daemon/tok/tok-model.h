@@ -125,10 +125,6 @@ int tok_unigram_add(struct tok_unigram *u, const char *piece, size_t len, double
 /* After the last add: builds the trie and the byte-fallback table.
  * unk_id < 0: none.  Returns 0, -ENOMEM, -EINVAL (unk_id out of range). */
 int tok_unigram_finish(struct tok_unigram *u, int64_t unk_id, bool byte_fallback);
-size_t tok_unigram_size(const struct tok_unigram *u);
-/* The piece of id, or NULL. */
-const char *tok_unigram_piece(const struct tok_unigram *u, uint32_t id, size_t *ret_len);
-int64_t tok_unigram_find(const struct tok_unigram *u, const uint8_t *s, size_t n);
 /* Scratch bytes tok_unigram_encode() needs for a piece of n bytes. */
 size_t tok_unigram_scratch_size(size_t n);
 /* Writes the ids of one pre-token s[0..n) to out (room for n: every id
@@ -146,9 +142,6 @@ struct tok_wordpiece *tok_wordpiece_free(struct tok_wordpiece *w);
 int tok_wordpiece_add(struct tok_wordpiece *w, const char *token, size_t len, uint32_t id);
 /* After the last add; unk must be in the vocabulary (-ENOENT if not). */
 int tok_wordpiece_finish(struct tok_wordpiece *w, const char *unk);
-size_t tok_wordpiece_size(const struct tok_wordpiece *w);
-const char *tok_wordpiece_token(const struct tok_wordpiece *w, uint32_t id, size_t *ret_len);
-int64_t tok_wordpiece_find(const struct tok_wordpiece *w, const uint8_t *s, size_t n);
 /* Scratch bytes tok_wordpiece_encode() needs (whatever the word). */
 size_t tok_wordpiece_scratch_size(const struct tok_wordpiece *w);
 /* Writes the ids of one word s[0..n) to out (room for n) and returns how

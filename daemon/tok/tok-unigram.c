@@ -227,22 +227,6 @@ int tok_unigram_finish(struct tok_unigram *u, int64_t unk_id, bool byte_fallback
 	return 0;
 }
 
-size_t tok_unigram_size(const struct tok_unigram *u) {
-	return u->n;
-}
-
-const char *tok_unigram_piece(const struct tok_unigram *u, uint32_t id, size_t *ret_len) {
-	if (id >= u->n)
-		return NULL;
-	/* Entries are in id order. */
-	*ret_len = u->map.ents[id].len;
-	return u->map.bytes + u->map.ents[id].off;
-}
-
-int64_t tok_unigram_find(const struct tok_unigram *u, const uint8_t *s, size_t n) {
-	return tok_strmap_find(&u->map, s, n);
-}
-
 size_t tok_unigram_scratch_size(size_t n) {
 	/* best (double), then start, id, seg_end, seg_id (u32), n + 1 each */
 	return (n + 1) * (sizeof(double) + 4 * sizeof(uint32_t));

@@ -22,8 +22,6 @@ struct tok_wordpiece {
 	size_t prefix_len;
 	size_t max_chars;
 	uint32_t unk;
-	uint32_t n_ids;         /* largest id + 1 */
-	uint32_t *by_id;        /* entry index by id, UINT32_MAX = unused */
 };
 
 int tok_wordpiece_new(const char *prefix, size_t max_chars, struct tok_wordpiece **ret) {
@@ -47,7 +45,6 @@ struct tok_wordpiece *tok_wordpiece_free(struct tok_wordpiece *w) {
 		return NULL;
 	tok_strmap_clear(&w->map);
 	free(w->prefix);
-	free(w->by_id);
 	free(w);
 	return NULL;
 }
@@ -55,8 +52,6 @@ struct tok_wordpiece *tok_wordpiece_free(struct tok_wordpiece *w) {
 int tok_wordpiece_add(struct tok_wordpiece *w, const char *token, size_t len, uint32_t id) {
 	if (id >= INT32_MAX)
 		return -E2BIG;
-	if (id + 1 > w->n_ids)
-		w->n_ids = id + 1;
 	return tok_strmap_add(&w->map, token, len, id);
 }
 
@@ -71,28 +66,7 @@ int tok_wordpiece_finish(struct tok_wordpiece *w, const char *unk) {
 	if (id < 0)
 		return -ENOENT;
 	w->unk = (uint32_t) id;
-	w->by_id = malloc((w->n_ids + 1) * sizeof(*w->by_id));
-	if (!w->by_id)
-		return -ENOMEM;
-	memset(w->by_id, 0xff, (w->n_ids + 1) * sizeof(*w->by_id));
-	for (size_t i = 0; i < w->map.n_ents; i++)
-		w->by_id[w->map.ents[i].id] = (uint32_t) i;
 	return 0;
-}
-
-size_t tok_wordpiece_size(const struct tok_wordpiece *w) {
-	return w->n_ids;
-}
-
-const char *tok_wordpiece_token(const struct tok_wordpiece *w, uint32_t id, size_t *ret_len) {
-	if (id >= w->n_ids || w->by_id[id] == UINT32_MAX)
-		return NULL;
-	*ret_len = w->map.ents[w->by_id[id]].len;
-	return w->map.bytes + w->map.ents[w->by_id[id]].off;
-}
-
-int64_t tok_wordpiece_find(const struct tok_wordpiece *w, const uint8_t *s, size_t n) {
-	return tok_strmap_find(&w->map, s, n);
 }
 
 size_t tok_wordpiece_scratch_size(const struct tok_wordpiece *w) {
