@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
 		{ "repeat", required_argument, NULL, 'r' },
 		{ NULL, 0, NULL, 0 },
 	};
-	static const char *const all[] = { "t5-albert", "xlmr-albert", "unigram-bytefb", "bert-uncased", "bert-cased" };
+	static const char *const all[] = { "t5-albert", "xlmr-albert", "unigram-bytefb", "albert", "bert-uncased", "bert-cased" };
 	bool peers = true;
 	int repeat = 3, c, rc = 0;
 

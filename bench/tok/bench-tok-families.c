@@ -18,7 +18,7 @@
 
 static const char *const default_names[] = { "gpt2", "llama3", "llama3_1", "qwen2_5", "qwen3", "mistral_nemo",
 					      "deepseek_v3", "gpt4o", "llama2", "gemma", "gemma2", "neox", "smollm",
-					      "t5-albert", "xlmr-albert", "unigram-bytefb", "bert-uncased", "bert-cased",
+					      "t5-albert", "xlmr-albert", "unigram-bytefb", "albert", "bert-uncased", "bert-cased",
 					      NULL };
 
 static double now(void) {

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: MIT
 //
 // Generates daemon/tok/tok-bert-tables.h: the character classes HF
-// tokenizers' BertNormalizer and BertPreTokenizer use, read off the reference
-// encoder itself (npm tokenizers@0.23.2) one code point at a time.
+// tokenizers' BertNormalizer, BertPreTokenizer and StripAccents use, read off
+// the reference encoder itself (npm tokenizers@0.23.2) one code point at a
+// time.
 //
 // Why not from the UCD: HF takes "is control" (Cc/Cf/Cn/Co), "is
 // punctuation" (P*) and "is non-spacing mark" (Mn) from the Rust crate
 // unicode_categories 0.1.1, whose tables are of an old Unicode version: a
 // character assigned since then is "unassigned" (Cn) to it, so clean_text
 // deletes it (many emoji, for instance), and no later punctuation or mark is
-// one to it.  Lowercasing is Rust's char::to_lowercase (a newer Unicode).
+// one to it.  StripAccents drops unicode-normalization's "combining marks"
+// (M*, of that crate's Unicode).  Lowercasing is Rust's char::to_lowercase
+// (a newer Unicode).
 // Asking the reference reproduces all of that exactly; the test
 // tok-hf-bert-* then checks the tables against it on real text.
 //
@@ -25,8 +28,9 @@ const clean = tk.bertNormalizer({ cleanText: true, handleChineseChars: false, st
 const strip = tk.bertNormalizer({ cleanText: false, handleChineseChars: false, stripAccents: true, lowercase: false });
 const lower = tk.lowercase();
 const pre = tk.bertPreTokenizer();
+const stripMarks = tk.stripAccentsNormalizer();
 
-const other = [], space = [], punct = [], mn = [], lowerMap = [];
+const other = [], space = [], punct = [], mn = [], marks = [], lowerMap = [];
 for (let cp = 0; cp <= 0x10ffff; cp++) {
   if (cp >= 0xd800 && cp <= 0xdfff) continue;
   const s = String.fromCodePoint(cp);
@@ -36,6 +40,7 @@ for (let cp = 0; cp <= 0x10ffff; cp++) {
   const p = pre.preTokenizeString('a' + s + 'a');
   if (p.length === 3 && p[1][0] === s) punct.push(cp);
   if (s.normalize('NFD') === s && strip.normalizeString(s) === '') mn.push(cp);
+  if (stripMarks.normalizeString(s) === '') marks.push(cp);
   const l = lower.normalizeString(s);
   if (l !== s) lowerMap.push([cp, Array.from(l, (x) => x.codePointAt(0))]);
 }
@@ -65,6 +70,7 @@ emitRanges('tok_bert_other', other);
 emitRanges('tok_bert_space', space);
 emitRanges('tok_bert_punct', punct);
 emitRanges('tok_bert_mn', mn);
+emitRanges('tok_strip_marks', marks);
 console.log(`static const struct tok_lower tok_bert_lower[${lowerMap.length}] = {`);
 for (const [cp, l] of lowerMap) {
   if (l.length > 3) throw new Error(`lowercase of ${cp} has ${l.length} characters`);

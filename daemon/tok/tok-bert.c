@@ -13,6 +13,8 @@
  *                         (no final-sigma rule).
  * BertPreTokenizer: split on white space (removed), then isolate each
  * punctuation character (ASCII punctuation or Unicode P*).
+ * StripAccents (ALBERT's normalizer): drop every combining mark (M*, as
+ * HF's unicode-normalization crate has them).
  *
  * The character classes are generated from the reference itself
  * (gen-bert-tables.mjs -> tok-bert-tables.h).  NFD is libunistring's
@@ -199,7 +201,7 @@ int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n
 	for (size_t i = 0; r == 0 && i < tmp.n;) {
 		uint32_t c;
 		size_t k = tmp.p[i] < 0x80 ? (c = tmp.p[i], 1) : tok_utf8_dec(tmp.p + i, &c);
-		if (c < 0x80 || is_nfd_inert(c)) {
+		if (c < 0x80 || is_nfd_inert(c) || tok_nf_hf_keeps(1, c)) {
 			if (i > run)
 				r = strip_run(tmp.p + run, i - run, b->lowercase, out);
 			if (r == 0)
@@ -211,6 +213,19 @@ int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n
 	if (r == 0 && tmp.n > run)
 		r = strip_run(tmp.p + run, tmp.n - run, b->lowercase, out);
 	free(tmp.p);
+	return r;
+}
+
+int tok_strip_accents(const uint8_t *s, size_t n, struct tok_buf *out) {
+	int r = tok_buf_reserve(out, n);
+
+	for (size_t i = 0; r == 0 && i < n;) {
+		uint32_t c;
+		size_t k = tok_utf8_dec(s + i, &c);
+		if (c < 0x300 || !tok_range_has(tok_strip_marks, TOK_ELEMENTSOF(tok_strip_marks), c))
+			r = tok_buf_append(out, s + i, k);
+		i += k;
+	}
 	return r;
 }
 

@@ -4,7 +4,7 @@
  * the general pipeline (tok-pipe.h, tok-hf.h):
  *
  *   model          Unigram (tok-unigram.c), WordPiece (tok-wordpiece.c)
- *   normalizer     Precompiled (tok-precompiled.c), BertNormalizer
+ *   normalizer     Precompiled (tok-precompiled.c), BertNormalizer, StripAccents
  *   pre_tokenizer  BertPreTokenizer (tok-bert.c)
  *
  * Each parser checks every field and refuses, naming it, what it does not
@@ -280,6 +280,28 @@ int tok_hf_bert_normalizer(struct tok *t, const json_t *n, const char *where, ch
 	nm->apply = bert_apply;
 	nm->done = bert_done;
 	nm->data = b;
+	return 0;
+}
+
+static int strip_accents_apply(const struct tok_norm *nm, struct tok_state *st, const uint8_t *in, size_t n,
+			       struct tok_buf *out) {
+	(void) nm;
+	(void) st;
+	return tok_strip_accents(in, n, out);
+}
+
+int tok_hf_strip_accents(struct tok *t, const json_t *n, const char *where, char **ret_error) {
+	static const char *const known[] = { "type", NULL };
+	struct tok_norm *nm;
+	int r;
+
+	r = tok_check_keys(t, n, known, where, ret_error);
+	if (r < 0)
+		return r;
+	nm = tok_norm_add(t);
+	if (!nm)
+		return tok_errorf(ret_error, -EOPNOTSUPP, "%s: %s: too many normalizers", t->name, where);
+	nm->apply = strip_accents_apply;
 	return 0;
 }
 

@@ -151,6 +151,7 @@ static const struct tok_hf_parser tok_hf_normalizers[] = {
 	{ "Sequence", tok_hf_norm_sequence },
 	{ "Precompiled", tok_hf_precompiled },          /* tok-hf-model.c */
 	{ "BertNormalizer", tok_hf_bert_normalizer },
+	{ "StripAccents", tok_hf_strip_accents },
 };
 
 static int tok_hf_dispatch(struct tok *t, const struct tok_hf_parser *tab, size_t n_tab, const json_t *o,

@@ -589,7 +589,7 @@ static int tok_hf_build(struct tok *t, const json_t *root, char **ret_error) {
 		if (r == 0)
 			r = tok_hf_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), ret_error);
 	} else {
-		bool byte_level;
+		bool byte_level = false; /* read even when the normalizer fails */
 		r = tok_hf_pipe_normalizer(t, json_object_get(root, "normalizer"), ret_error);
 		if (r == 0)
 			r = tok_hf_pipe_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), &byte_level, ret_error);

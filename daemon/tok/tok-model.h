@@ -110,6 +110,9 @@ struct tok_bert_norm {
 /* Appends BertNormalizer's output for valid UTF-8 s[0..n) to out. */
 int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n, struct tok_buf *out);
 
+/* StripAccents: appends s[0..n) without its combining marks to out. */
+int tok_strip_accents(const uint8_t *s, size_t n, struct tok_buf *out);
+
 /* BertPreTokenizer: calls piece() for each word and punctuation character. */
 typedef int (*tok_piece_fn)(void *userdata, const uint8_t *s, size_t n);
 int tok_bert_pretokenize(const uint8_t *s, size_t n, tok_piece_fn piece, void *userdata);
@@ -155,4 +158,5 @@ int tok_hf_unigram(struct tok *t, const json_t *model, const char *where, char *
 int tok_hf_wordpiece(struct tok *t, const json_t *model, const char *where, char **ret_error);
 int tok_hf_precompiled(struct tok *t, const json_t *n, const char *where, char **ret_error);
 int tok_hf_bert_normalizer(struct tok *t, const json_t *n, const char *where, char **ret_error);
+int tok_hf_strip_accents(struct tok *t, const json_t *n, const char *where, char **ret_error);
 int tok_hf_bert_pre_tokenizer(struct tok *t, const json_t *p, const char *where, char **ret_error);

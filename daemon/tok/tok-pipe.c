@@ -35,9 +35,25 @@ int tok_buf_append(struct tok_buf *b, const void *s, size_t n) {
 
 /* ---- normalizers ---- */
 
+/* Appends the normal form of in[0..n) to out. */
+static int nf_append(uninorm_t form, const uint8_t *in, size_t n, struct tok_buf *out) {
+	size_t len = 0;
+	uint8_t *o;
+	int r;
+
+	if (n == 0)
+		return 0;
+	o = u8_normalize(form, in, n, NULL, &len);
+	if (!o)
+		return -errno;
+	r = tok_buf_append(out, o, len);
+	free(o);
+	return r;
+}
+
 int tok_norm_nf(const struct tok_norm *nm, struct tok_state *st, const uint8_t *in, size_t n, struct tok_buf *out) {
 	uninorm_t forms[4] = { UNINORM_NFC, UNINORM_NFD, UNINORM_NFKC, UNINORM_NFKD };
-	size_t len;
+	size_t len, seg = 0;
 	uint8_t *o;
 	int r;
 
@@ -48,6 +64,25 @@ int tok_norm_nf(const struct tok_norm *nm, struct tok_state *st, const uint8_t *
 		i++;
 	if (i == n)
 		return tok_buf_append(out, in, n);
+	/* Characters HF's older normalization data do not know stay as they
+	 * are (tok-nf.c); the text between them is normalized piece by piece
+	 * (they are starters to HF, so nothing reorders or composes across
+	 * them). */
+	for (size_t k = i; k < n;) {
+		uint32_t c;
+		size_t l = tok_utf8_next(in + k, n - k, &c);
+		if (c >= 0x3000 && tok_nf_hf_keeps(nm->form, c)) {
+			r = nf_append(forms[nm->form], in + seg, k - seg, out);
+			if (r == 0)
+				r = tok_buf_append(out, in + k, l);
+			if (r < 0)
+				return r;
+			seg = k + l;
+		}
+		k += l;
+	}
+	if (seg > 0)
+		return nf_append(forms[nm->form], in + seg, n - seg, out);
 	r = tok_buf_reserve(out, n + 16);
 	if (r < 0)
 		return r;

