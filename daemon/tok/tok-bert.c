@@ -25,8 +25,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unictype.h>
-#include <uninorm.h>
 
 #include "tok-model.h"
 #include "tok-unicode.h"
@@ -137,26 +135,6 @@ static int bert_pass1(const struct tok_bert_norm *b, const uint8_t *s, size_t n,
 	return 0;
 }
 
-/* BMP characters NFD leaves alone and that block canonical reordering:
- * no canonical decomposition and combining class 0.  Text between them
- * is normalized piece by piece, and most text never reaches libunistring
- * (measured: NFD of whole texts was a fifth of BERT's time). */
-static uint8_t nfd_inert[0x10000 / 8];
-static pthread_once_t nfd_once = PTHREAD_ONCE_INIT;
-
-static void nfd_inert_init(void) {
-	for (uint32_t c = 0; c < 0x10000; c++) {
-		ucs4_t d[UC_DECOMPOSITION_MAX_LENGTH];
-		if ((c >= 0xd800 && c <= 0xdfff) || uc_combining_class(c) != 0 || uc_canonical_decomposition(c, d) >= 0)
-			continue;
-		nfd_inert[c >> 3] |= (uint8_t) (1u << (c & 7));
-	}
-}
-
-static inline bool is_nfd_inert(uint32_t c) {
-	return c < 0x10000 && (nfd_inert[c >> 3] >> (c & 7) & 1);
-}
-
 /* Drops Mn (HF's old table) and lowercases if asked. */
 static int strip_put(struct tok_buf *out, uint32_t c, bool lowercase) {
 	if (c >= 0x300 && tok_range_has(tok_bert_mn, TOK_ELEMENTSOF(tok_bert_mn), c))
@@ -166,18 +144,15 @@ static int strip_put(struct tok_buf *out, uint32_t c, bool lowercase) {
 
 /* NFD of s[0..n) (no inert character inside), then strip_put(). */
 static int strip_run(const uint8_t *s, size_t n, bool lowercase, struct tok_buf *out) {
-	size_t len = 0;
-	uint8_t *nfd = u8_normalize(UNINORM_NFD, s, n, NULL, &len);
-	int r = 0;
+	struct tok_buf nfd = { 0 };
+	int r = tok_nf_decompose(false, s, n, &nfd);
 
-	if (!nfd)
-		return -errno;
-	for (size_t i = 0; r == 0 && i < len;) {
+	for (size_t i = 0; r == 0 && i < nfd.n;) {
 		uint32_t c;
-		i += tok_utf8_dec(nfd + i, &c);
+		i += tok_utf8_dec(nfd.p + i, &c);
 		r = strip_put(out, c, lowercase);
 	}
-	free(nfd);
+	free(nfd.p);
 	return r;
 }
 
@@ -191,7 +166,6 @@ int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n
 		ascii = s[i] < 0x80;
 	if (!b->strip_accents || ascii)
 		return bert_pass1(b, s, n, b->lowercase, out);
-	pthread_once(&nfd_once, nfd_inert_init);
 	r = bert_pass1(b, s, n, false, &tmp);
 	if (r == 0)
 		r = tok_buf_reserve(out, tmp.n);
@@ -201,7 +175,7 @@ int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n
 	for (size_t i = 0; r == 0 && i < tmp.n;) {
 		uint32_t c;
 		size_t k = tmp.p[i] < 0x80 ? (c = tmp.p[i], 1) : tok_utf8_dec(tmp.p + i, &c);
-		if (c < 0x80 || is_nfd_inert(c) || tok_nf_hf_keeps(1, c)) {
+		if (c < 0x80 || tok_nf_inert(false, c) || tok_nf_hf_keeps(1, c)) {
 			if (i > run)
 				r = strip_run(tmp.p + run, i - run, b->lowercase, out);
 			if (r == 0)
@@ -216,16 +190,44 @@ int tok_bert_normalize(const struct tok_bert_norm *b, const uint8_t *s, size_t n
 	return r;
 }
 
+/* tok_strip_marks as a BMP bitmap: one lookup per character of text. */
+static uint8_t bmp_marks[0x10000 / 8];
+static pthread_once_t bmp_marks_once = PTHREAD_ONCE_INIT;
+
+static void bmp_marks_init(void) {
+	for (size_t i = 0; i < TOK_ELEMENTSOF(tok_strip_marks); i++)
+		for (uint32_t c = tok_strip_marks[i].lo; c <= tok_strip_marks[i].hi && c < 0x10000; c++)
+			bmp_marks[c >> 3] |= (uint8_t) (1u << (c & 7));
+}
+
+static inline bool is_mark(uint32_t c) {
+	if (c < 0x10000)
+		return bmp_marks[c >> 3] >> (c & 7) & 1;
+	return tok_range_has(tok_strip_marks, TOK_ELEMENTSOF(tok_strip_marks), c);
+}
+
 int tok_strip_accents(const uint8_t *s, size_t n, struct tok_buf *out) {
+	size_t keep = 0; /* start of the text to copy */
 	int r = tok_buf_reserve(out, n);
+
+	pthread_once(&bmp_marks_once, bmp_marks_init);
 
 	for (size_t i = 0; r == 0 && i < n;) {
 		uint32_t c;
+		/* No mark below U+0300 (lead byte 0xcc). */
+		if (s[i] < 0xcc) {
+			i += tok_utf8_len(s[i]);
+			continue;
+		}
 		size_t k = tok_utf8_dec(s + i, &c);
-		if (c < 0x300 || !tok_range_has(tok_strip_marks, TOK_ELEMENTSOF(tok_strip_marks), c))
-			r = tok_buf_append(out, s + i, k);
+		if (is_mark(c)) {
+			r = tok_buf_append(out, s + keep, i - keep);
+			keep = i + k;
+		}
 		i += k;
 	}
+	if (r == 0)
+		r = tok_buf_append(out, s + keep, n - keep);
 	return r;
 }
 

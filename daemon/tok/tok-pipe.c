@@ -64,6 +64,8 @@ int tok_norm_nf(const struct tok_norm *nm, struct tok_state *st, const uint8_t *
 		i++;
 	if (i == n)
 		return tok_buf_append(out, in, n);
+	if (nm->form == 1 || nm->form == 3)
+		return tok_nf_decompose(nm->form == 3, in, n, out);
 	/* Characters HF's older normalization data do not know stay as they
 	 * are (tok-nf.c); the text between them is normalized piece by piece
 	 * (they are starters to HF, so nothing reorders or composes across

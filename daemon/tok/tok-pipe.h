@@ -63,6 +63,10 @@ struct tok_norm {
 /* Does HF's normalization (data older than Unicode 12.1) leave cp alone
  * in form 0 NFC, 1 NFD, 2 NFKC, 3 NFKD, where Unicode changes it?  (tok-nf.c) */
 bool tok_nf_hf_keeps(int form, uint32_t cp);
+/* NFD (compat false) or NFKD of in[0..n), as HF, appended to out. */
+int tok_nf_decompose(bool compat, const uint8_t *in, size_t n, struct tok_buf *out);
+/* No decomposition of that kind and combining class 0 (BMP only). */
+bool tok_nf_inert(bool compat, uint32_t cp);
 
 int tok_norm_nf(const struct tok_norm *nm, struct tok_state *st, const uint8_t *in, size_t n, struct tok_buf *out);
 int tok_norm_lowercase(const struct tok_norm *nm, struct tok_state *st, const uint8_t *in, size_t n,
