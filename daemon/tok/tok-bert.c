@@ -214,7 +214,12 @@ int tok_strip_accents(const uint8_t *s, size_t n, struct tok_buf *out) {
 
 	for (size_t i = 0; r == 0 && i < n;) {
 		uint32_t c;
-		/* No mark below U+0300 (lead byte 0xcc). */
+		uint64_t w;
+		/* ASCII 8 bytes at a time; no mark below U+0300 (lead 0xcc). */
+		if (i + 8 <= n && (memcpy(&w, s + i, 8), (w & 0x8080808080808080ull) == 0)) {
+			i += 8;
+			continue;
+		}
 		if (s[i] < 0xcc) {
 			i += tok_utf8_len(s[i]);
 			continue;

@@ -176,19 +176,24 @@ int tok_precompiled_apply(const struct tok_precompiled *p, const uint8_t *s, siz
 		return r;
 	while (s < end) {
 		/* ASCII followed by ASCII other than LF (CR LF is one cluster)
-		 * is a cluster of one character. */
+		 * is a cluster of one character; a run of unmapped ones is
+		 * copied at once. */
+		const uint8_t *a = s;
+		while (a < end && a[0] < 0x80 && p->ascii[a[0]] < 0 &&
+		       (a + 1 == end || (a[1] < 0x80 && !(a[0] == '\r' && a[1] == '\n'))))
+			a++;
+		if (a > s) {
+			r = tok_buf_append(out, s, (size_t) (a - s));
+			if (r < 0)
+				return r;
+			s = a;
+			continue;
+		}
 		if (s[0] < 0x80 && (s + 1 == end || (s[1] < 0x80 && !(s[0] == '\r' && s[1] == '\n')))) {
 			int32_t v = p->ascii[s[0]];
-			if (v < 0) {
-				r = tok_buf_reserve(out, 1);
-				if (r < 0)
-					return r;
-				out->p[out->n++] = s[0];
-			} else {
-				r = tok_buf_append(out, p->strings + v, strlen(p->strings + v));
-				if (r < 0)
-					return r;
-			}
+			r = tok_buf_append(out, p->strings + v, strlen(p->strings + v));
+			if (r < 0)
+				return r;
 			s++;
 			continue;
 		}
