@@ -97,6 +97,7 @@ struct tok {
 	size_t n_ents, cap_ents;
 	size_t n_bytes, cap_bytes;
 	uint32_t n_ids;         /* ordinary ids are < n_ids */
+	uint32_t max_len;       /* longest ordinary token, bytes */
 	uint8_t *bytes;
 	uint32_t *off;          /* n_ids + 1 entries */
 	struct tok_slot *slots; /* bytes -> id */

@@ -282,13 +282,17 @@ int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	const struct tok_cache_slot *c;
 	const struct tok_slot *sl;
 	struct tok_hot_slot *hs = NULL;
-	uint64_t h, k0 = 0, k1 = 0;
+	uint64_t h = 0, k0 = 0, k1 = 0;
 	size_t m;
 
 	if (n == 1 && !t->model) {
 		tok_emit(st, t->byte_id[s[0]]);
 		return 0;
 	}
+	/* A piece longer than any token and than cache keys: straight to
+	 * the model, without hashing it. */
+	if (n > TOK_CACHE_MAX_KEY && n > t->max_len)
+		goto model;
 	h = tok_hash_bytes(s, n);
 	if (n <= TOK_HOT_MAX_LEN) {
 		k0 = tok_load_head(s, n);
@@ -318,6 +322,7 @@ int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 		}
 		return 0;
 	}
+model:
 	if (n > st->bpe_cap) {
 		size_t cap = n < 256 ? 256 : n + n / 2;
 		uint32_t *o = realloc(st->bpe_out, cap * sizeof(*o));
