@@ -228,6 +228,13 @@ struct tok_state {
 	struct tok_buf pre_buf[TOK_MAX_PRE];
 	struct tok_spans pre_spans[TOK_MAX_PRE];
 
+	/* Unicode 16 for PCRE2 (tok_uni_map()): the text being split by the
+	 * fast path starts at sbase; patterns match at the same offsets of
+	 * mbase (sbase itself, or map_buf with stand-ins). */
+	const uint8_t *sbase, *mbase;
+	struct tok_buf map_buf;
+	struct tok_buf map_piece;       /* general pipeline: one piece or text */
+
 	struct tok_cache_slot *cache;
 	size_t cache_used;
 	uint8_t *cache_keys;

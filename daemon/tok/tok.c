@@ -21,6 +21,7 @@
 #include <uninorm.h>
 
 #include "tok-pipe.h"
+#include "tok-unicode.h"
 
 
 struct tok *tok_free(struct tok *t) {
@@ -392,7 +393,8 @@ static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, 
 				continue;
 			}
 		}
-		r = tok_match(st, t->re[level], s, n, pos, opts);
+		/* The same offsets of the text with Unicode 16 stand-ins. */
+		r = tok_match(st, t->re[level], st->mbase + (s - st->sbase), n, pos, opts);
 		if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
 			break;
 		if (r < 0)
@@ -465,6 +467,10 @@ static size_t tok_window_end(const uint8_t *s, size_t n, size_t want) {
 
 /* Pre-tokenizes the current window, conv[ctx..conv_len), with the first regex. */
 static int tok_split_window(struct tok_state *st, size_t ctx, bool final, size_t *ret_keep) {
+	st->sbase = st->conv;
+	st->mbase = tok_uni_map(&st->map_buf, st->conv, st->conv_len);
+	if (!st->mbase)
+		return -ENOMEM;
 	return tok_split_from(st, 0, st->conv, st->conv_len, ctx, final, ret_keep);
 }
 
@@ -559,8 +565,13 @@ static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t
 	if (n == 0)
 		return 0;
 	/* Text below U+0300 (no byte >= 0xCC) is its own NFC: in place too. */
-	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
+	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n)) {
+		st->sbase = s;
+		st->mbase = tok_uni_map(&st->map_buf, s, n);
+		if (!st->mbase)
+			return -ENOMEM;
 		return tok_split(st, 0, s, n);
+	}
 	return tok_ordinary_windowed(st, s, n, n_replaced);
 }
 
