@@ -97,6 +97,7 @@ struct tok {
 	size_t n_ents, cap_ents;
 	size_t n_bytes, cap_bytes;
 	uint32_t n_ids;         /* ordinary ids are < n_ids */
+	uint32_t max_len;       /* longest ordinary token, bytes */
 	uint8_t *bytes;
 	uint32_t *off;          /* n_ids + 1 entries */
 	struct tok_slot *slots; /* bytes -> id */
@@ -226,6 +227,13 @@ struct tok_state {
 	struct tok_buf norm_buf[2];
 	struct tok_buf pre_buf[TOK_MAX_PRE];
 	struct tok_spans pre_spans[TOK_MAX_PRE];
+
+	/* Unicode 16 for PCRE2 (tok_uni_map()): the text being split by the
+	 * fast path starts at sbase; patterns match at the same offsets of
+	 * mbase (sbase itself, or map_buf with stand-ins). */
+	const uint8_t *sbase, *mbase;
+	struct tok_buf map_buf;
+	struct tok_buf map_piece;       /* general pipeline: one piece or text */
 
 	struct tok_cache_slot *cache;
 	size_t cache_used;

@@ -192,8 +192,11 @@ int tok_norm_replace(const struct tok_norm *nm, struct tok_state *st, const uint
 		}
 		return tok_buf_append(out, in + pos, n - pos);
 	}
+	const uint8_t *m = tok_uni_map(&st->map_piece, in, n);  /* Unicode 16 for PCRE2 */
+	if (!m)
+		return -ENOMEM;
 	for (size_t from = 0; from <= n;) {
-		int k = pcre2_match(nm->re, in, n, from, PCRE2_NO_UTF_CHECK, st->md, st->mctx);
+		int k = pcre2_match(nm->re, m, n, from, PCRE2_NO_UTF_CHECK, st->md, st->mctx);
 		if (k == PCRE2_ERROR_NOMATCH)
 			break;
 		if (k < 0)
@@ -497,6 +500,8 @@ void tok_pipe_state_free(struct tok_state *st) {
 	free(st->text_buf.p);
 	for (int i = 0; i < 2; i++)
 		free(st->norm_buf[i].p);
+	free(st->map_buf.p);
+	free(st->map_piece.p);
 	for (size_t i = 0; i < TOK_MAX_PRE; i++) {
 		free(st->pre_buf[i].p);
 		free(st->pre_spans[i].v);

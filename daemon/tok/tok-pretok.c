@@ -176,11 +176,14 @@ int tok_pre_split(struct tok_state *st, size_t level, const uint8_t *s, size_t n
 static int tok_spans_regex(struct tok_state *st, const pcre2_code *re, const uint8_t *s, size_t n,
 			   struct tok_spans *sp) {
 	size_t last_end = 0, prev = 0, last_match_end = SIZE_MAX;
+	const uint8_t *m = tok_uni_map(&st->map_piece, s, n);  /* Unicode 16 for PCRE2 */
 	int r;
 
+	if (!m)
+		return -ENOMEM;
 	sp->n = 0;
 	while (last_end <= n) {
-		int k = pcre2_match(re, s, n, last_end, PCRE2_NO_UTF_CHECK, st->md, st->mctx);
+		int k = pcre2_match(re, m, n, last_end, PCRE2_NO_UTF_CHECK, st->md, st->mctx);
 		if (k == PCRE2_ERROR_NOMATCH)
 			break;
 		if (k < 0)
@@ -191,7 +194,7 @@ static int tok_spans_regex(struct tok_state *st, const pcre2_code *re, const uin
 			if (last_end >= n)
 				break;
 			uint32_t cp;
-			last_end += tok_utf8_next(s + last_end, n - last_end, &cp);
+			last_end += tok_utf8_next(m + last_end, n - last_end, &cp);
 			continue;
 		}
 		last_end = last_match_end = me;

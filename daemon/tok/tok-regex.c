@@ -7,24 +7,6 @@
 #include <stdio.h>
 
 #include "tok-internal.h"
-#include "tok-unicode.h"
-
-/* Code points that Unicode 16 added to category name[0..len), as class
- * ranges, or NULL (none, or unknown name). */
-static const char *tok_uni_delta_ranges(const char *name, size_t len) {
-	for (size_t i = 0; i < tok_uni_n_deltas; i++)
-		if (strlen(tok_uni_deltas[i].name) == len && memcmp(tok_uni_deltas[i].name, name, len) == 0)
-			return *tok_uni_deltas[i].ranges ? tok_uni_deltas[i].ranges : NULL;
-	return NULL;
-}
-
-static size_t tok_uni_delta_max(void) {
-	size_t m = 0;
-	for (size_t i = 0; i < tok_uni_n_deltas; i++)
-		if (strlen(tok_uni_deltas[i].ranges) > m)
-			m = strlen(tok_uni_deltas[i].ranges);
-	return m;
-}
 
 int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t options,
 		       pcre2_code **ret, bool *ret_jit, char **ret_error, const char *what) {
@@ -59,7 +41,7 @@ int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t o
  * Everything else is passed through untouched. */
 static char *tok_translate_pattern(const char *p, bool hf) {
 	size_t n = strlen(p), o = 0, depth = 0, atom = 0, groups[64], n_groups = 0;
-	char *q = malloc(n * (sizeof(TOK_WHITE_SPACE) + tok_uni_delta_max() + 16) + 1);
+	char *q = malloc(n * (sizeof(TOK_WHITE_SPACE) + 8) + 1);
 	bool quoted = false;
 
 	if (!q)
@@ -94,30 +76,6 @@ static char *tok_translate_pattern(const char *p, bool hf) {
 				o += (size_t) sprintf(q + o, "\\x{%.4s}", p + i + 2);
 				i += 5;
 				continue;
-			}
-			/* \p{X} with PCRE2's Unicode 14 gets the code points Unicode
-			 * 16 added to X: [\p{X}...] (in a class: \p{X}...). */
-			if (c == 'p' || (c == 'P' && depth == 0)) {
-				const char *name = p + i + 2, *end = name + 1;
-				bool brace = *name == '{';
-				if (brace) {
-					name++;
-					end = strchr(name, '}');
-				}
-				const char *d = end ? tok_uni_delta_ranges(name, (size_t) (end - name)) : NULL;
-				if (d) {
-					/* \pX or \p{X}: k characters */
-					size_t k = (size_t) (end - (p + i)) + (brace ? 1 : 0);
-					if (depth == 0)
-						o += (size_t) sprintf(q + o, c == 'p' ? "[" : "[^");
-					q[o++] = '\\';
-					q[o++] = 'p';
-					memcpy(q + o, p + i + 2, k - 2);
-					o += k - 2;
-					o += (size_t) sprintf(q + o, "%s%s", d, depth == 0 ? "]" : "");
-					i += k - 1;
-					continue;
-				}
 			}
 			q[o++] = p[i++];
 			q[o++] = p[i];

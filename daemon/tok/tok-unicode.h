@@ -28,16 +28,22 @@ struct tok_uni_lower {
 extern const struct tok_uni_lower tok_uni_lower_map[];
 extern const size_t tok_uni_lower_n;
 
-/* Per category name ("L", "Nd", ...): the code points Unicode 16 added
- * since PCRE2's Unicode 14, as PCRE2 class ranges; removed: how many it
- * lost (those cannot be patched by adding ranges). */
-struct tok_uni_delta {
-	const char *name;
-	const char *ranges;
-	unsigned removed;
+/* Characters whose category Unicode 16 gives differently from PCRE2's
+ * Unicode 14 (all at or above U+0800), sorted, each with a stand-in of the
+ * same category in both and the same UTF-8 length; tok_uni_changed_blocks:
+ * bit (cp >> 8) set where a 256-block holds one. */
+struct tok_uni_standin {
+	uint32_t cp, to;
 };
-extern const struct tok_uni_delta tok_uni_deltas[];
-extern const size_t tok_uni_n_deltas;
+extern const struct tok_uni_standin tok_uni_standins[];
+extern const size_t tok_uni_n_standins;
+extern const uint8_t tok_uni_changed_blocks[];
+
+struct tok_buf;
+/* s[0..n) (valid UTF-8) as PCRE2 must see it to classify characters as
+ * Unicode 16 does: s itself when it holds no changed character, else a copy
+ * in b with stand-ins, of the same length (offsets carry over). */
+const uint8_t *tok_uni_map(struct tok_buf *b, const uint8_t *s, size_t n);
 
 enum tok_gc {
 	TOK_GC_CN, TOK_GC_LU, TOK_GC_LL, TOK_GC_LT, TOK_GC_LM, TOK_GC_LO, TOK_GC_MN, TOK_GC_MC, TOK_GC_ME,

@@ -172,6 +172,8 @@ int tok_vocab_finish(struct tok *t, char **ret_error) {
 	for (size_t i = 0, id = 0; id <= n_ids; id++) {
 		t->off[id] = (uint32_t) pos;
 		if (i < t->n_ents && t->ents[i].id == id) {
+			if (t->ents[i].len > t->max_len)
+				t->max_len = t->ents[i].len;
 			memcpy(bytes + pos, t->bytes + t->ents[i].off, t->ents[i].len);
 			pos += t->ents[i].len;
 			i++;

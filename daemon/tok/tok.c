@@ -21,6 +21,7 @@
 #include <uninorm.h>
 
 #include "tok-pipe.h"
+#include "tok-unicode.h"
 
 
 struct tok *tok_free(struct tok *t) {
@@ -288,13 +289,17 @@ int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	const struct tok_cache_slot *c;
 	const struct tok_slot *sl;
 	struct tok_hot_slot *hs = NULL;
-	uint64_t h, k0 = 0, k1 = 0;
+	uint64_t h = 0, k0 = 0, k1 = 0;
 	size_t m;
 
 	if (n == 1 && !t->model) {
 		tok_emit(st, t->byte_id[s[0]]);
 		return 0;
 	}
+	/* A piece longer than any token and than cache keys: straight to
+	 * the model, without hashing it. */
+	if (n > TOK_CACHE_MAX_KEY && n > t->max_len)
+		goto model;
 	h = tok_hash_bytes(s, n);
 	if (n <= TOK_HOT_MAX_LEN) {
 		k0 = tok_load_head(s, n);
@@ -324,6 +329,7 @@ int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 		}
 		return 0;
 	}
+model:
 	if (n > st->bpe_cap) {
 		size_t cap = n < 256 ? 256 : n + n / 2;
 		uint32_t *o = realloc(st->bpe_out, cap * sizeof(*o));
@@ -393,7 +399,8 @@ static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, 
 				continue;
 			}
 		}
-		r = tok_match(st, t->re[level], s, n, pos, opts);
+		/* The same offsets of the text with Unicode 16 stand-ins. */
+		r = tok_match(st, t->re[level], st->mbase + (s - st->sbase), n, pos, opts);
 		if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
 			break;
 		if (r < 0)
@@ -466,6 +473,10 @@ static size_t tok_window_end(const uint8_t *s, size_t n, size_t want) {
 
 /* Pre-tokenizes the current window, conv[ctx..conv_len), with the first regex. */
 static int tok_split_window(struct tok_state *st, size_t ctx, bool final, size_t *ret_keep) {
+	st->sbase = st->conv;
+	st->mbase = tok_uni_map(&st->map_buf, st->conv, st->conv_len);
+	if (!st->mbase)
+		return -ENOMEM;
 	return tok_split_from(st, 0, st->conv, st->conv_len, ctx, final, ret_keep);
 }
 
@@ -560,8 +571,13 @@ static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t
 	if (n == 0)
 		return 0;
 	/* Text below U+0300 (no byte >= 0xCC) is its own NFC: in place too. */
-	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
+	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n)) {
+		st->sbase = s;
+		st->mbase = tok_uni_map(&st->map_buf, s, n);
+		if (!st->mbase)
+			return -ENOMEM;
 		return tok_split(st, 0, s, n);
+	}
 	return tok_ordinary_windowed(st, s, n, n_replaced);
 }
 

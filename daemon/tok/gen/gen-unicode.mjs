@@ -16,8 +16,8 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const VERSION = '16.0.0';
-// PCRE2 10.42 (Debian 12) has Unicode 14 tables: the pattern classes get the
-// code points that Unicode 16 added to each category (tok-regex.c).
+// PCRE2 10.42 (Debian 12) has Unicode 14 tables: patterns run on text whose
+// characters of changed category are replaced by stand-ins (tok-unicode.c).
 const PCRE2_VERSION = '14.0.0';
 const nmDir = path.resolve(process.argv[2] || 'build/tokdata/node_modules');
 const base = path.join(nmDir, `@unicode/unicode-${VERSION}`);
@@ -54,37 +54,11 @@ for (const cp of await load('Binary_Property/Alphabetic')) val[cp] |= 0x40;
 const PUNCT_VERSION = '8.0.0';
 for (const cp of await load('General_Category/Punctuation', path.join(nmDir, `@unicode/unicode-${PUNCT_VERSION}`))) val[cp] |= 0x80;
 
-// Per category (and group), the code points in it under Unicode 16 but not
-// under PCRE2's version, as PCRE2 class ranges.
+// PCRE2's categories, for the stand-ins below.
 const old = new Uint8Array(N);
 const oldBase = path.join(nmDir, `@unicode/unicode-${PCRE2_VERSION}`);
 for (let i = 1; i < GCS.length; i++)
   for (const cp of await load(`General_Category/${GCS[i][1]}`, oldBase)) old[cp] = i;
-const GROUPS = { L: ['Lu', 'Ll', 'Lt', 'Lm', 'Lo'], M: ['Mn', 'Mc', 'Me'], N: ['Nd', 'Nl', 'No'],
-  P: ['Pc', 'Pd', 'Ps', 'Pe', 'Pi', 'Pf', 'Po'], S: ['Sm', 'Sc', 'Sk', 'So'], Z: ['Zs', 'Zl', 'Zp'],
-  'L&': ['Lu', 'Ll', 'Lt'], LC: ['Lu', 'Ll', 'Lt'] };
-for (const [, g] of GCS.slice(1)) GROUPS[GCS.find((x) => x[1] === g)[0]] = [GCS.find((x) => x[1] === g)[0]];
-const deltas = [];
-for (const [name, members] of Object.entries(GROUPS)) {
-  if (name === 'Cn' || name === 'Cs' || name === 'Co') continue;
-  const idx = new Set(members.map((m) => GCS.findIndex((x) => x[0] === m)));
-  const add = [];
-  let removed = 0;
-  for (let cp = 0; cp < N; cp++) {
-    const now = idx.has(val[cp] & 0x1f), then = idx.has(old[cp]);
-    if (now && !then) add.push(cp);
-    if (then && !now) removed++;
-  }
-  let ranges = '';
-  for (let i = 0; i < add.length;) {
-    let j = i;
-    while (j + 1 < add.length && add[j + 1] === add[j] + 1) j++;
-    const hx = (c) => `\\\\x{${c.toString(16)}}`;
-    ranges += i === j ? hx(add[i]) : `${hx(add[i])}-${hx(add[j])}`;
-    i = j + 1;
-  }
-  deltas.push(`\t{ "${name}", "${ranges}", ${removed} },`);
-}
 
 // Lower-case mapping of Unicode 16, per character (Rust's
 // char::to_lowercase, which HF's Lowercase applies character by character):
@@ -101,6 +75,32 @@ for (const [cp, to] of await loadMap('Simple_Case_Mapping/Lowercase')) if (cp !=
 for (const [cp, to] of await loadMap('Special_Casing/Lowercase'))
   lower.set(cp, Array.isArray(to) ? to : typeof to === 'string' ? [...to].map((c) => c.codePointAt(0)) : [to]);
 const lowerRows = [...lower.entries()].filter(([cp, to]) => !(to.length === 1 && to[0] === cp)).sort((a, b) => a[0] - b[0]);
+
+// Stand-ins: every code point whose category Unicode 16 gives differently
+// from PCRE2's Unicode 14 (mostly: new characters) maps to a character of
+// the same category in both versions and the same UTF-8 length; patterns
+// run on the mapped text and see Unicode 16's categories (tok-unicode.c).
+const u8len = (c) => (c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4);
+const avoid = (c) => (c >= 0x2e80 && c <= 0xa4cf) || (c >= 0xac00 && c <= 0xd7ff) || (c >= 0xf900 && c <= 0xfaff) ||
+  (c >= 0x20000 && c <= 0x3ffff) || (c >= 0xd800 && c <= 0xdfff);
+const standinOf = new Map();
+const standins = [];
+const changedBlocks = new Uint8Array(N / 256 / 8);
+for (let cp = 0x80; cp < N; cp++) {
+  const g = val[cp] & 0x1f;
+  if (g === 0 || g === old[cp]) continue;
+  // tok_uni_map() skips 1- and 2-byte characters.
+  if (cp < 0x800) throw new Error(`U+${cp.toString(16)}: a changed category below U+0800`);
+  const key = `${g}/${u8len(cp)}`;
+  if (!standinOf.has(key)) {
+    let c = 0x80;
+    while (c < N && !(old[c] === g && (val[c] & 0x1f) === g && u8len(c) === u8len(cp) && !avoid(c))) c++;
+    if (c >= N) throw new Error(`no stand-in for category ${GCS[g][0]}, ${u8len(cp)} bytes`);
+    standinOf.set(key, c);
+  }
+  standins.push([cp, standinOf.get(key)]);
+  changedBlocks[cp >> 11] |= 1 << ((cp >> 8) & 7);
+}
 
 const blocks = new Map();
 const stage2 = [];
@@ -137,10 +137,12 @@ out.push(`const struct tok_uni_lower tok_uni_lower_map[${lowerRows.length}] = {`
 for (let i = 0; i < lowerRows.length; i += 4)
   out.push('\t' + lowerRows.slice(i, i + 4).map(([cp, to]) => `{ 0x${cp.toString(16)}, { ${[0, 1, 2].map((k) => (to[k] !== undefined ? '0x' + to[k].toString(16) : '0')).join(', ')} } },`).join(' '));
 out.push('};');
-out.push('/* Code points a category gained since PCRE2\'s Unicode ' + PCRE2_VERSION + ', as class ranges; and how');
-out.push(' * many it lost (then the category cannot be patched by adding ranges). */');
-out.push(`const size_t tok_uni_n_deltas = ${deltas.length};`);
-out.push(`const struct tok_uni_delta tok_uni_deltas[${deltas.length}] = {`);
-out.push(...deltas);
+out.push(`const size_t tok_uni_n_standins = ${standins.length};`);
+out.push(`const struct tok_uni_standin tok_uni_standins[${standins.length}] = {`);
+for (let i = 0; i < standins.length; i += 6)
+  out.push('\t' + standins.slice(i, i + 6).map(([a, b]) => `{ 0x${a.toString(16)}, 0x${b.toString(16)} },`).join(' '));
+out.push('};');
+out.push(`const uint8_t tok_uni_changed_blocks[${changedBlocks.length}] = {`);
+out.push(wrap(changedBlocks));
 out.push('};');
 process.stdout.write(out.join('\n') + '\n');
