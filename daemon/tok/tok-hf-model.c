@@ -100,6 +100,11 @@ int tok_hf_unigram(struct tok *t, const json_t *model, const char *where, char *
 		if (r < 0)
 			return r;
 	}
+	/* The unknown token must have text (tok_token_bytes()); HF's would be
+	 * an empty string. */
+	if (json_string_length(json_array_get(json_array_get(vocab, (size_t) json_integer_value(unk)), 0)) == 0)
+		return tok_errorf(ret_error, -EOPNOTSUPP, "%s: %s.unk_id: %lld names an empty piece", t->name, where,
+				  (long long) json_integer_value(unk));
 	r = tok_unigram_finish(u, json_integer_value(unk), json_is_true(json_object_get(model, "byte_fallback")));
 	if (r == 0)
 		r = tok_vocab_finish(t, ret_error);
@@ -130,7 +135,7 @@ int tok_hf_wordpiece(struct tok *t, const json_t *model, const char *where, char
 		return r;
 	if (!json_is_object(vocab) || json_object_size(vocab) == 0)
 		return tok_unsupported_at(t, ret_error, where, "vocab", vocab);
-	if (unk && !json_is_string(unk))
+	if (unk && (!json_is_string(unk) || json_string_length(unk) == 0))
 		return tok_unsupported_at(t, ret_error, where, "unk_token", unk);
 	if (prefix && !json_is_string(prefix))
 		return tok_unsupported_at(t, ret_error, where, "continuing_subword_prefix", prefix);
