@@ -144,6 +144,8 @@ struct tok {
 	struct tok_pre *pres;
 	size_t n_pres;
 	pcre2_code *gadd_re[2][2]; /* added tokens [normalized][with specials] */
+	uint32_t *gadd_index;   /* hash of (normalized, match) -> index + 1 into added */
+	uint32_t gadd_mask;
 	tok_model_fn model;     /* NULL: byte-level BPE (tok_bpe()) */
 	size_t (*model_scratch)(const struct tok *t, size_t n);
 	void *model_data;

@@ -276,14 +276,17 @@ static int tok_added_next(struct tok_state *st, const pcre2_code *re, bool norma
 		PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
 		size_t ms = ov[0], me = ov[1];
 		const struct tok_added *a = NULL;
-		for (size_t i = 0; i < t->n_added && !a; i++) {
-			const struct tok_added *x = &t->added[i];
-			if (x->match_len == me - ms && memcmp(x->match, s + ms, me - ms) == 0 &&
-			    x->normalized == normalized)
+		for (uint32_t i = (uint32_t) (tok_hash_bytes(s + ms, me - ms) + normalized) & t->gadd_mask;;
+		     i = (i + 1) & t->gadd_mask) {
+			uint32_t j = t->gadd_index[i];
+			if (j == 0)
+				return -EIO;
+			const struct tok_added *x = &t->added[j - 1];
+			if (x->match_len == me - ms && x->normalized == normalized && memcmp(x->match, s + ms, me - ms) == 0) {
 				a = x;
+				break;
+			}
 		}
-		if (!a)
-			return -EIO;
 		if (a->single_word) {
 			bool before = ms > 0 && (tok_utf8_next(s + tok_utf8_prev(s, ms), ms - tok_utf8_prev(s, ms), &cp),
 						 tok_is_word_char(cp));
@@ -460,6 +463,29 @@ int tok_pipe_finish(struct tok *t, char **ret_error) {
 	}
 	if (t->n_added > 1)
 		qsort(t->added, t->n_added, sizeof(*t->added), tok_match_len_cmp);
+	/* Which added token a match is: a hash of (normalized, text); the
+	 * first of equal ones wins, as the scan in order did. */
+	t->gadd_mask = 15;
+	while (t->gadd_mask + 1 < 2 * t->n_added + 2)
+		t->gadd_mask = t->gadd_mask * 2 + 1;
+	t->gadd_index = calloc((size_t) t->gadd_mask + 1, sizeof(*t->gadd_index));
+	if (!t->gadd_index)
+		return -ENOMEM;
+	for (size_t k = 0; k < t->n_added; k++) {
+		const struct tok_added *a = &t->added[k];
+		for (uint32_t i = (uint32_t) (tok_hash_bytes(a->match, a->match_len) + a->normalized) & t->gadd_mask;;
+		     i = (i + 1) & t->gadd_mask) {
+			uint32_t j = t->gadd_index[i];
+			if (j == 0) {
+				t->gadd_index[i] = (uint32_t) k + 1;
+				break;
+			}
+			const struct tok_added *x = &t->added[j - 1];
+			if (x->match_len == a->match_len && x->normalized == a->normalized &&
+			    memcmp(x->match, a->match, a->match_len) == 0)
+				break;
+		}
+	}
 	for (int norm = 0; norm < 2; norm++)
 		for (int sp = 0; sp < 2; sp++) {
 			r = tok_compile_set(t, norm, sp, &t->gadd_re[norm][sp], ret_error);
@@ -492,6 +518,7 @@ void tok_pipe_free(struct tok *t) {
 	if (t->model_free)
 		t->model_free(t->model_data);
 	free(t->cut_pairs);
+	free(t->gadd_index);
 	free(t->bpe_prefix);
 	free(t->bpe_suffix);
 }
