@@ -19,7 +19,8 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "tok-internal.h"
+#include "tok-hf.h"
+#include "tok-model.h"
 
 /* HF ByteLevel's own regex (use_regex true), as in tokenizers' byte_level.rs. */
 #define TOK_PAT_BYTELEVEL "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -60,15 +61,15 @@ static ssize_t tok_bl_decode(const char *s, size_t n, uint8_t *out) {
 	return (ssize_t) o;
 }
 
-static bool tok_json_is_false(const json_t *v) {
+bool tok_json_is_false(const json_t *v) {
 	return !v || json_is_null(v) || json_is_false(v);
 }
 
-static bool tok_json_is_empty_str(const json_t *v) {
+bool tok_json_is_empty_str(const json_t *v) {
 	return !v || json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0);
 }
 
-static int tok_unsupported(const struct tok *t, char **ret_error, const char *field, const json_t *v) {
+int tok_unsupported(const struct tok *t, char **ret_error, const char *field, const json_t *v) {
 	_tok_cleanup_free_ char *dump = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
 	if (dump && strlen(dump) > 80)
 		strcpy(dump + 77, "...");
@@ -76,7 +77,7 @@ static int tok_unsupported(const struct tok *t, char **ret_error, const char *fi
 			  dump ? dump : "(missing)");
 }
 
-static int tok_check_keys(const struct tok *t, const json_t *obj, const char *const *known, const char *where,
+int tok_check_keys(const struct tok *t, const json_t *obj, const char *const *known, const char *where,
 			  char **ret_error) {
 	const char *key;
 	json_t *v;
@@ -91,6 +92,12 @@ static int tok_check_keys(const struct tok *t, const json_t *obj, const char *co
 					  *where ? "." : "", key);
 	}
 	return 0;
+}
+
+int tok_unsupported_at(const struct tok *t, char **ret_error, const char *where, const char *key, const json_t *v) {
+	char f[512];
+	snprintf(f, sizeof(f), "%s.%s", where, key);
+	return tok_unsupported(t, ret_error, f, v);
 }
 
 static int tok_hf_normalizer(struct tok *t, const json_t *n, char **ret_error) {
@@ -151,17 +158,32 @@ static int tok_hf_split(struct tok *t, const json_t *p, const char *where, char 
 	r = tok_check_keys(t, p, known, where, ret_error);
 	if (r < 0)
 		return r;
-	if (!behavior || strcmp(behavior, "Isolated") != 0) {
+	/* Isolated keeps the gaps between matches; Removed with invert
+	 * keeps only the matches (tiktoken's way, GPT-4o's HF file).  All
+	 * splits of the fast path must agree. */
+	bool isolated = behavior && strcmp(behavior, "Isolated") == 0 &&
+			tok_json_is_false(json_object_get(p, "invert"));
+	bool matches_only = behavior && strcmp(behavior, "Removed") == 0 && json_is_true(json_object_get(p, "invert"));
+	if ((!isolated && !matches_only) || (t->n_re > 0 && t->keep_gaps != isolated)) {
 		snprintf(f, sizeof(f), "%s.behavior", where);
 		return tok_unsupported(t, ret_error, f, json_object_get(p, "behavior"));
 	}
-	if (!tok_json_is_false(json_object_get(p, "invert"))) {
-		snprintf(f, sizeof(f), "%s.invert", where);
-		return tok_unsupported(t, ret_error, f, json_object_get(p, "invert"));
-	}
+	t->keep_gaps = isolated;
 	re = json_string_value(json_object_get(pat, "Regex"));
-	if (re)
+	if (re) {
+		/* Llama 3's and Qwen2's patterns split ASCII text as the
+		 * hand-written cl100k splitter does (without \s++$). */
+		static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+					     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+		static const char qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+					    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+		if (t->n_re == 0 && t->keep_gaps && (strcmp(re, llama3) == 0 || strcmp(re, qwen2) == 0)) {
+			t->split_cl100k = true;
+			t->split_digits = strcmp(re, llama3) == 0 ? 3 : 1;
+			t->split_end_rule = false;
+		}
 		return tok_add_regex(t, re, true, ret_error);
+	}
 	const char *lit = json_string_value(json_object_get(pat, "String"));
 	if (lit) {
 		/* A literal: quote every character that PCRE2 might read. */
@@ -247,7 +269,7 @@ static int tok_hf_added(struct tok *t, const json_t *list, char **ret_error) {
 			snprintf(f, sizeof(f), "added_tokens[%zu].content", i);
 			return tok_unsupported(t, ret_error, f, content);
 		}
-		for (size_t k = 0; k < TOK_ELEMENTSOF(flags); k++)
+		for (size_t k = 0; k < TOK_ELEMENTSOF(flags) && !t->general; k++)
 			if (!tok_json_is_false(json_object_get(x, flags[k]))) {
 				snprintf(f, sizeof(f), "added_tokens[%zu].%s", i, flags[k]);
 				return tok_unsupported(t, ret_error, f, json_object_get(x, flags[k]));
@@ -262,8 +284,24 @@ static int tok_hf_added(struct tok *t, const json_t *list, char **ret_error) {
 				    (int32_t) json_integer_value(id), json_is_true(json_object_get(x, "special")));
 		if (r < 0)
 			return r;
+		struct tok_added *a = &t->added[t->n_added - 1];
+		a->normalized = json_is_true(json_object_get(x, "normalized"));
+		a->lstrip = json_is_true(json_object_get(x, "lstrip"));
+		a->rstrip = json_is_true(json_object_get(x, "rstrip"));
+		a->single_word = json_is_true(json_object_get(x, "single_word"));
 	}
 	return 0;
+}
+
+/* A vocabulary string as token bytes: decoded from the byte-level
+ * alphabet, or as it is (UTF-8) for other vocabularies.  Returns the
+ * length or -1. */
+static ssize_t tok_hf_decode(const struct tok *t, const char *s, size_t n, uint8_t *out) {
+	if (t->unicode_vocab) {
+		memcpy(out, s, n);
+		return n > 0 ? (ssize_t) n : -1;
+	}
+	return tok_bl_decode(s, n, out);
 }
 
 /* Is (content, id) one of the added tokens?  Vocabularies often list them
@@ -297,9 +335,9 @@ static int tok_hf_vocab(struct tok *t, const json_t *vocab, char **ret_error) {
 			if (!buf)
 				return -ENOMEM;
 		}
-		k = tok_bl_decode(key, n, buf);
+		k = tok_hf_decode(t, key, n, buf);
 		if (k <= 0) {
-			if (tok_is_added(t, key, n, json_integer_value(v)))
+			if (tok_is_added(t, key, n, json_integer_value(v)) || (t->unicode_vocab && n == 0))
 				continue;
 			return tok_errorf(ret_error, -EOPNOTSUPP,
 					  "%s: model.vocab: \"%s\": not in the byte-level alphabet "
@@ -314,7 +352,7 @@ static int tok_hf_vocab(struct tok *t, const json_t *vocab, char **ret_error) {
 
 static int tok_hf_merge_part(struct tok *t, const char *s, size_t n, uint8_t *buf, size_t *ret_len,
 			     uint32_t *ret_id) {
-	ssize_t k = tok_bl_decode(s, n, buf);
+	ssize_t k = tok_hf_decode(t, s, n, buf);
 	int64_t id;
 
 	if (k <= 0)
@@ -372,7 +410,13 @@ static int tok_hf_merges(struct tok *t, const json_t *merges, char **ret_error) 
 		if (r < 0)
 			return tok_errorf(ret_error, -EINVAL, "%s: model.merges[%zu]: \"%.*s\" + \"%.*s\": part not in vocab",
 					  t->name, i, (int) na, a, (int) nb, b);
-		merged = tok_vocab_find(t, buf, la + lb);
+		/* HF: merged = a + b[len(continuing_subword_prefix):] */
+		size_t skip = t->unicode_vocab ? t->bpe_prefix_len : 0;
+		if (skip > lb)
+			return tok_errorf(ret_error, -EINVAL, "%s: model.merges[%zu]: \"%.*s\" shorter than the prefix",
+					  t->name, i, (int) nb, b);
+		memmove(buf + la, buf + la + skip, lb - skip);
+		merged = tok_vocab_find(t, buf, la + lb - skip);
 		if (merged < 0)
 			return tok_errorf(ret_error, -EINVAL, "%s: model.merges[%zu]: \"%.*s\" + \"%.*s\": merged token not in vocab",
 					  t->name, i, (int) na, a, (int) nb, b);
@@ -391,7 +435,8 @@ static int tok_hf_merges(struct tok *t, const json_t *merges, char **ret_error) 
  * (AddedVocabulary::add_tokens).  Do the same, so ids equal HF's even for a
  * file whose ids disagree. */
 static void tok_hf_assign_added_ids(struct tok *t, const json_t *vocab) {
-	size_t vocab_size = json_object_size(vocab);
+	/* Unigram's vocabulary is an array of [piece, score]. */
+	size_t vocab_size = json_is_array(vocab) ? json_array_size(vocab) : json_object_size(vocab);
 	bool have_max = false;
 	int32_t max = 0;
 
@@ -405,6 +450,8 @@ static void tok_hf_assign_added_ids(struct tok *t, const json_t *vocab) {
 				id = t->added[k].id;
 		if (id < 0 && json_is_integer(v))
 			id = (int32_t) json_integer_value(v);
+		if (id < 0 && json_is_array(vocab))
+			id = (int32_t) tok_vocab_find(t, (const uint8_t *) a->text, a->len);
 		if (id < 0)
 			id = (int32_t) (have_max && (size_t) max >= vocab_size ? (size_t) max + 1 : vocab_size);
 		a->id = id;
@@ -414,42 +461,91 @@ static void tok_hf_assign_added_ids(struct tok *t, const json_t *vocab) {
 	}
 }
 
-static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
+static int tok_hf_affix(struct tok *t, const json_t *model, const char *key, char **ret, size_t *ret_len,
+			char **ret_error) {
+	const json_t *v = json_object_get(model, key);
+
+	if (tok_json_is_empty_str(v))
+		return 0;
+	/* Byte-level vocabularies: not with this path; byte fallback of a
+	 * character with its affix: HF's output may hold more ids than bytes. */
+	if (!json_is_string(v) || !t->unicode_vocab || json_string_length(v) > 64 ||
+	    json_is_true(json_object_get(model, "byte_fallback")))
+		return tok_unsupported_at(t, ret_error, "model", key, v);
+	*ret_len = json_string_length(v);
+	*ret = strndup(json_string_value(v), *ret_len);
+	return *ret ? 0 : -ENOMEM;
+}
+
+/* The general pipeline's BPE settings over a UTF-8 vocabulary. */
+static int tok_hf_bpe_utf8(struct tok *t, const json_t *model, char **ret_error) {
+	const json_t *unk = json_object_get(model, "unk_token");
+
+	t->unk_id = UINT32_MAX;
+	if (unk && !json_is_null(unk)) {
+		int64_t id = json_is_string(unk) ? tok_vocab_find(t, (const uint8_t *) json_string_value(unk),
+								   json_string_length(unk)) : -1;
+		if (id < 0)
+			return tok_unsupported_at(t, ret_error, "model", "unk_token", unk);
+		t->unk_id = (uint32_t) id;
+	}
+	t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
+	t->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+	for (unsigned b = 0; b < 256; b++) {
+		char name[8];
+		snprintf(name, sizeof(name), "<0x%02X>", b);
+		int64_t id = tok_vocab_find(t, (const uint8_t *) name, 6);
+		t->fallback_id[b] = id < 0 ? UINT32_MAX : (uint32_t) id;
+	}
+	t->model = tok_model_bpe_utf8;
+	t->model_scratch = tok_model_bpe_utf8_scratch;
+	return 0;
+}
+
+/* model.type "BPE": byte-level (vocabulary in GPT-2's byte alphabet, when
+ * the pre-tokenizer ends with ByteLevel) or over UTF-8 strings. */
+static int tok_hf_bpe(struct tok *t, const json_t *model, const char *where, char **ret_error) {
 	static const char *const known[] = { "type", "dropout", "unk_token", "continuing_subword_prefix",
 					     "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
 					     "vocab", "merges", NULL };
-	const char *type = json_string_value(json_object_get(model, "type"));
 	json_t *dropout = json_object_get(model, "dropout");
 	int r;
 
-	if (!json_is_object(model))
-		return tok_unsupported(t, ret_error, "model", model);
-	if (!type || strcmp(type, "BPE") != 0)
-		return tok_unsupported(t, ret_error, "model.type", json_object_get(model, "type"));
-	r = tok_check_keys(t, model, known, "model", ret_error);
+	r = tok_check_keys(t, model, known, where, ret_error);
 	if (r < 0)
 		return r;
 	if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
 		return tok_unsupported(t, ret_error, "model.dropout", dropout);
-	if (!tok_json_is_empty_str(json_object_get(model, "continuing_subword_prefix")))
-		return tok_unsupported(t, ret_error, "model.continuing_subword_prefix",
-				       json_object_get(model, "continuing_subword_prefix"));
-	if (!tok_json_is_empty_str(json_object_get(model, "end_of_word_suffix")))
-		return tok_unsupported(t, ret_error, "model.end_of_word_suffix",
-				       json_object_get(model, "end_of_word_suffix"));
-	if (!tok_json_is_false(json_object_get(model, "byte_fallback")))
+	r = tok_hf_affix(t, model, "continuing_subword_prefix", &t->bpe_prefix, &t->bpe_prefix_len, ret_error);
+	if (r == 0)
+		r = tok_hf_affix(t, model, "end_of_word_suffix", &t->bpe_suffix, &t->bpe_suffix_len, ret_error);
+	if (r < 0)
+		return r;
+	/* Byte-level: unk_token, fuse_unk and byte_fallback never apply, all
+	 * 256 bytes are tokens (tok_vocab_finish() checks).  The fast path
+	 * refuses byte_fallback anyway, so that a file that asks for it is
+	 * read by the general path, which knows it. */
+	if (!t->general && !tok_json_is_false(json_object_get(model, "byte_fallback")))
 		return tok_unsupported(t, ret_error, "model.byte_fallback", json_object_get(model, "byte_fallback"));
-	/* unk_token and fuse_unk never apply: all 256 bytes are tokens
-	 * (tok_vocab_finish() checks). */
 	r = tok_hf_vocab(t, json_object_get(model, "vocab"), ret_error);
 	if (r < 0)
 		return r;
+	if (t->unicode_vocab) {
+		r = tok_hf_bpe_utf8(t, model, ret_error);
+		if (r < 0)
+			return r;
+	}
 	r = tok_hf_merges(t, json_object_get(model, "merges"), ret_error);
 	if (r < 0)
 		return r;
 	r = tok_pairs_finish(t);
 	if (r < 0)
 		return r;
+	if (t->unicode_vocab) {
+		r = tok_model_bpe_utf8_prepare(t);
+		if (r < 0)
+			return r;
+	}
 	if (json_is_true(json_object_get(model, "ignore_merges"))) {
 		/* Like tiktoken: a piece that is a token is that token. */
 		for (uint32_t id = 0; id < t->n_ids; id++)
@@ -457,6 +553,56 @@ static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
 		return 0;
 	}
 	return tok_compute_whole_ok(t);
+}
+
+/* Model types of the general pipeline; the fast path takes only BPE.  A
+ * model sets t->model & co. (tok-pipe.h) unless it is byte-level BPE. */
+static const struct tok_hf_parser tok_hf_models[] = {
+	{ "BPE", tok_hf_bpe },
+	{ "Unigram", tok_hf_unigram },          /* tok-hf-model.c */
+	{ "WordPiece", tok_hf_wordpiece },
+};
+
+static int tok_hf_model(struct tok *t, const json_t *model, char **ret_error) {
+	const char *type = json_string_value(json_object_get(model, "type"));
+
+	if (!json_is_object(model))
+		return tok_unsupported(t, ret_error, "model", model);
+	for (size_t i = 0; type && i < TOK_ELEMENTSOF(tok_hf_models); i++)
+		if (strcmp(tok_hf_models[i].type, type) == 0) {
+			if (!t->general && i != 0)
+				break;
+			return tok_hf_models[i].parse(t, model, "model", ret_error);
+		}
+	return tok_unsupported(t, ret_error, "model.type", json_object_get(model, "type"));
+}
+
+/* Builds t from the parsed file: as plain byte-level BPE behind regex
+ * splits (the fast path of tok.c) unless general, else as the general
+ * pipeline (tok-pipe.h).  -EOPNOTSUPP from the fast path means: try the
+ * general one. */
+static int tok_hf_build(struct tok *t, const json_t *root, char **ret_error) {
+	int r;
+
+	if (!t->general) {
+		r = tok_hf_normalizer(t, json_object_get(root, "normalizer"), ret_error);
+		if (r == 0)
+			r = tok_hf_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), ret_error);
+	} else {
+		bool byte_level = false; /* read even when the normalizer fails */
+		r = tok_hf_pipe_normalizer(t, json_object_get(root, "normalizer"), ret_error);
+		if (r == 0)
+			r = tok_hf_pipe_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), &byte_level, ret_error);
+		t->unicode_vocab = !byte_level;
+	}
+	if (r == 0)
+		r = tok_hf_added(t, json_object_get(root, "added_tokens"), ret_error);
+	if (r == 0)
+		r = tok_hf_model(t, json_object_get(root, "model"), ret_error);
+	if (r < 0)
+		return r;
+	tok_hf_assign_added_ids(t, json_object_get(json_object_get(root, "model"), "vocab"));
+	return tok_finish(t, ret_error);
 }
 
 int tok_load_hf(const char *path, struct tok **ret, char **ret_error) {
@@ -494,20 +640,23 @@ int tok_load_hf(const char *path, struct tok **ret, char **ret_error) {
 		r = tok_unsupported(t, ret_error, "padding", json_object_get(root, "padding"));
 		goto fail;
 	}
-	r = tok_hf_normalizer(t, json_object_get(root, "normalizer"), ret_error);
-	if (r < 0)
-		goto fail;
-	r = tok_hf_added(t, json_object_get(root, "added_tokens"), ret_error);
-	if (r < 0)
-		goto fail;
-	r = tok_hf_model(t, json_object_get(root, "model"), ret_error);
-	if (r < 0)
-		goto fail;
-	tok_hf_assign_added_ids(t, json_object_get(json_object_get(root, "model"), "vocab"));
-	r = tok_hf_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), ret_error);
-	if (r < 0)
-		goto fail;
-	r = tok_finish(t, ret_error);
+	r = tok_hf_build(t, root, ret_error);
+	if (r == -EOPNOTSUPP) {
+		/* Not plain byte-level BPE: the general pipeline, whose own
+		 * refusal (if any) names what is really unsupported. */
+		tok_free(t);
+		if (ret_error) {
+			free(*ret_error);
+			*ret_error = NULL;
+		}
+		t = tok_new(path);
+		if (!t) {
+			r = -ENOMEM;
+			goto fail;
+		}
+		t->general = true;
+		r = tok_hf_build(t, root, ret_error);
+	}
 	if (r < 0)
 		goto fail;
 	json_decref(root);

@@ -65,7 +65,29 @@ struct tok_added {
 	size_t len;
 	int32_t id;
 	bool special;   /* false: HF added token matched always, like HF */
+	/* General pipeline only (tok-pipe.c): */
+	bool normalized, lstrip, rstrip, single_word;
+	uint8_t *norm;          /* normalized content, when normalized */
+	const uint8_t *match;   /* what is matched: text or norm */
+	size_t match_len;
 };
+
+struct tok_norm;
+struct tok_pre;
+struct tok_buf {
+	uint8_t *p;
+	size_t n, cap;
+};
+struct tok_spans {
+	struct tok_span *v;
+	size_t n, cap;
+};
+#define TOK_MAX_PRE 8
+#define TOK_MAX_NORM 16
+
+/* Model of a general tok: ids of the piece s[0..n) into out (room for n),
+ * with scratch of model_scratch(t, n) bytes; returns how many. */
+typedef size_t (*tok_model_fn)(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 
 struct tok {
 	char *name;             /* file basename, for messages */
@@ -75,6 +97,7 @@ struct tok {
 	size_t n_ents, cap_ents;
 	size_t n_bytes, cap_bytes;
 	uint32_t n_ids;         /* ordinary ids are < n_ids */
+	uint32_t max_len;       /* longest ordinary token, bytes */
 	uint8_t *bytes;
 	uint32_t *off;          /* n_ids + 1 entries */
 	struct tok_slot *slots; /* bytes -> id */
@@ -97,7 +120,9 @@ struct tok {
 	pcre2_code *re[TOK_MAX_REGEX];
 	size_t n_re;
 	bool keep_gaps;         /* HF Isolated keeps unmatched text; tiktoken drops it */
-	bool split_cl100k;      /* re[0] is tiktoken's cl100k_base pattern: ASCII text is split by hand */
+	bool split_cl100k;      /* re[0] is cl100k_base's pattern or a relative: ASCII text is split by hand */
+	uint8_t split_digits;   /* ... with digit runs of at most this (tok_match_cl100k()) */
+	bool split_end_rule;
 	bool nfc;
 
 	struct tok_added *added;
@@ -109,6 +134,115 @@ struct tok {
 	bool jit;
 
 	size_t vocab_size;
+
+	/* The general pipeline (tok-pipe.h), when the file is more than
+	 * byte-level BPE behind regex splits: */
+	bool general;
+	bool unicode_vocab;     /* vocabulary of UTF-8 strings, not bytes */
+	struct tok_norm *norms;
+	size_t n_norms;
+	struct tok_pre *pres;
+	size_t n_pres;
+	pcre2_code *gadd_re[2][2]; /* added tokens [normalized][with specials] */
+	uint32_t *gadd_index;   /* hash of (normalized, match) -> index + 1 into added */
+	uint32_t gadd_mask;
+	tok_model_fn model;     /* NULL: byte-level BPE (tok_bpe()) */
+	size_t (*model_scratch)(const struct tok *t, size_t n);
+	void *model_data;
+	void (*model_free)(void *data);
+
+	/* BPE over UTF-8 strings (tok-model-bpe.c). */
+	uint32_t unk_id;        /* UINT32_MAX: none */
+	bool fuse_unk, byte_fallback;
+	uint32_t fallback_id[256]; /* "<0xXX>"; UINT32_MAX: missing */
+	char *bpe_prefix, *bpe_suffix;
+	size_t bpe_prefix_len, bpe_suffix_len;
+	/* A piece may be cut between characters a and b when no token holds
+	 * "ab": no merge can join across, so the ids stay the same, and
+	 * short pieces repeat and hit the caches (SentencePiece-style files
+	 * hand whole documents to the model; tok_model_bpe_utf8_prepare()).
+	 * cut_ascii: bit b of [a] for ASCII pairs; cut_pairs: the others,
+	 * open addressing of (a << 32 | b), 0 = empty. */
+	bool cut;
+	uint64_t cut_ascii[128][2];
+	uint64_t *cut_pairs;
+	uint64_t cut_mask;
+};
+
+#define TOK_WINDOW (256u * 1024u)
+#define TOK_BATCH 4096
+#define TOK_CACHE_SLOTS (1u << 16)
+#define TOK_CACHE_MAX_KEY 128
+#define TOK_CACHE_KEY_BYTES (1u << 20)
+#define TOK_CACHE_IDS (1u << 18)
+#define TOK_HOT_SLOTS (1u << 15)
+#define TOK_HOT_MAX_LEN 16
+#define TOK_HOT_MAX_IDS 3
+
+/* Direct-mapped cache of short pieces -> their ids.  Piece frequency is
+ * Zipfian, so a table that stays in L2 answers most lookups, which would
+ * otherwise miss in the multi-megabyte vocabulary table (measured: the
+ * vocabulary probe was the largest cost of encoding). */
+struct tok_hot_slot {
+	uint64_t k0, k1;        /* piece bytes, zero-padded */
+	uint8_t len;            /* 0 = empty */
+	uint8_t n_ids;
+	uint32_t ids[TOK_HOT_MAX_IDS];
+};
+
+struct tok_cache_slot {
+	uint64_t hash;          /* 0 = empty */
+	uint32_t key_off;
+	uint32_t ids_off;
+	uint16_t key_len;
+	uint16_t n_ids;
+};
+
+struct tok_state {
+	const struct tok *t;
+	pcre2_match_data *md;
+	pcre2_match_context *mctx;
+	pcre2_jit_stack *jstack;
+
+	tok_sink_fn sink;
+	void *userdata;
+	int sink_error;
+	bool utf8_valid;        /* this call's text carries TOK_ENCODE_UTF8_VALID */
+	int32_t batch[TOK_BATCH];
+	size_t n_batch;
+
+	uint32_t *bpe_out;
+	void *bpe_scratch;
+	size_t bpe_cap;
+
+	uint8_t *conv;          /* window: carried text + rewritten text */
+	size_t conv_len, conv_cap;
+	uint8_t *fix;           /* UTF-8 repair output before NFC */
+	size_t fix_cap;
+	uint8_t *nfc;
+	size_t nfc_cap;
+
+	struct tok_hot_slot hot[TOK_HOT_SLOTS];
+
+	/* General pipeline (tok-pipe.c, tok-pretok.c). */
+	struct tok_buf text_buf;        /* UTF-8 repaired text */
+	struct tok_buf norm_buf[2];
+	struct tok_buf pre_buf[TOK_MAX_PRE];
+	struct tok_spans pre_spans[TOK_MAX_PRE];
+
+	/* Unicode 16 for PCRE2 (tok_uni_map()): the text being split by the
+	 * fast path starts at sbase; patterns match at the same offsets of
+	 * mbase (sbase itself, or map_buf with stand-ins). */
+	const uint8_t *sbase, *mbase;
+	struct tok_buf map_buf;
+	struct tok_buf map_piece;       /* general pipeline: one piece or text */
+
+	struct tok_cache_slot *cache;
+	size_t cache_used;
+	uint8_t *cache_keys;
+	size_t cache_keys_len;
+	uint32_t *cache_ids;
+	size_t cache_ids_len;
 };
 
 /* Error text helper: formats "name:where: msg" into *ret_error (if not NULL)
@@ -177,6 +311,25 @@ int tok_finish(struct tok *t, char **ret_error);
 size_t tok_bpe(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
 size_t tok_bpe_scratch_size(size_t n);
 
+/* As tok_bpe() from the symbols init[0..n) (n >= 1) instead of bytes. */
+size_t tok_bpe_ids(const struct tok *t, const uint32_t *init, size_t n, uint32_t *out, void *scratch);
+
+/* The model of t on one piece (t->model or byte-level BPE), and its
+ * scratch size. */
+size_t tok_model_encode(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
+size_t tok_model_scratch_size(const struct tok *t, size_t n);
+
+/* BPE over UTF-8 strings: a tok_model_fn (tok-model-bpe.c). */
+size_t tok_model_bpe_utf8(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch);
+size_t tok_model_bpe_utf8_scratch(const struct tok *t, size_t n);
+/* Sets up t->cut where it is safe; after the vocabulary, merges and settings. */
+int tok_model_bpe_utf8_prepare(struct tok *t);
+/* Whether a token holds the characters a, b adjacent (t->cut). */
+bool tok_cut_joined(const struct tok *t, uint32_t a, uint32_t b);
+
+/* Emits one id from inside tok_encode_stream() (tok.c). */
+void tok_piece_id(struct tok_state *st, uint32_t id);
+
 /* The first min(n, 8) bytes of s as a zero-padded little-endian word,
  * without reading past s + n. */
 static inline uint64_t tok_load_head(const uint8_t *s, size_t n) {
@@ -233,3 +386,19 @@ static inline const struct tok_slot *tok_vocab_slot(const struct tok *t, const u
 			return sl;
 	}
 }
+
+/* Compiles a PCRE2 pattern (JIT when possible); what names it in errors. */
+int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t options,
+		pcre2_code **ret, bool *ret_jit, char **ret_error, const char *what);
+
+/* cl100k_base's pattern by hand for ASCII text: end of the pre-token that
+ * starts at pos, or 0 where PCRE2 must decide (tok-cl100k.c).  digits: the
+ * longest digit run (3; Qwen2: 1); end_rule: the pattern has \s++$ first
+ * (tiktoken's cl100k_base), else its white space alternatives are Llama 3's
+ * \s*[\r\n]+|\s+(?!\S)|\s+. */
+size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos, unsigned digits, bool end_rule);
+
+/* Compiles an HF pattern (Regex as Oniguruma reads it, or a literal
+ * String) for the general pipeline. */
+int tok_compile_hf_pattern(const struct tok *t, const char *pattern, bool literal, pcre2_code **ret,
+			   char **ret_error);

@@ -227,6 +227,8 @@ int tok_load_rankfile_custom(const char *path, const char *pattern,
 	if (r < 0)
 		goto fail;
 	t->split_cl100k = strcmp(pattern, TOK_PAT_CL100K) == 0;
+	t->split_digits = 3;
+	t->split_end_rule = true;
 	for (size_t i = 0; i < n_specials; i++) {
 		if (specials[i].id < 0 ||
 		    ((uint32_t) specials[i].id < t->n_ids && t->off[specials[i].id + 1] > t->off[specials[i].id])) {

@@ -172,6 +172,8 @@ int tok_vocab_finish(struct tok *t, char **ret_error) {
 	for (size_t i = 0, id = 0; id <= n_ids; id++) {
 		t->off[id] = (uint32_t) pos;
 		if (i < t->n_ents && t->ents[i].id == id) {
+			if (t->ents[i].len > t->max_len)
+				t->max_len = t->ents[i].len;
 			memcpy(bytes + pos, t->bytes + t->ents[i].off, t->ents[i].len);
 			pos += t->ents[i].len;
 			i++;
@@ -201,7 +203,7 @@ int tok_vocab_finish(struct tok *t, char **ret_error) {
 				break;
 			}
 	}
-	for (unsigned b = 0; b < 256; b++) {
+	for (unsigned b = 0; b < 256 && !t->unicode_vocab; b++) {
 		uint8_t c = (uint8_t) b;
 		int64_t id = tok_vocab_find(t, &c, 1);
 		if (id < 0)
@@ -249,20 +251,20 @@ int tok_compute_whole_ok(struct tok *t) {
 
 	for (uint32_t id = 0; id < t->n_ids; id++) {
 		size_t n = t->off[id + 1] - t->off[id];
-		if (n < 2)
+		if (n == 0 || (n < 2 && !t->model))
 			continue;
 		if (n > cap) {
 			cap = n * 2;
 			free(out);
 			free(scratch);
 			out = malloc(cap * sizeof(*out));
-			scratch = malloc(tok_bpe_scratch_size(cap));
+			scratch = malloc(tok_model_scratch_size(t, cap));
 			if (!out || !scratch) {
 				r = -ENOMEM;
 				break;
 			}
 		}
-		t->whole_ok[id] = tok_bpe(t, t->bytes + t->off[id], n, out, scratch) == 1 && out[0] == id;
+		t->whole_ok[id] = tok_model_encode(t, t->bytes + t->off[id], n, out, scratch) == 1 && out[0] == id;
 	}
 	free(out);
 	free(scratch);
@@ -277,17 +279,25 @@ size_t tok_bpe_scratch_size(size_t n) {
 	return n * (4 + 4 + 4 + 3 * 8) + 64;
 }
 
-static size_t tok_bpe_small(const struct tok *t, const uint8_t *s, size_t n, uint32_t *ids, void *scratch) {
+/* From bytes s (byte-level) or from symbols init (s NULL). */
+static size_t tok_bpe_small(const struct tok *t, const uint8_t *s, const uint32_t *init, size_t n, uint32_t *ids,
+			    void *scratch) {
 	uint32_t *prio = scratch;
 	uint32_t *merged = prio + n;
 	size_t m = n;
 
-	for (size_t i = 0; i < n; i++)
-		ids[i] = t->byte_id[s[i]];
-	for (size_t i = 0; i + 1 < m; i++) {
-		const struct tok_pair2 *p = &t->pair2[(unsigned) s[i] << 8 | s[i + 1]];
-		prio[i] = p->prio;
-		merged[i] = p->merged;
+	if (s) {
+		for (size_t i = 0; i < n; i++)
+			ids[i] = t->byte_id[s[i]];
+		for (size_t i = 0; i + 1 < m; i++) {
+			const struct tok_pair2 *p = &t->pair2[(unsigned) s[i] << 8 | s[i + 1]];
+			prio[i] = p->prio;
+			merged[i] = p->merged;
+		}
+	} else {
+		memcpy(ids, init, n * sizeof(*ids));
+		for (size_t i = 0; i + 1 < m; i++)
+			prio[i] = tok_pair_find(t, ids[i], ids[i + 1], &merged[i]);
 	}
 	while (m > 1) {
 		uint32_t best = UINT32_MAX;
@@ -350,7 +360,8 @@ static uint64_t tok_heap_pop(uint64_t *heap, size_t *n) {
  * priority names one pair (HF) or one merged token (tiktoken), so a match
  * means the pair is really there, and (priority, position) order gives the
  * lowest, leftmost merge as the flat loop does. */
-static size_t tok_bpe_heap(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch) {
+static size_t tok_bpe_heap(const struct tok *t, const uint8_t *s, const uint32_t *init, size_t n, uint32_t *out,
+			   void *scratch) {
 	const uint32_t dead = UINT32_MAX;
 	uint32_t *ids = scratch, *next = ids + n, *prev = next + n;
 	uint64_t *heap = (uint64_t *) (((uintptr_t) (prev + n) + 7) & ~(uintptr_t) 7);
@@ -358,13 +369,14 @@ static size_t tok_bpe_heap(const struct tok *t, const uint8_t *s, size_t n, uint
 	uint32_t merged = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		ids[i] = t->byte_id[s[i]];
+		ids[i] = s ? t->byte_id[s[i]] : init[i];
 		next[i] = (uint32_t) i + 1;
 		prev[i] = (uint32_t) i - 1;
 	}
 	next[n - 1] = dead;
 	for (size_t i = 0; i + 1 < n; i++) {
-		uint32_t p = t->pair2[(unsigned) s[i] << 8 | s[i + 1]].prio;
+		uint32_t p = s ? t->pair2[(unsigned) s[i] << 8 | s[i + 1]].prio
+			       : tok_pair_find(t, ids[i], init[i + 1], &merged);
 		if (p != UINT32_MAX)
 			tok_heap_push(heap, &nh, (uint64_t) p << 32 | i);
 	}
@@ -399,6 +411,8 @@ static size_t tok_bpe_heap(const struct tok *t, const uint8_t *s, size_t n, uint
 }
 
 int tok_pairs_finish(struct tok *t) {
+	if (t->unicode_vocab)
+		return 0;
 	free(t->pair2);
 	t->pair2 = malloc(65536 * sizeof(*t->pair2));
 	if (!t->pair2)
@@ -412,6 +426,22 @@ int tok_pairs_finish(struct tok *t) {
 
 size_t tok_bpe(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch) {
 	if (n <= TOK_BPE_SMALL)
-		return tok_bpe_small(t, s, n, out, scratch);
-	return tok_bpe_heap(t, s, n, out, scratch);
+		return tok_bpe_small(t, s, NULL, n, out, scratch);
+	return tok_bpe_heap(t, s, NULL, n, out, scratch);
+}
+
+size_t tok_bpe_ids(const struct tok *t, const uint32_t *init, size_t n, uint32_t *out, void *scratch) {
+	if (n <= TOK_BPE_SMALL)
+		return tok_bpe_small(t, NULL, init, n, out, scratch);
+	return tok_bpe_heap(t, NULL, init, n, out, scratch);
+}
+
+size_t tok_model_encode(const struct tok *t, const uint8_t *s, size_t n, uint32_t *out, void *scratch) {
+	if (t->model)
+		return t->model(t, s, n, out, scratch);
+	return tok_bpe(t, s, n, out, scratch);
+}
+
+size_t tok_model_scratch_size(const struct tok *t, size_t n) {
+	return t->model_scratch ? t->model_scratch(t, n) : tok_bpe_scratch_size(n);
 }

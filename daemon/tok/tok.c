@@ -20,70 +20,9 @@
 #include <unistr.h>
 #include <uninorm.h>
 
-#include "tok-internal.h"
+#include "tok-pipe.h"
+#include "tok-unicode.h"
 
-#define TOK_WINDOW (256u * 1024u)
-#define TOK_BATCH 4096
-#define TOK_CACHE_SLOTS (1u << 16)
-#define TOK_CACHE_MAX_KEY 128
-#define TOK_CACHE_KEY_BYTES (1u << 20)
-#define TOK_CACHE_IDS (1u << 18)
-#define TOK_HOT_SLOTS (1u << 15)
-#define TOK_HOT_MAX_LEN 16
-#define TOK_HOT_MAX_IDS 3
-
-/* Direct-mapped cache of short pieces -> their ids.  Piece frequency is
- * Zipfian, so a table that stays in L2 answers most lookups, which would
- * otherwise miss in the multi-megabyte vocabulary table (measured: the
- * vocabulary probe was the largest cost of encoding). */
-struct tok_hot_slot {
-	uint64_t k0, k1;        /* piece bytes, zero-padded */
-	uint8_t len;            /* 0 = empty */
-	uint8_t n_ids;
-	uint32_t ids[TOK_HOT_MAX_IDS];
-};
-
-struct tok_cache_slot {
-	uint64_t hash;          /* 0 = empty */
-	uint32_t key_off;
-	uint32_t ids_off;
-	uint16_t key_len;
-	uint16_t n_ids;
-};
-
-struct tok_state {
-	const struct tok *t;
-	pcre2_match_data *md;
-	pcre2_match_context *mctx;
-	pcre2_jit_stack *jstack;
-
-	tok_sink_fn sink;
-	void *userdata;
-	int sink_error;
-	bool utf8_valid;        /* this call's text carries TOK_ENCODE_UTF8_VALID */
-	int32_t batch[TOK_BATCH];
-	size_t n_batch;
-
-	uint32_t *bpe_out;
-	void *bpe_scratch;
-	size_t bpe_cap;
-
-	uint8_t *conv;          /* window: carried text + rewritten text */
-	size_t conv_len, conv_cap;
-	uint8_t *fix;           /* UTF-8 repair output before NFC */
-	size_t fix_cap;
-	uint8_t *nfc;
-	size_t nfc_cap;
-
-	struct tok_hot_slot hot[TOK_HOT_SLOTS];
-
-	struct tok_cache_slot *cache;
-	size_t cache_used;
-	uint8_t *cache_keys;
-	size_t cache_keys_len;
-	uint32_t *cache_ids;
-	size_t cache_ids_len;
-};
 
 struct tok *tok_free(struct tok *t) {
 	if (!t)
@@ -92,8 +31,11 @@ struct tok *tok_free(struct tok *t) {
 		pcre2_code_free(t->re[i]);
 	pcre2_code_free(t->added_re);
 	pcre2_code_free(t->plain_re);
-	for (size_t i = 0; i < t->n_added; i++)
+	tok_pipe_free(t);
+	for (size_t i = 0; i < t->n_added; i++) {
 		free(t->added[i].text);
+		free(t->added[i].norm);
+	}
 	free(t->added);
 	free(t->ents);
 	free(t->bytes);
@@ -105,6 +47,12 @@ struct tok *tok_free(struct tok *t) {
 	free(t->name);
 	free(t);
 	return NULL;
+}
+
+bool tok_is_lossless(const struct tok *t) {
+	/* The general pipeline may normalise, mark word starts (Metaspace)
+	 * or give an unknown token. */
+	return !t->general;
 }
 
 size_t tok_vocab_size(const struct tok *t) {
@@ -140,172 +88,6 @@ void tok_ids_done(struct tok_ids *v) {
 	*v = (struct tok_ids) { 0 };
 }
 
-static int tok_compile(const struct tok *t, const char *pattern, size_t len, uint32_t options,
-		       pcre2_code **ret, bool *ret_jit, char **ret_error, const char *what) {
-	PCRE2_UCHAR msg[256];
-	PCRE2_SIZE off;
-	int err;
-	pcre2_code *re;
-
-	re = pcre2_compile((PCRE2_SPTR) pattern, len, options, &err, &off, NULL);
-	if (!re) {
-		pcre2_get_error_message(err, msg, sizeof(msg));
-		return tok_errorf(ret_error, -EINVAL, "%s: %s: offset %zu: %s", t->name, what, (size_t) off,
-				  (const char *) msg);
-	}
-	/* JIT for whole subjects and for windows (partial matching); an
-	 * interpreter fallback keeps working where JIT is unavailable. */
-	*ret_jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0;
-	*ret = re;
-	return 0;
-}
-
-/* Unicode White_Space, which is what \s means to Rust's regex (tiktoken) and
- * to Oniguruma (HF).  PCRE2's \s also takes U+180E (a format character
- * since Unicode 6.3), which would split " \u180e" where the peers do not. */
-#define TOK_WHITE_SPACE "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
-
-/* The model's pattern, adjusted so PCRE2 reads it as the peer's engine does:
- *  - \s (and \S outside classes) spelled out as White_Space;
- *  - hf (Oniguruma, Ruby syntax): "X{n,m}+" is not possessive there but
- *    "(?:X{n,m})+", so "\p{N}{1,3}+" takes any run of digits (HF's output
- *    shows it); written that way for PCRE2.
- * Everything else is passed through untouched. */
-static char *tok_translate_pattern(const char *p, bool hf) {
-	size_t n = strlen(p), o = 0, depth = 0, atom = 0, groups[64], n_groups = 0;
-	char *q = malloc(n * (sizeof(TOK_WHITE_SPACE) + 8) + 1);
-	bool quoted = false;
-
-	if (!q)
-		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		if (quoted) {
-			if (p[i] == '\\' && p[i + 1] == 'E') {
-				quoted = false;
-				q[o++] = p[i++];
-			}
-			atom = o;
-			q[o++] = p[i];
-			continue;
-		}
-		if (p[i] == '\\' && i + 1 < n) {
-			char c = p[i + 1];
-			if (depth == 0)
-				atom = o;
-			if (c == 'Q') {
-				quoted = true;
-				q[o++] = p[i++];
-				q[o++] = p[i];
-				continue;
-			}
-			if (c == 's' || (c == 'S' && depth == 0)) {
-				o += (size_t) sprintf(q + o, depth ? "%s" : c == 's' ? "[%s]" : "[^%s]", TOK_WHITE_SPACE);
-				i++;
-				continue;
-			}
-			q[o++] = p[i++];
-			q[o++] = p[i];
-			/* \p{..}, \x{..} and the like are one escape. */
-			if (strchr("pPxoNgk", c) && p[i + 1] == '{')
-				while (i + 1 < n && p[i] != '}')
-					q[o++] = p[++i];
-			continue;
-		}
-		if (depth > 0) {
-			if (p[i] == '[' && p[i + 1] == ':') {
-				const char *e = strstr(p + i, ":]");
-				if (e) {
-					size_t k = (size_t) (e - (p + i)) + 2;
-					memcpy(q + o, p + i, k);
-					o += k;
-					i += k - 1;
-					continue;
-				}
-			}
-			if (p[i] == ']')
-				depth = 0;
-			q[o++] = p[i];
-			continue;
-		}
-		if (p[i] == '[') {
-			depth = 1;
-			atom = o;
-			q[o++] = p[i];
-			/* A ']' first in a class (after an optional '^') is literal. */
-			if (p[i + 1] == '^')
-				q[o++] = p[++i];
-			if (p[i + 1] == ']')
-				q[o++] = p[++i];
-			continue;
-		}
-		if (p[i] == '(') {
-			if (n_groups < TOK_ELEMENTSOF(groups))
-				groups[n_groups] = o;
-			n_groups++;
-			q[o++] = p[i];
-			continue;
-		}
-		if (p[i] == ')') {
-			if (n_groups > 0 && --n_groups < TOK_ELEMENTSOF(groups))
-				atom = groups[n_groups];
-			q[o++] = p[i];
-			continue;
-		}
-		if (p[i] == '{') {
-			size_t k = i + 1;
-			while (k < n && ((p[k] >= '0' && p[k] <= '9') || p[k] == ','))
-				k++;
-			if (k < n && p[k] == '}' && k > i + 1 && hf && p[k + 1] == '+') {
-				memmove(q + atom + 3, q + atom, o - atom);
-				memcpy(q + atom, "(?:", 3);
-				o += 3;
-				memcpy(q + o, p + i, k - i + 1);
-				o += k - i + 1;
-				q[o++] = ')';
-				q[o++] = '+';
-				i = k + 1;
-				continue;
-			}
-			if (k < n && p[k] == '}') {
-				memcpy(q + o, p + i, k - i + 1);
-				o += k - i + 1;
-				i = k;
-				continue;
-			}
-		}
-		if (!strchr("*+?|^$", p[i]))
-			atom = o;
-		q[o++] = p[i];
-	}
-	q[o] = 0;
-	return q;
-}
-
-int tok_add_regex(struct tok *t, const char *pattern, bool hf, char **ret_error) {
-	/* Rust's regex (tiktoken) matches $ only at the end of the text;
-	 * Oniguruma (HF) matches it before every newline too. */
-	uint32_t opts = PCRE2_UTF | PCRE2_UCP | (hf ? PCRE2_MULTILINE : PCRE2_DOLLAR_ENDONLY);
-	bool jit;
-	int r;
-
-	if (t->n_re >= TOK_MAX_REGEX)
-		return tok_errorf(ret_error, -EOPNOTSUPP, "%s: more than %d pre-tokenizer regexes", t->name,
-				  TOK_MAX_REGEX);
-	_tok_cleanup_free_ char *translated = tok_translate_pattern(pattern, hf);
-	if (!translated)
-		return -ENOMEM;
-	r = tok_compile(t, translated, PCRE2_ZERO_TERMINATED, opts, &t->re[t->n_re], &jit, ret_error,
-			"pre-tokenizer pattern");
-	if (r < 0)
-		return r;
-	if (t->n_re == 0) {
-		t->jit = jit;
-		pcre2_pattern_info(t->re[0], PCRE2_INFO_MAXLOOKBEHIND, &t->max_lookbehind);
-	} else
-		t->jit = t->jit && jit;
-	t->n_re++;
-	return 0;
-}
 
 int tok_add_special(struct tok *t, const char *text, size_t len, int32_t id, bool special) {
 	struct tok_added *a;
@@ -317,6 +99,7 @@ int tok_add_special(struct tok *t, const char *text, size_t len, int32_t id, boo
 		return -ENOMEM;
 	t->added = a;
 	a = &t->added[t->n_added];
+	*a = (struct tok_added) { 0 };
 	a->text = strndup(text, len);
 	if (!a->text)
 		return -ENOMEM;
@@ -372,7 +155,7 @@ static int tok_compile_added(struct tok *t, bool only_plain, pcre2_code **ret, c
 int tok_finish(struct tok *t, char **ret_error) {
 	int r;
 
-	if (t->n_re == 0)
+	if (t->n_re == 0 && !t->general)
 		return tok_errorf(ret_error, -EINVAL, "%s: no pre-tokenizer pattern", t->name);
 	if (t->n_added > 1) /* qsort(NULL, 0, ...) is undefined (UBSan) */
 		qsort(t->added, t->n_added, sizeof(*t->added), tok_added_cmp);
@@ -382,6 +165,11 @@ int tok_finish(struct tok *t, char **ret_error) {
 	r = tok_compile_added(t, true, &t->plain_re, ret_error);
 	if (r < 0)
 		return r;
+	if (t->general) {
+		r = tok_pipe_finish(t, ret_error);
+		if (r < 0)
+			return r;
+	}
 	t->vocab_size = t->n_ids;
 	for (size_t i = 0; i < t->n_added; i++)
 		if ((size_t) t->added[i].id + 1 > t->vocab_size)
@@ -403,6 +191,7 @@ struct tok_state *tok_state_free(struct tok_state *st) {
 	free(st->cache);
 	free(st->cache_keys);
 	free(st->cache_ids);
+	tok_pipe_state_free(st);
 	free(st);
 	return NULL;
 }
@@ -491,18 +280,26 @@ static const struct tok_cache_slot *tok_cache_get(const struct tok_state *st, ui
 
 /* One pre-token: a single token if it is one (and merging would keep it
  * whole), else cached or freshly merged ids. */
-static int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
+void tok_piece_id(struct tok_state *st, uint32_t id) {
+	tok_emit(st, id);
+}
+
+int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	const struct tok *t = st->t;
 	const struct tok_cache_slot *c;
 	const struct tok_slot *sl;
 	struct tok_hot_slot *hs = NULL;
-	uint64_t h, k0 = 0, k1 = 0;
+	uint64_t h = 0, k0 = 0, k1 = 0;
 	size_t m;
 
-	if (n == 1) {
+	if (n == 1 && !t->model) {
 		tok_emit(st, t->byte_id[s[0]]);
 		return 0;
 	}
+	/* A piece longer than any token and than cache keys: straight to
+	 * the model, without hashing it. */
+	if (n > TOK_CACHE_MAX_KEY && n > t->max_len)
+		goto model;
 	h = tok_hash_bytes(s, n);
 	if (n <= TOK_HOT_MAX_LEN) {
 		k0 = tok_load_head(s, n);
@@ -532,19 +329,20 @@ static int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 		}
 		return 0;
 	}
+model:
 	if (n > st->bpe_cap) {
 		size_t cap = n < 256 ? 256 : n + n / 2;
 		uint32_t *o = realloc(st->bpe_out, cap * sizeof(*o));
 		if (!o)
 			return -ENOMEM;
 		st->bpe_out = o;
-		void *sc = realloc(st->bpe_scratch, tok_bpe_scratch_size(cap));
+		void *sc = realloc(st->bpe_scratch, tok_model_scratch_size(t, cap));
 		if (!sc)
 			return -ENOMEM;
 		st->bpe_scratch = sc;
 		st->bpe_cap = cap;
 	}
-	m = tok_bpe(t, s, n, st->bpe_out, st->bpe_scratch);
+	m = tok_model_encode(t, s, n, st->bpe_out, st->bpe_scratch);
 	for (size_t i = 0; i < m; i++)
 		tok_emit(st, st->bpe_out[i]);
 	if (hs && m <= TOK_HOT_MAX_IDS) {
@@ -565,102 +363,6 @@ static int tok_match(const struct tok_state *st, const pcre2_code *re, const uin
 
 static int tok_split(struct tok_state *st, size_t level, const uint8_t *s, size_t n);
 
-/*
- * cl100k_base's pattern, by hand, for ASCII text:
- *
- *   '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+|
- *    ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s
- *
- * PCRE2 JIT spends about 45 ns per piece, most of it in the call, which was
- * 40 % of encoding (bench/tok/RESULTS.md); this takes a few.  Each branch
- * is the pattern's alternative of the same rank, tried in the same order.
- * Where the answer could depend on a non-ASCII character (is it a letter,
- * a digit, white space, or the long s that (?i)s matches?) it returns 0 and
- * PCRE2 matches that piece; so do text windows (partial matching).  The
- * tiktoken peer tests check it id for id on the corpus and the edge cases.
- */
-enum { TC_OTHER, TC_LETTER, TC_DIGIT, TC_SPACE, TC_HIGH };
-
-static inline unsigned tok_ascii_class(uint8_t c) {
-	if (c >= 0x80)
-		return TC_HIGH;
-	if ((unsigned) ((c | 0x20) - 'a') < 26)
-		return TC_LETTER;
-	if ((unsigned) (c - '0') < 10)
-		return TC_DIGIT;
-	return c == ' ' || (c >= '\t' && c <= '\r') ? TC_SPACE : TC_OTHER;
-}
-
-/* Class of s[i], TC_OTHER past the end (no alternative reads past the
- * text except to see that it ends, which the callers check first). */
-#define TC(i) ((i) < n ? tok_ascii_class(s[i]) : TC_OTHER)
-
-/* End of the run of class c from i; 0 (unsure) if a non-ASCII byte ends it. */
-static inline size_t tok_run(const uint8_t *s, size_t n, size_t i, unsigned c) {
-	while (i < n && tok_ascii_class(s[i]) == c)
-		i++;
-	return i < n && s[i] >= 0x80 ? 0 : i;
-}
-
-static size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos) {
-	const uint8_t c = s[pos];
-	const unsigned k = tok_ascii_class(c);
-	size_t i;
-
-	if (k == TC_HIGH)
-		return 0;
-	/* '(?i:[sdmt]|ll|ve|re) */
-	if (c == '\'' && pos + 1 < n) {
-		uint8_t a = s[pos + 1] | 0x20, b = pos + 2 < n ? s[pos + 2] | 0x20 : 0;
-		if (s[pos + 1] >= 0x80)
-			return 0;
-		if (a == 's' || a == 'd' || a == 'm' || a == 't')
-			return pos + 2;
-		if ((a == 'l' || a == 'v' || a == 'r') && pos + 2 < n && s[pos + 2] >= 0x80)
-			return 0;
-		if ((a == 'l' && b == 'l') || ((a == 'v' || a == 'r') && b == 'e'))
-			return pos + 3;
-	}
-	/* [^\r\n\p{L}\p{N}]?+\p{L}++ */
-	if (k == TC_LETTER)
-		return tok_run(s, n, pos, TC_LETTER);
-	if (k != TC_DIGIT && c != '\r' && c != '\n') {
-		unsigned k1 = TC(pos + 1);
-		if (k1 == TC_HIGH)
-			return 0;
-		if (k1 == TC_LETTER)
-			return tok_run(s, n, pos + 1, TC_LETTER);
-	}
-	/* \p{N}{1,3}+ */
-	if (k == TC_DIGIT) {
-		for (i = pos + 1; i < pos + 3 && TC(i) == TC_DIGIT; i++)
-			;
-		return i < pos + 3 && TC(i) == TC_HIGH ? 0 : i;
-	}
-	/*  ?[^\s\p{L}\p{N}]++[\r\n]*+ */
-	i = c == ' ' ? pos + 1 : pos;
-	if (TC(i) == TC_HIGH)
-		return 0;
-	if (i < n && TC(i) == TC_OTHER) {
-		i = tok_run(s, n, i, TC_OTHER);
-		if (i == 0)
-			return 0;
-		while (i < n && (s[i] == '\r' || s[i] == '\n'))
-			i++;
-		return i;
-	}
-	/* The rest is white space: \s++$ | \s*[\r\n] | \s+(?!\S) | \s */
-	size_t e = tok_run(s, n, pos, TC_SPACE);
-	if (e == 0)
-		return 0;
-	if (e == n)
-		return n;
-	for (i = e; i > pos; i--)
-		if (s[i - 1] == '\r' || s[i - 1] == '\n')
-			return i;
-	return e - pos >= 2 ? e - 1 : pos + 1;
-}
-#undef TC
 
 static int tok_sub(struct tok_state *st, size_t level, const uint8_t *s, size_t n) {
 	if (level < st->t->n_re)
@@ -688,7 +390,7 @@ static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, 
 		size_t ms, me;
 
 		if (cl100k) {
-			me = tok_match_cl100k(s, n, pos);
+			me = tok_match_cl100k(s, n, pos, t->split_digits, t->split_end_rule);
 			if (me > pos) {
 				r = tok_sub(st, level + 1, s + pos, me - pos);
 				if (r < 0)
@@ -697,7 +399,8 @@ static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, 
 				continue;
 			}
 		}
-		r = tok_match(st, t->re[level], s, n, pos, opts);
+		/* The same offsets of the text with Unicode 16 stand-ins. */
+		r = tok_match(st, t->re[level], st->mbase + (s - st->sbase), n, pos, opts);
 		if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
 			break;
 		if (r < 0)
@@ -770,6 +473,10 @@ static size_t tok_window_end(const uint8_t *s, size_t n, size_t want) {
 
 /* Pre-tokenizes the current window, conv[ctx..conv_len), with the first regex. */
 static int tok_split_window(struct tok_state *st, size_t ctx, bool final, size_t *ret_keep) {
+	st->sbase = st->conv;
+	st->mbase = tok_uni_map(&st->map_buf, st->conv, st->conv_len);
+	if (!st->mbase)
+		return -ENOMEM;
 	return tok_split_from(st, 0, st->conv, st->conv_len, ctx, final, ret_keep);
 }
 
@@ -852,11 +559,25 @@ static int tok_ordinary_windowed(struct tok_state *st, const uint8_t *s, size_t 
 	}
 }
 
+/* Whether any byte of s[0..n) is >= min. */
+static bool memchr_ge(const uint8_t *s, size_t n, uint8_t min) {
+	for (size_t i = 0; i < n; i++)
+		if (s[i] >= min)
+			return true;
+	return false;
+}
+
 static int tok_ordinary(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {
 	if (n == 0)
 		return 0;
-	if (!st->t->nfc && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n))
+	/* Text below U+0300 (no byte >= 0xCC) is its own NFC: in place too. */
+	if ((!st->t->nfc || !memchr_ge(s, n, 0xcc)) && (st->utf8_valid || tok_utf8_valid_prefix(s, n) == n)) {
+		st->sbase = s;
+		st->mbase = tok_uni_map(&st->map_buf, s, n);
+		if (!st->mbase)
+			return -ENOMEM;
 		return tok_split(st, 0, s, n);
+	}
 	return tok_ordinary_windowed(st, s, n, n_replaced);
 }
 
@@ -882,7 +603,11 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 	st->n_batch = 0;
 	st->utf8_valid = flags & TOK_ENCODE_UTF8_VALID;
 
-	while (sre && pos < len && st->sink_error == 0) {
+	if (t->general) {
+		r = tok_encode_general(st, s, len, flags, &n_replaced);
+		len = pos = 0;
+	}
+	while (r == 0 && sre && pos < len && st->sink_error == 0) {
 		PCRE2_SIZE *ov;
 		int k = tok_match(st, sre, s, len, pos, 0);
 

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tok: byte-level BPE tokenizer core of feedd.
+ * tok: the tokenizer core of feedd.
  *
  * A struct tok is loaded once (tiktoken rank file with a named preset, or an
- * HF tokenizer.json for a byte-level BPE model) and is then immutable: any
+ * HF tokenizer.json, docs/tokenizers.md) and is then immutable: any
  * number of threads may encode with it at the same time.  Everything mutable
  * during encoding (PCRE2 match data, scratch buffers, a cache of piece ->
  * ids) lives in a struct tok_state, one per thread, created for one tok.
@@ -13,11 +13,14 @@
  *      tokens that are not "special" are always split out, as HF does),
  *   2. replace invalid UTF-8 by U+FFFD with the maximal-subpart rule
  *      (Python's bytes.decode("utf-8", errors="replace")); NUL is text,
- *   3. NFC if the tokenizer.json asks for it,
- *   4. pre-tokenize with the model's own regex(es) (PCRE2, UTF+UCP, JIT),
+ *   3. the tokenizer.json's normalizers (NFC, Replace, ...),
+ *   4. pre-tokenize with the model's own regex(es) (PCRE2, UTF+UCP, JIT,
+ *      classes patched to Unicode 16) or pre-tokenizers,
  *   5. BPE-merge each piece by rank (lowest first, leftmost on ties).
- * Memory use does not grow with the document: text that needs rewriting
- * (steps 2, 3) is converted in windows cut at pre-token boundaries, and
+ * Memory use does not grow with the document on the byte-level fast path:
+ * text that needs rewriting (steps 2, 3) is converted in windows cut at
+ * pre-token boundaries (the general pipeline normalizes the text between
+ * two added tokens whole), and
  * tok_encode_stream() hands ids to a sink in batches.  The one exception is
  * a single pre-token, which BPE needs whole (a 10 MB run of letters costs
  * O(10 MB)); the reference encoders do the same.
@@ -75,18 +78,28 @@ int tok_load_rankfile_custom(const char *path, const char *pattern,
 			     struct tok **ret, char **ret_error);
 
 /*
- * Loads an HF tokenizer.json for a byte-level BPE model: model.type "BPE"
- * with vocab, merges ("a b" or ["a","b"]), ignore_merges; normalizer null or
- * NFC; pre_tokenizer ByteLevel or a Sequence of Split (Regex, Isolated)
- * followed by ByteLevel; added_tokens.  Any other setting that would change
- * the ids is refused with -EOPNOTSUPP and a message naming the field.
- * Added tokens get the ids HF tokenizers gives them (the id of the same
- * string in model.vocab, else the next free id), not added_tokens[].id.
+ * Loads an HF tokenizer.json: BPE models (byte-level, or over UTF-8 strings
+ * with byte_fallback, unk_token/fuse_unk, affixes), Unigram and WordPiece
+ * models (tok-model.h), the normalizers and
+ * pre-tokenizers listed in docs/configuration.md ("Tokenizers"), added
+ * tokens with normalized/lstrip/rstrip/single_word.  Plain byte-level BPE
+ * behind regex splits takes the fast path; anything else the general
+ * pipeline (tok-pipe.h), with HF tokenizers' semantics.  Any other setting
+ * that would change the ids is refused with -EOPNOTSUPP and a message
+ * naming the field.  Added tokens get the ids HF tokenizers gives them (the
+ * id of the same string in model.vocab, else the next free id), not
+ * added_tokens[].id.
  */
 int tok_load_hf(const char *path, struct tok **ret, char **ret_error);
 
 /* Frees a tok (NULL is fine); returns NULL.  No tok_state may outlive it. */
 struct tok *tok_free(struct tok *t);
+
+/* True when the bytes of the ids always spell the text again (the
+ * byte-level fast path); false for the general pipeline (Unigram,
+ * WordPiece, SentencePiece-style BPE), which may normalise the text, mark
+ * word starts and give an unknown token. */
+bool tok_is_lossless(const struct tok *t);
 
 /* Largest token id + 1, specials included. */
 size_t tok_vocab_size(const struct tok *t);

@@ -173,10 +173,13 @@ def tokenizers(out):
     bad[40] = f"{_b64(b'x')} forty"  # line 41
     (d / "bad-rank.tiktoken").write_text("\n".join(bad) + "\n")
     (d / "missing-bytes.tiktoken").write_text("\n".join(lines[:200]) + "\n")
+    # WordPiece and Unigram load; these two are broken, WordLevel is not implemented.
     (d / "wordpiece.json").write_text(json.dumps(
-        {"version": "1.0", "model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}}}))
+        {"version": "1.0", "model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"a": 1}}}))
     (d / "unigram.json").write_text(json.dumps(
         {"version": "1.0", "model": {"type": "Unigram", "vocab": [["a", -1.0]]}}))
+    (d / "wordlevel.json").write_text(json.dumps(
+        {"version": "1.0", "model": {"type": "WordLevel", "unk_token": "[UNK]", "vocab": {"[UNK]": 0}}}))
     (d / "broken.json").write_text('{"model": {\n  "type": "BPE",,\n}')
 
 

@@ -195,8 +195,9 @@ TOK_FAILURES = {
     "bad-line.tiktoken": "bad-line.tiktoken:101:",
     "bad-rank.tiktoken": "bad-rank.tiktoken:41: bad rank",
     "missing-bytes.tiktoken": "byte 0xc8 has no token; not a byte-level vocabulary",
-    "wordpiece.json": "wordpiece.json: model.type: unsupported value \"WordPiece\"",
-    "unigram.json": "unigram.json: model.type: unsupported value \"Unigram\"",
+    "wordpiece.json": "wordpiece.json: model.unk_token: \"[UNK]\" is not in model.vocab",
+    "unigram.json": "unigram.json: model.unk_id: unsupported value (missing)",
+    "wordlevel.json": "wordlevel.json: model.type: unsupported value \"WordLevel\"",
     "broken.json": "broken.json:2:",
 }
 

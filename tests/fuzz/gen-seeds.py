@@ -147,6 +147,22 @@ def hf(out):
         "ignore-merges": hf_doc(bl, extra={"ignore_merges": True}),
         "wordpiece": {"model": {"type": "WordPiece", "vocab": {}}},
         "nfkc": hf_doc(bl, normalizer={"type": "NFKC"}),
+        # Unigram (T5/XLM-R style) and WordPiece (BERT style), small vocabularies.
+        "unigram": {"version": "1.0", "added_tokens": [dict(eos, id=0, content="<pad>")],
+                    "normalizer": {"type": "Sequence", "normalizers": [{"type": "StripAccents"}, {"type": "Lowercase"}]},
+                    "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                      "split": True},
+                    "model": {"type": "Unigram", "unk_id": 1, "byte_fallback": True, "vocab": [
+                        ["<pad>", 0.0], ["<unk>", 0.0], ["\u2581", -2.0], ["\u2581h", -3.0], ["ell", -2.5],
+                        ["o", -1.5], ["\u2581the", -1.0], ["<0x21>", -5.0], ["l", -4.0], ["e", -4.0]]}},
+        "wordpiece-bert": {"version": "1.0", "added_tokens": [dict(eos, id=4, content="[CLS]")],
+                           "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                          "strip_accents": None, "lowercase": True},
+                           "pre_tokenizer": {"type": "BertPreTokenizer"},
+                           "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                                     "max_input_chars_per_word": 100, "vocab": {
+                                         "[UNK]": 0, "hello": 1, "he": 2, "##llo": 3, "[CLS]": 4, ",": 5, "!": 6,
+                                         "the": 7, "##s": 8}}},
     }
     for name, d in docs.items():
         (out / f"{name}.json").write_text(json.dumps(d, ensure_ascii=(name != "sequence-nfc")))

@@ -105,6 +105,20 @@ static void expect_load_error(const char *name, const char *content, int want_r,
 		printf("ok: %s\n", error);
 }
 
+/* A file the general pipeline loads, and the ids it gives for text. */
+static void expect_loads(const char *name, const char *content, const char *text, unsigned flags,
+			 const int32_t *want, size_t n_want) {
+	_tok_cleanup_free_ char *path = write_file(name, content, strlen(content));
+	_tok_cleanup_free_ char *error = NULL;
+	struct tok *t = NULL;
+	int r = tok_load_hf(path, &t, &error);
+
+	EXPECT(r == 0 && !error, "%s: %s", name, error ? error : strerror(-r));
+	if (r == 0)
+		expect_ids(t, text, strlen(text), flags, want, n_want, name);
+	tok_free(t);
+}
+
 static void test_rankfile(void) {
 	_tok_cleanup_free_ char *text = rank_text("");
 	_tok_cleanup_free_ char *path = write_file("good.tiktoken", text, strlen(text));
@@ -259,36 +273,52 @@ static void test_hf(void) {
 		}
 	}
 
-	expect_load_error("wordpiece.json", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", -EOPNOTSUPP,
-			  "wordpiece.json: model.type: unsupported value \"WordPiece\"");
+	expect_load_error("wordlevel.json", "{\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}", -EOPNOTSUPP,
+			  "wordlevel.json: model.type: unsupported value \"WordLevel\"");
+	/* Settings the general pipeline (tok-pipe.h) reads.  NFKC: U+FB01
+	 * is "fi"; byte_fallback is moot with a byte-level vocabulary. */
 	_tok_cleanup_free_ char *a = hf_json("", BL, "{\"type\":\"NFKC\"}", "[]");
-	expect_load_error("nfkc.json", a, -EOPNOTSUPP, "nfkc.json: normalizer.type");
+	expect_loads("nfkc.json", a, "\xef\xac\x81", 0, (const int32_t[]) { 'f', 'i' }, 2);
 	_tok_cleanup_free_ char *b = hf_json("\"byte_fallback\":true,", BL, "null", "[]");
-	expect_load_error("fallback.json", b, -EOPNOTSUPP, "model.byte_fallback");
+	expect_loads("fallback.json", b, "ab", 0, (const int32_t[]) { 256 }, 1);
 	_tok_cleanup_free_ char *c = hf_json("\"dropout\":0.1,", BL, "null", "[]");
 	expect_load_error("dropout.json", c, -EOPNOTSUPP, "model.dropout");
+	/* Split Removed drops the matches. */
 	_tok_cleanup_free_ char *d = hf_json(
 		"", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},"
 		    "\"behavior\":\"Removed\",\"invert\":false},{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
 		"null", "[]");
-	expect_load_error("removed.json", d, -EOPNOTSUPP, "pre_tokenizer.pretokenizers[0].behavior");
+	expect_loads("removed.json", d, "axb", 0, (const int32_t[]) { 'a', 'b' }, 2);
+	/* Metaspace without ByteLevel: a vocabulary of UTF-8 strings, where
+	 * "_" is 95; prefix added (add_prefix_space defaults to true), split
+	 * before each "_". */
 	_tok_cleanup_free_ char *e = hf_json("", "{\"type\":\"Metaspace\",\"replacement\":\"_\"}", "null", "[]");
-	expect_load_error("metaspace.json", e, -EOPNOTSUPP, "pre_tokenizer.type");
+	expect_loads("metaspace.json", e, "a b", 0, (const int32_t[]) { '_', 'a', '_', 'b' }, 4);
+	/* lstrip: the space before <eos> goes with it. */
 	_tok_cleanup_free_ char *g = hf_json(
 		"", BL, "null",
 		"[{\"id\":300,\"content\":\"<eos>\",\"single_word\":false,\"lstrip\":true,\"rstrip\":false,"
 		"\"normalized\":false,\"special\":true}]");
-	expect_load_error("lstrip.json", g, -EOPNOTSUPP, "added_tokens[0].lstrip");
+	expect_loads("lstrip.json", g, "x <eos>", TOK_ENCODE_SPECIALS, (const int32_t[]) { 'x', 259 }, 2);
 	_tok_cleanup_free_ char *h = hf_json("\"continuing_subword_prefix\":\"##\",", BL, "null", "[]");
 	expect_load_error("prefix.json", h, -EOPNOTSUPP, "model.continuing_subword_prefix");
 	_tok_cleanup_free_ char *i = hf_json("\"whatever\":1,", BL, "null", "[]");
 	expect_load_error("unknown.json", i, -EOPNOTSUPP, "model.whatever: unknown field");
+	/* ByteLevel's add_prefix_space: "a" is read as " a". */
 	_tok_cleanup_free_ char *k = hf_json("", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", "null", "[]");
-	expect_load_error("prefix-space.json", k, -EOPNOTSUPP, "pre_tokenizer.add_prefix_space");
+	expect_loads("prefix-space.json", k, "a", 0, (const int32_t[]) { 257 }, 1);
+	_tok_cleanup_free_ char *l = hf_json("", BL, "{\"type\":\"BertNormalizer\"}", "[]");
+	/* BertNormalizer (tok-hf-model.c) in front of byte-level BPE: "A" is
+	 * lowercased, U+00E9 loses its accent. */
+	expect_loads("bert.json", l, "A\xc3\xa9", 0, (const int32_t[]) { 'a', 'e' }, 2);
+	_tok_cleanup_free_ char *o = hf_json("", "{\"type\":\"UnicodeScripts\"}", "null", "[]");
+	expect_load_error("scripts.json", o, -EOPNOTSUPP, "pre_tokenizer.type: unsupported value \"UnicodeScripts\"");
 	expect_load_error("broken.json", "{\"model\": {\n  \"type\": \"BPE\",,\n}", -EINVAL, "broken.json:2:");
 	expect_load_error("array.json", "[1,2]", -EINVAL, "not a JSON object");
-	expect_load_error("null-pre.json", "{\"pre_tokenizer\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-			  -EINVAL, "byte 0x00 has no token");
+	/* No pre-tokenizer: a UTF-8 vocabulary; with no unk_token, "b" is
+	 * dropped, as HF drops it. */
+	expect_loads("null-pre.json", "{\"pre_tokenizer\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+		     "ab", 0, (const int32_t[]) { 0 }, 1);
 	/* A merge whose result is not in the vocabulary. */
 	_tok_cleanup_free_ char *m = hf_json("", BL, "null", "[]");
 	char *at = strstr(m, "\"ab c\"");

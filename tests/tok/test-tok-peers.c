@@ -10,6 +10,12 @@
  *                                same corpus from two threads sharing the tok.
  *   test-tok-peers hf NAME       tokenizer.json vs HF tokenizers on a corpus
  *                                subset and the edge cases.
+ *   test-tok-peers model NAME    a Unigram or WordPiece tokenizer.json
+ *                                (tests/tok/mkmodels.mjs) vs HF tokenizers on
+ *                                the multilingual corpus, the edge cases and
+ *                                every code point (allchars.txt),
+ *                                with specials recognised and as text (HF's
+ *                                encode_special_tokens), then from 2 threads.
  *
  * Reference ids come from scripts/fetch-tok-data.sh; without them: skip.
  */
@@ -153,7 +159,7 @@ int main(int argc, char **argv) {
 	int r;
 
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s rank PRESET | hf NAME\n", argv[0]);
+		fprintf(stderr, "usage: %s rank PRESET | hf NAME | model NAME\n", argv[0]);
 		return 2;
 	}
 	if (strcmp(argv[1], "rank") == 0) {
@@ -190,6 +196,24 @@ int main(int argc, char **argv) {
 		if (asprintf(&rel, "ref/%s.corpus.u32", argv[2]) < 0)
 			abort();
 		ok &= check_corpus(t, "corpus.txt", rel, 0, true);
+		free(rel);
+	} else if (strcmp(argv[1], "model") == 0) {
+		if (asprintf(&rel, "ref/hf-%s.edge.json", argv[2]) < 0)
+			abort();
+		ok &= check_edge(t, st, rel, "ids", TOK_ENCODE_SPECIALS);
+		ok &= check_edge(t, st, rel, "ids_nosp", 0);
+		free(rel);
+		if (asprintf(&rel, "ref/hf-%s.allchars.u32", argv[2]) < 0)
+			abort();
+		ok &= check_corpus(t, "allchars.txt", rel, TOK_ENCODE_SPECIALS, false);
+		free(rel);
+		if (asprintf(&rel, "ref/hf-%s.multi.u32", argv[2]) < 0)
+			abort();
+		ok &= check_corpus(t, "multi.txt", rel, TOK_ENCODE_SPECIALS, false);
+		free(rel);
+		if (asprintf(&rel, "ref/hf-%s-nosp.multi.u32", argv[2]) < 0)
+			abort();
+		ok &= check_corpus(t, "multi.txt", rel, 0, true);
 		free(rel);
 	} else {
 		/* HF always splits added tokens out of the text. */
