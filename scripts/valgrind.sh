@@ -14,5 +14,5 @@ set -eu
 cd "$(dirname "$0")/.."
 BUILD=${FEEDD_BUILD_DIR:-build}
 command -v valgrind >/dev/null || { echo "valgrind: not installed (scripts/install-deps.sh)" >&2; exit 1; }
-[ $# -gt 0 ] || set -- test_spine test_python test_crash test_hostile test_text gpu-hostonly test_bad
+[ $# -gt 0 ] || set -- test_megatron_stream test_python test_crash test_hostile test_text gpu-hostonly test_bad
 exec meson test -C "$BUILD" --setup valgrind --print-errorlogs "$@"

@@ -4,7 +4,7 @@
 Runs with Debian's /usr/bin/python3 (python3-torch, python3-numpy). The
 package is imported from the source tree and loads libfeed from
 $FEEDD_BUILD_DIR/client. Expected batches come from `feedctl dump`, which
-test_spine.py checks against the independent reference.
+test_megatron_stream.py checks against the independent reference.
 """
 
 import errno

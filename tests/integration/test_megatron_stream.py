@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""The spine, end to end: a real feedd, real shards, real clients.
+"""Megatron feeds end to end: a real feedd, real shards, real clients, every
+batch against the sample-order contract.
 
 Runs with Debian's /usr/bin/python3. Every expected batch comes from
 tests/ref/feed_ref.py, an implementation of docs/sample-order.md written
