@@ -135,7 +135,7 @@ CONFIGS = {
     "bad-feed-name": "[feed.a/b]\nshards = {good}\n",
     "missing-shards": "[feed.web]\nseq_len = 128\n",
     "not-ini": "this is not a config\n",
-    "bad-format": "[feed.web]\nshards = {good}\nformat = parquet\n",
+    "bad-format": "[feed.web]\nshards = {good}\nformat = orc\n",
     "bad-packing": "[feed.web]\nshards = {good}\npacking = firstfit\n",
     "bad-pack-buffer": "[feed.web]\nshards = {good}\npacking = bestfit\npack_buffer = 0\n",
     "pack-buffer-without-bestfit": "[feed.web]\nshards = {good}\npacking = pad\npack_buffer = 4096\n",

@@ -160,7 +160,7 @@ CONFIG_FAILURES = {
     "bad-feed-name": "2: [feed.a/b]: feed names are",
     "missing-shards": " [feed.web]: 'shards' is required",
     "not-ini": "1: syntax error",
-    "bad-format": "3: format: 'parquet' is not supported",
+    "bad-format": "3: format: 'orc' is not supported",
     "bad-packing": "3: packing: 'firstfit' is not one of concat, bestfit, pad",
     "bad-pack-buffer": "4: pack_buffer: '0' is not an integer in 1..4294967296",
     "pack-buffer-without-bestfit": "4: pack_buffer: applies to packing = bestfit only",
