@@ -55,6 +55,10 @@ def free_port():
 
 def test_torchrun_two_ranks(web):
     """examples/train_torch.py under torchrun: DDP over gloo, each rank its own feed.Loader."""
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # scripts/sanitize.sh preloads ASan into Python: libtorch's own threads then abort in ASan's
+        # __cxa_throw interceptor (a CHECK inside libtorch_cpu, before any feed code runs).
+        pytest.skip("torch.distributed aborts inside libtorch under a preloaded ASan; the plain run covers it")
     out = run_example(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
                        "--master_addr", "127.0.0.1", "--master_port", free_port(),
                        # torch 1.13 on Python 3.11: --redirects 0 crashes in to_map() (docs/python.md).
