@@ -70,6 +70,8 @@ static int on_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null
 		return r;
 	if (n >= WBUF)
 		return write_all(b->fd, p, n);
+	if (n == 0)
+		return 0; /* a null or empty value: p may be NULL, and memcpy's arguments may not */
 	memcpy(b->buf + b->n, p, n);
 	b->n += n;
 	return 0;

@@ -283,7 +283,7 @@ def test_allow_lists_refuse_other_users_with_pid_and_uid_logged(tmp_path, data):
         assert status(d.socket)["daemon"]["refused"]["credentials"] == 1  # root always may
 
         # Allowed by group instead: a reload applies it.
-        d.conf.write_text(conf.replace("allow_users = daemon", f"allow_groups = {nobody.pw_gid}"))
+        d.conf.write_text(d.conf.read_text().replace("allow_users = daemon", f"allow_groups = {nobody.pw_gid}"))
         d.proc.send_signal(signal.SIGHUP)
         deadline = time.time() + 10
         while "reloaded" not in d.log_text():
