@@ -12,6 +12,7 @@
  * joined byte strings.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 
@@ -155,6 +156,16 @@ int tok_vocab_finish(struct tok *t, char **ret_error) {
 			return tok_errorf(ret_error, -EINVAL, "%s: id %u given twice", where, t->ents[i].id);
 		}
 		n_ids = t->ents[i].id + 1;
+	}
+	/*
+	 * Tables are indexed by id: a file naming id 2^31 - 1 among a handful of
+	 * tokens would make gigabytes of them. Real vocabularies are dense (ranks
+	 * 0..N-1, a few reserved ids), so ids must stay below 2N + 65536.
+	 */
+	if (t->n_ents && (uint64_t) n_ids > 2 * (uint64_t) t->n_ents + 65536) {
+		tok_where(t, t->ents[t->n_ents - 1].line, where, sizeof(where));
+		return tok_errorf(ret_error, -EINVAL, "%s: id %u is far past the %zu tokens given (ids must stay below %" PRIu64 ")",
+				  where, n_ids - 1, t->n_ents, 2 * (uint64_t) t->n_ents + 65536);
 	}
 	t->n_ids = n_ids;
 	t->off = calloc((size_t) n_ids + 1, sizeof(*t->off));
