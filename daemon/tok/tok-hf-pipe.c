@@ -120,23 +120,29 @@ static int tok_hf_replace(struct tok *t, const json_t *o, const char *where, cha
 
 static int tok_hf_norm_any(struct tok *t, const json_t *n, const char *where, char **ret_error);
 
-static int tok_hf_norm_sequence(struct tok *t, const json_t *o, const char *where, char **ret_error) {
-	static const char *const known[] = { "type", "normalizers", NULL };
-	const json_t *list = json_object_get(o, "normalizers"), *x;
+/* A `Sequence` normalizer or pre-tokenizer: its `member` array, each entry parsed by `each`. */
+static int tok_hf_sequence(struct tok *t, const json_t *o, const char *where, const char *member,
+			   int (*each)(struct tok *, const json_t *, const char *, char **), char **ret_error) {
+	const char *const known[] = { "type", member, NULL };
+	const json_t *list = json_object_get(o, member), *x;
 	size_t i;
 	char f[256];
 	int r = tok_check_keys(t, o, known, where, ret_error);
 	if (r < 0)
 		return r;
 	if (!json_is_array(list))
-		return tok_unsupported_at(t, ret_error, where, "normalizers", list);
+		return tok_unsupported_at(t, ret_error, where, member, list);
 	json_array_foreach(list, i, x) {
-		snprintf(f, sizeof(f), "%s.normalizers[%zu]", where, i);
-		r = tok_hf_norm_any(t, x, f, ret_error);
+		snprintf(f, sizeof(f), "%s.%s[%zu]", where, member, i);
+		r = each(t, x, f, ret_error);
 		if (r < 0)
 			return r;
 	}
 	return 0;
+}
+
+static int tok_hf_norm_sequence(struct tok *t, const json_t *o, const char *where, char **ret_error) {
+	return tok_hf_sequence(t, o, where, "normalizers", tok_hf_norm_any, ret_error);
 }
 
 static const struct tok_hf_parser tok_hf_normalizers[] = {
@@ -344,22 +350,7 @@ static int tok_hf_bytelevel_pre(struct tok *t, const json_t *o, const char *wher
 static int tok_hf_pre_any(struct tok *t, const json_t *o, const char *where, char **ret_error);
 
 static int tok_hf_pre_sequence(struct tok *t, const json_t *o, const char *where, char **ret_error) {
-	static const char *const known[] = { "type", "pretokenizers", NULL };
-	const json_t *list = json_object_get(o, "pretokenizers"), *x;
-	size_t i;
-	char f[256];
-	int r = tok_check_keys(t, o, known, where, ret_error);
-	if (r < 0)
-		return r;
-	if (!json_is_array(list))
-		return tok_unsupported_at(t, ret_error, where, "pretokenizers", list);
-	json_array_foreach(list, i, x) {
-		snprintf(f, sizeof(f), "%s.pretokenizers[%zu]", where, i);
-		r = tok_hf_pre_any(t, x, f, ret_error);
-		if (r < 0)
-			return r;
-	}
-	return 0;
+	return tok_hf_sequence(t, o, where, "pretokenizers", tok_hf_pre_any, ret_error);
 }
 
 static const struct tok_hf_parser tok_hf_pre_tokenizers[] = {
