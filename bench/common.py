@@ -55,6 +55,26 @@ EXPERIMENTS = [
 ]
 
 
+def train_steps(batches, model, opt, steps):
+    """Trains `steps` steps of a model taking (input_ids, labels, position_ids); returns (wall s, s blocked
+    in next(), tokens). The first batch is taken before timing: start-up is not the steady state."""
+    it = iter(batches)
+    next(it)
+    waited, tokens = 0.0, 0
+    t_start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        b = next(it)
+        waited += time.perf_counter() - t0
+        loss = model(b["input_ids"], b["labels"], b["position_ids"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        tokens += b["input_ids"].numel()
+        del b, loss
+    return time.perf_counter() - t_start, waited, tokens
+
+
 def arg_parser():
     """The options every experiment takes: --build, --full, --rounds, --json, --note."""
     import argparse

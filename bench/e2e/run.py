@@ -47,25 +47,6 @@ def load(name, path):
     return mod
 
 
-def train(batches, model, opt, steps):
-    """Trains `steps` steps; returns (wall s, s blocked in next(), tokens)."""
-    it = iter(batches)
-    next(it)  # start-up (attach, worker spawn) is not the steady state
-    waited, tokens = 0.0, 0
-    t_start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        b = next(it)
-        waited += time.perf_counter() - t0
-        loss = model(b["input_ids"], b["labels"], b["position_ids"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        tokens += b["input_ids"].numel()
-        del b, loss
-    return time.perf_counter() - t_start, waited, tokens
-
-
 def repeat(batch):
     while True:
         yield batch
@@ -109,18 +90,18 @@ def main():
                     d, sock = common.start_feedd(build, conf, tmp)
                     try:
                         loader = feed.Loader("b", socket=sock, labels="shifted")  # TinyLM does not shift
-                        wall, waited, tokens = train(loader, model, opt, steps)
+                        wall, waited, tokens = common.train_steps(loader, model, opt, steps)
                         loader.close()
                     finally:
                         common.stop(d)
                 elif side.startswith("DataLoader"):
                     w = int(side[-1])
                     loader = dlb.make_loader(paths, 1, True, 2, 1, 0, L, B, steps + 1, w, eos=EOS)
-                    wall, waited, tokens = train(loader, model, opt, steps)
+                    wall, waited, tokens = common.train_steps(loader, model, opt, steps)
                     del loader
                 else:
                     one = next(iter(dlb.make_loader(paths, 1, True, 2, 1, 0, L, B, 1, 0, eos=EOS)))
-                    wall, waited, tokens = train(repeat(one), model, opt, steps)
+                    wall, waited, tokens = common.train_steps(repeat(one), model, opt, steps)
                 r = {"tokens_per_s": tokens / wall, "wait_pct": 100 * waited / wall, "step_ms": 1000 * wall / steps}
                 runs[side].append(r)
                 common.progress(f"e2e: {side}: {r['tokens_per_s']:.0f} tokens/s, data wait {r['wait_pct']:.2f} %, "

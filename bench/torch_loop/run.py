@@ -28,6 +28,7 @@ sys.path.insert(0, str(SRC / "bench"))
 sys.path.insert(0, str(SRC / "client" / "python"))
 import gen_megatron  # noqa: E402
 from spine.run import start_feedd  # noqa: E402
+import common  # noqa: E402
 
 
 def load(name, path):
@@ -35,26 +36,6 @@ def load(name, path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def run_loop(batches, model, opt, steps, vocab):
-    """Trains `steps` steps; returns (wall s, s blocked in next(), tokens)."""
-    import torch
-    it = iter(batches)
-    waited, tokens = 0.0, 0
-    next(it)  # start-up (attach, worker spawn) is not part of the steady state
-    t_start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        b = next(it)
-        waited += time.perf_counter() - t0
-        loss = model(b["input_ids"], b["labels"], b["position_ids"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        tokens += b["input_ids"].numel()
-        del b, loss
-    return time.perf_counter() - t_start, waited, tokens
 
 
 def main():
@@ -101,14 +82,14 @@ def main():
                     d = start_feedd(build, conf, sock, tmp / "feedd.log")
                     try:
                         loader = feed.Loader("b", socket=sock, labels="shifted")  # TinyLM does not shift
-                        wall, waited, tokens = run_loop(loader, model, opt, a.steps, vocab)
+                        wall, waited, tokens = common.train_steps(loader, model, opt, a.steps)
                         loader.close()
                     finally:
                         d.send_signal(signal.SIGTERM)
                         d.wait()
                 else:
                     loader = dlb.make_loader(paths, 1, True, 2, 1, 0, L, B, a.steps + 1, w, eos=4000)
-                    wall, waited, tokens = run_loop(loader, model, opt, a.steps, vocab)
+                    wall, waited, tokens = common.train_steps(loader, model, opt, a.steps)
                 res[name].append({"tokens_per_s": tokens / wall, "wait_pct": 100 * waited / wall,
                                   "step_ms": 1000 * wall / a.steps})
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
