@@ -186,7 +186,7 @@ static int decoder_init(struct decoder *d, enum text_codec codec)
 	return 0;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+int text_write_all(int fd, const uint8_t *p, size_t n)
 {
 	while (n) {
 		ssize_t w = write(fd, p, n);
@@ -205,7 +205,7 @@ static int emit(struct builder *b, int out_fd, const uint8_t *data, size_t n, ch
 {
 	if (!n)
 		return 0;
-	int r = write_all(out_fd, data, n);
+	int r = text_write_all(out_fd, data, n);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", b->s->path, strerror(-r));
 		return r;
@@ -339,13 +339,13 @@ static int cache_store(const struct text_shard *s, const char *idx_path, uint64_
 		return -errno;
 	struct text_index_header h = header_of(s, max_doc_bytes);
 	h.check = index_check(&h, s);
-	int r = write_all(fd, (const uint8_t *)&h, sizeof(h));
+	int r = text_write_all(fd, (const uint8_t *)&h, sizeof(h));
 	if (r == 0)
-		r = write_all(fd, (const uint8_t *)s->offsets, (size_t)s->n_docs * 8);
+		r = text_write_all(fd, (const uint8_t *)s->offsets, (size_t)s->n_docs * 8);
 	if (r == 0 && s->lines)
-		r = write_all(fd, (const uint8_t *)s->lines, (size_t)s->n_docs * 8);
+		r = text_write_all(fd, (const uint8_t *)s->lines, (size_t)s->n_docs * 8);
 	if (r == 0)
-		r = write_all(fd, (const uint8_t *)s->lengths, (size_t)s->n_docs * 4);
+		r = text_write_all(fd, (const uint8_t *)s->lengths, (size_t)s->n_docs * 4);
 	if (r == 0 && rename(tmp, idx_path) < 0)
 		r = -errno;
 	if (r < 0)

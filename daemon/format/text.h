@@ -113,3 +113,6 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);
+
+/* Writes all of [p, p+n) to fd, retrying short writes and EINTR: 0 or a negative errno (for the cache copies). */
+int text_write_all(int fd, const uint8_t *p, size_t n);

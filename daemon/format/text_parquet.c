@@ -33,23 +33,9 @@ struct build {
 	size_t cap;      /* rows the footer counts: the index's size */
 };
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 static int flush(struct build *b)
 {
-	int r = write_all(b->fd, b->buf, b->n);
+	int r = text_write_all(b->fd, b->buf, b->n);
 	b->n = 0;
 	return r;
 }
@@ -69,7 +55,7 @@ static int on_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null
 	if (n > WBUF - b->n && (r = flush(b)) < 0)
 		return r;
 	if (n >= WBUF)
-		return write_all(b->fd, p, n);
+		return text_write_all(b->fd, p, n);
 	if (n == 0)
 		return 0; /* a null or empty value: p may be NULL, and memcpy's arguments may not */
 	memcpy(b->buf + b->n, p, n);

@@ -365,11 +365,18 @@ static void test_dead_client_staging_waits_in_the_graveyard(void)
 	gpu_free(g);
 }
 
-/* A device ordinal the daemon does not have is refused with a message naming it. */
-static void test_missing_device(void)
+/*
+ * Which device staging uses. An ordinal the daemon does not have is refused
+ * with a message naming it, before anything is created. Staging for cuda:1
+ * touches cuda:1 alone: pinning the ring first must not create a context on
+ * device 0 (CUDA's runtime does, when cudaHostRegister runs with no current
+ * device), which would hold memory on another rank's GPU and fail under
+ * EXCLUSIVE_PROCESS compute mode.
+ */
+static void test_staging_uses_the_clients_device_only(void)
 {
 	struct gpu_backend *b;
-	REQUIRE(gpu_backend_sim_new(1, &b) == 0, "sim");
+	REQUIRE(gpu_backend_sim_new(2, &b) == 0, "sim");
 	struct ring_geometry g = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
 	struct ring *r;
 	REQUIRE(ring_new(&g, &r) == 0, "ring");
@@ -379,27 +386,10 @@ static void test_missing_device(void)
 	CHECK_CONTAINS(err, "cuda:3");
 	CHECK(!st, "no staging on failure");
 	CHECK_INT(gpu_backend_sim_live_objects(b), 0);
-	ring_free(r);
-	gpu_backend_free(b);
-}
+	CHECK_U64(gpu_backend_sim_devices_touched(b), 0);
 
-/*
- * Staging for cuda:1 touches cuda:1 alone: pinning the ring first must not
- * create a context on device 0 (CUDA's runtime does, when cudaHostRegister
- * runs with no current device), which would hold memory on another rank's GPU
- * and fail under EXCLUSIVE_PROCESS compute mode.
- */
-static void test_only_the_clients_device_is_touched(void)
-{
-	struct gpu_backend *b;
-	REQUIRE(gpu_backend_sim_new(2, &b) == 0, "sim");
-	struct ring_geometry g = { .slot_count = 2, .batch_size = 1, .seq_len = 8, .rank = 0, .world = 1 };
-	struct ring *r;
-	REQUIRE(ring_new(&g, &r) == 0, "ring");
-	struct staging *st = NULL;
-	char err[256] = "";
 	CHECK_INT(staging_new(b, 1, r->hdr, r->size, r->space_efd, &st, err, sizeof(err)), 0);
-	CHECK_INT(gpu_backend_sim_devices_touched(b), UINT64_C(1) << 1);
+	CHECK_U64(gpu_backend_sim_devices_touched(b), UINT64_C(1) << 1);
 	bool leaked = true;
 	st = staging_free(st, &leaked);
 	CHECK(!leaked, "staging_free kept memory");
@@ -615,8 +605,7 @@ int main(void)
 	test_wire();
 	test_alternation_is_enforced();
 	test_host_slot_waits_for_its_copy();
-	test_missing_device();
-	test_only_the_clients_device_is_touched();
+	test_staging_uses_the_clients_device_only();
 	test_unusable_device_is_refused_with_the_reason();
 	test_host_only();
 	test_dead_client_does_not_hang_teardown();
