@@ -421,6 +421,7 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 				conf_free(c);
 				return -EINVAL;
 			}
+			feed->sources[j].cache_max_bytes = c->cache_max_bytes;
 			if (c->cache_dir && !(feed->sources[j].cache_dir = strdup(c->cache_dir))) {
 				conf_free(c);
 				return -ENOMEM;
@@ -431,6 +432,7 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 			conf_free(c);
 			return -EINVAL;
 		}
+		c->feeds[i].cache_max_bytes = c->cache_max_bytes;
 		if (c->cache_dir && !(c->feeds[i].cache_dir = strdup(c->cache_dir))) {
 			conf_free(c);
 			return -ENOMEM;

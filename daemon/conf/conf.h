@@ -48,6 +48,7 @@ struct conf_feed {
 	double max_bad_fraction;   /* of the feed's documents; more skipped fails the feed */
 	uint64_t max_document_bytes;
 	char *cache_dir;           /* [feedd] cache_dir, copied here so a feed carries all it needs */
+	uint64_t cache_max_bytes;  /* [feedd] cache_max_bytes, copied likewise (0: no cap) */
 
 	/* packing and mixtures (docs/sample-order.md, sections 11 to 15) */
 	enum conf_packing packing;
@@ -91,6 +92,7 @@ struct conf {
 	char *path;
 	char *socket;        /* NULL: the default (wire_socket_path) */
 	char *cache_dir;     /* text shard indexes and decompressed copies; NULL: none */
+	uint64_t cache_max_bytes; /* cap on what cache_dir holds; 0: none (daemon/cache/cache.h) */
 	unsigned threads;    /* 0: one per CPU */
 	unsigned ring_slots;
 	int log_level;

@@ -515,6 +515,7 @@ static const struct conf_key diagnosis_keys[] = {
 static const struct conf_key daemon_keys[] = {
 	PATH(C, socket),
 	PATH(C, cache_dir),
+	SIZE(C, cache_max_bytes, 0, UINT64_MAX, NO_LIMIT),
 	U32(C, threads, 0, 1024, "an integer in 0..1024 (0 = all CPUs)"),
 	U32(C, ring_slots, 2, 1024, "an integer in 2..1024"),
 	CUSTOM("log_level", set_log_level),

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
@@ -175,14 +176,18 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 		return -ENOMEM;
 	struct format_opts o = {
 		.cache_dir = f->conf.cache_dir,
+		.cache_max_bytes = f->conf.cache_max_bytes,
 		.max_doc_bytes = f->conf.max_document_bytes,
 		.text_key = f->conf.text_key,
 	};
-	if (f->kind == FEED_TEXT && o.cache_dir && mkdir(o.cache_dir, 0755) < 0 && errno != EEXIST) {
-		log_warning("feed %s: cannot create cache_dir %s (%s); text indexes stay in memory", f->name, o.cache_dir,
-			    strerror(errno));
+	/* Creates cache_dir, and removes what crashed builds left in it (daemon/cache/cache.h). */
+	int cleaned = f->kind == FEED_TEXT && o.cache_dir ? cache_clean(o.cache_dir, err, errlen) : 0;
+	if (cleaned < 0) {
+		log_warning("feed %s: %s; text indexes stay in memory", f->name, err);
 		o.cache_dir = NULL;
-	}
+	} else if (cleaned > 0)
+		log_notice("feed %s: cache_dir %s: removed %d temporary files of builds that did not finish", f->name,
+			   o.cache_dir, cleaned);
 	for (size_t i = 0; i < n; i++) {
 		struct shard *t;
 		int r = format_open(f->format, paths[i], &o, io, &t, err, errlen);
@@ -197,6 +202,8 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 		f->n_tokens += t->n_tokens;
 		f->n_bytes += t->bytes;
 		f->n_cached += t->cached;
+		if (t->cache_note && t->cache_note[0])
+			log_warning("feed %s: %s", f->name, t->cache_note);
 		if (t->truncated[0]) {
 			/* The cut line is a bad record: the policy decides. */
 			if (!f->conf.skip_bad_records) {

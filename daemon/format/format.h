@@ -53,6 +53,7 @@ enum format_content {
 /* What a feed's configuration says about its shards, for format->open. */
 struct format_opts {
 	const char *cache_dir;  /* where a format may keep indexes and decompressed copies; NULL: none */
+	uint64_t cache_max_bytes; /* the cap on what cache_dir holds (daemon/cache/cache.h); 0: none */
 	uint64_t max_doc_bytes; /* text: a longer document is a bad record (indexed, never read) */
 	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
 };
@@ -81,6 +82,11 @@ struct shard {
 	uint64_t bytes;              /* of text, as read */
 	bool cached;                 /* the index came from cache_dir */
 	const char *truncated;       /* non-empty: the shard ends early and why (the feed's bad-record policy decides) */
+	/* what happened to a damaged cache entry at open ("...; rebuilt"), for the feed to log; NULL or "": nothing */
+	const char *cache_note;
+
+	/* a digest of the shard's content from its checksums (Megatron: X.bin.sums), 0 when none: format_content_digest */
+	uint64_t content_digest;
 };
 
 /* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
@@ -197,5 +203,15 @@ static inline void format_doc_where(const struct shard *s, uint32_t doc, char *b
 }
 
 void format_state_done(struct format_state *st);
+
+/*
+ * A digest of the shard's bytes as its checksum sidecar records them
+ * (docs/checksums.md), for a cursor's content identity; 0 when the shard
+ * has no sidecar.
+ */
+static inline uint64_t format_content_digest(const struct shard *s)
+{
+	return s->content_digest;
+}
 
 extern const struct format format_megatron, format_jsonl, format_text, format_parquet;

@@ -252,6 +252,9 @@ int megatron_open(const char *idx_path, struct source_reader *io, struct megatro
 	r = check_arrays(s, D, err, errlen);
 	if (r < 0)
 		goto out;
+	r = megatron_sums_attach(s, err, errlen);
+	if (r < 0)
+		goto out;
 
 	source_close(idx);
 	*ret = TAKE_PTR(s);
@@ -372,6 +375,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.itemsize = s->itemsize,
 		.bytes = s->n_tokens * s->itemsize,
 		.truncated = "",
+		.content_digest = megatron_sums_digest(s),
 	};
 	return 0;
 }

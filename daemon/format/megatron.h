@@ -38,6 +38,8 @@ struct megatron_shard {
 	uint32_t *doc_tokens;  /* tokens per document */
 	uint64_t n_tokens;
 	uint32_t n_nonempty;   /* documents with at least one token */
+	uint64_t sums_digest;  /* the checksum sidecar's digest (megatron_sums.c); 0: no sidecar */
+	uint32_t sums_block;   /* its block size */
 };
 
 /*
@@ -71,3 +73,15 @@ int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t o
  * or -ERANGE with *ret_bad the index of a token outside [0, INT32_MAX].
  */
 int megatron_widen(uint8_t dtype, const void *src, size_t n, int32_t *dst, size_t *ret_bad);
+
+/* X.bin.sums for bin_path X.bin (caller frees), or NULL. */
+char *megatron_sums_path(const char *bin_path);
+/*
+ * Loads the shard's checksum sidecar when there is one (megatron_sums.c):
+ * checks it against the .bin's size and the .idx's hash, and attaches it to
+ * the .bin source so that every read is checked. Returns 0 (also without a
+ * sidecar), or a negative errno with a message naming the file in err.
+ */
+int megatron_sums_attach(struct megatron_shard *s, char *err, size_t errlen);
+/* The sidecar's digest (a content identity of .bin and .idx), or 0 when the shard has none. */
+uint64_t megatron_sums_digest(const struct megatron_shard *s);

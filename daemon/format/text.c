@@ -7,8 +7,11 @@
  *   u64 lines[n_docs]          only when has_lines
  *   u32 lengths[n_docs]
  *
- * `check` is a hash over the header (with check = 0) and the arrays, so a
- * torn or foreign file is rebuilt rather than trusted.
+ * then the block checksums of everything before them (daemon/io/sums.h, a
+ * trailer), so a torn, foreign or damaged file is rebuilt rather than
+ * trusted. The decompressed copies carry the same trailer and are read
+ * through a source that checks every block (source_set_sums); they are
+ * built, pinned while served and evicted through daemon/cache/cache.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,12 +24,14 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/format/format.h"
 #include "daemon/format/text.h"
+#include "daemon/io/sums.h"
 #include "daemon/order/order.h"
 #include "proto/macro.h"
 
-#define INDEX_MAGIC "FDTXIDX1"
+#define INDEX_MAGIC "FDTXIDX2"
 #define BLOCK (8u << 20) /* bytes per read while indexing */
 
 struct text_index_header {
@@ -39,7 +44,7 @@ struct text_index_header {
 	uint64_t n_docs;
 	uint64_t has_lines;
 	uint64_t max_doc_bytes;
-	uint64_t check;
+	uint64_t reserved; /* 0 (the trailer checks the file) */
 };
 _Static_assert(sizeof(struct text_index_header) == 96, "index header layout");
 
@@ -186,39 +191,21 @@ static int decoder_init(struct decoder *d, enum text_codec codec)
 	return 0;
 }
 
-int text_write_all(int fd, const uint8_t *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Appends decompressed bytes to the copy in the cache and indexes them. */
-static int emit(struct builder *b, int out_fd, const uint8_t *data, size_t n, char *err, size_t errlen)
+static int emit(struct builder *b, struct cache_build *out, const uint8_t *data, size_t n, char *err, size_t errlen)
 {
 	if (!n)
 		return 0;
-	int r = text_write_all(out_fd, data, n);
-	if (r < 0) {
-		snprintf(err, errlen, "%s: cannot write its decompressed copy: %s", b->s->path, strerror(-r));
-		return r;
-	}
-	return scan(b, data, n);
+	int r = cache_build_write(out, data, n, err, errlen);
+	return r < 0 ? r : scan(b, data, n);
 }
 
 /*
  * Decompresses in[0..n) (compressed bytes from `in_pos` on), appending the
- * output to out_fd and scanning it. Returns 0 or a negative errno with a
+ * output to the cache entry `out` and scanning it. Returns 0 or a negative errno with a
  * message.
  */
-static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos, int out_fd,
+static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos, struct cache_build *dst,
 		  uint8_t *out, size_t out_cap, char *err, size_t errlen)
 {
 	int r;
@@ -245,7 +232,7 @@ static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_
 						 in_pos + used + (before - d->z.avail_in), d->z.msg ? d->z.msg : "inflate failed");
 					return -EBADMSG;
 				}
-				if ((r = emit(b, out_fd, out, out_cap - d->z.avail_out, err, errlen)) < 0)
+				if ((r = emit(b, dst, out, out_cap - d->z.avail_out, err, errlen)) < 0)
 					return r;
 			} while (zr == Z_OK && d->z.avail_out == 0);
 			used += before - d->z.avail_in;
@@ -273,7 +260,7 @@ static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_
 		if (ob.pos || ib.pos != at)
 			d->zs_last = zr;
 		full = ob.pos == ob.size;
-		if ((r = emit(b, out_fd, out, ob.pos, err, errlen)) < 0)
+		if ((r = emit(b, dst, out, ob.pos, err, errlen)) < 0)
 			return r;
 	}
 	return 0;
@@ -317,40 +304,27 @@ static struct text_index_header header_of(const struct text_shard *s, uint64_t m
 	return h;
 }
 
-static uint64_t index_check(const struct text_index_header *h, const struct text_shard *s)
+/* Writes the index with its checksums, atomically (cache_build: temporary file, then rename). */
+static int cache_store(const struct text_shard *s, const char *idx_path, const struct text_open_opts *o, char *err,
+		       size_t errlen)
 {
-	struct text_index_header c = *h;
-	c.check = 0;
-	uint64_t x = hash_words(1, &c, sizeof(c));
-	x = hash_words(x, s->offsets, (size_t)s->n_docs * 8);
-	if (s->lines)
-		x = hash_words(x, s->lines, (size_t)s->n_docs * 8);
-	return hash_words(x, s->lengths, (size_t)s->n_docs * 4);
-}
-
-/* Writes the index atomically (temporary file, then rename). */
-static int cache_store(const struct text_shard *s, const char *idx_path, uint64_t max_doc_bytes)
-{
-	_cleanup_free_ char *tmp = NULL;
-	if (asprintf(&tmp, "%s.tmp-%d", idx_path, (int)getpid()) < 0)
-		return -ENOMEM;
-	_cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -errno;
-	struct text_index_header h = header_of(s, max_doc_bytes);
-	h.check = index_check(&h, s);
-	int r = text_write_all(fd, (const uint8_t *)&h, sizeof(h));
-	if (r == 0)
-		r = text_write_all(fd, (const uint8_t *)s->offsets, (size_t)s->n_docs * 8);
-	if (r == 0 && s->lines)
-		r = text_write_all(fd, (const uint8_t *)s->lines, (size_t)s->n_docs * 8);
-	if (r == 0)
-		r = text_write_all(fd, (const uint8_t *)s->lengths, (size_t)s->n_docs * 4);
-	if (r == 0 && rename(tmp, idx_path) < 0)
-		r = -errno;
+	struct cache_build *b = NULL;
+	int r = cache_build_begin(o->cache_dir, o->cache_max_bytes, idx_path, SUMS_BLOCK_DEFAULT, &b, err, errlen);
 	if (r < 0)
-		unlink(tmp);
-	return r;
+		return r;
+	struct text_index_header h = header_of(s, o->max_doc_bytes);
+	r = cache_build_write(b, &h, sizeof(h), err, errlen);
+	if (r == 0)
+		r = cache_build_write(b, s->offsets, (size_t)s->n_docs * 8, err, errlen);
+	if (r == 0 && s->lines)
+		r = cache_build_write(b, s->lines, (size_t)s->n_docs * 8, err, errlen);
+	if (r == 0)
+		r = cache_build_write(b, s->lengths, (size_t)s->n_docs * 4, err, errlen);
+	if (r < 0) {
+		cache_build_abort(b);
+		return r;
+	}
+	return cache_build_commit(b, err, errlen);
 }
 
 /* Forgets an index that turned out unusable, so it is built afresh. */
@@ -368,7 +342,7 @@ static void drop_index(struct text_shard *s)
 /*
  * Loads a cached index if it describes this very source (identity, kind,
  * codec, document size limit) and is intact. Returns 1 when loaded, 0 when
- * there is none to use.
+ * there is none to use (a damaged one: s->cache_note says where).
  */
 static int cache_load(struct text_shard *s, const char *idx_path, struct source_reader *io, uint64_t max_doc_bytes)
 {
@@ -376,11 +350,13 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	char why[256];
 	if (source_open(idx_path, &file, why, sizeof(why)) < 0)
 		return 0;
-	const uint64_t size = source_size(file);
 	_cleanup_free_ void *buf = NULL;
-	int r = size < sizeof(struct text_index_header) ? -EBADMSG : source_read_all(io, file, &buf);
+	int r = source_read_all(io, file, &buf);
+	int64_t size = r < 0 ? r : sums_check_buffer(buf, source_size(file), idx_path, why, sizeof(why));
 	source_close(file);
-	if (r < 0)
+	if (size == -EBADMSG)
+		snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
+	if (size < (int64_t)sizeof(struct text_index_header))
 		return 0;
 	struct text_index_header h;
 	memcpy(&h, buf, sizeof(h));
@@ -388,11 +364,10 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	want.data_bytes = h.data_bytes;
 	want.n_docs = h.n_docs;
 	want.has_lines = h.has_lines;
-	want.check = h.check;
 	if (memcmp(&h, &want, sizeof(h)) != 0 || h.n_docs >= UINT32_MAX || h.has_lines > 1)
 		return 0;
 	uint64_t per = 8 + 4 + (h.has_lines ? 8 : 0);
-	if (size != sizeof(h) + h.n_docs * per)
+	if ((uint64_t)size != sizeof(h) + h.n_docs * per)
 		return 0;
 	size_t n = (size_t)h.n_docs;
 	const uint8_t *p = (const uint8_t *)buf + sizeof(h);
@@ -416,7 +391,7 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	s->lengths = lengths;
 	s->n_docs = (uint32_t)n;
 	s->bytes = h.data_bytes;
-	bool ok = index_check(&h, s) == h.check;
+	bool ok = true;
 	/* Documents must lie inside the data, in order, as the builder made them. */
 	for (size_t i = 0; ok && i < n; i++) {
 		uint64_t len = MIN((uint64_t)lengths[i], max_doc_bytes);
@@ -443,7 +418,7 @@ static int read_blocks(struct source_reader *io, struct source *src, uint64_t si
 		int r = source_read(io, &req, 1, &failed);
 		if (r < 0)
 			return r;
-		r = fn(ctx, buf, n, at);
+		r = fn ? fn(ctx, buf, n, at) : 0;
 		if (r < 0)
 			return r;
 		at += n;
@@ -459,7 +434,7 @@ static int scan_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 struct decode_ctx {
 	struct decoder *d;
 	struct builder *b;
-	int out_fd;
+	struct cache_build *dst;
 	uint8_t *out;
 	char *err;
 	size_t errlen;
@@ -468,10 +443,14 @@ struct decode_ctx {
 static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 {
 	struct decode_ctx *c = ctx;
-	return decode(c->d, c->b, p, n, at, c->out_fd, c->out, BLOCK, c->err, c->errlen);
+	return decode(c->d, c->b, p, n, at, c->dst, c->out, BLOCK, c->err, c->errlen);
 }
 
-static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_tmp,
+/*
+ * Indexes the shard; a compressed or Parquet one's copy is written to the
+ * cache entry data_path (with its checksums, within cache_max_bytes).
+ */
+static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
 		       struct source_reader *io, char *err, size_t errlen)
 {
 	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
@@ -479,10 +458,14 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 	if (!buf)
 		return -ENOMEM;
 	int r;
-	if (s->kind == TEXT_PARQUET)
-		return text_parquet_build(s, src, io, o->text_key ? o->text_key : "text", o->max_doc_bytes, data_tmp, err,
-					  errlen);
-	else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
+	struct cache_build *dst = NULL;
+	if (data_path && (r = cache_build_begin(o->cache_dir, o->cache_max_bytes, data_path, SUMS_BLOCK_DEFAULT, &dst,
+						err, errlen)) < 0)
+		return r;
+	if (s->kind == TEXT_PARQUET) {
+		r = text_parquet_build(s, src, io, o->text_key ? o->text_key : "text", o->max_doc_bytes, dst, err, errlen);
+		return r < 0 ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
+	} else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
 		/* The whole file is the document; nothing to scan. */
 		b.pos = (uint64_t)s->id.size;
 		r = add_doc(&b, 0, b.pos);
@@ -494,21 +477,14 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
 	} else {
 		_cleanup_free_ uint8_t *out = malloc(BLOCK);
-		_cleanup_close_ int out_fd = open(data_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (!out)
-			return -ENOMEM;
-		if (out_fd < 0) {
-			r = -errno;
-			snprintf(err, errlen, "%s: cannot create its decompressed copy %s: %s", s->path, data_tmp,
-				 strerror(-r));
+		struct decoder d;
+		r = out ? decoder_init(&d, s->codec) : -ENOMEM;
+		if (r < 0) {
+			cache_build_abort(dst);
 			return r;
 		}
-		struct decoder d;
-		r = decoder_init(&d, s->codec);
-		if (r < 0)
-			return r;
 		err[0] = 0;
-		struct decode_ctx c = { .d = &d, .b = &b, .out_fd = out_fd, .out = out, .err = err, .errlen = errlen };
+		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .err = err, .errlen = errlen };
 		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
 		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
@@ -529,6 +505,7 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			b.line = 1;
 			r = add_doc(&b, 0, b.pos);
 		}
+		r = r < 0 ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
 	}
 	if (r == -E2BIG)
 		snprintf(err, errlen, "%s: more than %u documents in one shard; split it", s->path, UINT32_MAX - 2);
@@ -547,6 +524,7 @@ struct text_shard *text_free(struct text_shard *s)
 	if (!s)
 		return NULL;
 	source_close(s->data);
+	cache_unpin(s->pin);
 	free(s->text_key);
 	free(s->offsets);
 	free(s->lengths);
@@ -555,6 +533,48 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->path);
 	free(s);
 	return NULL;
+}
+
+/*
+ * Opens the cache copy data_path for serving: pinned (never evicted while
+ * open), its checksum trailer loaded and attached to the source so that
+ * every read is checked, and with verify_all every block checked now.
+ * Returns 0, or a negative errno with a message naming the file and offset.
+ */
+static int open_copy(struct text_shard *s, const char *data_path, struct source_reader *io, bool verify_all, char *err,
+		     size_t errlen)
+{
+	struct sums *sums = NULL;
+	int r = cache_pin(data_path, &s->pin);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot open its cache copy %s: %s", s->path, data_path, strerror(-r));
+		return r;
+	}
+	r = source_open(data_path, &s->data, err, errlen);
+	if (r == 0)
+		r = sums_load(cache_pin_fd(s->pin), source_size(s->data), false, data_path, &sums, err, errlen);
+	if (r == -ENODATA)
+		snprintf(err, errlen, "%s: no checksum trailer", data_path);
+	if (r == 0 && sums->data_size != s->bytes) {
+		snprintf(err, errlen, "%s: holds %" PRIu64 " bytes of text, its index %" PRIu64, data_path, sums->data_size,
+			 s->bytes);
+		r = -EBADMSG;
+	}
+	if (r == 0)
+		r = source_set_sums(s->data, sums);
+	if (r < 0) {
+		sums_free(sums);
+		return r == -ENODATA ? -EBADMSG : r;
+	}
+	if (!verify_all)
+		return 0;
+	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
+	r = buf ? read_blocks(io, s->data, s->bytes, buf, NULL, NULL) : -ENOMEM;
+	if (r == -EBADMSG)
+		snprintf(err, errlen, "%s", source_reader_error(io));
+	else if (r < 0)
+		snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));
+	return r;
 }
 
 static void source_closep(struct source **s)
@@ -585,7 +605,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	}
 	s->id = *source_identity(src);
 
-	_cleanup_free_ char *idx_path = NULL, *data_path = NULL, *data_tmp = NULL;
+	_cleanup_free_ char *idx_path = NULL, *data_path = NULL;
 	const bool copy = s->codec != TEXT_CODEC_NONE || s->kind == TEXT_PARQUET;
 	/* A Parquet shard's copy holds one column: the column is part of its name. */
 	char sfx_idx[40] = ".idx", sfx_data[40] = ".data";
@@ -597,12 +617,9 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	}
 	if (o->cache_dir) {
 		idx_path = cache_name(o->cache_dir, path, sfx_idx);
-		if (copy) {
+		if (copy)
 			data_path = cache_name(o->cache_dir, path, sfx_data);
-			if (data_path && asprintf(&data_tmp, "%s.tmp-%d", data_path, (int)getpid()) < 0)
-				data_tmp = NULL;
-		}
-		if (!idx_path || (copy && (!data_path || !data_tmp))) {
+		if (!idx_path || (copy && !data_path)) {
 			text_free(s);
 			return -ENOMEM;
 		}
@@ -615,51 +632,41 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 
 	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1) {
 		s->cached = true;
-		if (data_path) {
-			/* The decompressed copy must be the one the index describes. */
-			struct stat dst;
-			if (stat(data_path, &dst) < 0 || (uint64_t)dst.st_size != s->bytes) {
-				s->cached = false;
-				drop_index(s);
-			}
+		/* The copy must be the one the index describes, every block intact; else it is built again. */
+		char why[320];
+		if (data_path && (r = open_copy(s, data_path, io, true, why, sizeof(why))) < 0) {
+			if (r != -ENOENT)
+				snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
+			s->data = source_close(s->data);
+			s->pin = cache_unpin(s->pin);
+			s->cached = false;
+			drop_index(s);
 		}
 	}
 	if (!s->cached) {
-		r = build_index(s, src, o, data_tmp, io, err, errlen);
-		if (r == 0 && data_tmp && rename(data_tmp, data_path) < 0) {
-			r = -errno;
-			snprintf(err, errlen, "%s: cannot keep its decompressed copy as %s: %s", path, data_path,
-				 strerror(-r));
-		}
+		r = build_index(s, src, o, data_path, io, err, errlen);
 		if (r < 0) {
-			if (data_tmp)
-				unlink(data_tmp);
 			text_free(s);
 			return r;
 		}
 		/* A truncated stream is not cached: it says so again on every load. */
 		if (idx_path && !s->truncated[0]) {
-			r = cache_store(s, idx_path, o->max_doc_bytes);
+			r = cache_store(s, idx_path, o, err, errlen);
 			if (r < 0 && data_path) {
-				snprintf(err, errlen, "%s: cannot write its index %s: %s", path, idx_path, strerror(-r));
 				unlink(data_path);
 				text_free(s);
 				return r;
 			}
 			/* A plain shard still works with its index in memory only. */
 		}
+		if (data_path && (r = open_copy(s, data_path, io, false, err, errlen)) < 0) {
+			text_free(s);
+			return r;
+		}
 	}
 
 	if (data_path) {
 		s->data_path = TAKE_PTR(data_path);
-		char why[512];
-		r = source_open(s->data_path, &s->data, why, sizeof(why));
-		if (r < 0) {
-			snprintf(err, errlen, "%s: cannot open its decompressed copy %s: %s", path, s->data_path,
-				 strerror(-r));
-			text_free(s);
-			return r;
-		}
 	} else {
 		s->data_path = strdup(path);
 		if (!s->data_path) {
@@ -685,6 +692,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 	struct text_open_opts to = {
 		.kind = sh->format == &format_jsonl ? TEXT_JSONL : sh->format == &format_parquet ? TEXT_PARQUET : TEXT_PLAIN,
 		.cache_dir = o->cache_dir,
+		.cache_max_bytes = o->cache_max_bytes,
 		.max_doc_bytes = o->max_doc_bytes,
 		.text_key = o->text_key,
 	};
@@ -702,6 +710,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.bytes = t->bytes,
 		.cached = t->cached,
 		.truncated = t->truncated,
+		.cache_note = t->cache_note,
 	};
 	return 0;
 }

@@ -40,6 +40,9 @@
 
 #include "daemon/source/source.h"
 
+struct cache_build;
+struct cache_pin;
+
 enum text_kind {
 	TEXT_JSONL,
 	TEXT_PLAIN,
@@ -55,7 +58,8 @@ enum text_codec {
 struct text_shard {
 	char *path;            /* the source, canonical */
 	char *data_path;       /* the file documents are read from: the source or its decompressed copy */
-	struct source *data;   /* data_path */
+	struct source *data;   /* data_path (a cache copy: checked block by block as it is read) */
+	struct cache_pin *pin; /* the cache copy is pinned while the shard is open */
 	struct source_id id;   /* of the source, at open */
 	char *text_key;        /* jsonl: the member holding the text; parquet: the column */
 	enum text_kind kind;
@@ -75,11 +79,14 @@ struct text_shard {
 	 * decides whether that is fatal.
 	 */
 	char truncated[256];
+	/* A damaged cache entry found at open, and rebuilt (for the feed to log); empty when none. */
+	char cache_note[384];
 };
 
 struct text_open_opts {
 	enum text_kind kind;
 	const char *cache_dir;     /* NULL: no cache */
+	uint64_t cache_max_bytes;  /* cap on what cache_dir holds (daemon/cache/cache.h); 0: none */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 };
@@ -104,15 +111,13 @@ static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
 
 /*
  * Builds a Parquet shard's copy and index (text_parquet.c): column `column`
- * of src (read through io) decoded row by row into data_tmp,
+ * of src (read through io) decoded row by row into the cache entry dst,
  * s->offsets/lengths/n_docs/bytes set. Returns 0, or a negative errno with
  * a message naming the file and the byte offset in err.
  */
 int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
-		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen);
+		       uint64_t max_doc_bytes, struct cache_build *dst, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);
 
-/* Writes all of [p, p+n) to fd, retrying short writes and EINTR: 0 or a negative errno (for the cache copies). */
-int text_write_all(int fd, const uint8_t *p, size_t n);

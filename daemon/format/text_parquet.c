@@ -6,7 +6,8 @@
  * are counted by the footer, so the index is sized once. Memory: one column
  * chunk and one page while decoding (parquet.h), plus the write buffer.
  * Bytes come through the source layer, so a shard in object storage is read
- * the same way.
+ * the same way. The copy is written through daemon/cache/cache.h (block
+ * checksums, the cache's cap).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/format/format.h"
 #include "daemon/format/parquet.h"
 #include "daemon/format/text.h"
@@ -26,16 +28,18 @@
 struct build {
 	struct text_shard *s;
 	uint64_t max_doc_bytes;
-	int fd;
+	struct cache_build *dst;
 	uint8_t *buf;
 	size_t n;
 	uint64_t pos;    /* bytes of the copy so far */
 	size_t cap;      /* rows the footer counts: the index's size */
+	char *err;
+	size_t errlen;
 };
 
 static int flush(struct build *b)
 {
-	int r = text_write_all(b->fd, b->buf, b->n);
+	int r = cache_build_write(b->dst, b->buf, b->n, b->err, b->errlen);
 	b->n = 0;
 	return r;
 }
@@ -55,7 +59,7 @@ static int on_row(void *ctx, uint64_t row, const uint8_t *p, size_t n, bool null
 	if (n > WBUF - b->n && (r = flush(b)) < 0)
 		return r;
 	if (n >= WBUF)
-		return text_write_all(b->fd, p, n);
+		return cache_build_write(b->dst, p, n, b->err, b->errlen);
 	if (n == 0)
 		return 0; /* a null or empty value: p may be NULL, and memcpy's arguments may not */
 	memcpy(b->buf + b->n, p, n);
@@ -87,7 +91,7 @@ static int source_range(void *ctx, uint64_t offset, size_t len, void *dst)
 }
 
 int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
-		       uint64_t max_doc_bytes, const char *data_tmp, char *err, size_t errlen)
+		       uint64_t max_doc_bytes, struct cache_build *dst, char *err, size_t errlen)
 {
 	struct source_ctx sc = { .src = src, .io = io };
 	struct parquet_source ps = { .name = s->path, .size = source_size(src), .read = source_range, .ctx = &sc };
@@ -107,7 +111,8 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
 		return -E2BIG;
 	}
 	size_t rows = (size_t)f->n_rows;
-	struct build b = { .s = s, .max_doc_bytes = max_doc_bytes, .fd = -1, .buf = malloc(WBUF), .cap = rows };
+	struct build b = { .s = s, .max_doc_bytes = max_doc_bytes, .dst = dst, .buf = malloc(WBUF), .cap = rows,
+			   .err = err, .errlen = errlen };
 	free(s->offsets);
 	free(s->lengths);
 	free(s->lines);
@@ -120,11 +125,6 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
 		parquet_free(f);
 		return -ENOMEM;
 	}
-	b.fd = open(data_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (b.fd < 0) {
-		r = -errno;
-		snprintf(err, errlen, "%s: cannot create its decoded copy %s: %s", s->path, data_tmp, strerror(-r));
-	}
 	/* One row group's column at a time. */
 	for (uint32_t g = 0; r == 0 && g < f->n_row_groups; g++)
 		r = parquet_read_column(f, g, (uint32_t)col, on_row, &b, err, errlen);
@@ -136,9 +136,7 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
 		r = -EBADMSG;
 	}
 	if (r < 0 && !err[0] && r != -ENOMEM)
-		snprintf(err, errlen, "%s: cannot write its decoded copy %s: %s", s->path, data_tmp, strerror(-r));
-	if (b.fd >= 0)
-		close(b.fd);
+		snprintf(err, errlen, "%s: cannot write its decoded copy: %s", s->path, strerror(-r));
 	free(b.buf);
 	parquet_free(f);
 	if (r == 0)

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/io/sums.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
 
@@ -24,12 +25,29 @@ struct source {
 	char *name;
 	struct source_id id;
 	int fd;
+	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
+};
+
+/* A read of a checksummed source: its covering blocks [lo, lo + span), verified at completion. */
+struct verify_rec {
+	size_t req;          /* index in reqs */
+	const struct source *src;
+	uint64_t lo;
+	size_t span;
+	void *dst;           /* the caller's destination */
+	size_t skip, len;    /* the caller's bytes: [lo + skip, lo + skip + len) */
+	size_t bounce;       /* offset in the bounce buffer, SIZE_MAX: read in place */
 };
 
 struct source_reader {
 	struct io_reader *io;
 	struct io_req *reqs; /* queued reads, in submission order */
 	size_t n, cap;
+	struct verify_rec *vr; /* reads of checksummed sources, queued */
+	size_t n_vr, cap_vr;
+	uint8_t *bounce;     /* whole blocks of reads that cover part of one */
+	size_t bounce_need, bounce_cap;
+	char why[320];       /* the last checksum failure */
 };
 
 static void id_of(const struct stat *st, struct source_id *id)
@@ -85,6 +103,7 @@ struct source *source_close(struct source *s)
 		return NULL;
 	if (s->fd >= 0)
 		close(s->fd);
+	sums_free(s->sums);
 	free(s->name);
 	free(s);
 	return NULL;
@@ -223,6 +242,8 @@ struct source_reader *source_reader_free(struct source_reader *r)
 		return NULL;
 	io_reader_free(r->io);
 	free(r->reqs);
+	free(r->vr);
+	free(r->bounce);
 	free(r);
 	return NULL;
 }
@@ -242,6 +263,100 @@ const struct io_stats *source_reader_stats(const struct source_reader *r)
 	return io_reader_stats(r->io);
 }
 
+/* ---- checksummed sources (daemon/io/sums.h) ------------------------------ */
+
+int source_set_sums(struct source *s, struct sums *sums)
+{
+	if (sums->data_size > s->id.size)
+		return -EINVAL;
+	sums_free(s->sums);
+	s->sums = sums;
+	return 0;
+}
+
+const struct sums *source_sums(const struct source *s)
+{
+	return s->sums;
+}
+
+const char *source_reader_error(const struct source_reader *r)
+{
+	return r->why;
+}
+
+/* Turns queued read `req` of a checksummed source into a read of its whole blocks. */
+static int verify_plan(struct source_reader *r, size_t req, const struct source_read *q)
+{
+	const struct sums *sums = q->src->sums;
+	if (r->n_vr == r->cap_vr) {
+		size_t cap = MAX(r->cap_vr * 2, (size_t)16);
+		struct verify_rec *v = realloc(r->vr, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		r->vr = v;
+		r->cap_vr = cap;
+	}
+	struct verify_rec *v = &r->vr[r->n_vr++];
+	*v = (struct verify_rec){ .req = req, .src = q->src, .dst = q->dst, .len = q->len, .bounce = SIZE_MAX };
+	if (q->offset > sums->data_size || q->len > sums->data_size - q->offset) {
+		v->span = 0; /* past what the sums cover: refused at completion */
+		return 0;
+	}
+	uint64_t lo, hi;
+	sums_cover(sums, q->offset, q->len, &lo, &hi);
+	v->lo = lo;
+	v->span = (size_t)(hi - lo);
+	v->skip = (size_t)(q->offset - lo);
+	if (lo == q->offset && hi == q->offset + q->len)
+		return 0; /* whole blocks: verified where they land */
+	v->bounce = r->bounce_need;
+	r->bounce_need += v->span;
+	r->reqs[req].offset = lo;
+	r->reqs[req].len = v->span;
+	return 0;
+}
+
+/* Points the widened reads into the bounce buffer, now that its size is known. */
+static int verify_prepare(struct source_reader *r)
+{
+	if (r->bounce_need > r->bounce_cap) {
+		uint8_t *b = realloc(r->bounce, r->bounce_need);
+		if (!b)
+			return -ENOMEM;
+		r->bounce = b;
+		r->bounce_cap = r->bounce_need;
+	}
+	for (size_t i = 0; i < r->n_vr; i++)
+		if (r->vr[i].bounce != SIZE_MAX)
+			r->reqs[r->vr[i].req].dst = r->bounce + r->vr[i].bounce;
+	return 0;
+}
+
+/* Checks every block read and copies the caller's bytes out of the bounce buffer. */
+static int verify_finish(struct source_reader *r, size_t *ret_failed)
+{
+	for (size_t i = 0; i < r->n_vr; i++) {
+		const struct verify_rec *v = &r->vr[i];
+		uint64_t bad = v->lo;
+		const uint8_t *p = v->bounce == SIZE_MAX ? v->dst : r->bounce + v->bounce;
+		int e = v->span ? sums_verify(v->src->sums, v->lo, p, v->span, &bad) : -EBADMSG;
+		if (e < 0) {
+			if (v->span)
+				snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " (%u bytes) does not match its checksum: the file is damaged or changed",
+					 v->src->name, bad, v->src->sums->block);
+			else
+				snprintf(r->why, sizeof(r->why), "%s: read at byte %" PRIu64 " is past the %" PRIu64 " bytes its checksums cover",
+					 v->src->name, r->reqs[v->req].offset, v->src->sums->data_size);
+			if (ret_failed)
+				*ret_failed = v->req;
+			return -EBADMSG;
+		}
+		if (v->bounce != SIZE_MAX)
+			memcpy(v->dst, p + v->skip, v->len);
+	}
+	return 0;
+}
+
 int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
 {
 	if (r->n + n > r->cap) {
@@ -252,9 +367,16 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		r->reqs = q;
 		r->cap = cap;
 	}
-	for (size_t i = 0; i < n; i++)
+	const size_t n_vr = r->n_vr, bounce_need = r->bounce_need;
+	for (size_t i = 0; i < n; i++) {
 		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
 						     .len = reads[i].len, .dst = reads[i].dst };
+		if (reads[i].src->sums && reads[i].len && verify_plan(r, r->n + i, &reads[i]) < 0) {
+			r->n_vr = n_vr;
+			r->bounce_need = bounce_need;
+			return -ENOMEM;
+		}
+	}
 	r->n += n;
 	return 0;
 }
@@ -264,7 +386,14 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	/* Local files: the whole batch in flight at once on the thread's io_uring. */
 	size_t n = r->n;
 	r->n = 0;
-	return io_reader_run(r->io, r->reqs, n, ret_failed);
+	int e = verify_prepare(r);
+	if (e == 0)
+		e = io_reader_run(r->io, r->reqs, n, ret_failed);
+	if (e == 0)
+		e = verify_finish(r, ret_failed);
+	r->n_vr = 0;
+	r->bounce_need = 0;
+	return e;
 }
 
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed)
@@ -275,13 +404,27 @@ int source_read(struct source_reader *r, const struct source_read *reads, size_t
 
 int source_read_all(struct source_reader *r, struct source *s, void **ret)
 {
-	return io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
+	void *buf = NULL;
+	int e = io_reader_read_file(r->io, s->fd, (size_t)s->id.size, &buf);
+	if (e < 0)
+		return e;
+	uint64_t bad = 0;
+	if (s->sums && sums_verify(s->sums, 0, buf, (size_t)s->sums->data_size, &bad) < 0) {
+		snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " does not match its checksum: the file is damaged or changed",
+			 s->name, bad);
+		free(buf);
+		return -EBADMSG;
+	}
+	*ret = buf;
+	return 0;
 }
 
 void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
 		       uint64_t len)
 {
-	if (r == -ENODATA)
+	if (r == -EBADMSG)
+		snprintf(err, errlen, "%s: read at byte %" PRIu64 ": a block does not match its checksum", name, offset);
+	else if (r == -ENODATA)
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",
 			 name, offset + len, index);
 	else

@@ -42,6 +42,7 @@ struct source_id {
 
 struct source;
 struct source_reader;
+struct sums;
 
 /* One read: len bytes of src at offset, to dst. */
 struct source_read {
@@ -64,6 +65,17 @@ const char *source_name(const struct source *s);
 uint64_t source_size(const struct source *s);
 /* The identity recorded at open. */
 const struct source_id *source_identity(const struct source *s);
+
+/*
+ * Attaches block checksums (daemon/io/sums.h) to s, which owns them from
+ * then on: every later read of s reads the whole blocks it touches and
+ * checks them (source_complete fails with -EBADMSG, source_reader_error()
+ * names the file and the block's offset). Call before s is shared with other
+ * threads. Returns 0, or -EINVAL when they cover more than the file holds.
+ */
+int source_set_sums(struct source *s, struct sums *sums);
+/* The checksums attached to s, or NULL. */
+const struct sums *source_sums(const struct source *s);
 
 /* The identity `name` has now. Returns 0 or a negative errno. */
 int source_identify(const char *name, struct source_id *ret);
@@ -107,10 +119,15 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * Waits for every read queued since the last completion and forgets them.
  * Returns 0; or a negative errno with *ret_failed (if not NULL) the index,
  * in submission order, of a failing read: -ENODATA when the object ended
- * before the read did (it shrank under us), the read's own error otherwise.
+ * before the read did (it shrank under us), -EBADMSG when a block of a
+ * checksummed source does not match (source_reader_error() says where), the
+ * read's own error otherwise.
  * On error the destinations' contents are unspecified.
  */
 int source_complete(struct source_reader *r, size_t *ret_failed);
+
+/* The message of the reader's last checksum failure ("NAME: block at byte N ... does not match its checksum"). */
+const char *source_reader_error(const struct source_reader *r);
 
 /* source_submit() then source_complete(). */
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed);

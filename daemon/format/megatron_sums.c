@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A Megatron shard's optional checksum sidecar, X.bin.sums (docs/checksums.md):
+ * per-block XXH3 sums of X.bin and the XXH3 of the whole X.idx, written by
+ * `feedctl prep` and `feedctl verify --write-sums`. When it is there, the
+ * shard's .bin source carries the sums, so every read of the shard checks
+ * the blocks it touches (daemon/source/source.h, source_set_sums), and the
+ * .idx is checked whole at open. Kept apart from megatron.c's parsing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/format/megatron.h"
+#include "daemon/io/sums.h"
+#include "proto/macro.h"
+
+char *megatron_sums_path(const char *bin_path)
+{
+	char *p;
+	return asprintf(&p, "%s.sums", bin_path) < 0 ? NULL : p;
+}
+
+int megatron_sums_attach(struct megatron_shard *s, char *err, size_t errlen)
+{
+	_cleanup_free_ char *path = megatron_sums_path(s->bin_path);
+	if (!path)
+		return -ENOMEM;
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return 0; /* no sidecar: the shard is served unchecked, as before */
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int r = -errno;
+		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+		return r;
+	}
+	struct sums *sums = NULL;
+	int r = sums_load(fd, (uint64_t)st.st_size, true, path, &sums, err, errlen);
+	if (r == -ENODATA) {
+		snprintf(err, errlen, "%s: not a checksum file (no %s footer)", path, SUMS_MAGIC);
+		return -EBADMSG;
+	}
+	if (r < 0)
+		return r;
+	if (sums->data_size != s->bin_id.size) {
+		snprintf(err, errlen, "%s: covers %" PRIu64 " bytes but %s holds %" PRIu64
+			 ": the sidecar belongs to another version of the shard", path, sums->data_size, s->bin_path,
+			 (uint64_t)s->bin_id.size);
+		sums_free(sums);
+		return -EBADMSG;
+	}
+	if (sums->extra_size || sums->extra_hash) {
+		uint64_t size = 0, hash = 0;
+		r = sums_hash_file(s->idx_path, &size, &hash, err, errlen);
+		if (r == 0 && (size != sums->extra_size || hash != sums->extra_hash)) {
+			snprintf(err, errlen, "%s: does not match the checksum in %s (%" PRIu64 " bytes, %" PRIu64
+				 " recorded): the file is damaged or changed", s->idx_path, path, size, sums->extra_size);
+			r = -EBADMSG;
+		}
+		if (r < 0) {
+			sums_free(sums);
+			return r;
+		}
+	}
+	s->sums_digest = sums->digest;
+	s->sums_block = sums->block;
+	r = source_set_sums(s->bin, sums);
+	if (r < 0) {
+		sums_free(sums);
+		snprintf(err, errlen, "%s: covers more than %s holds", path, s->bin_path);
+	}
+	return r;
+}
+
+uint64_t megatron_sums_digest(const struct megatron_shard *s)
+{
+	return s->sums_digest;
+}
