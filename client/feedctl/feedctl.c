@@ -426,6 +426,8 @@ static const struct command command_table[] = {
 	  "write what rank R receives as .npy files" },
 	{ "prep", cmd_prep, "prep --tokenizer F --out PREFIX INPUT...",
 	  "tokenize text into a Megatron .bin/.idx (no daemon needed)" },
+	{ "verify", cmd_verify, "verify [--write-sums] SHARD...",
+	  "check Megatron shards and their checksum sidecars; --write-sums makes them (no daemon needed)" },
 	{ "parquet-info", cmd_parquet_info, "parquet-info [--rows COLUMN] FILE",
 	  "a Parquet shard's schema and row groups, as feedd reads them (no daemon needed)" },
 	{ "reload", cmd_admin, "reload", "make feedd re-read its config (privileged)" },

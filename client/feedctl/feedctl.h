@@ -39,4 +39,5 @@ void ms(json_t *v, char *buf, size_t n);
 int cmd_top(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_prep(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 int cmd_parquet_info(int argc, char **argv);

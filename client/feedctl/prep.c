@@ -24,7 +24,9 @@
 #include "client/feedctl/feedctl.h"
 #include <sys/stat.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/format/format.h"
+#include "daemon/io/sums.h"
 #include "daemon/order/order.h"
 #include "daemon/pool/pool.h"
 #include "daemon/source/source.h"
@@ -176,7 +178,8 @@ static void usage_prep(FILE *out)
 		"      --on-bad-record P     skip (default: an empty document, counted) or fail\n"
 		"      --encode-special-tokens  special tokens in the text become their ids\n"
 		"  -j, --threads N           tokenizer threads (default: all CPUs)\n"
-		"      --cache-dir DIR       keep indexes and decompressed copies here (default: a temporary directory)\n");
+		"      --cache-dir DIR       keep indexes and decompressed copies here (default: a temporary directory)\n"
+		"      --no-sums             do not write PREFIX.bin.sums (block checksums feedd verifies on every read)\n");
 }
 
 static void progress(bool tty, uint64_t docs, uint64_t total, uint64_t bytes, uint64_t t0, bool final)
@@ -214,6 +217,7 @@ int cmd_prep(int argc, char **argv)
 		{ "encode-special-tokens", no_argument, NULL, 's' },
 		{ "threads", required_argument, NULL, 'j' },
 		{ "cache-dir", required_argument, NULL, 'c' },
+		{ "no-sums", no_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -230,6 +234,7 @@ int cmd_prep(int argc, char **argv)
 	};
 	const char *out_prefix = NULL, *eos = NULL;
 	unsigned threads = 0;
+	bool write_sums = true;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "t:p:o:f:k:e:j:h", opts, NULL)) >= 0) {
@@ -256,6 +261,7 @@ int cmd_prep(int argc, char **argv)
 		case 's': cf.encode_special_tokens = true; break;
 		case 'j': threads = (unsigned)strtoul(optarg, NULL, 10); break;
 		case 'c': cf.cache_dir = optarg; break;
+		case 'n': write_sums = false; break;
 		case 'h': usage_prep(stdout); return 0;
 		default: usage_prep(stderr); return 2;
 		}
@@ -314,8 +320,9 @@ int cmd_prep(int argc, char **argv)
 		fprintf(stderr, "feedctl prep: out of memory\n");
 		goto out;
 	}
-	if (mkdir(cf.cache_dir, 0755) < 0 && errno != EEXIST) {
-		fprintf(stderr, "feedctl prep: cannot create %s: %s\n", cf.cache_dir, strerror(errno));
+	/* Created if missing; what crashed builds left there removed (daemon/cache/cache.h). */
+	if (cache_clean(cf.cache_dir, err, sizeof(err)) < 0) {
+		fprintf(stderr, "feedctl prep: %s\n", err);
 		goto out;
 	}
 	const struct format_opts fo = {
@@ -464,6 +471,16 @@ int cmd_prep(int argc, char **argv)
 		goto out;
 	}
 	o.bin = NULL;
+	/* A sidecar of an earlier run must not outlive the .bin it described. */
+	_cleanup_free_ char *sums_path = NULL;
+	if (asprintf(&sums_path, "%s.sums", bin_path) < 0) {
+		sums_path = NULL;
+		goto out;
+	}
+	if (unlink(sums_path) < 0 && errno != ENOENT) {
+		fprintf(stderr, "feedctl prep: cannot remove the old %s: %s\n", sums_path, strerror(errno));
+		goto out;
+	}
 	r = write_idx(idx_path, &o);
 	if (r == 0 && rename(bin_tmp, bin_path) < 0)
 		r = -errno;
@@ -471,9 +488,14 @@ int cmd_prep(int argc, char **argv)
 		fprintf(stderr, "feedctl prep: writing %s: %s\n", idx_path, strerror(-r));
 		goto out;
 	}
+	/* Block checksums of .bin and the hash of .idx: feedd checks every block it reads (docs/checksums.md). */
+	if (write_sums && sums_write_sidecar(sums_path, bin_path, idx_path, SUMS_BLOCK_DEFAULT, err, sizeof(err)) < 0) {
+		fprintf(stderr, "feedctl prep: %s\n", err);
+		goto out;
+	}
 	progress(tty, docs_done, n_docs, bytes_done, t0, true);
-	fprintf(stderr, "prep: %" PRIu64 " documents, %" PRIu64 " tokens (%s), %" PRIu64 " bad records skipped, %u threads -> %s.{bin,idx}\n",
-		docs_done, o.tokens, o.dtype == 4 ? "i32" : "u16", skipped, threads, out_prefix);
+	fprintf(stderr, "prep: %" PRIu64 " documents, %" PRIu64 " tokens (%s), %" PRIu64 " bad records skipped, %u threads -> %s.{bin,idx%s}\n",
+		docs_done, o.tokens, o.dtype == 4 ? "i32" : "u16", skipped, threads, out_prefix, write_sums ? ",bin.sums" : "");
 	if (skipped)
 		fprintf(stderr, "prep: first bad record: %s\n", first_bad);
 	ret = 0;
