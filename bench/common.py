@@ -45,6 +45,7 @@ EXPERIMENTS = [
     ("e2e", "json", None, True),
     ("scaling", "json", None, True),
     ("textpath", "json", None, True),
+    ("checksum", "json", None, True),
     ("parquet", "json", None, True),
     ("torch_loop", "text", None, True),
     ("metrics_scrape", "text", None, True),

@@ -269,6 +269,12 @@ int source_set_sums(struct source *s, struct sums *sums)
 {
 	if (sums->data_size > s->id.size)
 		return -EINVAL;
+	/* bench/checksum's peer: the same run without checking reads (docs/checksums.md); never for serving. */
+	const char *off = getenv("FEEDD_BENCH_NO_VERIFY");
+	if (off && strcmp(off, "1") == 0) {
+		sums_free(sums);
+		return 0;
+	}
 	sums_free(s->sums);
 	s->sums = sums;
 	return 0;
