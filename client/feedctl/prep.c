@@ -191,13 +191,13 @@ static void progress(bool tty, uint64_t docs, uint64_t total, uint64_t bytes, ui
 		(double)bytes / 1e6, s > 0 ? (double)bytes / 1e6 / s : 0.0, final || !tty ? "\n" : "   ");
 }
 
-/* Removes the temporary cache directory prep made: only its own index and data files are in it. */
+/* Removes the temporary cache directory prep made: only its own index and data files (and .lock) are in it. */
 static void remove_cache(const char *dir)
 {
 	DIR *d = opendir(dir);
 	if (d) {
 		for (struct dirent *e; (e = readdir(d));)
-			if (e->d_name[0] != '.')
+			if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
 				unlinkat(dirfd(d), e->d_name, 0);
 		closedir(d);
 	}
