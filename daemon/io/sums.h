@@ -31,8 +31,8 @@
 #define SUMS_FOOTER 64
 #define SUMS_BLOCK_MIN 512u
 #define SUMS_BLOCK_MAX (64u << 20)
-/* The block feedd writes unless told otherwise (docs/benchmarks.md, checksum: the cost of reading whole blocks). */
-#define SUMS_BLOCK_DEFAULT (16u << 10)
+/* The block feedd writes unless told otherwise (docs/benchmarks.md, "Checksum cost": reads of whole blocks cost least at the page size). */
+#define SUMS_BLOCK_DEFAULT 4096u
 
 struct sums_footer {
 	char magic[8];       /* SUMS_MAGIC */

@@ -98,7 +98,7 @@ def test_a_flipped_byte_in_a_cache_copy_is_named_and_the_copy_rebuilt(daemon, tm
 
     # At load: found, named, rebuilt; the batches are those of a fresh cache, bit for bit.
     d2 = daemon(conf)
-    block = at // 16384 * 16384
+    block = at // 4096 * 4096
     log = d2.log_text()
     assert f"{copy}: block at byte {block} " in log and "rebuilt" in log, log
     same(d2.dump("web", tmp_path / "after", batches=40), fresh)
@@ -145,7 +145,7 @@ def test_megatron_sidecar_verifies_every_block(daemon, tmp_path, shards):
     bin0 = sorted(shards.glob("*.bin"))[0]
     at = bin0.stat().st_size // 3
     flip(bin0, at)
-    block = at // 16384 * 16384
+    block = at // 4096 * 4096
     r = subprocess.run([str(FEEDCTL), "verify", str(bin0)], capture_output=True, text=True)
     assert r.returncode == 1 and f"{bin0}: block at byte {block} " in r.stderr, r.stderr
     d = daemon(conf)
