@@ -102,7 +102,9 @@ static int parse(const uint8_t *end, uint64_t avail, bool sidecar, const char *n
 	f.block = le32toh(f.block);
 	f.data_size = le64toh(f.data_size);
 	f.n_blocks = le64toh(f.n_blocks);
-	if (f.version != 1 || !block_ok(f.block) || f.n_blocks != (f.data_size + f.block - 1) / f.block) {
+	/* data_size first, so that the sums below cannot overflow: a trailer's data lies in its own file. */
+	if (f.version != 1 || !block_ok(f.block) || f.data_size > (UINT64_MAX >> 1) || (!sidecar && f.data_size > avail) ||
+	    f.n_blocks != (f.data_size + f.block - 1) / f.block) {
 		snprintf(err, errlen, "%s: checksum footer at byte %" PRIu64 " is damaged (version %u, block %u, %" PRIu64
 			 " blocks for %" PRIu64 " bytes)", name, at, f.version, f.block, f.n_blocks, f.data_size);
 		return -EBADMSG;

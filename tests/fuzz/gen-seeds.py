@@ -232,13 +232,27 @@ def parquet(out):
     (out / "empty").write_bytes(pqwrite.write([]))
 
 
+def sums(out):
+    """Cache files with a trailer (0) and sidecars (1), written by daemon/io/sums.c's layout."""
+    import struct
+    for name in ("trailer", "sidecar"):
+        for size, block in ((0, 512), (1, 512), (1000, 512), (4096, 4096), (5000, 1024)):
+            data = bytes((i * 7) & 0xFF for i in range(size))
+            n = (size + block - 1) // block
+            sums = b"".join(struct.pack("<Q", i) for i in range(n))  # wrong sums: the parser's refusals
+            foot = b"FDSUMS01" + struct.pack("<IIQQQQQQ", 1, block, size, n, 0, 0, 0, 0)
+            body = (data if name == "trailer" else b"") + sums + foot
+            (out / f"{name}-{size}-{block}").write_bytes(bytes([0 if name == "trailer" else 1]) + body)
+    # Whole files the C code wrote are committed under corpus/sums/ (accepted inputs).
+
+
 def main():
     target, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
         f.unlink()
     {"wire": wire, "idx": idx, "rankfile": rankfile, "hf": hf, "ring": ring, "jsonl": jsonl,
-     "parquet": parquet}[target](out)
+     "parquet": parquet, "sums": sums}[target](out)
 
 
 if __name__ == "__main__":
