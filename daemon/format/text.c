@@ -202,11 +202,11 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 
 /*
  * Decompresses in[0..n) (compressed bytes from `in_pos` on), appending the
- * output to the cache entry `out` and scanning it. Returns 0 or a negative errno with a
- * message.
+ * output to the cache entry dst and scanning it. Returns 0 or a negative
+ * errno with a message.
  */
-static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos, struct cache_build *dst,
-		  uint8_t *out, size_t out_cap, char *err, size_t errlen)
+static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos,
+		  struct cache_build *dst, uint8_t *out, size_t out_cap, char *err, size_t errlen)
 {
 	int r;
 	const char *path = b->s->path;
