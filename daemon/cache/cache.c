@@ -170,6 +170,26 @@ int64_t cache_usage(const char *dir)
 	return (int64_t)total;
 }
 
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* The index of NAME.data's NAME.idx, or of NAME.idx's NAME.data, in v; -1 when none. */
+static ssize_t sibling(const struct entry *v, size_t n, const char *name)
+{
+	const char *from = ends_with(name, ".idx") ? ".idx" : ends_with(name, ".data") ? ".data" : NULL;
+	if (!from)
+		return -1;
+	const char *to = from[1] == 'i' ? ".data" : ".idx";
+	size_t stem = strlen(name) - strlen(from);
+	for (size_t j = 0; j < n; j++)
+		if (strncmp(v[j].name, name, stem) == 0 && strcmp(v[j].name + stem, to) == 0)
+			return (ssize_t)j;
+	return -1;
+}
+
 int64_t cache_evict(const char *dir, uint64_t max_bytes, uint64_t need)
 {
 	if (max_bytes == 0)
@@ -194,12 +214,25 @@ int64_t cache_evict(const char *dir, uint64_t max_bytes, uint64_t need)
 	if (need > max_bytes || total > max_bytes - need) {
 		qsort(v, n, sizeof(*v), cmp_used);
 		for (size_t i = 0; i < n && total > max_bytes - MIN(need, max_bytes); i++) {
-			if (is_tmp(v[i].name))
-				continue; /* a build in progress (a stale one is cache_clean's) */
+			if (is_tmp(v[i].name) || v[i].size == UINT64_MAX)
+				continue; /* a build in progress (a stale one is cache_clean's), or gone with its copy */
+			/*
+			 * An index goes with its copy, never before it: a pinned copy whose
+			 * index went would be built again beside itself, its old inode
+			 * still on disk until unpinned.
+			 */
+			ssize_t sib = sibling(v, n, v[i].name);
+			if (ends_with(v[i].name, ".idx") && sib >= 0)
+				continue;
 			int k = remove_unlocked(dfd, v[i].name);
 			if (k > 0) {
 				total -= v[i].size;
 				freed += (int64_t)v[i].size;
+				if (sib >= 0 && v[sib].size != UINT64_MAX && remove_unlocked(dfd, v[sib].name) > 0) {
+					total -= v[sib].size;
+					freed += (int64_t)v[sib].size;
+					v[sib].size = UINT64_MAX; /* gone */
+				}
 			}
 		}
 	}

@@ -287,6 +287,32 @@ static void test_cache(void)
 	cache_unpin(pin);
 	CHECK_INT(cache_pin("/nonexistent/x", &pin), -ENOENT);
 
+	/* An index goes with its copy, never before it: not while the copy is pinned, though older. */
+	char pdir[96];
+	snprintf(pdir, sizeof(pdir), "%s/pairs", dir);
+	CHECK_INT(cache_clean(pdir, err, sizeof(err)), 0);
+	CHECK_INT(build(pdir, cap, "x.data", 90000, err, sizeof(err)), 0);
+	CHECK_INT(build(pdir, cap, "x.idx", 20000, err, sizeof(err)), 0);
+	CHECK_INT(build(pdir, cap, "y.data", 90000, err, sizeof(err)), 0);
+	CHECK_INT(build(pdir, cap, "y.idx", 20000, err, sizeof(err)), 0);
+	snprintf(p, sizeof(p), "%s/x.idx", pdir);
+	touch_back(p, 50);
+	snprintf(p, sizeof(p), "%s/y.data", pdir);
+	touch_back(p, 40);
+	snprintf(p, sizeof(p), "%s/y.idx", pdir);
+	touch_back(p, 60);
+	snprintf(p, sizeof(p), "%s/x.data", pdir);
+	CHECK_INT(cache_pin(p, &pin), 0);
+	CHECK_INT(build(pdir, cap, "z.data", 90000, err, sizeof(err)), 0);
+	snprintf(p, sizeof(p), "%s/x.idx", pdir);
+	CHECK(access(p, F_OK) == 0, "the index of a pinned copy was evicted");
+	snprintf(p, sizeof(p), "%s/y.idx", pdir);
+	CHECK(access(p, F_OK) != 0, "an index outlived its evicted copy");
+	snprintf(p, sizeof(p), "%s/y.data", pdir);
+	CHECK(access(p, F_OK) != 0, "the least recently used copy stayed");
+	CHECK(cache_usage(pdir) <= (int64_t)cap, "usage %lld", (long long)cache_usage(pdir));
+	cache_unpin(pin);
+
 	/* Temporary files: a crashed build's goes, a live build's (locked) stays. */
 	snprintf(p, sizeof(p), "%s/x.data.tmp-999999", cdir);
 	FILE *f = fopen(p, "we");
