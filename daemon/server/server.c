@@ -218,7 +218,8 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		server_free(s);
 		return -ENOMEM;
 	}
-	int wr = feed_watch_new(base, true, on_feed_changed, s, &s->watch);
+	int wr = conf->watch_changes == CONF_WATCH_OFF
+			 ? 0 : feed_watch_new(base, conf->watch_changes == CONF_WATCH_AUTO, on_feed_changed, s, &s->watch);
 	if (wr < 0)
 		log_warning("cannot watch shards for changes as they happen: %s; they are checked once a second only",
 			    strerror(-wr));
