@@ -80,7 +80,8 @@ static void advance(struct session *s)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
 		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
-		if (failed->result == -ENODATA && feed_check(s->feed) < 0 && feed_changed(s))
+		if ((failed->result == -ENODATA || failed->result == -ESTALE) && feed_check(s->feed) < 0 &&
+		    feed_changed(s))
 			return;
 		session_fail(s, failed->result, failed->error);
 	}
@@ -276,13 +277,21 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	}
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
-		/* Data first: a shard rewritten (even with its old size and mtime) is named as what it is. */
-		if (c->has_data && c->data != f->data_id) {
+		/* Same shards, sizes, mtimes and parameters, other data: a shard rewritten in place (issue #16). */
+		if (c->has_data && c->data != f->data_id && c->fingerprint == f->fingerprint) {
 			snprintf(err, errlen,
 				 "cursor was taken on other data: the data of feed %s changed since (data identity %016" PRIx64
-				 ", now %016" PRIx64 "): a shard was added, removed, rewritten or replaced, or this is a copy "
-				 "on another file system; resume with a cursor taken on the current data",
+				 ", now %016" PRIx64 ") though no size or mtime did: a shard was rewritten in place, or this "
+				 "is a copy on another file system; resume with a cursor taken on the current data",
 				 f->name, c->data, f->data_id);
+			return -EINVAL;
+		}
+		if (c->fingerprint != f->fingerprint && c->has_data && c->data != f->data_id) {
+			snprintf(err, errlen,
+				 "cursor belongs to another feed or another version of feed %s (fingerprint %016" PRIx64
+				 ", the feed's is %016" PRIx64 "): the data changed (data identity %016" PRIx64 ", now %016" PRIx64
+				 ": a shard was added, removed, rewritten or replaced), or the cursor is another feed's",
+				 f->name, c->fingerprint, f->fingerprint, c->data, f->data_id);
 			return -EINVAL;
 		}
 		if (c->fingerprint != f->fingerprint) {
