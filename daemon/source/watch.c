@@ -32,6 +32,7 @@ struct source_watch {
 	pid_t tid; /* leases are signalled to this thread */
 	struct watch_entry *e;
 	uint32_t n, cap;
+	uint32_t n_inotify; /* entries watched by inotify: none, no ioctl in source_watch_pending */
 };
 
 int source_watch_new(int signo, struct source_watch **ret)
@@ -58,6 +59,7 @@ static void entry_clear(struct source_watch *w, struct watch_entry *x)
 		close(x->lease_fd);
 	}
 	if (x->wd >= 0) {
+		w->n_inotify--;
 		bool shared = false;
 		for (uint32_t i = 0; i < w->n && !shared; i++)
 			shared = &w->e[i] != x && w->e[i].path && w->e[i].wd == x->wd;
@@ -130,6 +132,7 @@ int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id,
 		}
 	}
 	w->e[id] = x;
+	w->n_inotify += x.wd >= 0;
 	if (id == w->n)
 		w->n++;
 	*ret_id = id;
@@ -145,7 +148,7 @@ void source_watch_remove(struct source_watch *w, uint32_t id)
 bool source_watch_pending(const struct source_watch *w)
 {
 	int n = 0;
-	return ioctl(w->ifd, FIONREAD, &n) == 0 && n > 0;
+	return w->n_inotify && ioctl(w->ifd, FIONREAD, &n) == 0 && n > 0;
 }
 
 static const char *event_what(uint32_t mask)
@@ -178,8 +181,10 @@ static void read_events(struct source_watch *w)
 					continue;
 				if (what && !x->what && !x->spent)
 					x->what = what;
-				if (ev->mask & IN_IGNORED)
+				if ((ev->mask & IN_IGNORED) && x->wd >= 0) {
 					x->wd = -1; /* the kernel dropped the watch (the inode is gone) */
+					w->n_inotify--;
+				}
 			}
 			if (ev->mask & IN_Q_OVERFLOW) /* events were lost: every inotify-watched file is suspect */
 				for (uint32_t i = 0; i < w->n; i++)

@@ -62,7 +62,10 @@ int source_watch_fd(const struct source_watch *w);
 int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err);
 void source_watch_remove(struct source_watch *w, uint32_t id);
 
-/* Whether inotify events wait to be dispatched (one ioctl; no read). */
+/*
+ * Whether inotify events wait to be dispatched (one ioctl, none when no file
+ * is under inotify; no read). Leases need no polling: a writer waits.
+ */
 bool source_watch_pending(const struct source_watch *w);
 
 /*
