@@ -183,3 +183,45 @@ def test_jsonl_shard_overwritten_in_place(daemon, tmp_path, keep_mtime, sleep_ms
     new = text.translate(bytes.maketrans(b"abcdefghij", b"bcdefghija"))
     cursors = run_overwrite(d, "live", tmp_path / "live" / "a.jsonl", new, ref, 30, sleep_ms, keep_mtime)
     assert_old_cursor_refused(d, "live", cursors[-1])
+
+
+def test_a_text_index_is_not_reused_for_a_shard_rewritten_with_its_old_mtime(daemon, tmp_path):
+    """The cached line index of a JSONL shard is keyed by size, inode and mtime, and its check by ctime:
+    a shard rewritten in place with other line breaks, the same size and its old mtime is indexed again."""
+    import json
+    rng = np.random.default_rng(8)
+    letters = np.array(list("abcdefghij"))
+
+    def corpus(n_lines):
+        return [json.dumps({"text": " ".join("".join(rng.choice(letters, rng.integers(1, 9)))
+                                              for _ in range(rng.integers(3, 30)))}) for _ in range(n_lines)]
+    old = ("\n".join(corpus(800)) + "\n").encode()
+    new = ("\n".join(corpus(1200)) + "\n").encode()
+    new = new[:len(old)] if len(new) >= len(old) else new + b" " * (len(old) - len(new))
+    new = new[:new.rfind(b"\n") + 1] + b" " * (len(old) - new.rfind(b"\n") - 1)  # whole lines, then padding
+    assert len(new) == len(old)
+    (tmp_path / "live").mkdir()
+    (tmp_path / "ref").mkdir()
+    shard = tmp_path / "live" / "a.jsonl"
+    shard.write_bytes(old)
+    tok = tmp_path / "tokenizer.json"
+    wordpiece_tokenizer(tok)
+
+    def conf(name, path):
+        return (f"[feed.{name}]\nformat = jsonl\nshards = {path}\ntokenizer = {tok}\n"
+                "seq_len = 64\nbatch_size = 2\nseed = 5\nshuffle = false\non_bad_record = skip\nmax_bad_fraction = 1\n")
+    cache = f"[feedd]\ncache_dir = {tmp_path / 'cache'}\n"
+    d = daemon(cache + conf("live", shard))
+    d.dump("live", tmp_path / "before", batches=3)  # the index is in the cache now
+    assert d.stop() == 0
+    st = os.stat(shard)
+    overwrite(shard, new, keep_mtime=True)
+    assert os.stat(shard).st_ino == st.st_ino
+    (tmp_path / "ref" / "a.jsonl").write_bytes(new)
+    d = daemon(cache + conf("live", shard) + conf("ref", tmp_path / "ref" / "a.jsonl"))
+    got = d.dump("live", tmp_path / "live-out", batches=40)
+    want = d.dump("ref", tmp_path / "ref-out", batches=40)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], want[k]), k
+    live = next(f for f in d.status()["feeds"] if f["name"] == "live")
+    assert live["text"]["bad_records"] == 0, live
