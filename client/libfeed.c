@@ -508,11 +508,7 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 	struct feed_slot_header copy;
 	memcpy(&copy, shared, offsetof(struct feed_slot_header, cursor));
 	__atomic_thread_fence(__ATOMIC_ACQUIRE); /* the checks and the batch use the copy, not a second read */
-	/*
-	 * Taken: the last moment to see a withdrawal (proto/ring_abi.h). The
-	 * daemon withdraws before it sends the error, so the state, read after
-	 * the slot, decides; a withdrawn batch is never returned.
-	 */
+	/* Taken: the state, read after the slot, decides whether it was withdrawn (proto/ring_abi.h). */
 	if (__atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) == FEED_RING_WITHDRAWN) {
 		r = stream_stopped(c, -ESTALE);
 		goto out;

@@ -322,11 +322,7 @@ static uint64_t index_check(const struct text_index_header *h, const struct text
 	struct text_index_header c = *h;
 	c.check = 0;
 	uint64_t x = hash_words(1, &c, sizeof(c));
-	/*
-	 * The shard's ctime, which the header has no field for: a shard rewritten
-	 * with its old size, inode and mtime put back must not reuse its index
-	 * (issue #16). Any change of ctime rebuilds the index once.
-	 */
+	/* The shard's ctime (no header field): a rewrite that put size, inode and mtime back rebuilds it. */
 	int64_t ctime[2] = { s->id.ctime.tv_sec, s->id.ctime.tv_nsec };
 	x = hash_words(x, ctime, sizeof(ctime));
 	x = hash_words(x, s->offsets, (size_t)s->n_docs * 8);
