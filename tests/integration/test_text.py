@@ -145,7 +145,7 @@ def test_resume_from_a_cursor_inside_a_document(daemon, corpus, tmp_path):
     d = daemon(text_conf("web", corpus["paths"], tmp_path / "cache", seq_len=128, batch_size=2))
     full = d.dump("web", tmp_path / "full", rank=0, world=2, batches=60)
     cur = full["cursors"][29]
-    offset = int(cur.split("-")[8], 16)
+    offset = int(cur.split("-")[9], 16)
     assert offset > 0, "the test wants a cursor in the middle of a document"
     part = d.dump("web", tmp_path / "part", rank=0, world=2, batches=30, cursor=cur)
     for k in ("input_ids", "labels", "position_ids"):
