@@ -122,9 +122,10 @@ struct feed_watch *feed_watch_free(struct feed_watch *w)
 		return NULL;
 	if (w->ev)
 		event_free(w->ev);
+	/* Leases first: a break signalled after its handler is gone would kill the daemon. */
+	source_watch_free(w->sw);
 	if (w->sig_ev)
 		event_free(w->sig_ev);
-	source_watch_free(w->sw);
 	free(w->owner);
 	free(w);
 	return NULL;
