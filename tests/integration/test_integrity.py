@@ -143,6 +143,28 @@ def test_megatron_bin_overwritten_in_place(daemon, megatron_data, tmp_path, keep
     assert next(f for f in d.status()["feeds"] if f["name"] == "ref")["state"] == "ready"
 
 
+
+@pytest.mark.parametrize("watch", ["auto", "inotify"])
+def test_batches_published_but_not_taken_are_withdrawn(daemon, megatron_data, tmp_path, watch):
+    """A client takes one batch and sleeps while its ring fills; the .bin changes meanwhile. When it asks
+    again it gets the error naming the file, not one of the batches the ring held (docs/protocol.md 7.4)."""
+    live = tmp_path / "live"
+    shutil.copytree(megatron_data, live)
+    d = daemon(f"[feedd]\nwatch_changes = {watch}\nring_slots = 8\n"
+               + feed_conf("live", f"{live}/shard_*.idx", seq_len=128, batch_size=2, window=1))
+    r = Reader(d.client("live", 0, 1, 100, sleep_ms=1500))
+    r.wait_batches(1)
+    time.sleep(0.3)  # the ring fills behind the sleeping client
+    c = d.status()["clients"][0]
+    assert c["batches_published"] > c["batches_delivered"], c
+    bin_path = next(live.glob("*.bin"))
+    overwrite(bin_path, bytes(os.path.getsize(bin_path)), keep_mtime=True)
+    out, err = r.finish()
+    got, _ = batches(out)
+    assert len(got) == 1, f"{len(got) - 1} batches delivered after the change:\n{out}"
+    assert str(bin_path) in out.splitlines()[-1] and "changed while serving" in out, out
+
+
 def wordpiece_tokenizer(path):
     """A tiny WordPiece tokenizer.json (a letter per token): enough to turn text into ids."""
     import json
