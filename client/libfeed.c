@@ -449,11 +449,13 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 #define RSEQ (c->next_seq - c->seq_base) /* the next sequence in the current ring */
 
 	for (;;) {
-		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ)
+		/* A withdrawn ring (a shard changed) delivers nothing more, published or not. */
+		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ &&
+		    __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) != FEED_RING_WITHDRAWN)
 			break;
 		uint32_t state = __atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE);
 		if (state != FEED_RING_RUNNING) {
-			r = stream_stopped(c, state == FEED_RING_STOPPING ? -ESHUTDOWN : -EIO);
+			r = stream_stopped(c, state == FEED_RING_STOPPING ? -ESHUTDOWN : state == FEED_RING_WITHDRAWN ? -ESTALE : -EIO);
 			if (!client_resume(c, &r))
 				goto out;
 			deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
@@ -491,7 +493,7 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		if (k > 0 && pfd[1].revents) {
 			/* The daemon only speaks now to say the stream ended, or it hung up. */
 			if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ)
-				break;
+				continue; /* the loop's head takes it, unless the ring was withdrawn */
 			r = stream_stopped(c, -ECONNRESET);
 			if (!client_resume(c, &r))
 				goto out;
@@ -506,6 +508,11 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 	struct feed_slot_header copy;
 	memcpy(&copy, shared, offsetof(struct feed_slot_header, cursor));
 	__atomic_thread_fence(__ATOMIC_ACQUIRE); /* the checks and the batch use the copy, not a second read */
+	/* Taken: the state, read after the slot, decides whether it was withdrawn (proto/ring_abi.h). */
+	if (__atomic_load_n(&c->hdr->state, __ATOMIC_ACQUIRE) == FEED_RING_WITHDRAWN) {
+		r = stream_stopped(c, -ESTALE);
+		goto out;
+	}
 	const struct feed_slot_header *h = &copy;
 	if (h->seq != RSEQ || h->batch_size != c->batch_size || h->seq_len != c->seq_len ||
 	    h->n_cu_seqlens < 2 || h->n_cu_seqlens > g->cu_capacity || !memchr(shared->cursor, 0, sizeof(shared->cursor))) {

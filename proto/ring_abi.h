@@ -48,6 +48,12 @@ enum {
 	FEED_RING_RUNNING = 0,
 	FEED_RING_FAILED = 1,   /* error_code says why; the control socket carries the text */
 	FEED_RING_STOPPING = 2, /* daemon is shutting down; no further batches */
+	/*
+	 * Failed because a shard changed (error_code -ESTALE): every batch not
+	 * yet taken is withdrawn. A client checks the state after copying a
+	 * slot's header and delivers no batch once it reads WITHDRAWN.
+	 */
+	FEED_RING_WITHDRAWN = 3,
 };
 
 struct feed_ring_header {

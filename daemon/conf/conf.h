@@ -88,6 +88,13 @@ struct conf_ids {
 	size_t n_gids;
 };
 
+/* watch_changes: read leases where granted, else inotify; inotify only; only the once-a-second check. */
+enum conf_watch {
+	CONF_WATCH_AUTO,
+	CONF_WATCH_INOTIFY,
+	CONF_WATCH_OFF,
+};
+
 struct conf {
 	char *path;
 	char *socket;        /* NULL: the default (wire_socket_path) */
@@ -113,6 +120,7 @@ struct conf {
 	uint64_t memory_max;           /* ... for all clients together */
 	uint64_t gpu_memory_max;       /* device bytes of client staging per GPU, 0: no limit */
 	unsigned stuck_client_s;       /* report a client that consumes nothing this long; 0: never */
+	enum conf_watch watch_changes; /* how shards are watched for writes as they happen (docs/reliability.md) */
 	char *metrics_listen;          /* the Prometheus endpoint's "host:port" as written; NULL: off */
 	struct sockaddr_storage metrics_addr; /* ... parsed: IPv4 or IPv6, port 0 = any free port */
 	socklen_t metrics_addrlen;

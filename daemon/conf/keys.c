@@ -464,6 +464,8 @@ static const char *const packings[] = { [CONF_PACKING_CONCAT] = "concat", [CONF_
 					[CONF_PACKING_PAD] = "pad" };
 static const char *const io_engines[] = { [IO_ENGINE_AUTO] = "auto", [IO_ENGINE_URING] = "io_uring",
 					  [IO_ENGINE_PREAD] = "pread" };
+static const char *const watch_modes[] = { [CONF_WATCH_AUTO] = "auto", [CONF_WATCH_INOTIFY] = "inotify",
+					   [CONF_WATCH_OFF] = "off" };
 
 #define F struct conf_feed
 static const struct conf_key feed_keys[] = {
@@ -535,11 +537,13 @@ static const struct conf_key daemon_keys[] = {
 	SIZE(C, gpu_memory_max, 0, UINT64_MAX, NO_LIMIT),
 	U32(C, stuck_client_s, 0, 86400, "an integer in 0..86400 (0 = never report)"),
 	CUSTOM("metrics_listen", set_metrics_listen_key),
+	ENUM(C, watch_changes, watch_modes, "one of auto, inotify, off"),
 };
 #undef C
 #undef NO_LIMIT
 
-_Static_assert(sizeof(enum conf_packing) == sizeof(int) && sizeof(enum io_engine) == sizeof(int),
+_Static_assert(sizeof(enum conf_packing) == sizeof(int) && sizeof(enum io_engine) == sizeof(int) &&
+		       sizeof(enum conf_watch) == sizeof(int),
 	       "KEY_ENUM fields are int-sized");
 
 static const struct conf_key *find_key(const struct conf_key *keys, size_t n, const char *name)

@@ -10,6 +10,7 @@
 
 #include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
+#include "daemon/feed/integrity.h"
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"
@@ -299,6 +300,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		} else {
 			f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 			f->fingerprint = fingerprint_mixture(f);
+			f->data_id = feed_data_identity(f);
 			log_info("feed %s: a mixture of %u sources, %" PRIu64 " documents, packing %s", f->name,
 				 f->n_sources, f->n_docs, feed_packing_name(f->conf.packing));
 		}
@@ -368,6 +370,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 	f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 	if (f->conf.packing != CONF_PACKING_CONCAT)
 		f->fingerprint = fingerprint_packed(f, f->fingerprint);
+	f->data_id = feed_data_identity(f);
 	*ret = f;
 	return 0;
 }

@@ -86,6 +86,9 @@ struct feed {
 	const uint32_t **doc_tokens;
 	struct order_params params;
 	uint64_t fingerprint;
+	uint64_t data_id;                /* the shards' data identity (integrity.h); cursors carry it */
+	struct feed_watch *watch;        /* watching its files (integrity.h), set by the server; else NULL */
+	uint32_t *watch_ids, n_watch;
 	int32_t pad_id;                  /* padding token of packing bestfit and pad (docs/sample-order.md, section 15) */
 	struct feed **sources;           /* a mixture's sources, each loaded as a feed of its own; NULL for one stream */
 	uint32_t n_sources;

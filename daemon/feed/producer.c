@@ -25,6 +25,7 @@ struct producer {
 	enum io_engine engine;
 	unsigned io_depth;
 	unsigned threads;
+	struct feed_watch *watch; /* the daemon's change watch (integrity.h), polled before publishing; may be NULL */
 
 	/* manual */
 	struct pool_job *queue_head, *queue_tail;
@@ -264,4 +265,14 @@ int producer_io_fallback(const struct producer *p)
 {
 	const struct worker *w = first_worker(p);
 	return w ? source_reader_fallback(w->io) : 0;
+}
+
+void producer_set_watch(struct producer *p, struct feed_watch *w)
+{
+	p->watch = w;
+}
+
+struct feed_watch *producer_watch(const struct producer *p)
+{
+	return p->watch;
 }

@@ -65,6 +65,11 @@ int producer_io_fallback(const struct producer *p);
 /* The main loop completions arrive on (sessions watch their rings on it too). */
 struct event_base *producer_event_base(const struct producer *p);
 
+/* The change watch sessions poll before publishing (integrity.h); NULL: none. The producer does not own it. */
+struct feed_watch;
+void producer_set_watch(struct producer *p, struct feed_watch *w);
+struct feed_watch *producer_watch(const struct producer *p);
+
 /* Hands j to a worker; the caller has set j->kind and j->session and holds a session reference for it. */
 void producer_submit(struct producer *p, struct producer_job *j);
 

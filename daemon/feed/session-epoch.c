@@ -70,7 +70,8 @@ int session_epoch_info(struct session *s, const struct cursor *c, session_epoch_
 	if (r < 0)
 		return r;
 	if (c) {
-		if (c->fingerprint != f->fingerprint || c->world != s->world || c->rank != s->rank || c->n_sources ||
+		if (c->fingerprint != f->fingerprint || (c->has_data && c->data != f->data_id) || c->world != s->world ||
+		    c->rank != s->rank || c->n_sources ||
 		    (f->conf.packing == CONF_PACKING_PAD && c->pos.offset)) {
 			snprintf(err, errlen, "cursor is not one of rank %u of world %u's stream of feed %s", s->rank,
 				 s->world, f->name);

@@ -212,7 +212,7 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	if (s->failed || s->closed)
 		return;
 	if (c->result < 0) {
-		if (c->result == -ENODATA)
+		if (c->result == -ENODATA || c->result == -ESTALE) /* a shard changed: its feed too, now */
 			feed_check(f);
 		session_fail(s, c->result, c->t.error);
 		return;

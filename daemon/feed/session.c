@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/feed/integrity.h"
 #include "daemon/feed/session-internal.h"
 #include "daemon/feed/session-plan.h"
 #include "daemon/feed/session-text.h"
@@ -21,20 +22,37 @@ void session_fail(struct session *s, int code, const char *msg)
 		return;
 	s->failed = true;
 	log_error("feed %s rank %u/%u: %s", s->feed->name, s->rank, s->world, msg);
-	ring_set_state(s->ring, FEED_RING_FAILED, code);
+	/* A shard changed: the batches published and not yet taken may hold its new bytes; withdraw them all. */
+	ring_set_state(s->ring, code == -ESTALE ? FEED_RING_WITHDRAWN : FEED_RING_FAILED, code);
 	if (s->on_fail)
 		s->on_fail(s, code, msg, s->userdata);
 }
 
 /*
+ * Whether the session's feed is known to have changed (issue #16): a write
+ * the kernel has reported but the main loop has not read yet is dispatched
+ * first. Then the session stops with its unread batches withdrawn.
+ */
+static bool feed_changed(struct session *s)
+{
+	feed_watch_poll(producer_watch(s->producer));
+	if (!s->failed && s->feed->state == FEED_FAILED && s->feed->error_code == -ESTALE)
+		session_fail(s, s->feed->error_code, s->feed->error);
+	return s->failed;
+}
+
+/*
  * Publishes finished slots, strictly in order. A failed batch stops the
- * session there: the client still receives every batch before it.
+ * session there: the client still receives every batch before it. Nothing
+ * is published once the feed's data changed.
  */
 static void advance(struct session *s)
 {
 	uint64_t before = s->published;
 	struct session_job *failed = NULL;
 	int staged = 0;
+	if (feed_changed(s))
+		return;
 	assert(s->ring->tail <= s->published && s->published <= s->planned);
 	while (s->published < s->planned) {
 		struct session_job *j = &s->jobs[s->published % s->ring->slot_count];
@@ -62,8 +80,9 @@ static void advance(struct session *s)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
 		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
-		if (failed->result == -ENODATA)
-			feed_check(s->feed);
+		if ((failed->result == -ENODATA || failed->result == -ESTALE) && feed_check(s->feed) < 0 &&
+		    feed_changed(s))
+			return;
 		session_fail(s, failed->result, failed->error);
 	}
 }
@@ -120,6 +139,8 @@ void session_pump(struct session *s)
 			}
 			struct cursor c = {
 				.fingerprint = s->feed->fingerprint,
+				.data = s->feed->data_id,
+				.has_data = true,
 				.world = s->world,
 				.rank = s->rank,
 				.batch = batch + 1,
@@ -256,6 +277,23 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	}
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
+		/* Same shards, sizes, mtimes and parameters, other data: a shard rewritten in place (issue #16). */
+		if (c->has_data && c->data != f->data_id && c->fingerprint == f->fingerprint) {
+			snprintf(err, errlen,
+				 "cursor was taken on other data: the data of feed %s changed since (data identity %016" PRIx64
+				 ", now %016" PRIx64 ") though no size or mtime did: a shard was rewritten in place, or this "
+				 "is a copy on another file system; resume with a cursor taken on the current data",
+				 f->name, c->data, f->data_id);
+			return -EINVAL;
+		}
+		if (c->fingerprint != f->fingerprint && c->has_data && c->data != f->data_id) {
+			snprintf(err, errlen,
+				 "cursor belongs to another feed or another version of feed %s (fingerprint %016" PRIx64
+				 ", the feed's is %016" PRIx64 "): the data changed (data identity %016" PRIx64 ", now %016" PRIx64
+				 ": a shard was added, removed, rewritten or replaced), or the cursor is another feed's",
+				 f->name, c->fingerprint, f->fingerprint, c->data, f->data_id);
+			return -EINVAL;
+		}
 		if (c->fingerprint != f->fingerprint) {
 			snprintf(err, errlen,
 				 "cursor belongs to another feed or another version of feed %s (fingerprint %016" PRIx64

@@ -71,6 +71,14 @@ struct shard {
 	/* identity for the feed's fingerprint: name, then size and mtime of each file (at most 2) */
 	const struct source_id *ids[2];
 	unsigned n_ids;
+	const char *files[2];        /* the paths whose identities ids[] are; NULL: `name` (for ids[0]) */
+	/*
+	 * A digest of the shard's content sums (issue #16 part B: the sidecar of
+	 * block checksums), or 0 when it has none. When set it stands for the
+	 * files' content in the feed's data identity instead of inode and ctime,
+	 * so a copy of the same bytes on another node resumes the same cursors.
+	 */
+	uint64_t content_digest;
 
 	/* FORMAT_TOKENS */
 	const uint32_t *doc_tokens;  /* n_docs: tokens per document */

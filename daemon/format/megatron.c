@@ -369,6 +369,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.n_docs = s->n_docs,
 		.ids = { &s->idx_id, &s->bin_id },
 		.n_ids = 2,
+		.files = { s->idx_path, s->bin_path },
 		.doc_tokens = s->doc_tokens,
 		.n_tokens = s->n_tokens,
 		.n_nonempty = s->n_nonempty,

@@ -44,7 +44,7 @@ struct text_index_header {
 	uint64_t n_docs;
 	uint64_t has_lines;
 	uint64_t max_doc_bytes;
-	uint64_t reserved; /* 0 (the trailer checks the file) */
+	uint64_t ctime_ns; /* the source's ctime: a rewrite that put size, inode and mtime back rebuilds it */
 };
 _Static_assert(sizeof(struct text_index_header) == 96, "index header layout");
 
@@ -299,6 +299,7 @@ static struct text_index_header header_of(const struct text_shard *s, uint64_t m
 		.n_docs = s->n_docs,
 		.has_lines = s->lines != NULL,
 		.max_doc_bytes = max_doc_bytes,
+		.ctime_ns = (uint64_t)s->id.ctime.tv_sec * 1000000000u + (uint64_t)s->id.ctime.tv_nsec,
 	};
 	memcpy(h.magic, INDEX_MAGIC, 8);
 	return h;

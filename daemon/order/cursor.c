@@ -57,6 +57,8 @@ int cursor_format(const struct cursor *c, char *buf, size_t cap)
 			     append(buf, cap, &n, "-%" PRIx32, c->src[i].window) &&
 			     append(buf, cap, &n, "-%" PRIx64, c->src[i].index);
 	}
+	if (ok && c->has_data)
+		ok = append(buf, cap, &n, "-%016" PRIx64, c->data);
 	if (!ok || !append(buf, cap, &n, "-%08" PRIx32, check_of(buf, n)))
 		return -ENOBUFS;
 	return (int)n;
@@ -108,14 +110,30 @@ int cursor_parse(const char *text, struct cursor *ret)
 			fields += 3 * (size_t)f[7];
 		}
 	}
-	size_t body = (size_t)(p - text);
-	if (hex_field(&p, &check) < 0 || *p != 0 || p - text - (ptrdiff_t)body != 9)
+	/* The data identity, when one more field follows (exactly 16 digits), then the check. */
+	uint64_t data = 0;
+	bool has_data = false;
+	const char *start = p;
+	if (hex_field(&p, &check) < 0)
+		return -EINVAL;
+	if (*p == '-') {
+		if (p - start != 17)
+			return -EINVAL;
+		data = check;
+		has_data = true;
+		start = p;
+		if (hex_field(&p, &check) < 0)
+			return -EINVAL;
+	}
+	size_t body = (size_t)(start - text);
+	if (*p != 0 || p - start != 9)
 		return -EINVAL;
 	if (check != check_of(text, body))
 		return -EINVAL;
 	if (f[1] == 0 || f[1] > UINT32_MAX || f[2] >= f[1])
 		return -EINVAL;
-	struct cursor c = { .fingerprint = f[0], .world = (uint32_t)f[1], .rank = (uint32_t)f[2], .batch = f[3] };
+	struct cursor c = { .fingerprint = f[0], .data = data, .has_data = has_data, .world = (uint32_t)f[1],
+			    .rank = (uint32_t)f[2], .batch = f[3] };
 	if (!mixed) {
 		if (f[5] > UINT32_MAX)
 			return -EINVAL;

@@ -4,17 +4,19 @@
  * daemon resumes without replaying it. Formats (docs/sample-order.md,
  * sections 7.1, 12.5 and 14.4):
  *
- *   fc1-<fingerprint>-<world>-<rank>-<batch>-<epoch>-<window>-<index>-<offset>-<check>
- *   fc2-<fingerprint>-<world>-<rank>-<batch>-<k>-<offset>-<row>-<n>{-<epoch>-<window>-<index>}xn-<check>
+ *   fc1-<fingerprint>-<world>-<rank>-<batch>-<epoch>-<window>-<index>-<offset>[-<data>]-<check>
+ *   fc2-<fingerprint>-<world>-<rank>-<batch>-<k>-<offset>-<row>-<n>{-<epoch>-<window>-<index>}xn[-<data>]-<check>
  *
  * fc1 names a place in one stream (with packing bestfit or pad, <offset>
  * carries the row inside the packed buffer); fc2 a place in a mixture of n
  * streams. Every field lower-case hex, <fingerprint> 16 digits, <check> 8
  * digits of a hash over everything before it. Only [0-9a-f-] and "fc1" /
- * "fc2": safe in any shell.
+ * "fc2": safe in any shell. <data> (16 digits, issue #16) is the feed's data
+ * identity when the cursor was made; cursors from before it have none.
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +25,8 @@
 
 struct cursor {
 	uint64_t fingerprint; /* the feed's identity */
+	uint64_t data;        /* the feed's data identity (feed/integrity.h), when has_data */
+	bool has_data;        /* false: a cursor made before cursors carried it */
 	uint32_t world, rank;
 	uint64_t batch;       /* index of the next batch to deliver */
 	struct stream_pos pos; /* fc1 */

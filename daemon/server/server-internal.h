@@ -105,6 +105,7 @@ struct server {
 	int listen_fd;
 	struct event *listen_ev, *tick_ev;
 	struct producer *producer;
+	struct feed_watch *watch; /* the served feeds' files under read leases or inotify (feed/integrity.h); may be NULL */
 	struct telemetry *tm; /* created with the server, freed after its connections */
 	struct served *feeds;
 	size_t n_feeds;

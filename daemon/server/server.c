@@ -19,6 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/feed/integrity.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
 
@@ -93,12 +94,29 @@ static void drop_removed_feeds(struct server *s)
 		struct served *sf = &s->feeds[i];
 		if (sf->removed && sf->clients == 0) {
 			log_info("feed %s: last client gone; unloaded", sf->feed->name);
+			feed_unwatch(sf->feed);
 			feed_unref(sf->feed);
 			continue;
 		}
 		s->feeds[k++] = *sf;
 	}
 	s->n_feeds = k;
+}
+
+/* Feed f failed: so does every session on it (a change, -ESTALE, withdraws their unread batches). */
+static void fail_sessions(struct server *s, struct feed *f)
+{
+	for (struct conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->session && c->feed == f)
+			session_fail(c->session, f->error_code, f->error);
+	}
+}
+
+/* The change watch saw one of f's files written or opened for writing (feed/integrity.h). */
+static void on_feed_changed(struct feed *f, void *userdata)
+{
+	fail_sessions(userdata, f);
 }
 
 /* Once a second: shards still unchanged? delivery rates, stuck clients, the service manager's status line. */
@@ -109,11 +127,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		struct feed *f = s->feeds[i].feed;
 		if (f->state != FEED_READY || feed_check(f) == 0)
 			continue;
-		for (struct conn *c = s->conns, *next; c; c = next) {
-			next = c->next;
-			if (c->session && c->feed == f)
-				session_fail(c->session, f->error_code, f->error);
-		}
+		fail_sessions(s, f);
 	}
 	gpu_reap(s->cfg.gpu); /* departed clients' stagings whose copies have run since */
 	uint64_t now = now_ns();
@@ -204,8 +218,16 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		server_free(s);
 		return -ENOMEM;
 	}
-	for (size_t i = 0; i < n_feeds; i++)
+	int wr = conf->watch_changes == CONF_WATCH_OFF
+			 ? 0 : feed_watch_new(base, conf->watch_changes == CONF_WATCH_AUTO, on_feed_changed, s, &s->watch);
+	if (wr < 0)
+		log_warning("cannot watch shards for changes as they happen: %s; they are checked once a second only",
+			    strerror(-wr));
+	producer_set_watch(producer, s->watch);
+	for (size_t i = 0; i < n_feeds; i++) {
 		s->feeds[s->n_feeds++] = (struct served){ .feed = feed_ref(feeds[i]) };
+		feed_watch_add(s->watch, feeds[i]);
+	}
 
 	if (cfg->listen_fd >= 0) {
 		s->listen_fd = cfg->listen_fd;
@@ -261,7 +283,7 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 				break;
 		}
 		if (j < s->n_feeds && s->feeds[j].feed->state == FEED_READY && f->state == FEED_READY &&
-		    s->feeds[j].feed->fingerprint == f->fingerprint) {
+		    s->feeds[j].feed->fingerprint == f->fingerprint && s->feeds[j].feed->data_id == f->data_id) {
 			/* The same data under the same order: nothing for its clients to notice. */
 			taken[j] = true;
 			next[n++] = s->feeds[j];
@@ -273,6 +295,7 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		else
 			added++;
 		next[n++] = (struct served){ .feed = feed_ref(f) };
+		feed_watch_add(s->watch, f);
 		log_info("feed %s: %s", f->name, j < s->n_feeds ? "replaced by its new definition" : "added");
 	}
 	for (size_t j = 0; j < s->n_feeds; j++) {
@@ -281,6 +304,7 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 			continue;
 		if (o->clients == 0) {
 			log_info("feed %s: no longer served", o->feed->name);
+			feed_unwatch(o->feed);
 			feed_unref(o->feed);
 			continue;
 		}
@@ -345,9 +369,13 @@ struct server *server_free(struct server *s)
 	}
 	for (size_t i = 0; i < s->n_feeds; i++) {
 		assert(s->feeds[i].clients == 0); /* every connection detached above */
+		feed_unwatch(s->feeds[i].feed);
 		feed_unref(s->feeds[i].feed);
 	}
 	free(s->feeds);
+	if (s->producer)
+		producer_set_watch(s->producer, NULL);
+	s->watch = feed_watch_free(s->watch);
 	s->tm = telemetry_free(s->tm);
 	conf_ids_done(&s->allow);
 	conf_ids_done(&s->admin);

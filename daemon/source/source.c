@@ -42,6 +42,7 @@ struct verify_rec {
 struct source_reader {
 	struct io_reader *io;
 	struct io_req *reqs; /* queued reads, in submission order */
+	struct source **srcs; /* ... and the source each one reads (checked after the reads, source_complete) */
 	size_t n, cap;
 	struct verify_rec *vr; /* reads of checksummed sources, queued */
 	size_t n_vr, cap_vr;
@@ -242,6 +243,7 @@ struct source_reader *source_reader_free(struct source_reader *r)
 		return NULL;
 	io_reader_free(r->io);
 	free(r->reqs);
+	free(r->srcs);
 	free(r->vr);
 	free(r->bounce);
 	free(r);
@@ -371,12 +373,17 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		if (!q)
 			return -ENOMEM;
 		r->reqs = q;
+		struct source **s = realloc(r->srcs, cap * sizeof(*s));
+		if (!s)
+			return -ENOMEM;
+		r->srcs = s;
 		r->cap = cap;
 	}
 	const size_t n_vr = r->n_vr, bounce_need = r->bounce_need;
 	for (size_t i = 0; i < n; i++) {
 		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
 						     .len = reads[i].len, .dst = reads[i].dst };
+		r->srcs[r->n + i] = reads[i].src;
 		if (reads[i].src->sums && reads[i].len && verify_plan(r, r->n + i, &reads[i]) < 0) {
 			r->n_vr = n_vr;
 			r->bounce_need = bounce_need;
@@ -384,6 +391,31 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		}
 	}
 	r->n += n;
+	return 0;
+}
+
+/*
+ * After the reads: is each file still the one opened? A write moves the
+ * inode's ctime before it copies its first byte into the page cache, so
+ * bytes read from a write in progress are caught here, synchronously,
+ * whatever the change watch has seen yet (docs/reliability.md).
+ */
+static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0 && r->srcs[i] == r->srcs[i - 1])
+			continue;
+		struct stat st;
+		struct source_id now;
+		if (fstat(r->srcs[i]->fd, &st) < 0)
+			continue; /* cannot fail on an open fd; the periodic check has the last word */
+		id_of(&st, &now);
+		if (!source_id_equal(&now, &r->srcs[i]->id)) {
+			if (ret_failed)
+				*ret_failed = i;
+			return -ESTALE;
+		}
+	}
 	return 0;
 }
 
@@ -395,6 +427,9 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	int e = verify_prepare(r);
 	if (e == 0)
 		e = io_reader_run(r->io, r->reqs, n, ret_failed);
+	/* A file written while it was read is -ESTALE, before its sums could call it damaged. */
+	if (e == 0)
+		e = recheck(r, n, ret_failed);
 	if (e == 0)
 		e = verify_finish(r, ret_failed);
 	r->n_vr = 0;
@@ -433,6 +468,9 @@ void source_read_error(char *err, size_t errlen, int r, const char *name, const 
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",
 			 name, offset + len, index);
+	else if (r == -ESTALE)
+		snprintf(err, errlen, "%s: changed while serving: written while bytes %" PRIu64 "..%" PRIu64
+			 " were read (its ctime moved); batches read from it are withdrawn", name, offset, offset + len);
 	else
 		snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", name, offset, strerror(-r));
 }

@@ -119,9 +119,11 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * Waits for every read queued since the last completion and forgets them.
  * Returns 0; or a negative errno with *ret_failed (if not NULL) the index,
  * in submission order, of a failing read: -ENODATA when the object ended
- * before the read did (it shrank under us), -EBADMSG when a block of a
- * checksummed source does not match (source_reader_error() says where), the
- * read's own error otherwise.
+ * before the read did (it shrank under us), -ESTALE when an object read is
+ * no longer as opened (its identity, ctime included, moved: it was written
+ * while or before it was read), -EBADMSG when a block of a checksummed
+ * source does not match (source_reader_error() says where), the read's own
+ * error otherwise.
  * On error the destinations' contents are unspecified.
  */
 int source_complete(struct source_reader *r, size_t *ret_failed);
@@ -137,7 +139,8 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret);
 /*
  * The message for a failed read of `name` at [offset, offset + len) into err:
  * -ENODATA (the object ends before what its `index` — ".idx", "index" — points
- * to) says the file changed while serving; anything else names the errno.
+ * to) and -ESTALE (written while read) say the file changed while serving;
+ * anything else names the errno.
  */
 void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
 		       uint64_t len);

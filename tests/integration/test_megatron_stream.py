@@ -111,7 +111,7 @@ def test_resume_from_cursor_continues_exactly(daemon, dataset, tmp_path):
         assert np.array_equal(rest[k], whole[k][cut + 1:]), k
     assert rest["cursors"] == whole["cursors"][cut + 1:]
     for c in whole["cursors"]:
-        assert re.fullmatch(r"fc1(-[0-9a-f]+){9}", c), c
+        assert re.fullmatch(r"fc1(-[0-9a-f]+){8}-[0-9a-f]{16}-[0-9a-f]{8}", c), c  # data identity, check
 
 
 def test_killed_client_resumes_from_its_last_cursor(daemon, dataset, tmp_path):

@@ -14,7 +14,8 @@ static bool cursor_equal(const struct cursor *a, const struct cursor *b)
 {
 	return a->fingerprint == b->fingerprint && a->world == b->world && a->rank == b->rank &&
 	       a->batch == b->batch && a->pos.epoch == b->pos.epoch && a->pos.window == b->pos.window &&
-	       a->pos.index == b->pos.index && a->pos.offset == b->pos.offset;
+	       a->pos.index == b->pos.index && a->pos.offset == b->pos.offset && a->has_data == b->has_data &&
+	       (!a->has_data || a->data == b->data);
 }
 
 static void round_trip(const struct cursor *c)
@@ -27,11 +28,12 @@ static void round_trip(const struct cursor *c)
 	CHECK(strncmp(text, "fc1-", 4) == 0, "cursor \"%s\" does not start with fc1-", text);
 	CHECK(strspn(text + 3, "0123456789abcdef-") == strlen(text + 3),
 	      "cursor \"%s\" holds characters outside [0-9a-f-]", text);
-	/* fc1, 8 fields, the check: 9 dashes; the fingerprint has 16 digits, the check 8. */
+	/* fc1, 8 fields, the data identity if any, the check: 9 or 10 dashes; fingerprint and data 16 digits, check 8. */
 	size_t dashes = 0;
 	for (const char *p = text; *p; p++)
 		dashes += *p == '-';
-	CHECK(dashes == 9, "cursor \"%s\" has %zu fields after fc1, expected 9", text, dashes);
+	CHECK(dashes == 9u + c->has_data, "cursor \"%s\" has %zu fields after fc1, expected %u", text, dashes,
+	      9u + c->has_data);
 	CHECK(strchr(text + 4, '-') - (text + 4) == 16, "fingerprint in \"%s\" is not 16 digits", text);
 	CHECK(strlen(strrchr(text, '-') + 1) == 8, "check in \"%s\" is not 8 digits", text);
 
@@ -85,6 +87,11 @@ static void test_round_trips(void)
 		.pos = { .epoch = UINT64_MAX, .window = UINT32_MAX, .index = UINT64_MAX, .offset = UINT64_MAX },
 	};
 	round_trip(&c);
+	c.has_data = true;
+	c.data = UINT64_MAX;
+	round_trip(&c);
+	c.data = 0;
+	round_trip(&c);
 }
 
 static void rejected(const char *why, const char *text)
@@ -92,6 +99,32 @@ static void rejected(const char *why, const char *text)
 	struct cursor d;
 	int r = cursor_parse(text, &d);
 	CHECK(r == -EINVAL, "cursor with %s (\"%s\"): cursor_parse returned %d, expected -EINVAL", why, text, r);
+}
+
+/*
+ * The data identity (issue #16): one more 16-digit field before the check.
+ * A cursor without it still parses (has_data false); a data field of other
+ * than 16 digits, or damaged, is refused.
+ */
+static void test_data_identity(void)
+{
+	char text[FEED_CURSOR_MAX];
+	struct cursor d;
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c", text, sizeof(text));
+	CHECK(cursor_parse(text, &d) == 0 && !d.has_data && d.fingerprint == UINT64_C(0x0123456789abcdef),
+	      "a cursor without data identity (\"%s\") does not parse as one", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff", text, sizeof(text));
+	CHECK(cursor_parse(text, &d) == 0 && d.has_data && d.data == 0xff && d.pos.offset == 0xc,
+	      "a cursor with data identity (\"%s\") does not parse", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-ff", text, sizeof(text));
+	rejected("a 2-digit data identity", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff-1", text, sizeof(text));
+	rejected("a field after the data identity", text);
+	struct cursor m = { .fingerprint = 1, .world = 2, .rank = 1, .batch = 5, .n_sources = 2, .k = 9, .row = 3,
+			    .has_data = true, .data = UINT64_C(0xabcdef0123456789) };
+	int n = cursor_format(&m, text, sizeof(text));
+	CHECK(n > 0 && cursor_parse(text, &d) == 0 && d.has_data && d.data == m.data && d.n_sources == 2,
+	      "fc2 with data identity \"%s\" does not round-trip", text);
 }
 
 static void test_rejects(void)
@@ -206,7 +239,8 @@ static void test_short_fingerprint(void)
 static void test_mixture_cursors(void)
 {
 	struct cursor c = { .fingerprint = UINT64_MAX, .world = UINT32_MAX, .rank = UINT32_MAX - 1, .batch = UINT64_MAX,
-			    .n_sources = MIX_MAX_SOURCES, .k = UINT64_MAX, .offset = UINT64_MAX, .row = UINT64_MAX };
+			    .n_sources = MIX_MAX_SOURCES, .k = UINT64_MAX, .offset = UINT64_MAX, .row = UINT64_MAX,
+			    .has_data = true, .data = UINT64_MAX };
 	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++)
 		c.src[i] = (struct stream_pos){ .epoch = UINT64_MAX - i, .window = UINT32_MAX, .index = UINT64_MAX / (i + 1) };
 	char text[FEED_CURSOR_MAX], bad[FEED_CURSOR_MAX];
@@ -249,5 +283,6 @@ int main(void)
 	test_rejects();
 	test_short_fingerprint();
 	test_mixture_cursors();
+	test_data_identity();
 	return unit_exit("test-cursor");
 }

@@ -85,8 +85,10 @@ int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t
 /*
  * Waits up to timeout_ms (-1: forever, 0: poll) for the next batch. Returns
  * 0 and fills *ret; -ETIMEDOUT; -ENOBUFS when `slots` batches are already
- * held; -ESHUTDOWN when the daemon stops; -ECONNRESET when it vanished; or
- * the error that stopped the stream (message in feed_client_error()).
+ * held; -ESHUTDOWN when the daemon stops; -ECONNRESET when it vanished;
+ * -ESTALE when a shard of the feed changed while served (the batches not yet
+ * taken are withdrawn, never returned; feed_client_error() names the file);
+ * or the error that stopped the stream (message in feed_client_error()).
  */
 int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret);
 

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Watching the files a feed serves for writes as they happen (issue #16;
+ * the choice and its measurements are in docs/reliability.md).
+ *
+ * Each file is watched one of two ways, chosen per file at add:
+ *
+ *   read lease   fcntl(F_SETLEASE, F_RDLCK) on an fd of our own. The kernel
+ *                breaks it when anyone opens the file for writing or
+ *                truncates it, and holds that open(2) until the lease is
+ *                released (or lease-break-time, 45 s by default, passes):
+ *                the change is known before the first byte is written.
+ *                The break is signalled with `signo` to the thread that
+ *                created the watch (F_SETSIG, F_SETOWN_EX), so the caller
+ *                must handle that signal (feedd: a libevent signal event).
+ *                Needs the daemon to own the file or hold CAP_LEASE, a
+ *                local file system, and no writer holding the file open.
+ *   inotify      IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVE_SELF |
+ *                IN_DELETE_SELF on one inotify fd: no privilege needed, but
+ *                the event comes after the write (fsnotify runs at the end
+ *                of write(2)), so a read racing the write may see new bytes
+ *                before the event; and writes through a shared mmap make
+ *                no event at all.
+ *
+ * Neither sees writes made by other machines on a network file system; the
+ * periodic identity check (source_check) and, when present, checksums are
+ * the guard there.
+ *
+ * Not thread-safe: one thread (feedd's main loop) adds, removes and
+ * dispatches.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct source_watch;
+
+enum source_watch_how {
+	SOURCE_WATCH_LEASE = 1,
+	SOURCE_WATCH_INOTIFY = 2,
+};
+
+/*
+ * A watch set. Leases are signalled with signo (0: leases are not tried)
+ * to the calling thread. Returns 0, or a negative errno (inotify_init1's:
+ * -EMFILE when the user has too many inotify instances).
+ */
+int source_watch_new(int signo, struct source_watch **ret);
+struct source_watch *source_watch_free(struct source_watch *w);
+
+/* The inotify fd: readable when events are queued (the caller polls it). */
+int source_watch_fd(const struct source_watch *w);
+
+/*
+ * Watches `path`. Returns SOURCE_WATCH_LEASE or SOURCE_WATCH_INOTIFY with
+ * an id in *ret_id (for source_watch_remove and the dispatch callback); or
+ * a negative errno when neither works (-ENOSPC: the inotify watch limit;
+ * *ret_lease_err tells why no lease, when not NULL).
+ */
+int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err);
+void source_watch_remove(struct source_watch *w, uint32_t id);
+
+/*
+ * Whether inotify events wait to be dispatched (one ioctl, none when no file
+ * is under inotify; no read). Leases need no polling: a writer waits.
+ */
+bool source_watch_pending(const struct source_watch *w);
+
+/*
+ * Reads every queued inotify event and looks for leases being broken, and
+ * calls fn once per watched file seen written or opened for writing, with
+ * what happened ("opened for writing", "written", ...). Only then are the
+ * broken leases released, letting the writers' open(2) return: whatever fn
+ * does to stop serving the file is done before the first byte is written.
+ * Returns the number of files reported.
+ */
+int source_watch_dispatch(struct source_watch *w, void (*fn)(void *ctx, uint32_t id, const char *path, const char *what),
+			  void *ctx);
