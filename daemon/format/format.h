@@ -92,9 +92,6 @@ struct shard {
 	const char *truncated;       /* non-empty: the shard ends early and why (the feed's bad-record policy decides) */
 	/* what happened to a damaged cache entry at open ("...; rebuilt"), for the feed to log; NULL or "": nothing */
 	const char *cache_note;
-
-	/* a digest of the shard's content from its checksums (Megatron: X.bin.sums), 0 when none: format_content_digest */
-	uint64_t content_digest;
 };
 
 /* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
