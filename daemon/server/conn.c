@@ -105,6 +105,7 @@ void conn_free(struct conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	s->n_reserved -= c->reserved;
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->feed->name, c->rank, c->world);
