@@ -137,6 +137,13 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
 		return 0;
 	}
+	if (c->reserved) {
+		s->n.refused_limit++;
+		conn_send_error(c, -EUSERS, "feedd has reached max_connections or max_connections_per_uid; this connection got "
+				"one of the admin_connections slots, kept for operator commands (status, reload, drain), not "
+				"for attaching; raise the limits in the [feedd] section of feedd.conf");
+		return 0;
+	}
 	bool draining;
 	struct feed *f = server_find_feed(s, a.feed, &draining);
 	if (!f) {
