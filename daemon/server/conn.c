@@ -113,6 +113,7 @@ void conn_free(struct conn *c)
 		server_detached(s, c->feed);
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
+		s->departed++;
 	}
 	while (c->out_head) {
 		struct out_msg *m = c->out_head;

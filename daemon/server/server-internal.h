@@ -37,6 +37,8 @@
 
 #define MAX_OUT_BYTES (16u << 20) /* a client that does not read its replies is dropped */
 #define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
+#define TRIM_AFTER_DEPARTED 8 /* sessions closed before the tick gives freed memory back (malloc_trim) */
+#define CHECK_PER_TICK 1024 /* shards whose identity the tick checks, over all feeds */
 
 struct out_msg {
 	struct out_msg *next;
@@ -109,6 +111,8 @@ struct server {
 	struct telemetry *tm; /* created with the server, freed after its connections */
 	struct served *feeds;
 	size_t n_feeds;
+	size_t check_first; /* the feed the tick's shard check starts at */
+	unsigned departed;  /* sessions closed since the tick last trimmed the heap */
 	struct conn *conns;
 	size_t n_conns;
 	size_t n_reserved; /* of them, in the slots kept for operators (admin_connections) */

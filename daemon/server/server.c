@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,15 +130,33 @@ static void expire_handshakes(struct server *s, uint64_t now)
 static void on_tick(evutil_socket_t fd, short what, void *userdata)
 {
 	struct server *s = userdata;
-	for (size_t i = 0; i < s->n_feeds; i++) {
+	/*
+	 * Shards unchanged? Only feeds someone reads, and at most
+	 * CHECK_PER_TICK shards a tick in all: an idle daemon stats nothing, a
+	 * busy one with 10,000 shards sweeps them in seconds, not every tick.
+	 * (A read that comes up short checks the whole feed at once: session.c.)
+	 */
+	uint32_t budget = CHECK_PER_TICK;
+	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
+		size_t i = (s->check_first + k) % s->n_feeds;
 		struct feed *f = s->feeds[i].feed;
-		if (f->state != FEED_READY || feed_check(f) == 0)
+		if (f->state != FEED_READY || !s->feeds[i].clients || feed_check_some(f, &budget) == 0)
 			continue;
 		for (struct conn *c = s->conns, *next; c; c = next) {
 			next = c->next;
 			if (c->session && c->feed == f)
 				session_fail(c->session, f->error_code, f->error);
 		}
+	}
+	s->check_first++;
+	/*
+	 * Sessions allocate on the workers' malloc arenas, and glibc gives back
+	 * little of a freed arena by itself: after many clients came and went
+	 * the daemon would keep their peak. Trim once a tick after departures.
+	 */
+	if (s->departed >= TRIM_AFTER_DEPARTED) {
+		malloc_trim(0);
+		s->departed = 0;
 	}
 	gpu_reap(s->cfg.gpu); /* departed clients' stagings whose copies have run since */
 	uint64_t now = now_ns();
