@@ -434,3 +434,57 @@ def test_5_one_users_rings_are_bounded_by_default(users, dataset, sockdir, start
     finally:
         first.kill()
         first.wait()
+
+
+def rss_mb(pid):
+    return int([l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1]) / 1024
+
+
+def test_10_memory_returns_after_1500_clients_came_and_went(dataset, tmp_path, started):
+    d = Daemon(tmp_path, "[feedd]\nmax_connections = 4000\nmax_connections_per_uid = 4000\n" +
+               feed_conf("web", f"{dataset}/shard_*.idx", seq_len=2048, batch_size=8))
+    started.append(d)
+    time.sleep(0.5)
+    start, fds0 = rss_mb(d.proc.pid), len(open_fds(d.proc.pid))
+    peak = start
+    for _ in range(3):  # 3 x 500 clients at once, each reading 10 batches
+        ps = [subprocess.Popen([str(STREAM_CLIENT), d.socket, "web", str(i % 8), "8", "10", "-", "200"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(500)]
+        for p in ps:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+        peak = max(peak, rss_mb(d.proc.pid))
+    time.sleep(2.5)  # a tick or two
+    end = rss_mb(d.proc.pid)
+    print(f"RSS {start:.1f} MB at start, {peak:.1f} MB at the peak, {end:.1f} MB after 1,500 clients left")
+    assert end < start + 25, f"RSS {start:.1f} MB at start, {end:.1f} MB after 1,500 clients came and went"
+    assert len(open_fds(d.proc.pid)) == fds0
+
+
+def test_10_a_thousand_feeds_over_the_same_files_share_their_descriptors(dataset, tmp_path, started):
+    feeds = "".join(feed_conf(f"f{i}", f"{dataset}/shard_00[01].idx") + "\n" for i in range(1000))
+    d = Daemon(tmp_path, feeds)
+    started.append(d)
+    fds = open_fds(d.proc.pid)
+    files = [os.readlink(f"/proc/{d.proc.pid}/fd/{fd}") for fd in fds if os.path.exists(f"/proc/{d.proc.pid}/fd/{fd}")]
+    shards = [f for f in files if "/shard_00" in f]
+    # 2 shards: 2 .idx and 2 .bin files, each open once, however many feeds read them.
+    assert len(shards) <= 4, f"{len(shards)} descriptors on the 4 shard files; {len(fds)} in all"
+    assert len(fds) < 100, len(fds)
+
+
+def test_10_an_idle_daemon_with_10000_shards_costs_no_cpu(tmp_path, started):
+    import gen_megatron
+    data = tmp_path / "many"
+    gen_megatron.main([str(data), "--shards", "10000", "--docs-per-shard", "1", "--mean-len", "20", "--seed", "5"])
+    d = Daemon(tmp_path, feed_conf("many", f"{data}/shard_*.idx", seq_len=64, batch_size=2))
+    started.append(d)
+    time.sleep(1.5)
+    cpu0 = cpu_seconds(d.proc.pid)
+    time.sleep(5)
+    used = cpu_seconds(d.proc.pid) - cpu0
+    print(f"idle feedd with 10,000 shards: {used:.2f} s of CPU in 5 s")
+    assert used < 0.06, f"{used:.2f} s of CPU in 5 s idle ({used / 5 * 100:.1f} % of a core)"
+    # Still served: a client reads, and the check runs while it does.
+    got = d.dump("many", tmp_path / "o", batches=2)
+    assert got["input_ids"].shape[0] == 2
