@@ -31,7 +31,9 @@ import os
 import pwd
 import secrets
 import shutil
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,35 @@ def as_user(u):
     return ["setpriv", f"--reuid={u.pw_uid}", f"--regid={u.pw_gid}", "--clear-groups"] if u else []
 
 
+def raw_status_ms(sock):
+    """One STATUS round trip over the protocol itself (docs/protocol.md), without starting a process: feedd's
+    own latency. Returns milliseconds, or inf when refused."""
+    t0 = time.monotonic()
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)  # blocking, as libfeed's: waits for room in the backlog (a timeout would make it EAGAIN)
+        s.settimeout(5)
+        s.sendall(struct.pack("<IHHII", 0x57444546, 1, 1, 40, 0) + struct.pack("<HHI32s", 1, 1, os.getpid(), b"lt"))
+        s.sendall(struct.pack("<IHHII", 0x57444546, 1, 6, 8, 0) + bytes(8))
+        def exact(n):
+            buf = b""
+            while len(buf) < n:
+                got = s.recv(min(n - len(buf), 1 << 20))
+                if not got:
+                    raise OSError("closed")
+                buf += got
+            return buf
+        for want in (2, 7):  # HELLO_REPLY, STATUS_REPLY
+            _, _, typ, length, _ = struct.unpack("<IHHII", exact(16))
+            exact(length)
+            if typ != want:
+                return float("inf")
+        s.close()
+    except OSError:
+        return float("inf")
+    return (time.monotonic() - t0) * 1000
+
+
 def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -112,7 +143,7 @@ def fds(pid):
 def phase(build, sock, daemon, users, flood_user, a):
     """One run: the trainers, with the flood when flood_user is not False. Returns its figures."""
     client = str(Path(build) / "tests/integration/stream-client")
-    lat, stop = [], threading.Event()
+    lat, raw, stop = [], [], threading.Event()
 
     def sample():
         while not stop.is_set():
@@ -120,6 +151,7 @@ def phase(build, sock, daemon, users, flood_user, a):
             p = subprocess.run([str(Path(build) / "client/feedctl/feedctl"), "--socket", sock, "status"],
                                capture_output=True, text=True)
             lat.append((time.monotonic() - t0) * 1000 if p.returncode == 0 else float("inf"))
+            raw.append(raw_status_ms(sock))
             time.sleep(0.25)
 
     sampler = threading.Thread(target=sample)
@@ -142,7 +174,8 @@ def phase(build, sock, daemon, users, flood_user, a):
     flood_out = flood.communicate()[0].split() if flood else None
     return {"batches_per_s": got / wall, "failed": failed, "attaches": attaches, "wall_s": wall,
             "status_p50_ms": statistics.median(lat) if lat else None, "status_max_ms": max(lat) if lat else None,
-            "status_samples": len(lat), "flood": flood_out}
+            "status_samples": len(lat), "raw_p50_ms": statistics.median(raw) if raw else None,
+            "raw_max_ms": max(raw) if raw else None, "flood": flood_out}
 
 
 def main():
@@ -195,11 +228,14 @@ def main():
     print(f"# loadtest: {common.machine()}; {common.date()}; {scale}")
     print(f"# each client reads {a.batches} batches of 4 x 1024 tokens with a {a.step_ms} ms step, then leaves; "
           f"its user's driver starts another" + ("" if root else "; NOT root: every client runs as the caller's uid"))
-    print(f"{'run':<22} {'batches/s':>10} {'ratio':>6} {'attaches':>9} {'failed':>7} {'status p50':>11} "
-          f"{'status max':>11}")
+    print("# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
+          "socket (feedd's own latency), p50 / max, sampled every 0.25 s")
+    print(f"{'run':<22} {'batches/s':>10} {'ratio':>6} {'attaches':>9} {'failed':>7} {'feedctl p50/max':>17} "
+          f"{'STATUS p50/max':>16}")
     for name, r in (("unloaded (peer)", quiet), ("with a flooding uid", loud)):
         print(f"{name:<22} {r['batches_per_s']:>10.1f} {r['batches_per_s'] / quiet['batches_per_s']:>6.2f} "
-              f"{r['attaches']:>9} {r['failed']:>7} {r['status_p50_ms']:>9.1f}ms {r['status_max_ms']:>9.1f}ms")
+              f"{r['attaches']:>9} {r['failed']:>7} {r['status_p50_ms']:>7.1f}/{r['status_max_ms']:<6.1f}ms "
+              f"{r['raw_p50_ms']:>6.1f}/{r['raw_max_ms']:<6.1f}ms")
     if loud["flood"]:
         print(f"flood: {loud['flood'][0]} connections opened, {loud['flood'][1]} refused or timed out")
     print(f"feedd RSS {start['rss_mib']:.1f} MiB -> {end['rss_mib']:.1f} MiB after; open fds {start['fds']} -> "

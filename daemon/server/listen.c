@@ -168,6 +168,15 @@ static int peer_groups(int fd, gid_t **ret, unsigned *ret_n)
 	return -ERANGE;
 }
 
+/* Reads the peer's supplementary groups into c (once). */
+static void with_groups(struct conn *c)
+{
+	int r = peer_groups(c->fd, &c->groups, &c->n_groups);
+	if (r < 0)
+		log_debug("client %" PRIu64 " (pid %d): no supplementary groups (%s); allow_groups and admin_groups "
+			  "see its primary group only", c->id, (int)c->pid, strerror(-r));
+}
+
 /* Whether the peer may use the connection slots kept for operators: root, feedd's user, admin_users/_groups. */
 static bool peer_admin(struct server *s, const struct conn *c)
 {
@@ -198,13 +207,12 @@ static void accept_one(struct server *s, int cfd)
 		c->uid = cred.uid;
 		c->gid = cred.gid;
 	}
-	int r = peer_groups(cfd, &c->groups, &c->n_groups);
-	if (r < 0)
-		log_debug("client %" PRIu64 " (pid %d): no supplementary groups (%s); allow_groups and admin_groups "
-			  "see its primary group only", c->id, (int)c->pid, strerror(-r));
 	c->log = (struct log_context){ .client_id = c->id, .client_pid = c->pid, .client_uid = c->uid };
 
+	/* Its groups only when a list names groups: a flood past its limit is refused at the least cost. */
 	bool restricted = s->allow.n_uids || s->allow.n_gids;
+	if (s->allow.n_gids || s->admin.n_gids)
+		with_groups(c);
 	if (restricted && !listen_peer_trusted(c) && !listen_peer_listed(c, &s->allow)) {
 		s->n.refused_credentials++;
 		listen_refusal_log(s, REFUSE_CREDENTIALS, "connection from pid %d (uid %u, gid %u) refused: not in allow_users or allow_groups",
@@ -292,10 +300,17 @@ static bool accept_without_fds(struct server *s, int lfd, int err)
 	return false;
 }
 
+/*
+ * Accepts what is pending, ACCEPT_BATCH at most: the event is level-triggered
+ * and fires again, so a flood of connections takes turns with the requests
+ * of the connections already in (an operator's status among them).
+ */
+#define ACCEPT_BATCH 64
+
 void listen_on_accept(evutil_socket_t fd, short what, void *userdata)
 {
 	struct server *s = userdata;
-	for (;;) {
+	for (unsigned n = 0; n < ACCEPT_BATCH; n++) {
 		int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (cfd < 0) {
 			if (errno == EMFILE || errno == ENFILE) {
