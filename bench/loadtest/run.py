@@ -20,9 +20,10 @@ Without root every client runs as the caller, and the output says so.
 
 The issue's figures are 1,000 clients of 8 users for 60 s. On a 2-core VM
 shared with other work, --small runs 4 users x 16 clients for 20 s per
-phase, and the output says that too.
+phase (the default on 4 CPUs or fewer; --full overrides), and the output
+says that too.
 
-Usage: bench/loadtest/run.py [--build DIR] [--small] [--seconds S] [--uids N] [--per-uid N]
+Usage: bench/loadtest/run.py [--build DIR] [--small | --full] [--seconds S] [--uids N] [--per-uid N]
 """
 
 import argparse
@@ -181,7 +182,9 @@ def phase(build, sock, daemon, users, flood_user, a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--small", action="store_true", help="4 users x 16 clients, 20 s a phase (a 2-core VM)")
+    ap.add_argument("--small", action="store_true", help="4 users x 16 clients, 20 s a phase (a 2-core VM; the "
+                    "default on 4 CPUs or fewer, unless --full)")
+    ap.add_argument("--full", action="store_true", help="the issue's size whatever the machine")
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--uids", type=int, default=8)
     ap.add_argument("--per-uid", type=int, default=125)
@@ -189,6 +192,7 @@ def main():
     ap.add_argument("--step-ms", type=int, default=20, help="simulated training step between batches")
     ap.add_argument("--json")
     a = ap.parse_args()
+    a.small = a.small or (not a.full and (os.cpu_count() or 1) <= 4)
     if a.small:
         a.seconds, a.uids, a.per_uid = 20, 4, 16
     root = os.geteuid() == 0
