@@ -290,9 +290,14 @@ static bool accept_without_fds(struct server *s, int lfd, int err)
 				   "raise LimitNOFILE= or lower max_connections)");
 			close(cfd);
 		}
+		int e = cfd < 0 ? errno : 0;
 		s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		if (s->spare_fd >= 0 && cfd >= 0)
-			return true;
+		if (s->spare_fd >= 0) {
+			if (cfd >= 0 || e == ECONNABORTED)
+				return true; /* refused one; the next may be pending */
+			if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
+				return false; /* none pending: nothing to pause */
+		}
 	}
 	/* No spare to spend: stop watching the socket until the tick, when fds may have been freed. */
 	event_del(s->listen_ev);
