@@ -246,7 +246,10 @@ for _ in range(n):
     s.connect(path)
     if send_hello:
         import struct, os
-        s.sendall(struct.pack("<IHHII", 0x57444546, 1, 1, 40, 0) + struct.pack("<HHI32s", 1, 1, os.getpid(), b"idle"))
+        try:
+            s.sendall(struct.pack("<IHHII", 0x57444546, 1, 1, 40, 0) + struct.pack("<HHI32s", 1, 1, os.getpid(), b"idle"))
+        except OSError:
+            pass  # refused (and closed) at once: out of fds, or over a limit
     held.append(s)
 print("holding", flush=True)
 time.sleep(float(sys.argv[4]))
