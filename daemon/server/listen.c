@@ -8,6 +8,12 @@
  * dies while a child still holds its socket is reclaimed as soon as it exits.
  * Refusals of whole connections are logged once per reason per tick, with a
  * count of the ones not logged, so a flood cannot flood the log.
+ *
+ * On a node many users share (operations.md, "A shared node"): the socket is
+ * bound only in a directory no other user can write, and nothing after
+ * bind() acts on its name; past max_connections / max_connections_per_uid,
+ * admin_connections slots are kept for operators; out of fds, a spare fd
+ * lets feedd accept and refuse rather than spin on a readable socket.
  */
 #include <errno.h>
 #include <fcntl.h>

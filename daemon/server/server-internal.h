@@ -6,8 +6,10 @@
  *   server.c   the server object: start, policy, feeds, reload, drain, the
  *              once-a-second tick, the watchdog's progress check, the status
  *              snapshot (from conn_status and telemetry's views), stop
- *   listen.c   the listening socket: binding it, accepting, credentials,
- *              allow lists and connection limits, refusals, peer pidfds
+ *   listen.c   the listening socket: binding it (in a directory no one else
+ *              can write), accepting, credentials, allow lists, connection
+ *              limits and admin slots, running out of fds, refusals, pidfds
+ *   headroom.c what memory the node and feedd's cgroup have left
  *   conn.c     one connection: framing, bounded input and output queues,
  *              fds passed with replies, dropping a peer that breaks the
  *              protocol; what status and telemetry read of its session
