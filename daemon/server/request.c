@@ -123,7 +123,8 @@ static int check_memory(struct conn *c, const struct feed *f)
 		    " bytes with %" PRIu64 " in use passes %s = %" PRIu64,
 		    c->id, (int)c->pid, (unsigned)c->uid, f->name, need, have, key, limit);
 	conn_send_error(c, -EDQUOT, "attach to feed %s refused: its ring needs %" PRIu64 " bytes, and with %" PRIu64
-		   " bytes already in use that passes feedd's %s (%" PRIu64 " bytes)", f->name, need, have, key, limit);
+		   " bytes already in use that passes feedd's %s (%" PRIu64 " bytes); raise it in the [feedd] section "
+		   "of feedd.conf, or use a smaller batch_size x seq_len", f->name, need, have, key, limit);
 	return -EDQUOT;
 }
 
