@@ -335,6 +335,8 @@ def cpu_seconds(pid):
 
 
 def test_4_out_of_file_descriptors_is_neither_a_busy_loop_nor_a_log_flood(users, dataset, sockdir, started):
+    if not shutil.which("prlimit"):
+        pytest.skip("needs prlimit (util-linux) to lower feedd's RLIMIT_NOFILE")
     d = Daemon(sockdir, web(dataset))
     started.append(d)
     # feedd's own RLIMIT_NOFILE, soft and hard: 64 (as `ulimit -n 64` would before starting it).
@@ -376,15 +378,19 @@ def memory_cgroup(limit):
     """A memory cgroup (v2 if the machine has one with the memory controller, else v1) limited to limit bytes,
     with the OOM killer left on: a charge past it kills, as on a real node."""
     name = f"feedd-t-{os.getpid()}-{secrets.token_hex(3)}"
-    if (CG2 / "cgroup.controllers").exists() and "memory" in (CG2 / "cgroup.controllers").read_text().split():
-        cg = CG2 / name
+    if (CG2 / "cgroup.subtree_control").exists() and "memory" in (CG2 / "cgroup.subtree_control").read_text().split():
+        cg, knob = CG2 / name, "memory.max"
+    elif (MEMCG1 / "memory.limit_in_bytes").exists():
+        cg, knob = MEMCG1 / name, "memory.limit_in_bytes"
+    else:
+        cg = None
+    if cg:
         cg.mkdir()
-        (cg / "memory.max").write_text(str(limit))
-        return cg
-    if (MEMCG1 / "memory.limit_in_bytes").exists():
-        cg = MEMCG1 / name
-        cg.mkdir()
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        try:
+            (cg / knob).write_text(str(limit))
+        except OSError:
+            cg.rmdir()
+            raise
         return cg
     pytest.skip("no cgroup memory controller here (neither v2 with memory nor v1) to limit feedd's memory")
 
