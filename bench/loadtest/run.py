@@ -161,19 +161,21 @@ def phase(build, sock, daemon, users, flood_user, a):
                                 stdout=subprocess.PIPE, text=True) for u in users]
     flood = None
     if flood_user is not False:
-        flood = subprocess.Popen(as_user(flood_user) + [sys.executable, "-c", FLOOD, sock, str(a.seconds)],
+        nice = ["nice", "-n", str(a.flood_nice)] if a.flood_nice else []
+        flood = subprocess.Popen(nice + as_user(flood_user) + [sys.executable, "-c", FLOOD, sock, str(a.seconds)],
                                  stdout=subprocess.PIPE, text=True)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), common.proc_cpu(daemon.pid)
     sampler.start()
     got = failed = attaches = 0
     for d in drivers:
         g, f, n = map(int, d.communicate()[0].split())
         got, failed, attaches = got + g, failed + f, attaches + n
     wall = time.monotonic() - t0
+    daemon_cpu = common.proc_cpu(daemon.pid) - cpu0
     stop.set()
     sampler.join()
     flood_out = flood.communicate()[0].split() if flood else None
-    return {"batches_per_s": got / wall, "failed": failed, "attaches": attaches, "wall_s": wall,
+    return {"batches_per_s": got / wall, "daemon_cpu_pct": 100 * daemon_cpu / wall, "failed": failed, "attaches": attaches, "wall_s": wall,
             "status_p50_ms": statistics.median(lat) if lat else None, "status_max_ms": max(lat) if lat else None,
             "status_samples": len(lat), "raw_p50_ms": statistics.median(raw) if raw else None,
             "raw_max_ms": max(raw) if raw else None, "flood": flood_out}
@@ -185,16 +187,20 @@ def main():
     ap.add_argument("--small", action="store_true", help="4 users x 16 clients, 20 s a phase (a 2-core VM; the "
                     "default on 4 CPUs or fewer, unless --full)")
     ap.add_argument("--full", action="store_true", help="the issue's size whatever the machine")
-    ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--uids", type=int, default=8)
-    ap.add_argument("--per-uid", type=int, default=125)
+    ap.add_argument("--seconds", type=float, help="a phase's length (60; --small: 20)")
+    ap.add_argument("--uids", type=int, help="users with trainers (8; --small: 4)")
+    ap.add_argument("--per-uid", type=int, help="clients each keeps attached (125; --small: 16)")
     ap.add_argument("--batches", type=int, default=20, help="batches each client reads before it leaves")
     ap.add_argument("--step-ms", type=int, default=20, help="simulated training step between batches")
+    ap.add_argument("--flood-nice", type=int, default=0,
+                    help="nice level of the flooding process: on a 2-core VM the flooder's own CPU (a core) is "
+                         "taken from the trainers, which a many-core node would not notice")
     ap.add_argument("--json")
     a = ap.parse_args()
     a.small = a.small or (not a.full and (os.cpu_count() or 1) <= 4)
-    if a.small:
-        a.seconds, a.uids, a.per_uid = 20, 4, 16
+    for k, full, small in (("seconds", 60, 20), ("uids", 8, 4), ("per_uid", 125, 16)):
+        if getattr(a, k) is None:
+            setattr(a, k, small if a.small else full)
     root = os.geteuid() == 0
     users = make_users(a.uids + 1) if root else []
     tmp = Path(tempfile.mkdtemp(prefix="feedd-loadtest-"))
@@ -227,7 +233,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     scale = (f"scaled down (--small): {a.uids} users x {a.per_uid} clients, {a.seconds:g} s a phase, "
-             "not the issue's 8 x 125 for 60 s" if a.small else f"{a.uids} users x {a.per_uid} clients, "
+             "not the issue's 8 x 125 for 60 s" if a.small and (a.uids, a.per_uid) != (8, 125) else f"{a.uids} users x {a.per_uid} clients, "
              f"{a.seconds:g} s a phase")
     print(f"# loadtest: {common.machine()}; {common.date()}; {scale}")
     print(f"# each client reads {a.batches} batches of 4 x 1024 tokens with a {a.step_ms} ms step, then leaves; "
@@ -235,13 +241,14 @@ def main():
     print("# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
           "socket (feedd's own latency), p50 / max, sampled every 0.25 s")
     print(f"{'run':<22} {'batches/s':>10} {'ratio':>6} {'attaches':>9} {'failed':>7} {'feedctl p50/max':>17} "
-          f"{'STATUS p50/max':>16}")
+          f"{'STATUS p50/max':>16} {'feedd CPU':>9}")
     for name, r in (("unloaded (peer)", quiet), ("with a flooding uid", loud)):
         print(f"{name:<22} {r['batches_per_s']:>10.1f} {r['batches_per_s'] / quiet['batches_per_s']:>6.2f} "
               f"{r['attaches']:>9} {r['failed']:>7} {r['status_p50_ms']:>7.1f}/{r['status_max_ms']:<6.1f}ms "
-              f"{r['raw_p50_ms']:>6.1f}/{r['raw_max_ms']:<6.1f}ms")
+              f"{r['raw_p50_ms']:>6.1f}/{r['raw_max_ms']:<6.1f}ms {r['daemon_cpu_pct']:>8.1f}%")
     if loud["flood"]:
-        print(f"flood: {loud['flood'][0]} connections opened, {loud['flood'][1]} refused or timed out")
+        print(f"flood: {loud['flood'][0]} connections opened, {loud['flood'][1]} refused or timed out"
+              + (f" (the flooder at nice {a.flood_nice})" if a.flood_nice else ""))
     print(f"feedd RSS {start['rss_mib']:.1f} MiB -> {end['rss_mib']:.1f} MiB after; open fds {start['fds']} -> "
           f"{end['fds']}")
     if a.json:
