@@ -229,7 +229,7 @@ def main():
             common.stop(daemon)
     finally:
         for u in users:
-            subprocess.run(["userdel", u.pw_name], capture_output=True)
+            subprocess.run(["userdel", "--force", u.pw_name], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
     scale = (f"scaled down (--small): {a.uids} users x {a.per_uid} clients, {a.seconds:g} s a phase, "

@@ -72,7 +72,7 @@ def users():
         yield made
     finally:
         for u in made:
-            subprocess.run(["userdel", u.pw_name], capture_output=True)
+            subprocess.run(["userdel", "--force", u.pw_name], capture_output=True)
 
 
 def as_user(u):
