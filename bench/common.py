@@ -52,6 +52,7 @@ EXPERIMENTS = [
     ("telemetry_overhead", "text", None, True),
     ("spine", "print", None, True),
     ("restart", "text", None, True),
+    ("loadtest", "text", None, True),
     ("tok", "tok", None, False),
 ]
 

@@ -110,6 +110,12 @@ void client_stats_carry(const feed_client *c, struct feed_stats *s);
 
 /* Records a message for feed_client_error() and returns code. Keeps errno. */
 int client_fail(feed_client *c, int code, const char *fmt, ...) _printf_(3, 4);
+/*
+ * peer.c: whether the process listening on fd (connected to path) may be
+ * trusted as feedd: root, this uid, $FEED_DAEMON_UID, or the owner of a socket
+ * directory only root could make. Returns 0, or -EPERM with the reason in err.
+ */
+int client_check_daemon(int fd, const char *path, char *err, size_t errlen);
 
 /* Sends all of buf. Returns 0 or a negative errno (-ECONNRESET for a closed peer). */
 int client_send(feed_client *c, const void *buf, size_t len);

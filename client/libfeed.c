@@ -191,6 +191,9 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 		r = -errno;
 		client_fail(c, r, "cannot reach feedd at %s: %s", sa.sun_path, feed_strerror(r));
 	}
+	/* Before anything is sent: is it feedd at all, or another user's process in its place? */
+	if (r == 0)
+		r = client_check_daemon(c->fd, sa.sun_path, c->error, sizeof(c->error));
 	if (r == 0) {
 		struct wire_hello h = { .min_version = WIRE_VERSION, .max_version = WIRE_VERSION,
 					.pid = (uint32_t)getpid() };

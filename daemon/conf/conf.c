@@ -322,7 +322,8 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 	if (!c)
 		return -ENOMEM;
 	*c = (struct conf){ .ring_slots = 4, .log_level = LOG_LEVEL_INFO, .io_depth = 64, .socket_mode = 0660,
-			    .socket_group = -1, .max_connections = 256, .max_connections_per_uid = 64,
+			    .socket_group = -1, .max_connections = 1024, .max_connections_per_uid = 64,
+			    .admin_connections = 4, .handshake_timeout_s = 5, .uid_memory_max = 2ull << 30,
 			    .stuck_client_s = 60, .diagnosis = CONF_DIAGNOSIS_DEFAULTS };
 	c->path = strdup(path);
 	_cleanup_free_ char *copy = strdup(path);

@@ -115,6 +115,8 @@ struct conf {
 	struct conf_ids admin;         /* peers allowed to reload and drain, besides root and feedd's uid */
 	unsigned max_connections;      /* connections at once, all peers */
 	unsigned max_connections_per_uid;
+	unsigned admin_connections;    /* slots past the limits kept for root, feedd's user and admins */
+	unsigned handshake_timeout_s;  /* a connection that sends no HELLO within this is closed */
 	uint64_t client_memory_max;    /* bytes of ring memory per client, 0: no limit */
 	uint64_t uid_memory_max;       /* ... per uid */
 	uint64_t memory_max;           /* ... for all clients together */

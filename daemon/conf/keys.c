@@ -538,6 +538,8 @@ static const struct conf_key daemon_keys[] = {
 	U32(C, stuck_client_s, 0, 86400, "an integer in 0..86400 (0 = never report)"),
 	CUSTOM("metrics_listen", set_metrics_listen_key),
 	ENUM(C, watch_changes, watch_modes, "one of auto, inotify, off"),
+	U32(C, admin_connections, 0, 1024, "an integer in 0..1024"),
+	U32(C, handshake_timeout_s, 1, 3600, "an integer in 1..3600"),
 };
 #undef C
 #undef NO_LIMIT

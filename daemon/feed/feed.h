@@ -106,6 +106,7 @@ struct feed {
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
+	uint32_t check_next;        /* feed_check_some(): the shard (or source) its next call starts at */
 };
 
 /*
@@ -151,6 +152,12 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);
+/*
+ * feed_check() in slices, for the periodic check: checks at most *budget
+ * shards, from where the last call stopped, and takes what it checked off
+ * *budget. Returns 0 or -ESTALE (the feed is then FAILED).
+ */
+int feed_check_some(struct feed *f, uint32_t *budget);
 
 /* The packing mode's name as the configuration spells it: "concat", "bestfit", "pad". */
 const char *feed_packing_name(enum conf_packing p);

@@ -105,6 +105,7 @@ void conn_free(struct conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	s->n_reserved -= c->reserved;
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->feed->name, c->rank, c->world);
@@ -112,6 +113,7 @@ void conn_free(struct conn *c)
 		server_detached(s, c->feed);
 		c->session = session_close(c->session);
 		s->memory -= c->memory;
+		s->departed++;
 	}
 	while (c->out_head) {
 		struct out_msg *m = c->out_head;

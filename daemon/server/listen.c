@@ -8,13 +8,21 @@
  * dies while a child still holds its socket is reclaimed as soon as it exits.
  * Refusals of whole connections are logged once per reason per tick, with a
  * count of the ones not logged, so a flood cannot flood the log.
+ *
+ * On a node many users share (operations.md, "A shared node"): the socket is
+ * bound only in a directory no other user can write, and nothing after
+ * bind() acts on its name; past max_connections / max_connections_per_uid,
+ * admin_connections slots are kept for operators; out of fds, a spare fd
+ * lets feedd accept and refuse rather than spin on a readable socket.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -53,8 +61,7 @@ bool listen_peer_trusted(const struct conn *c)
 }
 
 /* Logs a refused connection, unless one of its kind was logged this tick already. */
-static void refusal_log(struct server *s, unsigned kind, const char *fmt, ...) _printf_(3, 4);
-static void refusal_log(struct server *s, unsigned kind, const char *fmt, ...)
+void listen_refusal_log(struct server *s, unsigned kind, const char *fmt, ...)
 {
 	struct refusal_log *rl = &s->refusal_logs[kind];
 	if (rl->logged) {
@@ -86,8 +93,8 @@ void listen_linger_close(int fd)
  * Its write side is shut (the client reads the ERROR, then EOF) and it is
  * closed at the next tick; past MAX_LINGER of those, at once.
  */
-static void refuse(struct server *s, int fd, int code, const char *fmt, ...) _printf_(4, 5);
-static void refuse(struct server *s, int fd, int code, const char *fmt, ...)
+static void send_error(int fd, int code, const char *fmt, ...) _printf_(3, 4);
+static void send_error(int fd, int code, const char *fmt, ...)
 {
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ERROR_SIZE];
 	va_list ap;
@@ -97,6 +104,17 @@ static void refuse(struct server *s, int fd, int code, const char *fmt, ...)
 	if (n > 0)
 		(void)send(fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 	shutdown(fd, SHUT_WR);
+}
+
+static void refuse(struct server *s, int fd, int code, const char *fmt, ...) _printf_(4, 5);
+static void refuse(struct server *s, int fd, int code, const char *fmt, ...)
+{
+	char msg[WIRE_MESSAGE_MAX];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	send_error(fd, code, "%s", msg);
 	if (s->n_linger < MAX_LINGER)
 		s->linger[s->n_linger++] = fd;
 	else
@@ -156,6 +174,21 @@ static int peer_groups(int fd, gid_t **ret, unsigned *ret_n)
 	return -ERANGE;
 }
 
+/* Reads the peer's supplementary groups into c (once). */
+static void with_groups(struct conn *c)
+{
+	int r = peer_groups(c->fd, &c->groups, &c->n_groups);
+	if (r < 0)
+		log_debug("client %" PRIu64 " (pid %d): no supplementary groups (%s); allow_groups and admin_groups "
+			  "see its primary group only", c->id, (int)c->pid, strerror(-r));
+}
+
+/* Whether the peer may use the connection slots kept for operators: root, feedd's user, admin_users/_groups. */
+static bool peer_admin(struct server *s, const struct conn *c)
+{
+	return listen_peer_trusted(c) || listen_peer_listed(c, &s->admin);
+}
+
 /* Sets up a connection for an accepted socket, or refuses it. */
 static void accept_one(struct server *s, int cfd)
 {
@@ -180,16 +213,15 @@ static void accept_one(struct server *s, int cfd)
 		c->uid = cred.uid;
 		c->gid = cred.gid;
 	}
-	int r = peer_groups(cfd, &c->groups, &c->n_groups);
-	if (r < 0)
-		log_debug("client %" PRIu64 " (pid %d): no supplementary groups (%s); allow_groups and admin_groups "
-			  "see its primary group only", c->id, (int)c->pid, strerror(-r));
 	c->log = (struct log_context){ .client_id = c->id, .client_pid = c->pid, .client_uid = c->uid };
 
+	/* Its groups only when a list names groups: a flood past its limit is refused at the least cost. */
 	bool restricted = s->allow.n_uids || s->allow.n_gids;
+	if (s->allow.n_gids || s->admin.n_gids)
+		with_groups(c);
 	if (restricted && !listen_peer_trusted(c) && !listen_peer_listed(c, &s->allow)) {
 		s->n.refused_credentials++;
-		refusal_log(s, REFUSE_CREDENTIALS, "connection from pid %d (uid %u, gid %u) refused: not in allow_users or allow_groups",
+		listen_refusal_log(s, REFUSE_CREDENTIALS, "connection from pid %d (uid %u, gid %u) refused: not in allow_users or allow_groups",
 			    (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
 		refuse(s, cfd, -EACCES, "uid %u is not allowed to use this feedd (allow_users / allow_groups)",
 		       (unsigned)c->uid);
@@ -197,19 +229,31 @@ static void accept_one(struct server *s, int cfd)
 		free(c);
 		return;
 	}
+	/*
+	 * The ordinary slots are max_connections, at most max_connections_per_uid
+	 * of them per uid. Past either, an operator (root, feedd's user,
+	 * admin_users / admin_groups) still gets one of admin_connections slots
+	 * kept for them, so that feedctl status and reload always get in.
+	 */
 	unsigned mine = uid_connections(s, c->uid);
-	if (s->n_conns >= s->max_connections || mine >= s->max_connections_per_uid) {
-		bool global = s->n_conns >= s->max_connections;
-		s->n.refused_limit++;
-		refusal_log(s, REFUSE_LIMIT, "connection from pid %d (uid %u) refused: %s (%u) reached", (int)c->pid,
-			    (unsigned)c->uid, global ? "max_connections" : "max_connections_per_uid",
-			    global ? s->max_connections : s->max_connections_per_uid);
-		refuse(s, cfd, -EUSERS, "feedd has reached %s (%u connections%s); try again later",
-		       global ? "max_connections" : "max_connections_per_uid",
-		       global ? s->max_connections : s->max_connections_per_uid, global ? "" : " for this uid");
-		free(c->groups);
-		free(c);
-		return;
+	size_t ordinary = s->n_conns - s->n_reserved;
+	if (ordinary >= s->max_connections || mine >= s->max_connections_per_uid) {
+		if (s->n_reserved < s->admin_connections && peer_admin(s, c)) {
+			c->reserved = true;
+		} else {
+			bool global = ordinary >= s->max_connections;
+			s->n.refused_limit++;
+			listen_refusal_log(s, REFUSE_LIMIT, "connection from pid %d (uid %u) refused: %s (%u) reached", (int)c->pid,
+				    (unsigned)c->uid, global ? "max_connections" : "max_connections_per_uid",
+				    global ? s->max_connections : s->max_connections_per_uid);
+			refuse(s, cfd, -EUSERS, "feedd has reached %s (%u connections%s); try again later, or raise %s "
+			       "in the [feedd] section of feedd.conf", global ? "max_connections" : "max_connections_per_uid",
+			       global ? s->max_connections : s->max_connections_per_uid, global ? "" : " for this uid",
+			       global ? "max_connections" : "max_connections_per_uid");
+			free(c->groups);
+			free(c);
+			return;
+		}
 	}
 
 	c->pidfd = peer_pidfd(cfd, c->pid);
@@ -225,17 +269,67 @@ static void accept_one(struct server *s, int cfd)
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_conns++;
+	s->n_reserved += c->reserved;
 	if (!c->rev || !c->wev || event_add(c->rev, NULL) < 0 || (c->pidfd >= 0 && (!c->pidev || event_add(c->pidev, NULL) < 0)))
 		conn_free(c);
 }
 
+/*
+ * Out of file descriptors (EMFILE, ENFILE): the pending connection stays in
+ * the backlog and the listening socket stays readable, so retrying at once
+ * is a busy loop. The spare fd kept for this moment is closed, the
+ * connection accepted on it, told why, and closed; then the spare is taken
+ * again. When even that fails, accepting pauses until the next tick.
+ * Returns true when accepting may go on.
+ */
+static bool accept_without_fds(struct server *s, int lfd, int err)
+{
+	s->n.refused_limit++;
+	listen_refusal_log(s, REFUSE_FDS, "connections refused: feedd is out of file descriptors (%s); raise LimitNOFILE= "
+		    "(RLIMIT_NOFILE) or lower max_connections", strerror(err));
+	if (s->spare_fd >= 0) {
+		close(s->spare_fd);
+		s->spare_fd = -1;
+		int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (cfd >= 0) {
+			send_error(cfd, -EMFILE, "feedd is out of file descriptors; try again later (its operator can "
+				   "raise LimitNOFILE= or lower max_connections)");
+			close(cfd);
+		}
+		int e = cfd < 0 ? errno : 0;
+		s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (s->spare_fd >= 0) {
+			if (cfd >= 0 || e == ECONNABORTED)
+				return true; /* refused one; the next may be pending */
+			if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
+				return false; /* none pending: nothing to pause */
+		}
+	}
+	/* No spare to spend: stop watching the socket until the tick, when fds may have been freed. */
+	event_del(s->listen_ev);
+	s->accept_paused = true;
+	return false;
+}
+
+/*
+ * Accepts what is pending, ACCEPT_BATCH at most: the event is level-triggered
+ * and fires again, so a flood of connections takes turns with the requests
+ * of the connections already in (an operator's status among them).
+ */
+#define ACCEPT_BATCH 64
+
 void listen_on_accept(evutil_socket_t fd, short what, void *userdata)
 {
 	struct server *s = userdata;
-	for (;;) {
+	for (unsigned n = 0; n < ACCEPT_BATCH; n++) {
 		int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (cfd < 0) {
-			if (errno != EAGAIN && errno != EINTR)
+			if (errno == EMFILE || errno == ENFILE) {
+				if (accept_without_fds(s, fd, errno))
+					continue;
+				return;
+			}
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warning_errno(-errno, "accept on %s failed", s->path);
 			return;
 		}
@@ -243,7 +337,88 @@ void listen_on_accept(evutil_socket_t fd, short what, void *userdata)
 	}
 }
 
-/* Binds path: never through a symlink; a stale socket is replaced, a live one is an error. */
+/*
+ * Raises the soft RLIMIT_NOFILE to the hard one (systemd's default is
+ * 1024:524288): every connection costs 2 fds and every attached one 4 more.
+ * Returns the soft limit now in force.
+ */
+unsigned long listen_raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	if (rl.rlim_cur < rl.rlim_max) {
+		struct rlimit want = { .rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max };
+		if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+			rl.rlim_cur = rl.rlim_max;
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? ULONG_MAX : (unsigned long)rl.rlim_cur;
+}
+
+/* Resumes accepting after accept_without_fds paused it, once a spare fd can be had again. */
+void listen_resume(struct server *s)
+{
+	if (s->spare_fd < 0)
+		s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (s->accept_paused && s->spare_fd >= 0 && event_add(s->listen_ev, NULL) == 0)
+		s->accept_paused = false;
+}
+
+/*
+ * Whether the directory the socket is bound in is safe: nobody but root
+ * and feedd's user can create, remove or rename anything in it or in the
+ * directories above it (a sticky directory, like /tmp, is safe to pass
+ * through, not to bind in). Otherwise another user could put a socket of
+ * their own where clients look for feedd's, or swap what bind() created.
+ */
+static int check_dir(const char *dir, int dfd, char *err, size_t errlen)
+{
+	struct stat st;
+	if (fstat(dfd, &st) < 0)
+		return -errno;
+	uid_t me = geteuid();
+	if (st.st_uid != 0 && st.st_uid != me) {
+		snprintf(err, errlen, "socket directory %s is owned by uid %u, not root or feedd's user (uid %u): its "
+			 "owner could put a socket of their own there; use a directory only root can write, such as the "
+			 "packaged unit's RuntimeDirectory (/run/feedd)", dir, (unsigned)st.st_uid, (unsigned)me);
+		return -EPERM;
+	}
+	if (st.st_mode & 0022) {
+		snprintf(err, errlen, "socket directory %s is writable by %s (mode %04o): another user could replace "
+			 "the socket; use a directory only root can write, such as the packaged unit's RuntimeDirectory "
+			 "(/run/feedd)", dir, st.st_mode & 0002 ? "others" : "its group", (unsigned)(st.st_mode & 07777));
+		return -EPERM;
+	}
+	char real[PATH_MAX];
+	if (!realpath(dir, real))
+		return 0; /* checked the directory itself; its path vanished under us: bind will say */
+	for (char *slash = strrchr(real, '/'); slash; slash = strrchr(real, '/')) {
+		*(slash == real ? slash + 1 : slash) = 0;
+		if (stat(real, &st) == 0 && (st.st_uid != 0 && st.st_uid != me)) {
+			snprintf(err, errlen, "socket directory %s is inside %s, owned by uid %u: its owner could rename "
+				 "the socket directory away; use a directory only root can write, such as /run/feedd",
+				 dir, real, (unsigned)st.st_uid);
+			return -EPERM;
+		}
+		if (stat(real, &st) == 0 && (st.st_mode & 0022) && !(st.st_mode & S_ISVTX)) {
+			snprintf(err, errlen, "socket directory %s is inside %s, which others can write (mode %04o): they "
+				 "could rename the socket directory away; use a directory only root can write, such as "
+				 "/run/feedd", dir, real, (unsigned)(st.st_mode & 07777));
+			return -EPERM;
+		}
+		if (slash == real)
+			break;
+	}
+	return 0;
+}
+
+/*
+ * Binds path: never through a symlink, only in a directory no other user
+ * can write (check_dir); a stale socket is replaced, a live one is an error.
+ * The socket is created with its final mode (through the umask), and its
+ * group is set relative to the directory's fd without following a symlink:
+ * nothing after bind() acts on a name someone else could have swapped.
+ */
 int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -257,17 +432,33 @@ int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_
 	if (!dir)
 		return -ENOMEM;
 	char *slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
-		*slash = 0;
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+	const char *base = path;
+	if (!slash) {
+		free(dir);
+		dir = strdup(".");
+		if (!dir)
+			return -ENOMEM;
+	} else {
+		base = path + (slash - dir) + 1;
+		slash[slash == dir ? 1 : 0] = 0;
+		if (slash != dir && mkdir(dir, 0755) < 0 && errno != EEXIST) {
 			int e = -errno;
 			snprintf(err, errlen, "cannot create %s: %s", dir, strerror(-e));
 			return e;
 		}
 	}
+	_cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		int e = -errno;
+		snprintf(err, errlen, "cannot open socket directory %s: %s", dir, strerror(-e));
+		return e;
+	}
+	int r = check_dir(dir, dfd, err, errlen);
+	if (r < 0)
+		return r;
 
 	struct stat st;
-	if (lstat(path, &st) == 0) {
+	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
 		if (S_ISLNK(st.st_mode)) {
 			snprintf(err, errlen, "%s is a symbolic link; refusing to bind through it", path);
 			return -ELOOP;
@@ -281,22 +472,22 @@ int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_
 			snprintf(err, errlen, "%s: another feedd is already listening there", path);
 			return -EADDRINUSE;
 		}
-		unlink(path);
+		unlinkat(dfd, base, 0);
 	}
 
 	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	/* Created with no access at all, then opened up: no window where the umask's mode applies. */
-	mode_t old = umask(0777);
+	/* Created with its final mode: no chmod by name after bind, no window with the umask's mode. */
+	mode_t old = umask(~mode & 0777);
 	int b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);
-	if (b < 0 || (group >= 0 && chown(path, (uid_t)-1, (gid_t)group) < 0) || chmod(path, mode) < 0 ||
+	if (b < 0 || (group >= 0 && fchownat(dfd, base, (uid_t)-1, (gid_t)group, AT_SYMLINK_NOFOLLOW) < 0) ||
 	    listen(fd, 128) < 0) {
 		int e = -errno;
 		snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(-e));
 		if (b == 0)
-			unlink(path);
+			unlinkat(dfd, base, 0);
 		return e;
 	}
 	return TAKE_FD(fd);

@@ -67,7 +67,36 @@ static uint64_t uid_memory(struct server *s, uid_t uid)
 	return m;
 }
 
-/* Refuses an attach whose ring would pass a memory limit. Returns 0, or -EDQUOT with the ERROR queued. */
+/*
+ * Room kept beyond the ring itself: the session's own allocations and the
+ * daemon's working memory must fit too, or the group's OOM killer picks feedd.
+ */
+#define HEADROOM_SLACK (UINT64_C(32) << 20)
+
+/*
+ * Refuses an attach whose ring would not fit in what the node and feedd's
+ * memory cgroup have left: the ring is allocated at once (fallocate), and a
+ * charge past a cgroup's limit gets the whole daemon OOM-killed, not this
+ * attach refused. Returns 0, or -ENOMEM with the ERROR queued.
+ */
+static int check_headroom(struct conn *c, const struct feed *f, uint64_t need)
+{
+	struct server *s = c->srv;
+	uint64_t room;
+	char what[512];
+	if (headroom_read(&room, what, sizeof(what)) < 0 || room == UINT64_MAX || need + HEADROOM_SLACK <= room)
+		return 0;
+	s->n.refused_memory++;
+	log_warning("client %" PRIu64 " (pid %d, uid %u): attach to feed %s refused: a ring of %" PRIu64 " MiB (+%" PRIu64
+		    " MiB slack) does not fit in %" PRIu64 " MiB left by %s",
+		    c->id, (int)c->pid, (unsigned)c->uid, f->name, need >> 20, HEADROOM_SLACK >> 20, room >> 20, what);
+	conn_send_error(c, -ENOMEM, "attach to feed %s refused: its ring needs %" PRIu64 " MiB and only %" PRIu64
+			" MiB are left by %s; out of memory (ask the operator for more memory for feedd, or use a smaller "
+			"batch_size x seq_len)", f->name, need >> 20, room >> 20, what);
+	return -ENOMEM;
+}
+
+/* Refuses an attach whose ring would pass a memory limit. Returns 0, or -EDQUOT or -ENOMEM with the ERROR queued. */
 static int check_memory(struct conn *c, const struct feed *f)
 {
 	struct server *s = c->srv;
@@ -88,13 +117,14 @@ static int check_memory(struct conn *c, const struct feed *f)
 		limit = s->memory_max;
 	}
 	if (!key)
-		return 0;
+		return check_headroom(c, f, need);
 	s->n.refused_memory++;
 	log_warning("client %" PRIu64 " (pid %d, uid %u): attach to feed %s refused: a ring of %" PRIu64
 		    " bytes with %" PRIu64 " in use passes %s = %" PRIu64,
 		    c->id, (int)c->pid, (unsigned)c->uid, f->name, need, have, key, limit);
 	conn_send_error(c, -EDQUOT, "attach to feed %s refused: its ring needs %" PRIu64 " bytes, and with %" PRIu64
-		   " bytes already in use that passes feedd's %s (%" PRIu64 " bytes)", f->name, need, have, key, limit);
+		   " bytes already in use that passes feedd's %s (%" PRIu64 " bytes); raise it in the [feedd] section "
+		   "of feedd.conf, or use a smaller batch_size x seq_len", f->name, need, have, key, limit);
 	return -EDQUOT;
 }
 
@@ -106,6 +136,13 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return -EBADMSG;
 	if (c->session) {
 		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
+		return 0;
+	}
+	if (c->reserved) {
+		s->n.refused_limit++;
+		conn_send_error(c, -EUSERS, "feedd has reached max_connections or max_connections_per_uid; this connection got "
+				"one of the admin_connections slots, kept for operator commands (status, reload, drain), not "
+				"for attaching; raise the limits in the [feedd] section of feedd.conf");
 		return 0;
 	}
 	bool draining;

@@ -6,8 +6,10 @@
  *   server.c   the server object: start, policy, feeds, reload, drain, the
  *              once-a-second tick, the watchdog's progress check, the status
  *              snapshot (from conn_status and telemetry's views), stop
- *   listen.c   the listening socket: binding it, accepting, credentials,
- *              allow lists and connection limits, refusals, peer pidfds
+ *   listen.c   the listening socket: binding it (in a directory no one else
+ *              can write), accepting, credentials, allow lists, connection
+ *              limits and admin slots, running out of fds, refusals, pidfds
+ *   headroom.c what memory the node and feedd's cgroup have left
  *   conn.c     one connection: framing, bounded input and output queues,
  *              fds passed with replies, dropping a peer that breaks the
  *              protocol; what status and telemetry read of its session
@@ -37,6 +39,8 @@
 
 #define MAX_OUT_BYTES (16u << 20) /* a client that does not read its replies is dropped */
 #define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
+#define TRIM_AFTER_DEPARTED 8 /* sessions closed before the tick gives freed memory back (malloc_trim) */
+#define CHECK_PER_TICK 1024 /* shards whose identity the tick checks, over all feeds */
 
 struct out_msg {
 	struct out_msg *next;
@@ -56,6 +60,7 @@ struct conn {
 	struct out_msg *out_head, *out_tail;
 	size_t out_bytes;
 	bool hello, closing;
+	bool reserved; /* holds one of the admin_connections slots */
 	uint64_t id;
 	pid_t pid;
 	uid_t uid;
@@ -95,7 +100,7 @@ struct refusal_log {
 	bool logged;
 };
 
-enum { REFUSE_CREDENTIALS, REFUSE_LIMIT, REFUSE_MEMORY, _REFUSE_MAX };
+enum { REFUSE_CREDENTIALS, REFUSE_LIMIT, REFUSE_MEMORY, REFUSE_FDS, REFUSE_HANDSHAKE, _REFUSE_MAX };
 
 struct server {
 	struct event_base *base;
@@ -109,8 +114,13 @@ struct server {
 	struct telemetry *tm; /* created with the server, freed after its connections */
 	struct served *feeds;
 	size_t n_feeds;
+	size_t check_first; /* the feed the tick's shard check starts at */
+	unsigned departed;  /* sessions closed since the tick last trimmed the heap */
 	struct conn *conns;
 	size_t n_conns;
+	size_t n_reserved; /* of them, in the slots kept for operators (admin_connections) */
+	int spare_fd;      /* spent to accept and refuse a connection when out of fds (listen.c) */
+	bool accept_paused; /* out of fds with no spare: the listening event is off until the tick */
 	uint64_t next_id;
 	uint64_t start_ns;
 	struct server_counters n;
@@ -124,7 +134,8 @@ struct server {
 	/* policy, from the config (server_configure) */
 	unsigned ring_slots;
 	struct conf_ids allow, admin;
-	unsigned max_connections, max_connections_per_uid;
+	unsigned max_connections, max_connections_per_uid, admin_connections;
+	unsigned handshake_timeout_s;
 	uint64_t client_memory_max, uid_memory_max, memory_max;
 	unsigned stuck_client_s;
 };
@@ -136,11 +147,26 @@ struct feed *server_find_feed(struct server *s, const char *name, bool *ret_drai
 void server_attached(struct server *s, const struct feed *f);
 void server_detached(struct server *s, const struct feed *f);
 
+/* headroom.c */
+/*
+ * The bytes feedd may still allocate: the least of MemAvailable and, for its
+ * memory cgroup and each ancestor (v1 or v2), limit minus usage. Returns 0
+ * with *ret (UINT64_MAX when nothing is known) and the tightest bound
+ * described in what; or -ENOENT when nothing could be read.
+ */
+int headroom_read(uint64_t *ret, char *what, size_t whatlen);
+
 /* listen.c */
 /* Binds path for the control socket. Returns the listening fd, or a negative errno with a message in err. */
 int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_t errlen);
 /* The listening socket's read event: accepts every pending connection. */
 void listen_on_accept(evutil_socket_t fd, short what, void *userdata);
+/* Logs a refusal of kind (REFUSE_*), unless one of its kind was logged this tick already. */
+void listen_refusal_log(struct server *s, unsigned kind, const char *fmt, ...) _printf_(3, 4);
+/* Raises the soft fd limit to the hard one; returns the soft limit. */
+unsigned long listen_raise_nofile(void);
+/* Accepts again after running out of fds paused it (called each tick). */
+void listen_resume(struct server *s);
 /* Closes a refused connection kept half-open, reading what the client sent first. */
 void listen_linger_close(int fd);
 /* Whether the peer is root or feedd's own user, or is listed in ids by uid, gid or a supplementary group. */

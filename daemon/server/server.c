@@ -10,8 +10,10 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,15 +121,56 @@ static void on_feed_changed(struct feed *f, void *userdata)
 	fail_sessions(userdata, f);
 }
 
+/*
+ * Closes connections that sent no HELLO within handshake_timeout_s: an idle
+ * connection must not hold a slot that a trainer or an operator needs.
+ */
+static void expire_handshakes(struct server *s, uint64_t now)
+{
+	uint64_t limit = (uint64_t)s->handshake_timeout_s * NSEC_PER_SEC;
+	for (struct conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->hello || now - c->connect_ns < limit)
+			continue;
+		s->n.refused_limit++;
+		listen_refusal_log(s, REFUSE_HANDSHAKE, "client %" PRIu64 " (pid %d, uid %u) sent no HELLO within "
+				   "handshake_timeout_s (%u s); disconnecting", c->id, (int)c->pid, (unsigned)c->uid,
+				   s->handshake_timeout_s);
+		conn_send_error(c, -ETIMEDOUT, "no HELLO within %u s (handshake_timeout_s in feedd.conf)",
+				s->handshake_timeout_s);
+		conn_flush(c);
+		shutdown(c->fd, SHUT_WR);
+		conn_free(c);
+	}
+}
+
 /* Once a second: shards still unchanged? delivery rates, stuck clients, the service manager's status line. */
 static void on_tick(evutil_socket_t fd, short what, void *userdata)
 {
 	struct server *s = userdata;
-	for (size_t i = 0; i < s->n_feeds; i++) {
+	/*
+	 * Shards unchanged? Only feeds someone reads, and at most
+	 * CHECK_PER_TICK shards a tick in all: an idle daemon stats nothing, a
+	 * busy one with 10,000 shards sweeps them in seconds, not every tick.
+	 * (A read that comes up short checks the whole feed at once: session.c.)
+	 */
+	uint32_t budget = CHECK_PER_TICK;
+	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
+		size_t i = (s->check_first + k) % s->n_feeds;
 		struct feed *f = s->feeds[i].feed;
-		if (f->state != FEED_READY || feed_check(f) == 0)
+		if (f->state != FEED_READY || !s->feeds[i].clients || feed_check_some(f, &budget) == 0)
 			continue;
 		fail_sessions(s, f);
+	}
+	s->check_first++;
+	/*
+	 * Sessions allocate on the workers' malloc arenas, and glibc gives back
+	 * little of a freed arena by itself: after many clients came and went
+	 * the daemon would keep their peak. Trim once a tick after departures.
+	 */
+	if (s->departed >= TRIM_AFTER_DEPARTED) {
+		malloc_trim(0);
+		s->departed = 0;
 	}
 	gpu_reap(s->cfg.gpu); /* departed clients' stagings whose copies have run since */
 	uint64_t now = now_ns();
@@ -154,7 +197,10 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		watch_consumption(s, c, &r, now);
 		log_context_swap(old);
 	}
-	static const char *const kinds[] = { "not allowed", "over a connection limit", "over a memory limit" };
+	expire_handshakes(s, now);
+	listen_resume(s);
+	static const char *const kinds[] = { "not allowed", "over a connection limit", "over a memory limit",
+					     "out of file descriptors", "no HELLO within handshake_timeout_s" };
 	for (unsigned k = 0; k < ARRAY_SIZE(s->refusal_logs); k++) {
 		struct refusal_log *rl = &s->refusal_logs[k];
 		if (rl->suppressed)
@@ -189,6 +235,8 @@ int server_configure(struct server *s, const struct conf *conf)
 	s->ring_slots = conf->ring_slots;
 	s->max_connections = conf->max_connections;
 	s->max_connections_per_uid = conf->max_connections_per_uid;
+	s->admin_connections = conf->admin_connections;
+	s->handshake_timeout_s = conf->handshake_timeout_s;
 	s->client_memory_max = conf->client_memory_max;
 	s->uid_memory_max = conf->uid_memory_max;
 	s->memory_max = conf->memory_max;
@@ -212,6 +260,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->producer = producer;
 	s->start_ns = now_ns();
 	s->listen_fd = -1;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
 	if (!s->path || !s->feeds || telemetry_new(&conf->diagnosis, &s->tm) < 0 || server_configure(s, conf) < 0) {
@@ -256,6 +305,12 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		return -ENOMEM;
 	}
 	log_info("listening on %s%s", s->path, s->own_path ? "" : " (socket passed by the service manager)");
+	unsigned long nofile = listen_raise_nofile();
+	unsigned long need = 6ul * (s->max_connections + s->admin_connections) + 64;
+	if (nofile < need)
+		log_warning("RLIMIT_NOFILE is %lu: max_connections %u needs about %lu (6 per attached client); past it, "
+			    "connections are refused as out of file descriptors. Raise LimitNOFILE= or lower max_connections",
+			    nofile, s->max_connections, need);
 	*ret = s;
 	return 0;
 }
@@ -357,6 +412,8 @@ struct server *server_free(struct server *s)
 	}
 	for (size_t i = 0; i < s->n_linger; i++)
 		listen_linger_close(s->linger[i]);
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
 	/* Tell every attached client why its stream ends, then let go. */
 	while (s->conns) {
 		struct conn *c = s->conns;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "daemon/io/sums.h"
+#include "daemon/source/fdshare.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
 
@@ -93,7 +94,7 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	id_of(&st, &s->id);
-	s->fd = TAKE_FD(fd);
+	s->fd = fdshare_take(TAKE_FD(fd), &s->id); /* one fd per file per daemon (fdshare.c) */
 	*ret = s;
 	return 0;
 }
@@ -103,7 +104,7 @@ struct source *source_close(struct source *s)
 	if (!s)
 		return NULL;
 	if (s->fd >= 0)
-		close(s->fd);
+		fdshare_drop(s->fd, &s->id);
 	sums_free(s->sums);
 	free(s->name);
 	free(s);

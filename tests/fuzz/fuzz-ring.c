@@ -19,6 +19,7 @@
 
 #include "client/device.c"
 #include "client/libfeed.c"
+#include "client/peer.c"
 #include "client/reconnect.c"
 #include "client/strerror.c"
 #include "tests/fuzz/fuzz.h"

@@ -41,9 +41,10 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	feed_client *c;
-	int r = feed_client_connect(argv[1], &c);
+	char why[1024];
+	int r = feed_client_connect_err(argv[1], why, sizeof(why), &c);
 	if (r < 0) {
-		fprintf(stderr, "connect: %s\n", feed_strerror(r));
+		fprintf(stderr, "connect: %s\n", why);
 		return 1;
 	}
 	/* $STREAM_RECONNECT_MS: libfeed's reconnect_timeout (test_reconnect.py). */

@@ -226,7 +226,8 @@ def test_a_tail_past_the_ring_stops_that_client_only(daemon, data):
 
 
 def test_connection_flood_is_refused_past_the_limit(daemon, data):
-    d = daemon(web(data, "[feedd]\nmax_connections = 8\nmax_connections_per_uid = 8\n"))
+    # admin_connections = 0: the test runs as root, which may otherwise use the slots kept for operators.
+    d = daemon(web(data, "[feedd]\nmax_connections = 8\nmax_connections_per_uid = 8\nadmin_connections = 0\n"))
     good = d.client("web", 0, 1, 10**6, sleep_ms=5)
     assert good.stdout.readline() == "attached\n"
     flood = []
