@@ -40,6 +40,19 @@ bool tokenize_tok_is_hf(const char *path)
 
 int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error)
 {
+	/*
+	 * Opened through the source layer first: a missing file is named as such
+	 * (not as a JSON error at line -1), and a FIFO or device is refused
+	 * instead of blocking the loader in open() or read().
+	 */
+	char why[512];
+	struct source *src;
+	int r = source_open(path, &src, why, sizeof(why));
+	if (r < 0) {
+		*ret_error = strdup(why);
+		return r;
+	}
+	source_close(src);
 	return tokenize_tok_is_hf(path) ? tok_load_hf(path, ret, ret_error) : tok_load_rankfile(path, preset, ret, ret_error);
 }
 
