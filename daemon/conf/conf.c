@@ -345,7 +345,7 @@ static int check_batch(const struct conf_feed *feed, const char *path, char *err
 			 "about %llu bytes; a ring slot holds at most %u bytes (about %u positions)",
 			 path, line, feed->name, feed->batch_size, feed->seq_len, (unsigned long long)n,
 			 (unsigned long long)(16 * n), UINT32_MAX, UINT32_MAX / 16);
-		return -E2BIG;
+		return -EINVAL;
 	}
 	return 0;
 }
@@ -532,7 +532,7 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 			snprintf(err, errlen, "%s:%u: socket: '%s' is %zu bytes long; a unix socket path holds at most %zu",
 				 path, c->socket_line, c->socket, strlen(c->socket), sizeof(sp) - 1);
 			conf_free(c);
-			return -ENAMETOOLONG;
+			return -EINVAL;
 		}
 	}
 	*ret = c;
