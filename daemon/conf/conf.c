@@ -7,6 +7,7 @@
  * that whoever keeps a part past conf_free() copies it with conf/.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -19,12 +20,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "daemon/conf/conf-internal.h"
-#include "daemon/ring/ring.h"
 #include "daemon/log/log.h"
+#include "daemon/ring/ring.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
 
