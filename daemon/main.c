@@ -586,8 +586,11 @@ int main(int argc, char **argv)
 	event_base_dispatch(d.base);
 
 out:
-	d.loader = loader_abandon(d.loader); /* a reload under way when stopping */
-	if (d.job && d.start_r != -ETIMEDOUT)
+	if (d.loader) { /* a reload under way when stopping: its job goes with the loader */
+		d.loader = loader_abandon(d.loader);
+		d.job = NULL;
+	}
+	if (d.job && d.start_r != -ETIMEDOUT) /* the start's, unless a stuck thread still holds it */
 		load_job_free(d.job);
 	d.metrics = metrics_free(d.metrics); /* it reads the server's snapshot */
 	free(d.metrics_listen);

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FEEDD, feed_conf, gen_megatron, with_io_engine
+from conftest import FEEDCTL, FEEDD, feed_conf, gen_megatron, with_io_engine
 
 
 def small_data(tmp, name, shards=2, seed=3):
@@ -147,6 +147,30 @@ def test_reload_stuck_on_a_shard_keeps_clients_streaming_and_times_out(daemon, t
     assert sorted(f["name"] for f in d.status()["feeds"]) == ["slow", "web"]
     assert c.proc.poll() is None
     c.stop()
+
+
+def test_stopping_during_a_stuck_reload(daemon, tmp_path):
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=30))
+    lease = hold_lease(b / "shard_000.idx")
+    try:
+        d.conf.write_text(conf_with(good + feed_conf("slow", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                    timeout_s=30))
+        p = subprocess.Popen([str(FEEDCTL), "--socket", d.socket, "reload"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 10
+        while "reloading" not in d.log_text() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        # SIGTERM with the loader stuck in open(): feedd stops at once, and cleanly.
+        t0 = time.monotonic()
+        assert d.stop() == 0, d.log_text()
+        assert time.monotonic() - t0 < 5
+        p.communicate(timeout=10)
+        assert p.returncode != 0
+    finally:
+        os.close(lease)
 
 
 def test_fifo_in_a_shard_glob_is_refused_not_waited_on(daemon, tmp_path):
