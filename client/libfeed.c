@@ -670,15 +670,21 @@ FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 	return 0;
 }
 
+/*
+ * A reload loads every feed of the new config before it answers (off feedd's
+ * main loop, which gives up on a load stuck for load_timeout_s): wait long.
+ */
+#define RELOAD_TIMEOUT_MS (10 * 60 * 1000)
+
 /* Sends an operator command (encoded in buf) and waits for its ADMIN_REPLY. */
-static int admin_request(feed_client *c, const uint8_t *buf, int n, char **ret_message)
+static int admin_request(feed_client *c, const uint8_t *buf, int n, int timeout_ms, char **ret_message)
 {
 	int r = n < 0 ? n : client_send(c, buf, (size_t)n);
 	if (r < 0)
 		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
 	void *p;
 	size_t len;
-	int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+	int type = client_recv_msg(c, timeout_ms, &p, &len, NULL, 0, NULL);
 	if (type < 0)
 		return type;
 	struct wire_admin_reply rep;
@@ -700,7 +706,7 @@ FEED_EXPORT int feed_client_reload(feed_client *c, char **ret_message)
 	int saved = errno;
 	struct wire_reload m = { 0 };
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_RELOAD_SIZE];
-	int r = admin_request(c, buf, wire_encode_reload(buf, sizeof(buf), &m), ret_message);
+	int r = admin_request(c, buf, wire_encode_reload(buf, sizeof(buf), &m), RELOAD_TIMEOUT_MS, ret_message);
 	errno = saved;
 	return r;
 }
@@ -716,7 +722,7 @@ FEED_EXPORT int feed_client_drain(feed_client *c, const char *feed, char **ret_m
 	}
 	snprintf(m.feed, sizeof(m.feed), "%s", feed);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_DRAIN_SIZE];
-	int r = admin_request(c, buf, wire_encode_drain(buf, sizeof(buf), &m), ret_message);
+	int r = admin_request(c, buf, wire_encode_drain(buf, sizeof(buf), &m), REPLY_TIMEOUT_MS, ret_message);
 	errno = saved;
 	return r;
 }

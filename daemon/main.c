@@ -27,6 +27,7 @@
 #include "config.h"
 #include "daemon/conf/conf.h"
 #include "daemon/feed/feed.h"
+#include "daemon/feed/loader.h"
 #include "daemon/feed/session.h"
 #include "daemon/gpu/gpu.h"
 #include "daemon/log/log.h"
@@ -49,6 +50,23 @@ struct daemon {
 	char *metrics_listen;    /* metrics_listen it was started for */
 	uint64_t watchdog_usec;
 	bool stuck; /* the watchdog is being starved on purpose */
+
+	/* The load on its thread (daemon/feed/loader.h): at start, or a reload. */
+	struct loader *loader;
+	struct load_job *job;
+	uint64_t reload_client; /* the connection whose RELOAD this is, 0: SIGHUP */
+	bool reload_again;      /* SIGHUP while reloading: once more afterwards */
+	int start_r;            /* the start's load: its result and message */
+	char start_err[1024];
+};
+
+/* What a load reads and makes; the loader's thread fills it. */
+struct load_job {
+	char *path;        /* a reload: the config file to read */
+	struct conf *conf; /* what it read (owned), or at start the config given (borrowed) */
+	bool own_conf;
+	struct feed **feeds;
+	size_t n, failed;
 };
 
 static void usage(FILE *out)
@@ -114,6 +132,34 @@ static void free_feeds(struct feed **feeds, size_t n)
 	free(feeds);
 }
 
+/* On the loader's thread: the config (for a reload), then every feed. */
+static int load_run(void *arg, char *err, size_t errlen)
+{
+	struct load_job *j = arg;
+	if (j->path) {
+		int r = conf_load(j->path, &j->conf, err, errlen);
+		if (r < 0)
+			return r;
+		j->own_conf = true;
+	}
+	int r = load_feeds(j->conf, &j->feeds, &j->n, &j->failed);
+	if (r < 0)
+		snprintf(err, errlen, "cannot load feeds: %s", strerror(-r));
+	return r;
+}
+
+static void load_job_free(void *arg)
+{
+	struct load_job *j = arg;
+	if (!j)
+		return;
+	free_feeds(j->feeds, j->n);
+	if (j->own_conf)
+		conf_free(j->conf);
+	free(j->path);
+	free(j);
+}
+
 static bool same_str(const char *a, const char *b)
 {
 	return (!a && !b) || (a && b && strcmp(a, b) == 0);
@@ -168,73 +214,146 @@ static void metrics_apply(struct daemon *d, const struct conf *conf)
 }
 
 /*
- * Re-reads the config and applies it: new feeds appear, removed or changed
- * ones drain, policy keys apply at once. A config that does not parse is
- * rejected whole and the running one stays. Returns 0 with a summary in msg,
- * or a negative errno with the reason.
+ * Why a loaded config is refused whole: a feed that failed to load (the old
+ * config keeps serving, docs/operations.md), or no feeds at all where some
+ * are served (an empty or cut-short file would drain every feed). Returns
+ * 0, or a negative errno with the reasons in msg.
  */
-static int reload(void *userdata, char *msg, size_t msglen)
+static int reload_refusal(const struct daemon *d, const struct load_job *j, char *msg, size_t msglen)
+{
+	if (j->conf->n_feeds == 0 && d->conf->n_feeds > 0) {
+		snprintf(msg, msglen, "%s holds no feeds (empty or cut short?); to stop serving every feed, drain them "
+			 "(feedctl drain FEED)", d->config_path);
+		return -ENODATA;
+	}
+	if (!j->failed)
+		return 0;
+	size_t at = (size_t)snprintf(msg, msglen, "%zu of %zu feeds failed to load:", j->failed, j->conf->n_feeds);
+	int code = -EIO;
+	for (size_t i = 0; i < j->n && at < msglen; i++) {
+		const struct feed *f = j->feeds[i];
+		if (f->state == FEED_READY)
+			continue;
+		code = f->error_code < 0 ? f->error_code : code;
+		at += (size_t)snprintf(msg + at, msglen - at, " feed %s: %s;", f->name, f->error);
+	}
+	if (j->n < j->conf->n_feeds && at < msglen)
+		snprintf(msg + at, msglen - at, " (and feeds that could not be loaded at all, see the log)");
+	return code;
+}
+
+static void reload_start(struct daemon *d);
+
+/* The reload's load finished (or was given up on): apply it all, or nothing. */
+static void on_reloaded(void *userdata, int r, const char *err)
 {
 	struct daemon *d = userdata;
-	char line[256];
-	service_reloading();
-	log_notice("reloading %s", d->config_path);
-
-	char err[512];
-	struct conf *conf;
-	int r = conf_load(d->config_path, &conf, err, sizeof(err));
+	struct load_job *j = r == -ETIMEDOUT ? NULL : d->job; /* after a timeout the stuck thread owns it */
+	d->loader = NULL;
+	d->job = NULL;
+	char msg[WIRE_MESSAGE_MAX], why[WIRE_MESSAGE_MAX], line[256];
+	if (r == 0)
+		r = reload_refusal(d, j, why, sizeof(why));
+	else
+		snprintf(why, sizeof(why), "%s", err);
+	if (r == 0)
+		r = server_configure(d->server, j->conf);
 	if (r < 0) {
-		log_error("reload rejected, the running configuration stays: %s", err);
-		snprintf(msg, msglen, "reload rejected, the running configuration stays: %s", err);
-		server_status_line(d->server, line, sizeof(line));
-		service_ready(line);
-		return r;
+		snprintf(msg, sizeof(msg), "reload rejected, the running configuration stays: %.460s",
+			 r == -ENOMEM ? "out of memory" : why);
+		log_error("%s", msg);
+	} else {
+		char summary[256];
+		server_set_feeds(d->server, j->feeds, j->n, summary, sizeof(summary));
+		note_restart_keys(d, j->conf);
+		metrics_apply(d, j->conf);
+		if (d->threads_override)
+			j->conf->threads = d->conf->threads;
+		if (!d->level_override)
+			log_set_level(j->conf->log_level);
+		conf_free(d->conf);
+		d->conf = j->conf;
+		j->own_conf = false;
+		snprintf(msg, sizeof(msg), "reloaded %s: %s", d->config_path, summary);
+		log_notice("%s", msg);
 	}
-	struct feed **feeds;
-	size_t n, failed;
-	r = load_feeds(conf, &feeds, &n, &failed);
-	if (r < 0) {
-		snprintf(msg, msglen, "reload failed, the running configuration stays: cannot load feeds: %s",
-			 strerror(-r));
-		conf_free(conf);
-		server_status_line(d->server, line, sizeof(line));
-		service_ready(line);
-		return r;
-	}
-	r = server_configure(d->server, conf);
-	if (r < 0) {
-		snprintf(msg, msglen, "reload failed, the running configuration stays: out of memory");
-		free_feeds(feeds, n);
-		conf_free(conf);
-		service_ready("reload failed");
-		return r;
-	}
-	char summary[256];
-	server_set_feeds(d->server, feeds, n, summary, sizeof(summary));
-	free_feeds(feeds, n);
-
-	note_restart_keys(d, conf);
-	metrics_apply(d, conf);
-	if (d->threads_override)
-		conf->threads = d->conf->threads;
-	if (!d->level_override)
-		log_set_level(conf->log_level);
-	conf_free(d->conf);
-	d->conf = conf;
-
-	snprintf(msg, msglen, "reloaded %s: %s%s", d->config_path, summary, failed ? " (some feeds failed to load)" : "");
-	log_notice("%s", msg);
+	load_job_free(j);
 	server_status_line(d->server, line, sizeof(line));
 	service_ready(line);
+	if (d->reload_client)
+		server_reload_done(d->server, d->reload_client, r, msg);
+	d->reload_client = 0;
+	if (d->reload_again) {
+		d->reload_again = false;
+		reload_start(d);
+	}
+}
+
+/* Starts re-reading the config on the loader's thread. Returns 0, or a negative errno with msg. */
+static int reload_begin(struct daemon *d, char *msg, size_t msglen)
+{
+	service_reloading();
+	log_notice("reloading %s", d->config_path);
+	struct load_job *j = calloc(1, sizeof(*j));
+	int r = j && (j->path = strdup(d->config_path)) ? 0 : -ENOMEM;
+	if (r == 0)
+		r = loader_start(d->base, d->conf->load_timeout_s, load_run, j, load_job_free, on_reloaded, d, &d->loader);
+	if (r < 0) {
+		load_job_free(j);
+		snprintf(msg, msglen, "reload failed, the running configuration stays: cannot start loading: %s",
+			 strerror(-r));
+		log_error("%s", msg);
+		char line[256];
+		server_status_line(d->server, line, sizeof(line));
+		service_ready(line);
+		return r;
+	}
+	d->job = j;
 	return 0;
+}
+
+static void reload_start(struct daemon *d)
+{
+	char msg[WIRE_MESSAGE_MAX];
+	reload_begin(d, msg, sizeof(msg));
+}
+
+/*
+ * An operator's RELOAD: re-reads the config off the main loop and applies it
+ * all or nothing (on_reloaded answers the client). Returns 0 once started,
+ * or a negative errno with the reason.
+ */
+static int reload(void *userdata, uint64_t client, char *msg, size_t msglen)
+{
+	struct daemon *d = userdata;
+	if (d->loader) {
+		snprintf(msg, msglen, "a reload is under way already; try again when it is done");
+		return -EBUSY;
+	}
+	int r = reload_begin(d, msg, msglen);
+	if (r == 0)
+		d->reload_client = client;
+	return r;
+}
+
+/* The start's load finished or was given up on: back to main(). */
+static void on_started(void *userdata, int r, const char *err)
+{
+	struct daemon *d = userdata;
+	d->loader = NULL;
+	d->start_r = r;
+	snprintf(d->start_err, sizeof(d->start_err), "%s", err);
+	event_base_loopbreak(d->base);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *userdata)
 {
 	struct daemon *d = userdata;
 	if (sig == SIGHUP) {
-		char msg[512];
-		reload(d, msg, sizeof(msg));
+		if (d->loader)
+			d->reload_again = true; /* the file may have changed after that load read it */
+		else
+			reload_start(d);
 		return;
 	}
 	log_notice("received %s, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -339,7 +458,9 @@ int main(int argc, char **argv)
 
 	char socket_path[108];
 	if (wire_socket_path(socket_arg ? socket_arg : d.conf->socket, socket_path, sizeof(socket_path)) < 0) {
-		log_error("socket path is too long");
+		/* The config's own socket key is checked, with its line, by conf_load. */
+		log_error("%s: the socket path is too long (a unix socket path holds at most %zu bytes)",
+			  socket_arg ? "--socket" : d.config_path, sizeof(socket_path) - 1);
 		conf_free(d.conf);
 		return 1;
 	}
@@ -358,13 +479,35 @@ int main(int argc, char **argv)
 	struct producer *producer = NULL;
 	struct gpu *gpu = NULL;
 	struct event *sigs[3] = { NULL }, *watchdog = NULL;
-	r = load_feeds(d.conf, &feeds, &n_feeds, &failed);
-	if (r < 0) {
+	/* Loaded on the loader's thread too, so that --check gives up on a FIFO or a hung mount. */
+	struct load_job *job = calloc(1, sizeof(*job));
+	if (!job || !(job->conf = d.conf) ||
+	    loader_start(d.base, d.conf->load_timeout_s, load_run, job, load_job_free, on_started, &d, &d.loader) < 0) {
+		free(job);
+		log_error("cannot start loading the feeds");
 		ret = 1;
 		goto out;
 	}
+	d.job = job;
+	event_base_dispatch(d.base); /* until on_started */
+	if (d.start_r < 0) {
+		log_error("%s", d.start_err);
+		if (d.start_r == -ETIMEDOUT)
+			d.conf = NULL; /* the stuck thread still reads it: never freed */
+		ret = 1;
+		goto out;
+	}
+	feeds = d.job->feeds;
+	n_feeds = d.job->n;
+	failed = d.job->failed;
+	d.job->feeds = NULL;
+	d.job->n = 0;
+	d.job = (load_job_free(d.job), NULL);
 	if (check) {
 		printf("%s: %zu feeds, %zu failed\n", d.config_path, d.conf->n_feeds, failed);
+		for (size_t i = 0; i < n_feeds; i++)
+			if (feeds[i]->state != FEED_READY)
+				printf("  feed %s: %s\n", feeds[i]->name, feeds[i]->error);
 		ret = failed ? 1 : 0;
 		goto out;
 	}
@@ -443,6 +586,12 @@ int main(int argc, char **argv)
 	event_base_dispatch(d.base);
 
 out:
+	if (d.loader) { /* a reload under way when stopping: its job goes with the loader */
+		d.loader = loader_abandon(d.loader);
+		d.job = NULL;
+	}
+	if (d.job && d.start_r != -ETIMEDOUT) /* the start's, unless a stuck thread still holds it */
+		load_job_free(d.job);
 	d.metrics = metrics_free(d.metrics); /* it reads the server's snapshot */
 	free(d.metrics_listen);
 	d.server = server_free(d.server);

@@ -7,6 +7,7 @@
  * that whoever keeps a part past conf_free() copies it with conf/.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -17,9 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "daemon/conf/conf-internal.h"
 #include "daemon/log/log.h"
+#include "daemon/ring/ring.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
 
@@ -93,6 +98,7 @@ void conf_feed_done(struct conf_feed *f)
 	free(f->tokenizer);
 	free(f->tokenizer_preset);
 	free(f->cache_dir);
+	free(f->tokenizer_at);
 	for (size_t j = 0; f->sources && j < f->mix->n; j++)
 		conf_feed_done(&f->sources[j]);
 	free(f->sources);
@@ -115,7 +121,8 @@ int conf_feed_copy(struct conf_feed *dst, const struct conf_feed *src)
 	dst->shards = calloc(MAX(src->n_shards, 1u), sizeof(char *));
 	int r = dup_opt(&dst->bos_name, src->bos_name) | dup_opt(&dst->eos_name, src->eos_name) |
 		dup_opt(&dst->text_key, src->text_key) | dup_opt(&dst->tokenizer, src->tokenizer) |
-		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir);
+		dup_opt(&dst->tokenizer_preset, src->tokenizer_preset) | dup_opt(&dst->cache_dir, src->cache_dir) |
+		dup_opt(&dst->tokenizer_at, src->tokenizer_at);
 	dst->mix = NULL;
 	dst->sources = NULL;
 	dst->sources_text = NULL; /* parsed into mix already */
@@ -316,6 +323,71 @@ static const char *conf_feed_packing_problem(const struct conf_feed *f, unsigned
 	return NULL;
 }
 
+/*
+ * A batch must fit one ring slot: cu_seqlens are int32 over the flattened
+ * batch, and a slot (four arrays of B*L int32 and a header) is at most 4 GiB.
+ * Checked here so that --check and a reload refuse it, instead of a feed that
+ * loads as ready and whose every attach fails.
+ */
+static int check_batch(const struct conf_feed *feed, const char *path, char *err, size_t errlen)
+{
+	unsigned line = MAX(feed->batch_size_line, feed->seq_len_line);
+	uint64_t n = (uint64_t)feed->batch_size * feed->seq_len;
+	if (!line)
+		line = feed->line;
+	if (n + 1 > INT32_MAX) {
+		snprintf(err, errlen, "%s:%u: [feed.%s]: batch_size x seq_len = %u x %u = %llu positions; at most %d fit a batch",
+			 path, line, feed->name, feed->batch_size, feed->seq_len, (unsigned long long)n, INT32_MAX - 1);
+		return -EINVAL;
+	}
+	if (ring_slot_bytes(feed->batch_size, feed->seq_len) == 0) {
+		snprintf(err, errlen, "%s:%u: [feed.%s]: batch_size x seq_len = %u x %u = %llu positions need a ring slot of "
+			 "about %llu bytes; a ring slot holds at most %u bytes (about %u positions)",
+			 path, line, feed->name, feed->batch_size, feed->seq_len, (unsigned long long)n,
+			 (unsigned long long)(16 * n), UINT32_MAX, UINT32_MAX / 16);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Records where the feed's tokenizer key is, so that a load error can name the line. */
+static int tokenizer_at(struct conf_feed *f, const char *path)
+{
+	if (!f->tokenizer || f->tokenizer_at)
+		return 0;
+	return asprintf(&f->tokenizer_at, "%s:%u", path, f->tokenizer_line) < 0 ? -ENOMEM : 0;
+}
+
+/*
+ * Opens the config for reading: O_NONBLOCK, so that a FIFO in its place is
+ * refused rather than waited on. Returns the stream, or NULL with errno set
+ * and a message in err.
+ */
+static FILE *open_regular(const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0 && errno == EWOULDBLOCK) /* a lease: only regular files have one */
+		fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	int e = fd < 0 || fstat(fd, &st) < 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+	int fl = e ? -1 : fcntl(fd, F_GETFL);
+	if (!e && (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+		e = errno;
+	FILE *f = e ? NULL : fdopen(fd, "r");
+	if (!e && !f)
+		e = errno;
+	if (e) {
+		if (e == EINVAL)
+			snprintf(err, errlen, "%s: not a regular file", path);
+		else
+			snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
+		if (fd >= 0)
+			close(fd);
+		errno = e;
+	}
+	return f;
+}
+
 int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 {
 	struct conf *c = calloc(1, sizeof(*c));
@@ -324,7 +396,8 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 	*c = (struct conf){ .ring_slots = 4, .log_level = LOG_LEVEL_INFO, .io_depth = 64, .socket_mode = 0660,
 			    .socket_group = -1, .max_connections = 1024, .max_connections_per_uid = 64,
 			    .admin_connections = 4, .handshake_timeout_s = 5, .uid_memory_max = 2ull << 30,
-			    .stuck_client_s = 60, .diagnosis = CONF_DIAGNOSIS_DEFAULTS };
+			    .stuck_client_s = 60, .diagnosis = CONF_DIAGNOSIS_DEFAULTS,
+			    .load_timeout_s = 60 };
 	c->path = strdup(path);
 	_cleanup_free_ char *copy = strdup(path);
 	if (!c->path || !copy) {
@@ -334,10 +407,9 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 	char *dir = dirname(copy);
 	struct parse p = { .conf = c, .dir = dir };
 
-	FILE *f = fopen(path, "re");
+	FILE *f = open_regular(path, err, errlen);
 	if (!f) {
 		int e = -errno;
-		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-e));
 		conf_free(c);
 		return e;
 	}
@@ -352,7 +424,11 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 		for (int no = 1; (len = getline(&buf, &cap, f)) >= 0; no++) {
 			const char *sec = buf + strspn(buf, " \t");
 			size_t sec_len = *sec == '[' ? strcspn(sec + 1, "]\n") : 0;
-			if ((size_t)len - (len > 0 && buf[len - 1] == '\n') >= INI_MAX_LINE - 1)
+			/* inih reads lines as C strings: a NUL would silently cut the value there. */
+			if (memchr(buf, 0, (size_t)len))
+				snprintf(err, errlen, "%s:%d: the line holds a NUL byte (at column %zu); a value cannot contain one",
+					 path, no, strlen(buf) + 1);
+			else if ((size_t)len - (len > 0 && buf[len - 1] == '\n') >= INI_MAX_LINE - 1)
 				snprintf(err, errlen, "%s:%d: the line is %zd bytes long, more than the %d an INI line may have; "
 					 "continue a shards or sources list on indented lines", path, no, len, INI_MAX_LINE - 2);
 			else if (sec_len >= CONF_MAX_SECTION)
@@ -444,10 +520,21 @@ int conf_load(const char *path, struct conf **ret, char *err, size_t errlen)
 			conf_free(c);
 			return -EINVAL;
 		}
-		/* cu_seqlens are int32 over the flattened batch, so B*L + 1 must fit one. */
-		if ((uint64_t)feed->batch_size * feed->seq_len + 1 > INT32_MAX) {
-			snprintf(err, errlen, "%s: [feed.%s]: batch_size x seq_len = %llu positions; at most %d fit a batch",
-				 path, feed->name, (unsigned long long)feed->batch_size * feed->seq_len, INT32_MAX - 1);
+		r = check_batch(feed, path, err, errlen);
+		if (r == 0)
+			r = tokenizer_at(feed, path);
+		for (size_t j = 0; r == 0 && feed->mix && j < feed->mix->n; j++)
+			r = tokenizer_at(&feed->sources[j], path);
+		if (r < 0) {
+			conf_free(c);
+			return r;
+		}
+	}
+	if (c->socket) {
+		char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
+		if (wire_socket_path(c->socket, sp, sizeof(sp)) < 0) {
+			snprintf(err, errlen, "%s:%u: socket: '%s' is %zu bytes long; a unix socket path holds at most %zu",
+				 path, c->socket_line, c->socket, strlen(c->socket), sizeof(sp) - 1);
 			conf_free(c);
 			return -EINVAL;
 		}

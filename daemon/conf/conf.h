@@ -61,6 +61,8 @@ struct conf_feed {
 	unsigned bos_name_line, eos_name_line; /* where bos/eos name a special token */
 	unsigned sources_line, order_key_line, source_key_line, pack_buffer_line, pad_id_line;
 	const char *order_key, *source_key; /* a key only a feed may have (seq_len, ...), one only a source may have (shards, ...) */
+	unsigned seq_len_line, batch_size_line, tokenizer_line;
+	char *tokenizer_at;        /* "FILE:LINE" of the tokenizer key, for load errors; NULL: no tokenizer */
 };
 
 /* [diagnosis]: the telemetry window and the thresholds of every rule (docs/telemetry.md). */
@@ -128,6 +130,8 @@ struct conf {
 	socklen_t metrics_addrlen;
 
 	struct conf_diagnosis diagnosis; /* [diagnosis] */
+	unsigned socket_line;          /* where socket was set (0: not set) */
+	unsigned load_timeout_s;       /* a load (start, reload, --check) that touches no new file this long fails */
 };
 
 /* The [diagnosis] defaults (docs/telemetry.md), an initializer. */

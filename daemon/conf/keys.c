@@ -472,14 +472,15 @@ static const struct conf_key feed_keys[] = {
 	CUSTOM("format", set_format, .flags = KEY_SOURCE),
 	CUSTOM("shards", set_shards_key, .flags = KEY_SOURCE),
 	CUSTOM("text_key", set_text_key, .flags = KEY_SOURCE),
-	PATH(F, tokenizer, .flags = KEY_SOURCE),
+	PATH(F, tokenizer, .flags = KEY_SOURCE, .line_off = offsetof(F, tokenizer_line)),
 	CUSTOM("tokenizer_preset", set_tokenizer_preset, .flags = KEY_SOURCE),
 	BOOL(F, encode_special_tokens, .flags = KEY_SOURCE),
 	CUSTOM("on_bad_record", set_on_bad_record, .flags = KEY_SOURCE),
 	CUSTOM("max_bad_fraction", set_max_bad_fraction, .flags = KEY_SOURCE),
 	SIZE(F, max_document_bytes, 1, UINT32_MAX - 1, "a size in 1..4294967294 (suffixes K, M, G)", .flags = KEY_SOURCE),
-	U32(F, seq_len, 1, 1u << 20, "an integer in 1..1048576", .flags = KEY_ORDER),
-	U32(F, batch_size, 1, 1u << 16, "an integer in 1..65536", .flags = KEY_ORDER),
+	U32(F, seq_len, 1, 1u << 20, "an integer in 1..1048576", .flags = KEY_ORDER, .line_off = offsetof(F, seq_len_line)),
+	U32(F, batch_size, 1, 1u << 16, "an integer in 1..65536", .flags = KEY_ORDER,
+	    .line_off = offsetof(F, batch_size_line)),
 	U64(F, seed, 0, UINT64_MAX, "an unsigned 64-bit integer", .flags = KEY_ORDER),
 	BOOL(F, shuffle, .flags = KEY_ORDER),
 	U32(F, shuffle_window, 1, UINT32_MAX, "a positive integer", .flags = KEY_ORDER),
@@ -515,7 +516,7 @@ static const struct conf_key diagnosis_keys[] = {
 #define C struct conf
 #define NO_LIMIT "a size in bytes (suffix K, M, G or T; 0 = no limit)"
 static const struct conf_key daemon_keys[] = {
-	PATH(C, socket),
+	PATH(C, socket, .line_off = offsetof(C, socket_line)),
 	PATH(C, cache_dir),
 	SIZE(C, cache_max_bytes, 0, UINT64_MAX, NO_LIMIT),
 	U32(C, threads, 0, 1024, "an integer in 0..1024 (0 = all CPUs)"),
@@ -540,6 +541,7 @@ static const struct conf_key daemon_keys[] = {
 	ENUM(C, watch_changes, watch_modes, "one of auto, inotify, off"),
 	U32(C, admin_connections, 0, 1024, "an integer in 0..1024"),
 	U32(C, handshake_timeout_s, 1, 3600, "an integer in 1..3600"),
+	U32(C, load_timeout_s, 1, 86400, "an integer in 1..86400 (seconds)"),
 };
 #undef C
 #undef NO_LIMIT
@@ -602,6 +604,8 @@ static int apply(struct parse *p, const struct conf_key *k, void *obj, const cha
 			return conf_bad(p, "out of memory");
 		free(*(char **)field);
 		*(char **)field = v;
+		if (k->line_off)
+			*(unsigned *)((char *)obj + k->line_off) = p->line;
 		return 1;
 	}
 	case KEY_USERS:

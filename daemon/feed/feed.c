@@ -257,7 +257,8 @@ static int load_tokenizer(struct feed *f, char *err, size_t errlen)
 		if (r == -ENOMEM)
 			return r;
 		if (r < 0) {
-			snprintf(err, errlen, "tokenizer: %s", msg ? msg : strerror(-r));
+			snprintf(err, errlen, "%s: tokenizer: %s", f->conf.tokenizer_at ? f->conf.tokenizer_at : "",
+				 msg ? msg : strerror(-r));
 			return r;
 		}
 		f->tok_generation = __atomic_add_fetch(&tok_generations, 1, __ATOMIC_RELAXED);

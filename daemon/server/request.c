@@ -369,14 +369,28 @@ static int handle_reload(struct conn *c, const uint8_t *p, size_t len)
 	struct server *s = c->srv;
 	log_notice("client %" PRIu64 " (pid %d, uid %u) asks for a reload", c->id, (int)c->pid, (unsigned)c->uid);
 	char msg[WIRE_MESSAGE_MAX];
-	int r = s->cfg.reload ? s->cfg.reload(s->cfg.userdata, msg, sizeof(msg)) : -EOPNOTSUPP;
+	/* The reload loads off the main loop; server_reload_done answers. */
+	int r = s->cfg.reload ? s->cfg.reload(s->cfg.userdata, c->id, msg, sizeof(msg)) : -EOPNOTSUPP;
 	if (r < 0) {
 		if (!s->cfg.reload)
 			snprintf(msg, sizeof(msg), "this feedd cannot reload");
 		conn_send_error(c, r, "%s", msg);
-		return 0;
 	}
-	return admin_reply(c, msg);
+	return 0;
+}
+
+void server_reload_done(struct server *s, uint64_t client, int r, const char *msg)
+{
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (c->id != client)
+			continue;
+		if (r < 0)
+			conn_send_error(c, r, "%s", msg);
+		else
+			admin_reply(c, msg);
+		conn_flush(c);
+		return;
+	}
 }
 
 static int handle_drain(struct conn *c, const uint8_t *p, size_t len)

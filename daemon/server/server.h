@@ -32,11 +32,11 @@ struct server_config {
 	const char *gpu_status; /* "unavailable: <reason>" or "cuda: N devices" */
 	struct gpu *gpu;        /* device attachments (daemon/gpu); NULL or unavailable: host-only */
 	/*
-	 * An operator's RELOAD: re-read the config and apply it (server_configure,
-	 * server_set_feeds). Returns 0 with a summary in msg, or a negative errno
-	 * with the reason (the old config stays).
+	 * An operator's RELOAD from connection `client`: start re-reading the
+	 * config off the main loop. Returns 0 once started (the answer follows
+	 * with server_reload_done), or a negative errno with the reason in msg.
 	 */
-	int (*reload)(void *userdata, char *msg, size_t msglen);
+	int (*reload)(void *userdata, uint64_t client, char *msg, size_t msglen);
 	void *userdata;
 };
 
@@ -60,6 +60,12 @@ int server_configure(struct server *s, const struct conf *conf);
  * are no longer listed drain. Writes a one-line summary into msg.
  */
 void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, char *msg, size_t msglen);
+
+/*
+ * Answers the RELOAD of connection `client` (if it is still there): r >= 0
+ * the summary in msg, else an ERROR with r and msg.
+ */
+void server_reload_done(struct server *s, uint64_t client, int r, const char *msg);
 
 /* Feed `name` takes no new attaches; attached clients stream on. Returns 0, or -ENOENT (message in msg). */
 int server_drain(struct server *s, const char *name, char *msg, size_t msglen);

@@ -58,6 +58,21 @@ static void id_of(const struct stat *st, struct source_id *id)
 				  .mtime = st->st_mtim, .ctime = st->st_ctim };
 }
 
+static _Thread_local void (*progress_fn)(void *userdata, const char *name);
+static _Thread_local void *progress_userdata;
+
+void source_set_progress(void (*fn)(void *userdata, const char *name), void *userdata)
+{
+	progress_fn = fn;
+	progress_userdata = userdata;
+}
+
+static void progress(const char *name)
+{
+	if (progress_fn)
+		progress_fn(progress_userdata, name);
+}
+
 /* "scheme://..." names an object store; anything else is a path. */
 static bool is_url(const char *name)
 {
@@ -76,7 +91,12 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: no source implementation serves this URL scheme", name);
 		return -EPROTONOSUPPORT;
 	}
-	_cleanup_close_ int fd = open(name, O_RDONLY | O_CLOEXEC);
+	progress(name);
+	/* O_NONBLOCK: a FIFO opened for reading would wait for a writer, forever. */
+	_cleanup_close_ int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0 && errno == EWOULDBLOCK)
+		/* Another process holds a lease: only regular files have one, so waiting for its break is bounded. */
+		fd = open(name, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		int r = -errno;
@@ -84,8 +104,17 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 		return r;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "%s: not a regular file", name);
+		snprintf(err, errlen, "%s: not a regular file (a %s)", name,
+			 S_ISFIFO(st.st_mode) ? "FIFO" : S_ISDIR(st.st_mode) ? "directory" : S_ISSOCK(st.st_mode) ? "socket" :
+			 "device");
 		return -EINVAL;
+	}
+	/* io_uring honours O_NONBLOCK on regular files too (-EAGAIN for uncached pages): off again. */
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+		int r = -errno;
+		snprintf(err, errlen, "%s: cannot open: %s", name, strerror(-r));
+		return r;
 	}
 	struct source *s = calloc(1, sizeof(*s));
 	if (!s || !(s->name = strdup(name))) {
@@ -131,6 +160,7 @@ int source_identify(const char *name, struct source_id *ret)
 	struct stat st;
 	if (is_url(name))
 		return -EPROTONOSUPPORT;
+	progress(name);
 	if (stat(name, &st) < 0)
 		return -errno;
 	id_of(&st, ret);
@@ -172,6 +202,7 @@ int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, siz
 	int r = 0;
 	for (size_t g = 0; g < n_patterns; g++) {
 		glob_t gl = { 0 };
+		progress(patterns[g]);
 		int e = glob(patterns[g], GLOB_NOSORT, NULL, &gl);
 		if (e == GLOB_NOMATCH) {
 			snprintf(err, errlen, "shards: '%s' matches no file", patterns[g]);
@@ -194,6 +225,7 @@ int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, siz
 		paths = grown;
 		for (size_t i = 0; i < gl.gl_pathc; i++) {
 			/* Canonical paths: the fingerprint must not depend on how the config spells them. */
+			progress(gl.gl_pathv[i]);
 			char *real = realpath(gl.gl_pathv[i], NULL);
 			if (!real) {
 				r = -errno;
@@ -381,6 +413,8 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		r->cap = cap;
 	}
 	const size_t n_vr = r->n_vr, bounce_need = r->bounce_need;
+	if (n)
+		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
 		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
 						     .len = reads[i].len, .dst = reads[i].dst };
@@ -446,6 +480,7 @@ int source_read(struct source_reader *r, const struct source_read *reads, size_t
 
 int source_read_all(struct source_reader *r, struct source *s, void **ret)
 {
+	progress(s->name);
 	void *buf = NULL;
 	int e = io_reader_read_file(r->io, s->fd, (size_t)s->id.size, &buf);
 	if (e < 0)

@@ -56,7 +56,8 @@ struct source_read {
  * Opens the object `name` (a path today). Returns 0; or a negative errno
  * with a message naming it in err: -ENOENT, -EACCES, ..., -EINVAL when it
  * is not a regular file, -EPROTONOSUPPORT for a URL scheme no implementation
- * serves.
+ * serves. A FIFO or device is refused without waiting for a writer: it is
+ * opened O_NONBLOCK and checked before anything reads it.
  */
 int source_open(const char *name, struct source **ret, char *err, size_t errlen);
 struct source *source_close(struct source *s);
@@ -135,6 +136,14 @@ const char *source_reader_error(const struct source_reader *r);
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed);
 /* Reads the whole object into a new buffer (caller frees). */
 int source_read_all(struct source_reader *r, struct source *s, void **ret);
+
+/*
+ * Progress of a long load on the calling thread (daemon/feed/loader.h):
+ * while fn is set, each open, pattern expansion and read of this layer on
+ * this thread calls fn(userdata, name) as it starts, so that a load stuck on
+ * a FIFO or a hung mount can be told from a slow one, and named. NULL: off.
+ */
+void source_set_progress(void (*fn)(void *userdata, const char *name), void *userdata);
 
 /*
  * The message for a failed read of `name` at [offset, offset + len) into err:

@@ -170,6 +170,10 @@ struct tok {
 };
 
 #define TOK_WINDOW (256u * 1024u)
+/* A BPE piece longer than this is merged in pieces of at most this many
+ * bytes, cut between characters (docs/tokenizers.md, "Very long words"):
+ * memory and time stay bounded whatever one word's length. */
+#define TOK_PIECE_MAX (256u * 1024u)
 #define TOK_BATCH 4096
 #define TOK_CACHE_SLOTS (1u << 16)
 #define TOK_CACHE_MAX_KEY 128

@@ -284,6 +284,55 @@ void tok_piece_id(struct tok_state *st, uint32_t id) {
 	tok_emit(st, id);
 }
 
+/* Whether the model's pieces may be cut for length: BPE without word affixes
+ * (WordPiece answers unk_token for a long word; Unigram is left whole). */
+static bool tok_piece_cuttable(const struct tok *t) {
+	return !t->model || (t->model == tok_model_bpe_utf8 && !t->bpe_prefix_len && !t->bpe_suffix_len);
+}
+
+/* The model's ids of one piece, into st->bpe_out (valid until the next call). */
+static int tok_model_ids(struct tok_state *st, const uint8_t *s, size_t n, size_t *ret_m) {
+	const struct tok *t = st->t;
+	if (n > st->bpe_cap) {
+		size_t cap = n < 256 ? 256 : n + n / 2;
+		uint32_t *o = realloc(st->bpe_out, cap * sizeof(*o));
+		if (!o)
+			return -ENOMEM;
+		st->bpe_out = o;
+		void *sc = realloc(st->bpe_scratch, tok_model_scratch_size(t, cap));
+		if (!sc)
+			return -ENOMEM;
+		st->bpe_scratch = sc;
+		st->bpe_cap = cap;
+	}
+	*ret_m = tok_model_encode(t, s, n, st->bpe_out, st->bpe_scratch);
+	return 0;
+}
+
+/* A piece over TOK_PIECE_MAX bytes: merged TOK_PIECE_MAX bytes at a time,
+ * each cut before a character's first byte, so that the scratch stays
+ * bounded (a 128 MB word used to take 3 GB). A chunk equal to the one
+ * before it (a run of one character) reuses its ids. */
+static int tok_piece_long(struct tok_state *st, const uint8_t *s, size_t n) {
+	size_t prev = 0, prev_len = 0, m = 0;
+	for (size_t at = 0; at < n;) {
+		size_t len = n - at > TOK_PIECE_MAX ? TOK_PIECE_MAX : n - at;
+		while (at + len < n && len > 1 && (s[at + len] & 0xc0) == 0x80)
+			len--;
+		if (len != prev_len || memcmp(s + at, s + prev, len) != 0) {
+			int r = tok_model_ids(st, s + at, len, &m);
+			if (r < 0)
+				return r;
+		}
+		for (size_t i = 0; i < m; i++)
+			tok_emit(st, st->bpe_out[i]);
+		prev = at;
+		prev_len = len;
+		at += len;
+	}
+	return 0;
+}
+
 int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 	const struct tok *t = st->t;
 	const struct tok_cache_slot *c;
@@ -330,19 +379,11 @@ int tok_piece(struct tok_state *st, const uint8_t *s, size_t n) {
 		return 0;
 	}
 model:
-	if (n > st->bpe_cap) {
-		size_t cap = n < 256 ? 256 : n + n / 2;
-		uint32_t *o = realloc(st->bpe_out, cap * sizeof(*o));
-		if (!o)
-			return -ENOMEM;
-		st->bpe_out = o;
-		void *sc = realloc(st->bpe_scratch, tok_model_scratch_size(t, cap));
-		if (!sc)
-			return -ENOMEM;
-		st->bpe_scratch = sc;
-		st->bpe_cap = cap;
-	}
-	m = tok_model_encode(t, s, n, st->bpe_out, st->bpe_scratch);
+	if (n > TOK_PIECE_MAX && tok_piece_cuttable(t))
+		return tok_piece_long(st, s, n);
+	int r = tok_model_ids(st, s, n, &m);
+	if (r < 0)
+		return r;
 	for (size_t i = 0; i < m; i++)
 		tok_emit(st, st->bpe_out[i]);
 	if (hs && m <= TOK_HOT_MAX_IDS) {

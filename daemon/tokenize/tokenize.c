@@ -40,8 +40,24 @@ bool tokenize_tok_is_hf(const char *path)
 
 int tokenize_tok_load(const char *path, const char *preset, struct tok **ret, char **ret_error)
 {
+	/*
+	 * Opened through the source layer first: a missing file is named as such
+	 * (not as a JSON error at line -1), and a FIFO or device is refused
+	 * instead of blocking the loader in open() or read().
+	 */
+	char why[512];
+	struct source *src;
+	int r = source_open(path, &src, why, sizeof(why));
+	if (r < 0) {
+		*ret_error = strdup(why);
+		return r;
+	}
+	source_close(src);
 	return tokenize_tok_is_hf(path) ? tok_load_hf(path, ret, ret_error) : tok_load_rankfile(path, preset, ret, ret_error);
 }
+
+/* Text buffers above this are freed after use rather than kept for the next chunk. */
+#define TOKENIZE_KEEP_BYTES (64u << 20)
 
 static int grow(void **p, size_t *cap, size_t want, size_t size)
 {
@@ -200,6 +216,12 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 	c->read_bytes = at;
 	c->tokens = out.n;
 	c->replaced = replaced_total;
+	/* One huge document must not keep its text buffer for the worker's lifetime. */
+	if (t->text_cap > TOKENIZE_KEEP_BYTES) {
+		free(t->text);
+		t->text = NULL;
+		t->text_cap = 0;
+	}
 	return 0;
 
 oom_ids:

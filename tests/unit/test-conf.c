@@ -134,7 +134,7 @@ static void test_all_keys(void)
 				 "bos = none\n"
 				 "eos = 0\n"
 				 "seq_len = 1048576\n"
-				 "batch_size = 2047\n"
+				 "batch_size = 255\n"
 				 "shuffle_window = 1\n");
 	if (!c)
 		return;
@@ -180,7 +180,7 @@ static void test_all_keys(void)
 		CHECK_INT(f->bos, CONF_TOKEN_NONE);
 		CHECK_INT(f->eos, 0);
 		CHECK_U64(f->seq_len, 1048576);
-		CHECK_U64(f->batch_size, 2047);
+		CHECK_U64(f->batch_size, 255);
 		CHECK_U64(f->shuffle_window, 1);
 		CHECK_U64(f->seed, 0);
 	}
@@ -279,24 +279,11 @@ static void test_errors(void)
 		conf_free(c);
 }
 
-/* A file-level mistake (found after parsing) names the file and the feed, without a line. */
-static void load_bad_noline(const char *what, const char *text, const char *needle)
-{
-	char path[256], err[512] = "";
-	struct conf *c = NULL;
-	write_conf("bad.conf", text, path, sizeof(path));
-	int r = conf_load(path, &c, err, sizeof(err));
-	CHECK(r == -EINVAL, "%s: conf_load returned %d (%s), expected -EINVAL", what, r, err);
-	if (r == 0)
-		conf_free(c);
-	CHECK(strncmp(err, path, strlen(path)) == 0, "%s: error \"%s\" does not name %s", what, err, path);
-	CHECK(strstr(err, needle), "%s: error \"%s\" does not mention \"%s\"", what, err, needle);
-}
-
 /*
  * A section with a wrong name changes nothing until a key sits under it; with
  * a key, the whole file fails at that key (inih reports key lines only).
- * B x L must fit the int32 cu_seqlens even when each is within its own range.
+ * B x L must fit the int32 cu_seqlens and a 4 GiB ring slot even when each is
+ * within its own range (with the line of the later key).
  */
 static void test_empty_unknown_section(void)
 {
@@ -309,7 +296,13 @@ static void test_empty_unknown_section(void)
 	load_bad("key given twice", "[feed.a]\nshards = a\nseq_len = 8\nseq_len = 9\n", 4, 0, "given twice");
 	load_bad("line too long for inih", "[feed.a]\nshards = a,b\n# 123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890\n",
 		 3, 0, "indented lines");
-	load_bad_noline("batch too large", "[feed.a]\nshards = a\nseq_len = 1048576\nbatch_size = 2048\n", "batch_size x seq_len");
+	load_bad("batch too large", "[feed.a]\nshards = a\nseq_len = 1048576\nbatch_size = 2048\n", 4, 0, "batch_size x seq_len");
+	/* 16384 x 16385 fits an int32 cu_seqlens but not a 4 GiB ring slot. */
+	load_bad("batch over the ring limit", "[feed.a]\nshards = a\nbatch_size = 16384\nseq_len = 16385\n", 4, 0,
+		 "a ring slot holds at most 4294967295 bytes");
+	load_bad("socket path too long", "[feedd]\nthreads = 1\nsocket = /run/feedd/"
+		 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock\n",
+		 3, 0, "a unix socket path holds at most 107");
 }
 
 /*

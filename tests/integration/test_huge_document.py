@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: MIT
+"""Huge documents are tokenized in bounded memory (issue #18, finding 9).
+
+A 128 MB JSONL document that is one word used to take over a minute before
+the first batch and hold about 3 GB: byte-level BPE merged the whole word
+at once, with ~60 bytes of scratch per byte. A BPE piece longer than
+TOK_PIECE_MAX (256 KiB) is now merged 256 KiB at a time (docs/tokenizers.md,
+"Very long words"). The tokenizer here is a small byte-level BPE
+tokenizer.json made by the test (HF's format, no fetched data), whose
+merges join runs of 'a' up to 16 and a few English words, so the expected
+ids are known: 256 KiB is a multiple of 16, so the cut changes nothing.
+
+The bound stated: the first batch within 60 s (about 15 s on a loaded
+2-core machine; HF and tiktoken take minutes on such a word), and feedd's
+peak RSS under 512 MB for either document (one copy of the text, its
+JSON-decoded string and the ids are the floor: about 400 MB for 128 MB of
+ordinary words).
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+from conftest import DAEMON_WRAPPER
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "then", "in", "an", "at", "on",
+         "there", "where", "here", "data", "feed", "hello", "end"]
+SIZE = 128 * 1024 * 1024
+
+
+def bytes_to_unicode():
+    """GPT-2's byte-level alphabet: each byte as a printable character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def make_tokenizer(path):
+    b2u = bytes_to_unicode()
+    vocab = {b2u[b]: i for i, b in enumerate(range(256))}
+    merges = []
+
+    def add(a, b):
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+            merges.append(f"{a} {b}")
+
+    x = "a"
+    for _ in range(4):
+        add(x, x)
+        x += x
+    sp = b2u[ord(" ")]
+    for w in WORDS:
+        for word in (w, sp + w):
+            cur = word[0]
+            for ch in word[1:]:
+                add(cur, ch)
+                cur += ch
+    eot = len(vocab)
+    tok = {"version": "1.0", "truncation": None, "padding": None,
+           "added_tokens": [{"id": eot, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                             "rstrip": False, "normalized": False, "special": True}],
+           "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                             "use_regex": True},
+           "post_processor": None, "decoder": None,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                     "merges": merges}}
+    path.write_text(json.dumps(tok))
+    return vocab, eot, {tuple(m.split(" ")): r for r, m in enumerate(merges)}
+
+
+def bpe(word, vocab, ranks):
+    """HF's BPE of one pre-token (already in the byte-level alphabet): lowest-ranked pair first."""
+    parts = list(word)
+    while len(parts) > 1:
+        best = min(range(len(parts) - 1), key=lambda i: ranks.get((parts[i], parts[i + 1]), 1 << 30))
+        if (parts[best], parts[best + 1]) not in ranks:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return [vocab[p] for p in parts]
+
+
+def peak_rss_mb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def conf(shard, tok):
+    return (f"[feedd]\nthreads = 2\n[feed.t]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
+            "seq_len = 1024\nbatch_size = 2\neos = <|endoftext|>\nshuffle = false\n")
+
+
+def first_batch(daemon, tmp_path, shard, tok):
+    d = daemon(conf(shard, tok))
+    t0 = time.monotonic()
+    got = d.dump("t", tmp_path / "out", batches=1)
+    took = time.monotonic() - t0
+    return d, got, took
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+def test_one_word_of_128_mb(daemon, tmp_path):
+    vocab, eot, _ = make_tokenizer(tmp_path / "tokenizer.json")
+    shard = tmp_path / "word.jsonl"
+    with open(shard, "w") as f:
+        f.write(json.dumps({"text": "hello"}) + "\n")
+        f.write('{"text": "' + "a" * SIZE + '"}\n')
+    d, got, took = first_batch(daemon, tmp_path, shard, tmp_path / "tokenizer.json")
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"one 128 MB word: first batch after {took:.1f} s, feedd peak RSS {rss:.0f} MB")
+    # The ids are the ones HF's BPE gives: "hello", the separator, then runs of 16 a's.
+    ids = got["input_ids"][0].reshape(-1).tolist()
+    assert ids[:2] == [vocab["hello"], eot]
+    assert set(ids[2:]) == {vocab["a" * 16]}
+    assert took < 60, f"the first batch took {took:.1f} s"
+    assert rss < 512, f"feedd's peak RSS was {rss:.0f} MB"
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+def test_128_mb_of_ordinary_words(daemon, tmp_path):
+    import random
+    vocab, eot, ranks = make_tokenizer(tmp_path / "tokenizer.json")
+    rnd = random.Random(1)
+    shard = tmp_path / "words.jsonl"
+    # 1 MiB of random words, 128 times over: the text is ordinary words, made quickly.
+    words = [rnd.choice(WORDS) for _ in range(200000)]
+    block = " ".join(words)
+    with open(shard, "w") as f:
+        f.write(json.dumps({"text": "hello"}) + "\n")
+        f.write('{"text": "' + " ".join([block] * (SIZE // len(block))) + '"}\n')
+    d, got, took = first_batch(daemon, tmp_path, shard, tmp_path / "tokenizer.json")
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"128 MB of words: first batch after {took:.1f} s, feedd peak RSS {rss:.0f} MB")
+    exp = [vocab["hello"], eot] + bpe(words[0], vocab, ranks)
+    for w in words[1:2 * 1024]:
+        exp += bpe("Ġ" + w, vocab, ranks)
+    assert got["input_ids"][0].reshape(-1).tolist() == exp[:2 * 1024]
+    assert took < 60, f"the first batch took {took:.1f} s"
+    assert rss < 512, f"feedd's peak RSS was {rss:.0f} MB"

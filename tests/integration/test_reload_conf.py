@@ -1,0 +1,325 @@
+# SPDX-License-Identifier: MIT
+"""Reload and configuration on a shared node (issue #18, findings 7 and 8).
+
+- Nothing that touches a file system runs on feedd's main loop: loading,
+  reload and --check run on a loader thread that gives up after
+  load_timeout_s without progress, naming the path it is stuck on. Clients
+  keep streaming while a reload works, even one stuck on a shard.
+- A reload is all-or-nothing: a feed of the new config that fails to load,
+  or a config with no feeds, leaves the running config serving and
+  `feedctl reload` exits non-zero with the reasons.
+- Configs that used to pass and should not: a batch over the ring limit, a
+  NUL byte in a value, a too-long socket path, a missing tokenizer: each is
+  refused with the file and line.
+
+The "slow file system" is a file lease (fcntl F_SETLEASE) held by the test:
+opening the leased shard blocks until the lease is given up or the kernel's
+lease-break-time (45 s by default) passes, as an open on a hung network
+mount would.
+"""
+
+import fcntl
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FEEDCTL, FEEDD, feed_conf, gen_megatron, with_io_engine
+
+
+def small_data(tmp, name, shards=2, seed=3):
+    d = Path(tmp) / name
+    d.mkdir()
+    gen_megatron.main([str(d), "--shards", str(shards), "--docs-per-shard", "200", "--mean-len", "300",
+                       "--seed", str(seed)])
+    return d
+
+
+class Timed:
+    """A stream-client whose batch lines are time-stamped as they arrive."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.times = []
+        self.lines = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("batch"):
+                self.times.append(time.monotonic())
+                self.lines.append(line)
+
+    def wait_batches(self, n, timeout=30):
+        deadline = time.time() + timeout
+        while len(self.times) < n and time.time() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            time.sleep(0.01)
+        assert len(self.times) >= n, "the client got no batches"
+
+    def max_gap(self, t0, t1):
+        ts = [t for t in self.times if t0 <= t <= t1]
+        assert len(ts) >= 10, f"only {len(ts)} batches between the reload's start and end"
+        return max(b - a for a, b in zip(ts, ts[1:]))
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def hold_lease(path):
+    """A write lease on path: another process's open() of it waits until the lease is let go."""
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's "please give it up" must not kill the test
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError as e:
+        os.close(fd)
+        pytest.skip(f"cannot take a file lease on {path} ({e}): no way to make an open() hang here")
+    return fd
+
+
+def conf_with(body, timeout_s=None):
+    head = "[feedd]\n" + (f"load_timeout_s = {timeout_s}\n" if timeout_s else "")
+    return with_io_engine(head + body)
+
+
+def check(conf, timeout=20):
+    """feedd --check; a hang is a failure, not a stuck test."""
+    try:
+        return subprocess.run([str(FEEDD), "--check", "-c", str(conf)], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"feedd --check did not finish within {timeout} s")
+
+
+def streaming(d, feed):
+    c = Timed(d.client(feed, 0, 1, 100000, sleep_ms=10))
+    c.wait_batches(20)
+    return c
+
+
+def reload_timed(d, timeout=60):
+    t0 = time.monotonic()
+    try:
+        p = d.ctl("reload", check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"feedctl reload did not answer within {timeout} s")
+    return p, t0, time.monotonic()
+
+
+# ---- finding 7: nothing that touches a file system runs on the main loop ----
+
+def test_reload_stuck_on_a_shard_keeps_clients_streaming_and_times_out(daemon, tmp_path):
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=3))
+    c = streaming(d, "web")
+    lease = hold_lease(b / "shard_000.idx")
+    try:
+        d.conf.write_text(conf_with(good + feed_conf("slow", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                    timeout_s=3))
+        p, t0, t1 = reload_timed(d)
+        # The reload gave up after load_timeout_s, naming the shard it is stuck on, and failed.
+        assert p.returncode != 0, p.stdout
+        assert f"{b}/shard_000.idx: no answer for 3 s (load_timeout_s)" in p.stderr, p.stderr
+        assert "running configuration stays" in p.stderr
+        assert 2.5 < t1 - t0 < 30
+        # Meanwhile the client streamed on: its batches never paused for long.
+        gap = c.max_gap(t0, t1)
+        assert gap < 1.0, f"a client waited {gap:.2f} s for a batch while the reload was stuck"
+        # The old config serves on, as before.
+        assert [(f["name"], f["state"], f["draining"]) for f in d.status()["feeds"]] == [("web", "ready", False)]
+        # Another reload while a load is stuck on its thread is no problem either (a new thread, a new try).
+        p, t0, t1 = reload_timed(d)
+        assert p.returncode != 0 and "no answer for 3 s" in p.stderr
+        assert c.max_gap(t0, t1) < 1.0
+    finally:
+        os.close(lease)
+    # Once the file answers again, the same config loads.
+    p, _, _ = reload_timed(d)
+    assert p.returncode == 0, p.stderr
+    assert sorted(f["name"] for f in d.status()["feeds"]) == ["slow", "web"]
+    assert c.proc.poll() is None
+    c.stop()
+
+
+def test_stopping_during_a_stuck_reload(daemon, tmp_path):
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=30))
+    lease = hold_lease(b / "shard_000.idx")
+    try:
+        d.conf.write_text(conf_with(good + feed_conf("slow", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                    timeout_s=30))
+        p = subprocess.Popen([str(FEEDCTL), "--socket", d.socket, "reload"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 10
+        while "reloading" not in d.log_text() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        # SIGTERM with the loader stuck in open(): feedd stops at once, and cleanly.
+        t0 = time.monotonic()
+        assert d.stop() == 0, d.log_text()
+        assert time.monotonic() - t0 < 5
+        p.communicate(timeout=10)
+        assert p.returncode != 0
+    finally:
+        os.close(lease)
+
+
+def test_fifo_in_a_shard_glob_is_refused_not_waited_on(daemon, tmp_path):
+    a = small_data(tmp_path, "a")
+    f = tmp_path / "fifo"
+    f.mkdir()
+    os.mkfifo(f / "x.idx")
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    bad = good + feed_conf("pipe", f"{f}/*.idx", seq_len=64, batch_size=2)
+
+    # --check says what is wrong, at once, and fails.
+    conf = tmp_path / "check.conf"
+    conf.write_text(conf_with(bad))
+    t0 = time.monotonic()
+    p = check(conf)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"{f}/x.idx: .idx and .bin must be regular files" in p.stdout + p.stderr
+    assert time.monotonic() - t0 < 10
+
+    # A reload that meets it: clients stream on, the reload fails with the reason, the old config stays.
+    d = daemon(conf_with(good))
+    c = streaming(d, "web")
+    d.conf.write_text(conf_with(bad))
+    p, t0, t1 = reload_timed(d)
+    assert p.returncode != 0
+    assert "feed pipe" in p.stderr and f"{f}/x.idx: .idx and .bin must be regular files" in p.stderr, p.stderr
+    assert [f["name"] for f in d.status()["feeds"]] == ["web"]
+    time.sleep(0.3)
+    assert c.max_gap(t0 - 0.2, time.monotonic()) < 1.0
+    c.stop()
+
+
+def test_check_gives_up_on_a_stuck_load(tmp_path):
+    a = small_data(tmp_path, "a")
+    conf = tmp_path / "feedd.conf"
+    conf.write_text(conf_with(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2), timeout_s=2))
+    lease = hold_lease(a / "shard_001.idx")
+    try:
+        t0 = time.monotonic()
+        p = check(conf, timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        os.close(lease)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"{a}/shard_001.idx: no answer for 2 s (load_timeout_s)" in p.stderr, p.stderr
+    assert took < 15
+
+
+def test_config_file_that_is_a_fifo_is_refused(tmp_path):
+    conf = tmp_path / "feedd.conf"
+    os.mkfifo(conf)
+    p = check(conf)
+    assert p.returncode == 1 and f"{conf}: not a regular file" in p.stderr, p.stderr
+
+
+# ---- finding 8: configs that pass and should not; a reload is all-or-nothing ----
+
+def test_batch_over_the_ring_limit_is_refused_with_its_line(daemon, tmp_path):
+    a = small_data(tmp_path, "a")
+    text = conf_with(feed_conf("big", f"{a}/shard_*.idx", seq_len=16385, batch_size=16384))
+    conf = tmp_path / "big.conf"
+    conf.write_text(text)
+    line = text.splitlines().index("batch_size = 16384") + 1
+    p = check(conf)
+    assert p.returncode == 1
+    assert f"{conf}:{line}: [feed.big]: batch_size x seq_len = 16384 x 16385" in p.stderr, p.stderr
+    assert "a ring slot holds at most 4294967295 bytes" in p.stderr
+
+    # A reload to it is refused; the healthy feed of the same name serves on.
+    good = feed_conf("big", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good))
+    fp = d.status()["feeds"][0]["fingerprint"]
+    d.conf.write_text(text)
+    p = d.ctl("reload", check=False)
+    assert p.returncode != 0 and "ring slot holds at most" in p.stderr
+    st = d.status()["feeds"]
+    assert [(f["name"], f["state"], f["fingerprint"]) for f in st] == [("big", "ready", fp)]
+    d.dump("big", tmp_path / "out", batches=2)
+
+
+def test_reload_is_all_or_nothing(daemon, tmp_path):
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2) + \
+        feed_conf("code", f"{b}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good))
+    before = {f["name"]: f["fingerprint"] for f in d.status()["feeds"]}
+    c = streaming(d, "code")
+
+    def refused(text, *why):
+        d.conf.write_text(text)
+        p = d.ctl("reload", check=False)
+        assert p.returncode != 0, f"reload accepted:\n{text}"
+        assert "running configuration stays" in p.stderr
+        for w in why:
+            assert w in p.stderr, p.stderr
+        st = d.status()["feeds"]
+        assert {f["name"]: f["fingerprint"] for f in st} == before
+        assert all(f["state"] == "ready" and not f["draining"] for f in st)
+
+    # A glob that (briefly) matches nothing: the healthy feed is not replaced by a failed one.
+    refused(conf_with(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2) +
+                      feed_conf("code", f"{b}/nothing_*.idx", seq_len=128, batch_size=2)),
+            "feed code", "matches no file")
+    # One new feed that fails fails the whole reload: the others are not applied either.
+    refused(conf_with(good + feed_conf("new", f"{tmp_path}/none/*.idx", seq_len=64, batch_size=2)),
+            "1 of 3 feeds failed", "feed new")
+    # An empty config, and one cut short before its first feed, would drain every feed.
+    refused("", "holds no feeds")
+    refused("[feedd]\nlog_level = info\n", "holds no feeds")
+    assert c.proc.poll() is None
+
+    # A good reload still applies.
+    d.conf.write_text(conf_with(good + feed_conf("new", f"{a}/shard_*.idx", seq_len=32, batch_size=2)))
+    p = d.ctl("reload")
+    assert "1 added" in p.stdout
+    c.stop()
+
+
+def test_nul_byte_in_a_value_is_an_error(tmp_path):
+    a = small_data(tmp_path, "a")
+    text = conf_with(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2))
+    text = text.replace("seq_len = 64", "seq_len = 64\0 junk")
+    conf = tmp_path / "feedd.conf"
+    conf.write_text(text)
+    line = text.splitlines().index("seq_len = 64\0 junk") + 1
+    p = check(conf)
+    assert p.returncode == 1
+    assert f"{conf}:{line}: the line holds a NUL byte" in p.stderr, p.stderr
+
+
+def test_too_long_socket_path_names_file_and_line(tmp_path):
+    conf = tmp_path / "feedd.conf"
+    conf.write_text("[feedd]\nlog_level = info\nsocket = /run/" + "x" * 150 + "/feedd.sock\n")
+    for args in (["--check"], []):
+        p = subprocess.run([str(FEEDD), "-c", str(conf), *args], capture_output=True, text=True, timeout=20)
+        assert p.returncode == 1
+        assert f"{conf}:3: socket:" in p.stderr and "a unix socket path holds at most 107" in p.stderr, p.stderr
+
+
+def test_missing_tokenizer_names_the_key(tmp_path):
+    shard = tmp_path / "docs.jsonl"
+    shard.write_text('{"text": "hello"}\n')
+    conf = tmp_path / "feedd.conf"
+    text = conf_with(f"[feed.t]\nformat = jsonl\nshards = {shard}\ntokenizer = {tmp_path}/nope/tokenizer.json\n"
+                     "seq_len = 16\nbatch_size = 1\n")
+    conf.write_text(text)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("tokenizer"))
+    p = check(conf)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1
+    assert f"{conf}:{line}: tokenizer: {tmp_path}/nope/tokenizer.json: cannot open: No such file or directory" in out, out
+    assert ":-1:-1:" not in out
