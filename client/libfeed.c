@@ -436,18 +436,24 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 	int saved = errno;
 	if (c->stopped)
 		return c->stopped;
-	if (!c->attached)
+	if (!c->attached && !c->resuming)
 		return client_fail(c, -ENOTCONN, "not attached to a feed");
 	if (c->next_seq - c->tail >= c->slot_count)
 		return client_fail(c, -ENOBUFS, "all %u slots are held: release a batch first", c->slot_count);
 
 	uint64_t t0 = now_ns();
-	if (c->last_return_ns)
+	if (c->last_return_ns && c->cons)
 		record(&c->cons->step_ns_total, &c->cons->last_step_ns, c->cons->hist_step, t0 - c->last_return_ns);
 	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 	int r = 0;
 #define RSEQ (c->next_seq - c->seq_base) /* the next sequence in the current ring */
 
+	/* A reconnect a signal interrupted (reconnect.c) goes on first. */
+	if (c->resuming) {
+		if (!client_resume(c, &r))
+			goto out;
+		deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+	}
 	for (;;) {
 		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ)
 			break;
@@ -605,6 +611,10 @@ _Static_assert(FEED_HIST_BUCKETS == 256, "public histogram size matches the ABI"
 FEED_EXPORT int feed_client_stats(const feed_client *c, struct feed_stats *ret)
 {
 	assert_return(c && ret, -EINVAL);
+	if (!c->cons && (c->resuming || c->stopped) && c->seq_base > 0) {
+		*ret = c->carry; /* between daemons (reconnect.c): what the earlier rings counted */
+		return 0;
+	}
 	if (!c->attached)
 		return -ENOTCONN;
 	const struct feed_consumer_page *p = c->cons;
