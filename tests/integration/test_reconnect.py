@@ -28,6 +28,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -300,6 +301,8 @@ def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
         assert s["reconnects"] >= 1 and s["reconnect_s"] > 0, s
         mine = [c for c in d.status()["clients"] if c["pid"] == os.getpid()]
         assert [(c["reconnects"], c["reconnect_s"] > 0) for c in mine] == [(1, True)], mine  # feedctl status
+        assert re.search(r"\(web rank 0/1\): reconnected 1 times to a restarted feedd, [0-9.]+ s waiting",
+                         d.ctl("status").stdout), d.ctl("status").stdout
         assert [b.index for b in after] == list(range(4, 4 + len(after)))
         ref = feed.Loader("web", socket=d.socket, as_numpy=True, reconnect_timeout=0)
         want = [next(ref).clone() for _ in range(4 + len(after))][4:]
