@@ -25,6 +25,15 @@ Restart= does, minus RestartSec), and measure from the moment the old
 daemon's exit is seen to the first batch after it. The daemon's own
 start-up time is in all three.
 
+Then, as many restarts again with the socket kept, where the stall goes
+(what systemd's fd store could shorten, docs/operations.md): a probe
+process waits for each restart and, from the moment the old daemon's exit
+is seen, connects (the HELLO is answered once the new daemon serves:
+its start-up), attaches (the new daemon makes the ring and its memfds, the
+client maps and checks them: all an fd store handing the rings to the next
+daemon could save, and an upper bound of it) and takes the first batch (the
+new daemon reads and packs it).
+
 Usage: bench/restart/run.py [--build DIR] [--restarts N] [--json out.json]
 """
 
@@ -67,6 +76,26 @@ try:
         del b
 except feed.DaemonGoneError:
     sys.exit(3)
+"""
+
+
+PROBE = r"""
+import ctypes, sys, time
+from feed import _lib
+lib, sock = _lib.lib, sys.argv[1].encode()
+print("ready", flush=True)
+for line in sys.stdin:
+    t0 = time.monotonic()
+    c = ctypes.c_void_p()
+    r = lib.feed_client_connect(sock, ctypes.byref(c))
+    t1 = time.monotonic()
+    r = r or lib.feed_client_attach(c, b"web", 0, 1, None)
+    t2 = time.monotonic()
+    b = _lib.feed_batch()
+    r = r or lib.feed_client_next(c, 60000, ctypes.byref(b))
+    t3 = time.monotonic()
+    lib.feed_client_close(c)
+    print(r, t0, t1, t2, t3, flush=True)
 """
 
 
@@ -173,6 +202,44 @@ def measure(build, data, tmp, mode, restarts, rng):
     return stalls, len(idx)
 
 
+def phases(build, data, tmp, restarts, rng):
+    """Socket kept: daemon exit -> HELLO answered -> attached (ring made and mapped) -> first batch, per restart."""
+    conf = f"[feed.web]\nshards = {data}/shard_*.idx\nseq_len = 2048\nbatch_size = 4\n"
+    sock = str(Path(tmp) / "phases.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(sock)
+    lsock.listen(128)
+    env = {**os.environ, "PYTHONPATH": str(common.SRC / "client" / "python"), "FEEDD_BUILD_DIR": str(build)}
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    assert probe.stdout.readline().strip() == "ready"
+    d = start_activated(build, conf, tmp, lsock)
+    out = {"start-up": [], "attach": [], "first batch": []}
+    try:
+        for _ in range(restarts):
+            time.sleep(rng.uniform(0.3, 0.8))
+            d.send_signal(signal.SIGKILL)
+            d.wait()
+            t_exit = time.monotonic()
+            probe.stdin.write("go\n")
+            probe.stdin.flush()
+            d = start_activated(build, conf, tmp, lsock)
+            r, t0, t1, t2, t3 = probe.stdout.readline().split()
+            assert int(r) == 0, f"probe: libfeed error {r}"
+            t1, t2, t3 = float(t1), float(t2), float(t3)
+            out["start-up"].append(t1 - t_exit)
+            out["attach"].append(t2 - t1)
+            out["first batch"].append(t3 - t2)
+    finally:
+        probe.kill()
+        d.send_signal(signal.SIGTERM)
+        d.wait()
+        lsock.close()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(common.SRC / "build"))
@@ -199,6 +266,17 @@ def main():
         print(f"  {mode:22s}  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  "
               f"({r['batches']} batches, none lost or repeated)")
     print(f"  the peer stalls {res['ratio_p50']:.1f}x longer at p50")
+    ph = phases(build, data, tmp, a.restarts, rng)
+    res["socket kept, phases"] = {k: {"p50_ms": pctl(v, 0.5) * 1e3, "p99_ms": pctl(v, 0.99) * 1e3}
+                                  for k, v in ph.items()}
+    total = sum(pctl(v, 0.5) for v in ph.values())
+    res["fd_store_bound_share_p50"] = pctl(ph["attach"], 0.5) / total
+    print(f"where a socket-kept restart's stall goes ({a.restarts} more restarts, a probe that connects, attaches "
+          "and takes one batch):")
+    for k, v in res["socket kept, phases"].items():
+        print(f"  {k:12s}  p50 {v['p50_ms']:8.2f} ms  p99 {v['p99_ms']:8.2f} ms")
+    print(f"  the attach (ring made, passed, mapped: the most systemd's fd store could save) is "
+          f"{100 * res['fd_store_bound_share_p50']:.0f}% of the p50 total")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 
