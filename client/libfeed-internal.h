@@ -86,6 +86,7 @@ struct feed_client {
 	uint64_t seq_base;             /* client sequence of the current ring's sequence 0 */
 	int64_t reconnect_timeout_ms;  /* 0: reconnect disabled */
 	bool resuming;                 /* the daemon went away; not attached again yet (next() goes on) */
+	bool intr;                     /* a signal interrupting a wait for a reply returns -EINTR (while reconnecting) */
 	int resume_code;               /* what started it: -ESHUTDOWN or -ECONNRESET */
 	uint64_t resume_t0, resume_limit, resume_backoff, resume_rnd;
 	char resume_cursor[FEED_CURSOR_MAX]; /* where to attach again: after the last batch delivered */
@@ -93,6 +94,9 @@ struct feed_client {
 	struct feed_stats carry;       /* counters of the consumer pages of earlier rings */
 	struct retired_ring *retired;
 };
+
+/* feed_client_connect_err(); with intr, a signal handler running while it waits for HELLO_REPLY gives -EINTR. */
+int client_connect(const char *socket_path, bool intr, char *err, size_t errlen, feed_client **ret);
 
 /* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
 int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor, uint32_t flags,

@@ -66,6 +66,8 @@ static int recv_all(feed_client *c, void *buf, size_t len, int timeout_ms, int *
 	while (len > 0) {
 		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
 		int k = poll(&pfd, 1, timeout_ms);
+		if (k < 0 && errno == EINTR && c->intr)
+			return -EINTR; /* reconnecting (reconnect.c): the caller's signal handler gets control back */
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
@@ -168,6 +170,11 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size_t errlen, feed_client **ret)
 {
 	assert_return(ret, -EINVAL);
+	return client_connect(socket_path, false, err, errlen, ret);
+}
+
+int client_connect(const char *socket_path, bool intr, char *err, size_t errlen, feed_client **ret)
+{
 	int saved = errno;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (wire_socket_path(socket_path, sa.sun_path, sizeof(sa.sun_path)) < 0)
@@ -181,6 +188,7 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 	}
 	c->data_efd = c->space_efd = -1;
 	c->device = -1;
+	c->intr = intr;
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", sa.sun_path);
 	c->reconnect_timeout_ms = client_reconnect_default();
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

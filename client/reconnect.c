@@ -151,7 +151,7 @@ static bool sleep_ms(uint64_t ms)
 static int attempt(feed_client *c, char *last, size_t lastlen, bool *ret_connected)
 {
 	feed_client *n = NULL;
-	int r = feed_client_connect_err(c->socket_path, last, lastlen, &n);
+	int r = client_connect(c->socket_path, true, last, lastlen, &n);
 	*ret_connected = r == 0;
 	if (r < 0)
 		return r;
@@ -160,7 +160,9 @@ static int attempt(feed_client *c, char *last, size_t lastlen, bool *ret_connect
 	feed_client_close(n);
 	char feed[sizeof(c->feed)];
 	memcpy(feed, c->feed, sizeof(feed));
+	c->intr = true;
 	r = client_attach(c, feed, c->rank, c->world, c->resume_cursor, c->attach_flags, c->attach_device);
+	c->intr = false;
 	if (r == 0)
 		return 0;
 	snprintf(last, lastlen, "%s", c->error);
@@ -192,6 +194,8 @@ bool client_resume(feed_client *c, int *code)
 	for (;;) {
 		bool connected;
 		r = attempt(c, last, sizeof(last), &connected);
+		if (r == -EINTR)
+			goto interrupted;
 		if (r == 0) {
 			c->resuming = false;
 			c->reconnects++;
@@ -223,17 +227,23 @@ bool client_resume(feed_client *c, int *code)
 		uint64_t wait = backoff / 2 + rnd % (backoff + 1); /* 0.5x .. 1.5x */
 		wait = MIN(wait, (c->resume_limit - now) / NSEC_PER_MSEC + 1);
 		c->resume_backoff = MIN(backoff * 2, (uint64_t)BACKOFF_MAX_MS);
-		if (!sleep_ms(wait)) {
-			/* A signal handler ran (Ctrl-C in Python): give the caller control now; next() goes on. */
-			*code = client_fail(c, -EINTR, "%s; reconnecting was interrupted by a signal (call next() again "
-					    "to go on)", cause);
-			errno = saved;
-			return false;
-		}
+		if (!sleep_ms(wait))
+			goto interrupted;
 	}
 	c->resuming = false;
 	c->reconnect_ns += now_ns() - c->resume_t0;
 	c->stopped = *code;
+	errno = saved;
+	return false;
+
+interrupted:
+	/*
+	 * A signal handler ran (Ctrl-C in Python), in the backoff or while a
+	 * daemon that accepted (a socket kept by systemd) had not answered yet:
+	 * the caller gets control now, and its next next() goes on.
+	 */
+	*code = client_fail(c, -EINTR, "%s; reconnecting was interrupted by a signal (call next() again to go on)",
+			    cause);
 	errno = saved;
 	return false;
 }

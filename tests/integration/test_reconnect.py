@@ -391,11 +391,38 @@ def test_a_c_trainer_is_bounded_by_feed_reconnect_timeout_and_0_turns_it_off(tmp
     assert "last attempt: cannot reach feedd at" in last, last  # what the last try met: the socket is gone
 
 
-def test_signals_during_the_backoff_act_at_once(tmp_path, data):
+def start_on_kept_socket(tmp, lsock):
+    """feedd serving a listening socket it inherits (fd 3, $LISTEN_FDS), as systemd's feedd.socket passes it."""
+    c = tmp / "kept.conf"
+    c.write_text(conf())
+    fd = lsock.fileno()
+    # The socket must end up as fd 3 of the process that execs feedd (sh cannot move an fd above 9).
+    shim = ("import os, sys; fd = int(sys.argv[1])\n"
+            "if fd != 3: os.dup2(fd, 3); os.close(fd)\n"
+            "os.environ['LISTEN_PID'] = str(os.getpid()); os.execv(sys.argv[2], sys.argv[2:])")
+    return subprocess.Popen([sys.executable, "-c", shim, str(fd), str(FEEDD), "-c", str(c)],
+                            env={**os.environ, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "control"}, pass_fds=(fd,),
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "kept.log", "w"))
+
+
+@pytest.mark.parametrize("socket_kept", [False, True], ids=["socket gone", "socket kept"])
+def test_signals_during_the_backoff_act_at_once(tmp_path, data, socket_kept):
     """SIGTERM ends a C trainer (no handler) and Ctrl-C interrupts a Python one (KeyboardInterrupt)
-    while they wait for a daemon that is not there, not after reconnect_timeout (300 s by default)."""
-    d = Daemon(tmp_path, conf(), name="feedd")
-    c = Drained(c_client(d.socket, "web", 0, 1, sleep_ms=1))
+    while they wait for a daemon that is not there, not after reconnect_timeout (300 s by default):
+    in the backoff (the socket is gone), and while connected to a socket kept by the service manager
+    that no daemon serves yet (the HELLO is not answered)."""
+    import socket as socketmod
+    lsock = None
+    if socket_kept:
+        sock = str(tmp_path / "kept.sock")
+        lsock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+        lsock.bind(sock)
+        lsock.listen(16)
+        proc = start_on_kept_socket(tmp_path, lsock)
+    else:
+        d = Daemon(tmp_path, conf(), name="feedd")
+        sock, proc = d.socket, d.proc
+    c = Drained(c_client(sock, "web", 0, 1, sleep_ms=1))
     env = {**os.environ, "PYTHONPATH": use_feed_package(), "FEEDD_BUILD_DIR": str(STREAM_CLIENT.parents[2])}
     py = subprocess.Popen([sys.executable, "-c", """
 import sys, time, feed
@@ -407,13 +434,15 @@ try:
         next(loader)
 except KeyboardInterrupt:
     print("interrupted", loader.stats()["reconnects"], flush=True)
-""", d.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+""", sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     py = Drained(py)
     try:
-        assert c.wait_for_line("attached") and py.wait_for_line("attached")
-        d.proc.kill()
-        d.proc.wait()
-        time.sleep(1.0)  # both are backing off now: the socket is gone
+        log = tmp_path / "kept.log"
+        assert c.wait_for_line("attached") and py.wait_for_line("attached"), \
+            (c.err(), py.err(), log.read_text() if log.exists() else "")
+        proc.kill()
+        proc.wait()
+        time.sleep(1.0)  # both are reconnecting now
         assert c.proc.poll() is None and py.proc.poll() is None, "a client gave up instead of reconnecting"
         t0 = time.time()
         c.proc.send_signal(signal.SIGTERM)
@@ -425,6 +454,8 @@ except KeyboardInterrupt:
         for p in (c, py):
             if p.proc.poll() is None:
                 p.proc.kill()
+        if lsock:
+            lsock.close()
     assert c.proc.returncode == -signal.SIGTERM, c.proc.returncode
     assert "interrupted 0" in py.text() and py.proc.returncode == 0, (py.text(), py.err()[-500:])
     assert took < 3, f"the signals took {took:.1f} s"
