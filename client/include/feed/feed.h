@@ -157,7 +157,11 @@ struct feed_stats {
 	uint64_t hist_step[256];
 };
 
-/* Copies the client's counters. Returns 0, or -ENOTCONN when not attached. */
+/*
+ * Copies the client's counters (over every daemon it was attached to, see
+ * reconnect above). Returns 0, or -ENOTCONN when not attached (between
+ * daemons: the counters so far).
+ */
 int feed_client_stats(const feed_client *c, struct feed_stats *ret);
 
 /* Lower bound (ns) of histogram bucket b of struct feed_stats. */
