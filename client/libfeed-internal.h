@@ -95,8 +95,11 @@ struct feed_client {
 	struct retired_ring *retired;
 };
 
-/* feed_client_connect_err(); with intr, a signal handler running while it waits for HELLO_REPLY gives -EINTR. */
-int client_connect(const char *socket_path, bool intr, char *err, size_t errlen, feed_client **ret);
+/*
+ * feed_client_connect_err(), waiting reply_ms for the HELLO_REPLY; with
+ * intr, a signal handler running meanwhile gives -EINTR (reconnect.c).
+ */
+int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret);
 
 /* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
 int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor, uint32_t flags,

@@ -170,10 +170,10 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size_t errlen, feed_client **ret)
 {
 	assert_return(ret, -EINVAL);
-	return client_connect(socket_path, false, err, errlen, ret);
+	return client_connect(socket_path, false, REPLY_TIMEOUT_MS, err, errlen, ret);
 }
 
-int client_connect(const char *socket_path, bool intr, char *err, size_t errlen, feed_client **ret)
+int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret)
 {
 	int saved = errno;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -226,7 +226,7 @@ int client_connect(const char *socket_path, bool intr, char *err, size_t errlen,
 	if (r == 0) {
 		void *p;
 		size_t len;
-		int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+		int type = client_recv_msg(c, reply_ms, &p, &len, NULL, 0, NULL);
 		if (type == WIRE_HELLO_REPLY) {
 			struct wire_hello_reply hr;
 			r = wire_decode_hello_reply(p, len, &hr) < 0 || hr.version != WIRE_VERSION ? -EPROTO : 0;

@@ -150,8 +150,10 @@ static bool sleep_ms(uint64_t ms)
 /* One connect and re-attach at the resume cursor. Returns 0, or a code with the reason in last. */
 static int attempt(feed_client *c, char *last, size_t lastlen, bool *ret_connected)
 {
+	/* A socket kept by systemd accepts before a daemon serves it: wait for the HELLO no longer than is left. */
+	uint64_t now = now_ns(), left_ms = now < c->resume_limit ? (c->resume_limit - now) / NSEC_PER_MSEC + 1 : 1;
 	feed_client *n = NULL;
-	int r = client_connect(c->socket_path, true, last, lastlen, &n);
+	int r = client_connect(c->socket_path, true, (int)MIN(left_ms, (uint64_t)REPLY_TIMEOUT_MS), last, lastlen, &n);
 	*ret_connected = r == 0;
 	if (r < 0)
 		return r;

@@ -461,6 +461,33 @@ except KeyboardInterrupt:
     assert took < 3, f"the signals took {took:.1f} s"
 
 
+def test_a_kept_socket_that_no_daemon_serves_is_named_after_the_timeout(tmp_path, data):
+    """The service manager keeps the socket, the daemon does not come back: connecting succeeds and the
+    HELLO is never answered; the trainer still gets its error at the timeout, saying what happened."""
+    import socket as socketmod
+    lsock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+    sock = str(tmp_path / "kept.sock")
+    lsock.bind(sock)
+    lsock.listen(16)
+    proc = start_on_kept_socket(tmp_path, lsock)
+    c = Drained(c_client(sock, "web", 0, 1, sleep_ms=1, reconnect_ms=1500, by_env=True))
+    try:
+        assert c.wait_for_line("attached"), (c.err(), (tmp_path / "kept.log").read_text())
+        proc.kill()
+        proc.wait()
+        t0 = time.time()
+        c.proc.wait(timeout=30)
+        took = time.time() - t0
+    finally:
+        if c.proc.poll() is None:
+            c.proc.kill()
+        lsock.close()
+    last = c.text().splitlines()[-1]
+    assert c.proc.returncode == 1 and 1.4 < took < 5, (took, last)
+    assert "did not come back within 1.5 s (reconnect_timeout); last attempt: reading from feedd: timed out" in last, \
+        last
+
+
 def test_train_c_keeps_training_across_restarts(tmp_path, data):
     """examples/train_c has no code for restarts and nothing set: it just keeps training."""
     d = Daemon(tmp_path, conf(), name="feedd")
