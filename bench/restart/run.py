@@ -9,6 +9,9 @@ Three trainers, each a Python process reading batches back to back
 - reconnect: one process for the whole run; libfeed reconnects on its own
   (reconnect_timeout) and the Loader goes on. feedd binds its socket
   itself: while it is down, connecting fails and libfeed backs off.
+- reconnect (C): tests/integration/stream-client, a C trainer through
+  libfeed with nothing set (libfeed's default reconnect_timeout, 300 s),
+  each batch's arrival taken when its line is read (line-buffered);
 - reconnect, socket kept: the same, with the listening socket made once by
   the bench and passed to every feedd ($LISTEN_FDS), as systemd's
   feedd.socket does across `systemctl restart`: connecting never fails, the
@@ -114,6 +117,11 @@ class Trainer:
         self.t.start()
 
     def _spawn(self, cursor):
+        if self.mode == "c":
+            env = {k: v for k, v in os.environ.items() if k != "FEED_RECONNECT_TIMEOUT"}
+            return subprocess.Popen([str(Path(self.build) / "tests/integration/stream-client"), self.sock, "web", "0",
+                                     "1", "100000000", "-", "0", "0"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, env=env)
         env = {**os.environ, "PYTHONPATH": str(common.SRC / "client" / "python"), "FEEDD_BUILD_DIR": str(self.build)}
         args = [sys.executable, "-c", WORKER, self.mode, self.sock] + ([cursor] if cursor else [])
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
@@ -123,12 +131,18 @@ class Trainer:
         while not self.stopped:
             self.p = self._spawn(cursor)
             for line in self.p.stdout:
-                _, i, t, cur = line.split()
+                if self.mode == "c":  # batch INDEX EPOCH HASH CURSOR, timed as it arrives
+                    if not line.startswith("batch "):
+                        continue
+                    _, i, _, _, cur = line.split()
+                    t = time.monotonic()
+                else:
+                    _, i, t, cur = line.split()
                 with self.lock:
                     self.lines.append((int(i), float(t), cur))
                 cursor = cur
             self.p.wait()
-            if self.mode == "reconnect":
+            if self.mode in ("reconnect", "c"):
                 break
 
     def stop(self):
@@ -164,7 +178,7 @@ def measure(build, data, tmp, mode, restarts, rng):
     else:
         d, sock = common.start_feedd(build, conf, tmp, "feedd")
         start = lambda: common.start_feedd(build, conf, tmp, "feedd")[0]  # noqa: E731
-    tr = Trainer(build, "peer" if mode == "peer" else "reconnect", sock)
+    tr = Trainer(build, {"peer": "peer", "reconnect (C)": "c"}.get(mode, "reconnect"), sock)
     stalls = []
     try:
         deadline = time.monotonic() + 60
@@ -253,7 +267,7 @@ def main():
                               "--seed", "3"])
     rng = random.Random(17)
     res = {"machine": common.machine(), "restarts": a.restarts}
-    modes = ("reconnect", "reconnect, socket kept", "peer")
+    modes = ("reconnect", "reconnect (C)", "reconnect, socket kept", "peer")
     for mode in modes:
         stalls, n = measure(build, data, tmp, mode, a.restarts, rng)
         res[mode] = {"p50_ms": pctl(stalls, 0.5) * 1e3, "p99_ms": pctl(stalls, 0.99) * 1e3,
