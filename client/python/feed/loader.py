@@ -579,8 +579,11 @@ class Loader(_Base):
             _raise_attach(r, conn.error(), True)
         self._cursor = b.cursor.decode()
         self._next_index = b.index + 1
-        if self._device is not None:
-            conn.device = lib.feed_client_device(ptr)  # a reconnect imports the new daemon's buffers (or falls back)
+        if self._device is not None:  # a reconnect imports the new daemon's buffers, or falls back to host batches
+            was, conn.device = conn.device, lib.feed_client_device(ptr)
+            if was >= 0 > conn.device:
+                warnings.warn(f"feed.Loader(device='cuda:{self._device}'): host batches instead after feedd came "
+                              f"back ({conn.error()})", RuntimeWarning, stacklevel=2)
         if conn.device >= 0:
             arrays = self._device_views(conn, b)
         elif self._copy:
