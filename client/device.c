@@ -11,7 +11,10 @@
  * client's kernels. The CUDA driver is loaded at run time (dlopen of
  * libcuda.so.1): libfeed itself links no CUDA library and works without one.
  * Events and buffers are opened once per attach and closed with the client
- * (device_close); struct device_ring is this file's alone.
+ * (device_close), or, after the daemon went away, with the retired ring
+ * whose batches they back; a reconnect imports the next daemon's anew
+ * (device_attach again). Slots count from the current ring's first
+ * sequence (seq_base). struct device_ring is this file's alone.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -158,12 +161,16 @@ static int cu_open(feed_client *c, struct device_ring *d, const struct wire_devi
 }
 #endif
 
-/* Only while the daemon lives: its events are not ours to touch after. */
-void device_close(feed_client *c)
+/*
+ * Closes the imported events and buffers. After the daemon died the events
+ * are only destroyed (never recorded or waited on); a VMM buffer stays
+ * readable until unmapped here, which is why a retired ring keeps its
+ * device ring until its batches are released (reconnect.c).
+ */
+struct device_ring *device_ring_free(struct device_ring *d)
 {
-	struct device_ring *d = c->dev;
 	if (!d)
-		return;
+		return NULL;
 #if FEED_CUDA
 	if (d->ctx) {
 		d->cu.push(d->ctx);
@@ -194,7 +201,12 @@ void device_close(feed_client *c)
 		dlclose(d->lib);
 #endif
 	free(d);
-	c->dev = NULL;
+	return NULL;
+}
+
+void device_close(feed_client *c)
+{
+	c->dev = device_ring_free(c->dev);
 	c->device = -1;
 }
 
@@ -260,7 +272,10 @@ void device_release(feed_client *c, uint64_t seq, void *stream, bool at_release)
 {
 #if FEED_CUDA
 	struct device_ring *d = c->dev;
-	uint32_t s = (uint32_t)(seq % d->slots);
+	/* A batch of a ring whose daemon went away (reconnect.c): nobody waits for its release. */
+	if (seq < c->seq_base)
+		return;
+	uint32_t s = (uint32_t)((seq - c->seq_base) % d->slots);
 	if (__atomic_exchange_n(&d->recorded[s], 1, __ATOMIC_ACQ_REL))
 		goto out;
 	/* After the daemon died its events are gone (using them is undefined): record nothing. */
@@ -289,9 +304,12 @@ FEED_EXPORT int feed_client_device_batch(feed_client *c, const struct feed_batch
 	assert_return(c && b && ret, -EINVAL);
 	if (!c->dev || !b || b->seq < c->tail || b->seq >= c->next_seq)
 		return client_fail(c, c->dev ? -EINVAL : -ENODEV, c->dev ? "not a batch this client holds" : "not attached to a device");
+	if (b->seq < c->seq_base)
+		return client_fail(c, -ESHUTDOWN, "batch %llu was staged by a feedd that went away since: take its "
+				   "device views before the next next()", (unsigned long long)b->index);
 #if FEED_CUDA
 	struct device_ring *d = c->dev;
-	uint32_t s = (uint32_t)(b->seq % d->slots);
+	uint32_t s = (uint32_t)((b->seq - c->seq_base) % d->slots);
 	d->cu.push(d->ctx);
 	CUresult e = d->cu.wait(stream ? (CUstream)stream : CU_STREAM_LEGACY, d->ready[s], 0);
 	CUcontext popped;

@@ -52,6 +52,7 @@ struct retired_ring {
 	void *hdr;
 	size_t size;
 	uint64_t end_seq; /* client sequences below this one point into it */
+	struct device_ring *dev; /* its device buffers and events, or NULL */
 };
 
 struct feed_client {
@@ -84,10 +85,21 @@ struct feed_client {
 	char start_cursor[FEED_CURSOR_MAX]; /* the attach's own cursor, used while nothing was delivered */
 	uint64_t seq_base;             /* client sequence of the current ring's sequence 0 */
 	int64_t reconnect_timeout_ms;  /* 0: reconnect disabled */
+	bool resuming;                 /* the daemon went away; not attached again yet (next() goes on) */
+	bool intr;                     /* a signal interrupting a wait for a reply returns -EINTR (while reconnecting) */
+	int resume_code;               /* what started it: -ESHUTDOWN or -ECONNRESET */
+	uint64_t resume_t0, resume_limit, resume_backoff, resume_rnd;
+	char resume_cursor[FEED_CURSOR_MAX]; /* where to attach again: after the last batch delivered */
 	uint64_t reconnects, reconnect_ns;
 	struct feed_stats carry;       /* counters of the consumer pages of earlier rings */
 	struct retired_ring *retired;
 };
+
+/*
+ * feed_client_connect_err(), waiting reply_ms for the HELLO_REPLY; with
+ * intr, a signal handler running meanwhile gives -EINTR (reconnect.c).
+ */
+int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret);
 
 /* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
 int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor, uint32_t flags,
@@ -95,13 +107,16 @@ int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
 
 /*
  * The stream stopped with *code. If that is the daemon going away (stopping,
- * or the connection lost) and reconnecting is enabled, reconnects with
- * backoff, re-attaches at the cursor of the last batch delivered and returns
- * true. Otherwise returns false with *code the error to report (a refused
- * re-attach gives the daemon's reason, a timeout says what happened).
+ * or the connection lost) and reconnecting is enabled, or a reconnect is
+ * already under way (c->resuming), reconnects with backoff, re-attaches at
+ * the cursor of the last batch delivered (device attachments import the new
+ * daemon's buffers and events) and returns true. Otherwise returns false
+ * with *code the error to report: a refused re-attach gives the daemon's
+ * reason, a timeout says what happened, and -EINTR (a signal handler ran
+ * during the backoff) leaves the reconnect under way for the next call.
  */
 bool client_resume(feed_client *c, int *code);
-/* The reconnect_timeout a new client starts with: $FEED_RECONNECT_TIMEOUT seconds, else 0 (off). */
+/* The reconnect_timeout a new client starts with: $FEED_RECONNECT_TIMEOUT seconds, else FEED_RECONNECT_TIMEOUT_DEFAULT_MS. */
 int64_t client_reconnect_default(void);
 /* Unmaps the retired rings no held batch points into (all of them: at close). */
 void client_retired_free(feed_client *c, bool all);
@@ -137,5 +152,7 @@ int client_recv_msg(feed_client *c, int timeout_ms, void **ret_payload, size_t *
 int device_attach(feed_client *c, const struct wire_attach *a);
 /* Frees what device_attach opened; takes a client without a device. */
 void device_close(feed_client *c);
+/* Frees one device ring (the current one's or a retired ring's); takes NULL, returns NULL. */
+struct device_ring *device_ring_free(struct device_ring *d);
 /* Records `release` of the slot of seq on stream (NULL: the legacy default stream), once per batch. */
 void device_release(feed_client *c, uint64_t seq, void *stream, bool at_release);

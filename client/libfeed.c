@@ -66,6 +66,8 @@ static int recv_all(feed_client *c, void *buf, size_t len, int timeout_ms, int *
 	while (len > 0) {
 		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
 		int k = poll(&pfd, 1, timeout_ms);
+		if (k < 0 && errno == EINTR && c->intr)
+			return -EINTR; /* reconnecting (reconnect.c): the caller's signal handler gets control back */
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
@@ -168,6 +170,11 @@ FEED_EXPORT int feed_client_connect(const char *socket_path, feed_client **ret)
 FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size_t errlen, feed_client **ret)
 {
 	assert_return(ret, -EINVAL);
+	return client_connect(socket_path, false, REPLY_TIMEOUT_MS, err, errlen, ret);
+}
+
+int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret)
+{
 	int saved = errno;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	if (wire_socket_path(socket_path, sa.sun_path, sizeof(sa.sun_path)) < 0)
@@ -181,6 +188,7 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 	}
 	c->data_efd = c->space_efd = -1;
 	c->device = -1;
+	c->intr = intr;
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", sa.sun_path);
 	c->reconnect_timeout_ms = client_reconnect_default();
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -221,7 +229,7 @@ FEED_EXPORT int feed_client_connect_err(const char *socket_path, char *err, size
 	if (r == 0) {
 		void *p;
 		size_t len;
-		int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+		int type = client_recv_msg(c, reply_ms, &p, &len, NULL, 0, NULL);
 		if (type == WIRE_HELLO_REPLY) {
 			struct wire_hello_reply hr;
 			r = wire_decode_hello_reply(p, len, &hr) < 0 || hr.version != WIRE_VERSION ? -EPROTO : 0;
@@ -439,18 +447,24 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 	int saved = errno;
 	if (c->stopped)
 		return c->stopped;
-	if (!c->attached)
+	if (!c->attached && !c->resuming)
 		return client_fail(c, -ENOTCONN, "not attached to a feed");
 	if (c->next_seq - c->tail >= c->slot_count)
 		return client_fail(c, -ENOBUFS, "all %u slots are held: release a batch first", c->slot_count);
 
 	uint64_t t0 = now_ns();
-	if (c->last_return_ns)
+	if (c->last_return_ns && c->cons)
 		record(&c->cons->step_ns_total, &c->cons->last_step_ns, c->cons->hist_step, t0 - c->last_return_ns);
 	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 	int r = 0;
 #define RSEQ (c->next_seq - c->seq_base) /* the next sequence in the current ring */
 
+	/* A reconnect a signal interrupted (reconnect.c) goes on first. */
+	if (c->resuming) {
+		if (!client_resume(c, &r))
+			goto out;
+		deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+	}
 	for (;;) {
 		/* A withdrawn ring (a shard changed) delivers nothing more, published or not. */
 		if (__atomic_load_n(&c->hdr->head, __ATOMIC_ACQUIRE) > RSEQ &&
@@ -594,48 +608,6 @@ FEED_EXPORT uint32_t feed_client_slots(const feed_client *c)
 {
 	assert_return(c, 0);
 	return c->slot_count;
-}
-
-FEED_EXPORT int feed_client_report(feed_client *c, uint64_t step_ns, uint64_t h2d_ns)
-{
-	assert_return(c, -EINVAL);
-	if (!c->attached)
-		return client_fail(c, -ENOTCONN, "not attached to a feed");
-	struct feed_consumer_page *p = c->cons;
-	if (step_ns)
-		__atomic_store_n(&p->reported_step_ns_total, p->reported_step_ns_total + step_ns, __ATOMIC_RELAXED);
-	if (h2d_ns)
-		__atomic_store_n(&p->h2d_ns_total, p->h2d_ns_total + h2d_ns, __ATOMIC_RELAXED);
-	__atomic_store_n(&p->reports, p->reports + 1, __ATOMIC_RELAXED);
-	return 0;
-}
-
-_Static_assert(FEED_HIST_BUCKETS == 256, "public histogram size matches the ABI");
-
-FEED_EXPORT int feed_client_stats(const feed_client *c, struct feed_stats *ret)
-{
-	assert_return(c && ret, -EINVAL);
-	if (!c->attached)
-		return -ENOTCONN;
-	const struct feed_consumer_page *p = c->cons;
-	*ret = (struct feed_stats){
-		.delivered = p->delivered,
-		.wait_ns_total = p->wait_ns_total,
-		.step_ns_total = p->step_ns_total,
-		.reported_step_ns_total = p->reported_step_ns_total,
-		.h2d_ns_total = p->h2d_ns_total,
-		.last_wait_ns = p->last_wait_ns,
-		.last_step_ns = p->last_step_ns,
-	};
-	memcpy(ret->hist_wait, p->hist_wait, sizeof(ret->hist_wait));
-	memcpy(ret->hist_step, p->hist_step, sizeof(ret->hist_step));
-	client_stats_carry(c, ret);
-	return 0;
-}
-
-FEED_EXPORT uint64_t feed_stats_bucket_lower(unsigned b)
-{
-	return b >= FEED_HIST_BUCKETS ? UINT64_MAX : feed_hist_lower(b);
 }
 
 FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)

@@ -27,10 +27,11 @@ int64_t client_reconnect_default(void)
 {
 	const char *e = secure_getenv("FEED_RECONNECT_TIMEOUT");
 	if (!e || !*e)
-		return 0;
+		return FEED_RECONNECT_TIMEOUT_DEFAULT_MS;
 	char *end;
 	double s = strtod(e, &end);
-	return *end || !(s >= 0 && s < 1e12) ? 0 : (int64_t)(s * 1000.0);
+	/* A value that does not parse keeps the default: a typo must not turn reconnecting off. */
+	return *end || !(s >= 0 && s < 1e12) ? FEED_RECONNECT_TIMEOUT_DEFAULT_MS : (int64_t)(s * 1000.0);
 }
 
 FEED_EXPORT int feed_client_set_reconnect_timeout(feed_client *c, int64_t timeout_ms)
@@ -73,6 +74,7 @@ void client_retired_free(feed_client *c, bool all)
 		struct retired_ring *r = *p;
 		if (all || r->end_seq <= c->tail) {
 			munmap(r->hdr, r->size);
+			device_ring_free(r->dev);
 			*p = r->next;
 			free(r);
 		} else
@@ -80,7 +82,12 @@ void client_retired_free(feed_client *c, bool all)
 	}
 }
 
-/* Lets the daemon's attachment go: the counters are carried over, the ring kept while batches point into it. */
+/*
+ * Lets the daemon's attachment go: the counters are carried over, the ring
+ * (and its device buffers) kept while batches point into it. The current
+ * ring holds client sequences seq_base .. next_seq - 1 of which those from
+ * tail on are not released.
+ */
 static void retire(feed_client *c)
 {
 	if (c->cons) {
@@ -90,17 +97,24 @@ static void retire(feed_client *c)
 		munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
 		c->cons = NULL;
 	}
+	struct device_ring *dev = c->dev;
+	c->dev = NULL;
+	c->device = -1;
+	bool held = c->next_seq > MAX(c->tail, c->seq_base);
 	if (c->hdr) {
-		struct retired_ring *r = c->next_seq > c->tail ? calloc(1, sizeof(*r)) : NULL;
+		struct retired_ring *r = held ? calloc(1, sizeof(*r)) : NULL;
 		if (r) {
 			*r = (struct retired_ring){ .next = c->retired, .hdr = c->hdr, .size = c->ring_size,
-						    .end_seq = c->next_seq };
+						    .end_seq = c->next_seq, .dev = dev };
 			c->retired = r;
-		} else if (c->next_seq == c->tail)
+			dev = NULL;
+		} else if (!held)
 			munmap(c->hdr, c->ring_size);
-		/* else: out of memory with batches held; the mapping leaks rather than fault under them. */
+		else /* out of memory with batches held: the mappings leak rather than fault under them */
+			dev = NULL;
 		c->hdr = NULL;
 	}
+	device_ring_free(dev);
 	if (c->data_efd >= 0)
 		close(c->data_efd);
 	if (c->space_efd >= 0)
@@ -109,6 +123,7 @@ static void retire(feed_client *c)
 		close(c->fd);
 	c->fd = c->data_efd = c->space_efd = -1;
 	c->attached = false;
+	c->stopped = 0;
 	c->seq_base = c->next_seq;
 }
 
@@ -125,75 +140,112 @@ static bool transient(int r, bool connecting)
 	       r == -EPIPE || r == -EINTR;
 }
 
-static void sleep_ms(uint64_t ms)
+/* Sleeps ms; false when a signal handler ran meanwhile (the caller gets control back). */
+static bool sleep_ms(uint64_t ms)
 {
 	struct timespec ts = { .tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L };
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
+	return nanosleep(&ts, NULL) == 0 || errno != EINTR;
+}
+
+/* One connect and re-attach at the resume cursor. Returns 0, or a code with the reason in last. */
+static int attempt(feed_client *c, char *last, size_t lastlen, bool *ret_connected)
+{
+	/* A socket kept by systemd accepts before a daemon serves it: wait for the HELLO no longer than is left. */
+	uint64_t now = now_ns(), left_ms = now < c->resume_limit ? (c->resume_limit - now) / NSEC_PER_MSEC + 1 : 1;
+	feed_client *n = NULL;
+	int r = client_connect(c->socket_path, true, (int)MIN(left_ms, (uint64_t)REPLY_TIMEOUT_MS), last, lastlen, &n);
+	*ret_connected = r == 0;
+	if (r < 0)
+		return r;
+	c->fd = n->fd, c->daemon_pid = n->daemon_pid, c->daemon_flags = n->daemon_flags;
+	n->fd = -1;
+	feed_client_close(n);
+	char feed[sizeof(c->feed)];
+	memcpy(feed, c->feed, sizeof(feed));
+	c->intr = true;
+	r = client_attach(c, feed, c->rank, c->world, c->resume_cursor, c->attach_flags, c->attach_device);
+	c->intr = false;
+	if (r == 0)
+		return 0;
+	snprintf(last, lastlen, "%s", c->error);
+	/* Half attached (the ring mapped, the device half failed): nothing of it was handed out. */
+	retire(c);
+	return r;
 }
 
 bool client_resume(feed_client *c, int *code)
 {
-	/* Device attachments (also those that fell back to host batches) do not: their slots are per ring. */
-	if (c->reconnect_timeout_ms <= 0 || (c->attach_flags & WIRE_ATTACH_DEVICE) ||
-	    (*code != -ESHUTDOWN && *code != -ECONNRESET))
-		return false;
 	int saved = errno;
-	uint64_t t0 = now_ns(), limit = t0 + (uint64_t)c->reconnect_timeout_ms * NSEC_PER_MSEC;
-	char cause[96], feed[sizeof(c->feed)], cursor[FEED_CURSOR_MAX], last[sizeof(c->error)];
-	snprintf(cause, sizeof(cause), "%s", *code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost");
-	snprintf(feed, sizeof(feed), "%s", c->feed);
-	snprintf(cursor, sizeof(cursor), "%s", c->next_seq > 0 ? feed_client_cursor(c) : c->start_cursor);
-	retire(c);
-
-	/* Jitter from the pid and the clock: ranks of one node do not knock in step. */
-	uint64_t rnd = t0 ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c;
-	uint64_t backoff = BACKOFF_FIRST_MS;
+	if (!c->resuming) {
+		if (c->reconnect_timeout_ms <= 0 || (*code != -ESHUTDOWN && *code != -ECONNRESET))
+			return false;
+		c->resuming = true;
+		c->resume_code = *code;
+		c->resume_t0 = now_ns();
+		c->resume_limit = c->resume_t0 + (uint64_t)c->reconnect_timeout_ms * NSEC_PER_MSEC;
+		c->resume_backoff = BACKOFF_FIRST_MS;
+		/* Jitter from the pid and the clock: ranks of one node do not knock in step. */
+		c->resume_rnd = c->resume_t0 ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c;
+		snprintf(c->resume_cursor, sizeof(c->resume_cursor), "%s",
+			 c->next_seq > 0 ? feed_client_cursor(c) : c->start_cursor);
+		retire(c);
+	}
+	const char *cause = c->resume_code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost";
+	char last[sizeof(c->error)] = "";
 	int r;
 	for (;;) {
-		feed_client *n = NULL;
-		r = feed_client_connect_err(c->socket_path, last, sizeof(last), &n);
+		bool connected;
+		r = attempt(c, last, sizeof(last), &connected);
+		if (r == -EINTR)
+			goto interrupted;
 		if (r == 0) {
-			c->fd = n->fd, c->daemon_pid = n->daemon_pid, c->daemon_flags = n->daemon_flags;
-			n->fd = -1;
-			feed_client_close(n);
-			r = client_attach(c, feed, c->rank, c->world, cursor, c->attach_flags, c->attach_device);
-			if (r == 0) {
-				c->reconnects++;
-				c->reconnect_ns += now_ns() - t0;
-				__atomic_store_n(&c->cons->reconnects, c->reconnects, __ATOMIC_RELAXED);
-				__atomic_store_n(&c->cons->reconnect_ns_total, c->reconnect_ns, __ATOMIC_RELAXED);
-				c->stopped = 0;
-				*code = 0;
-				errno = saved;
-				return true;
-			}
-			snprintf(last, sizeof(last), "%s", c->error);
-			close(c->fd);
-			c->fd = -1;
-			if (!transient(r, false)) {
-				*code = client_fail(c, r, "%s; feedd (pid %u) is back but refused to attach feed \"%s\" again "
-					       "at the last batch's cursor: %s", cause, c->daemon_pid, feed, last);
-				break;
-			}
-		} else if (!transient(r, true)) {
+			c->resuming = false;
+			c->reconnects++;
+			c->reconnect_ns += now_ns() - c->resume_t0;
+			__atomic_store_n(&c->cons->reconnects, c->reconnects, __ATOMIC_RELAXED);
+			__atomic_store_n(&c->cons->reconnect_ns_total, c->reconnect_ns, __ATOMIC_RELAXED);
+			*code = 0;
+			errno = saved;
+			return true;
+		}
+		if (connected && !transient(r, false)) {
+			*code = client_fail(c, r, "%s; feedd (pid %u) is back but refused to attach feed \"%s\" again "
+					    "at the last batch's cursor: %s", cause, c->daemon_pid, c->feed, last);
+			break;
+		}
+		if (!connected && !transient(r, true)) {
 			*code = client_fail(c, r, "%s; reconnecting to %s failed: %s", cause, c->socket_path, last);
 			break;
 		}
 		uint64_t now = now_ns();
-		if (now >= limit) {
-			*code = client_fail(c, *code, "%s and did not come back within %.1f s (reconnect_timeout); "
+		if (now >= c->resume_limit) {
+			*code = client_fail(c, c->resume_code, "%s and did not come back within %.1f s (reconnect_timeout); "
 					    "last attempt: %s", cause, (double)c->reconnect_timeout_ms / 1e3, last);
 			break;
 		}
+		uint64_t rnd = c->resume_rnd, backoff = c->resume_backoff;
 		rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17;
+		c->resume_rnd = rnd;
 		uint64_t wait = backoff / 2 + rnd % (backoff + 1); /* 0.5x .. 1.5x */
-		wait = MIN(wait, (limit - now) / NSEC_PER_MSEC + 1);
-		sleep_ms(wait);
-		backoff = MIN(backoff * 2, (uint64_t)BACKOFF_MAX_MS);
+		wait = MIN(wait, (c->resume_limit - now) / NSEC_PER_MSEC + 1);
+		c->resume_backoff = MIN(backoff * 2, (uint64_t)BACKOFF_MAX_MS);
+		if (!sleep_ms(wait))
+			goto interrupted;
 	}
-	c->reconnect_ns += now_ns() - t0;
+	c->resuming = false;
+	c->reconnect_ns += now_ns() - c->resume_t0;
 	c->stopped = *code;
+	errno = saved;
+	return false;
+
+interrupted:
+	/*
+	 * A signal handler ran (Ctrl-C in Python), in the backoff or while a
+	 * daemon that accepted (a socket kept by systemd) had not answered yet:
+	 * the caller gets control now, and its next next() goes on.
+	 */
+	*code = client_fail(c, -EINTR, "%s; reconnecting was interrupted by a signal (call next() again to go on)",
+			    cause);
 	errno = saved;
 	return false;
 }

@@ -45,6 +45,8 @@ FEED_EXPORT const char *feed_strerror(int code)
 		return "feedd's connection limit is reached";
 	case -EDQUOT:
 		return "feedd's ring memory limit is reached";
+	case -EINTR:
+		return "interrupted by a signal while reconnecting (call again to go on)";
 	default:
 		return code < 0 ? "error (see feed_client_error)" : "not an error code";
 	}

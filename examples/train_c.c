@@ -4,6 +4,11 @@
  * simulated step time, and reports what a trainer cares about: tokens/s and
  * the share of wall time spent waiting for data.
  *
+ * Nothing here deals with feedd restarting (a crash, `systemctl restart`, a
+ * package upgrade): libfeed reconnects by itself and the step that met it
+ * just waits longer (docs/operations.md). An error it returns is one that
+ * did not go away: it says why, and the cursor printed resumes the run.
+ *
  * Usage: train_c [--socket PATH] [--feed NAME] [--rank R --world W]
  *                [--steps N] [--step-ms MS] [--cursor C]
  */

@@ -9,6 +9,9 @@ Three trainers, each a Python process reading batches back to back
 - reconnect: one process for the whole run; libfeed reconnects on its own
   (reconnect_timeout) and the Loader goes on. feedd binds its socket
   itself: while it is down, connecting fails and libfeed backs off.
+- reconnect (C): tests/integration/stream-client, a C trainer through
+  libfeed with nothing set (libfeed's default reconnect_timeout, 300 s),
+  each batch's arrival taken when its line is read (line-buffered);
 - reconnect, socket kept: the same, with the listening socket made once by
   the bench and passed to every feedd ($LISTEN_FDS), as systemd's
   feedd.socket does across `systemctl restart`: connecting never fails, the
@@ -24,6 +27,15 @@ ring holds), then SIGKILL it and start it again at once (as systemd's
 Restart= does, minus RestartSec), and measure from the moment the old
 daemon's exit is seen to the first batch after it. The daemon's own
 start-up time is in all three.
+
+Then, as many restarts again with the socket kept, where the stall goes
+(what systemd's fd store could shorten, docs/operations.md): a probe
+process waits for each restart and, from the moment the old daemon's exit
+is seen, connects (the HELLO is answered once the new daemon serves:
+its start-up), attaches (the new daemon makes the ring and its memfds, the
+client maps and checks them: all an fd store handing the rings to the next
+daemon could save, and an upper bound of it) and takes the first batch (the
+new daemon reads and packs it).
 
 Usage: bench/restart/run.py [--build DIR] [--restarts N] [--json out.json]
 """
@@ -70,6 +82,26 @@ except feed.DaemonGoneError:
 """
 
 
+PROBE = r"""
+import ctypes, sys, time
+from feed import _lib
+lib, sock = _lib.lib, sys.argv[1].encode()
+print("ready", flush=True)
+for line in sys.stdin:
+    t0 = time.monotonic()
+    c = ctypes.c_void_p()
+    r = lib.feed_client_connect(sock, ctypes.byref(c))
+    t1 = time.monotonic()
+    r = r or lib.feed_client_attach(c, b"web", 0, 1, None)
+    t2 = time.monotonic()
+    b = _lib.feed_batch()
+    r = r or lib.feed_client_next(c, 60000, ctypes.byref(b))
+    t3 = time.monotonic()
+    lib.feed_client_close(c)
+    print(r, t0, t1, t2, t3, flush=True)
+"""
+
+
 def pctl(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -85,6 +117,11 @@ class Trainer:
         self.t.start()
 
     def _spawn(self, cursor):
+        if self.mode == "c":
+            env = {k: v for k, v in os.environ.items() if k != "FEED_RECONNECT_TIMEOUT"}
+            return subprocess.Popen([str(Path(self.build) / "tests/integration/stream-client"), self.sock, "web", "0",
+                                     "1", "100000000", "-", "0", "0"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, env=env)
         env = {**os.environ, "PYTHONPATH": str(common.SRC / "client" / "python"), "FEEDD_BUILD_DIR": str(self.build)}
         args = [sys.executable, "-c", WORKER, self.mode, self.sock] + ([cursor] if cursor else [])
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
@@ -94,12 +131,18 @@ class Trainer:
         while not self.stopped:
             self.p = self._spawn(cursor)
             for line in self.p.stdout:
-                _, i, t, cur = line.split()
+                if self.mode == "c":  # batch INDEX EPOCH HASH CURSOR, timed as it arrives
+                    if not line.startswith("batch "):
+                        continue
+                    _, i, _, _, cur = line.split()
+                    t = time.monotonic()
+                else:
+                    _, i, t, cur = line.split()
                 with self.lock:
                     self.lines.append((int(i), float(t), cur))
                 cursor = cur
             self.p.wait()
-            if self.mode == "reconnect":
+            if self.mode in ("reconnect", "c"):
                 break
 
     def stop(self):
@@ -135,7 +178,7 @@ def measure(build, data, tmp, mode, restarts, rng):
     else:
         d, sock = common.start_feedd(build, conf, tmp, "feedd")
         start = lambda: common.start_feedd(build, conf, tmp, "feedd")[0]  # noqa: E731
-    tr = Trainer(build, "peer" if mode == "peer" else "reconnect", sock)
+    tr = Trainer(build, {"peer": "peer", "reconnect (C)": "c"}.get(mode, "reconnect"), sock)
     stalls = []
     try:
         deadline = time.monotonic() + 60
@@ -173,6 +216,44 @@ def measure(build, data, tmp, mode, restarts, rng):
     return stalls, len(idx)
 
 
+def phases(build, data, tmp, restarts, rng):
+    """Socket kept: daemon exit -> HELLO answered -> attached (ring made and mapped) -> first batch, per restart."""
+    conf = f"[feed.web]\nshards = {data}/shard_*.idx\nseq_len = 2048\nbatch_size = 4\n"
+    sock = str(Path(tmp) / "phases.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(sock)
+    lsock.listen(128)
+    env = {**os.environ, "PYTHONPATH": str(common.SRC / "client" / "python"), "FEEDD_BUILD_DIR": str(build)}
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    assert probe.stdout.readline().strip() == "ready"
+    d = start_activated(build, conf, tmp, lsock)
+    out = {"start-up": [], "attach": [], "first batch": []}
+    try:
+        for _ in range(restarts):
+            time.sleep(rng.uniform(0.3, 0.8))
+            d.send_signal(signal.SIGKILL)
+            d.wait()
+            t_exit = time.monotonic()
+            probe.stdin.write("go\n")
+            probe.stdin.flush()
+            d = start_activated(build, conf, tmp, lsock)
+            r, t0, t1, t2, t3 = probe.stdout.readline().split()
+            assert int(r) == 0, f"probe: libfeed error {r}"
+            t1, t2, t3 = float(t1), float(t2), float(t3)
+            out["start-up"].append(t1 - t_exit)
+            out["attach"].append(t2 - t1)
+            out["first batch"].append(t3 - t2)
+    finally:
+        probe.kill()
+        d.send_signal(signal.SIGTERM)
+        d.wait()
+        lsock.close()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(common.SRC / "build"))
@@ -186,7 +267,7 @@ def main():
                               "--seed", "3"])
     rng = random.Random(17)
     res = {"machine": common.machine(), "restarts": a.restarts}
-    modes = ("reconnect", "reconnect, socket kept", "peer")
+    modes = ("reconnect", "reconnect (C)", "reconnect, socket kept", "peer")
     for mode in modes:
         stalls, n = measure(build, data, tmp, mode, a.restarts, rng)
         res[mode] = {"p50_ms": pctl(stalls, 0.5) * 1e3, "p99_ms": pctl(stalls, 0.99) * 1e3,
@@ -199,6 +280,17 @@ def main():
         print(f"  {mode:22s}  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  "
               f"({r['batches']} batches, none lost or repeated)")
     print(f"  the peer stalls {res['ratio_p50']:.1f}x longer at p50")
+    ph = phases(build, data, tmp, a.restarts, rng)
+    res["socket kept, phases"] = {k: {"p50_ms": pctl(v, 0.5) * 1e3, "p99_ms": pctl(v, 0.99) * 1e3}
+                                  for k, v in ph.items()}
+    total = sum(pctl(v, 0.5) for v in ph.values())
+    res["fd_store_bound_share_p50"] = pctl(ph["attach"], 0.5) / total
+    print(f"where a socket-kept restart's stall goes ({a.restarts} more restarts, a probe that connects, attaches "
+          "and takes one batch):")
+    for k, v in res["socket kept, phases"].items():
+        print(f"  {k:12s}  p50 {v['p50_ms']:8.2f} ms  p99 {v['p99_ms']:8.2f} ms")
+    print(f"  the attach (ring made, passed, mapped: the most systemd's fd store could save) is "
+          f"{100 * res['fd_store_bound_share_p50']:.0f}% of the p50 total")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

@@ -194,6 +194,13 @@ void print_status(json_t *root, FILE *out)
 		fprintf(out, "client %.0f (%s rank %.0f/%.0f): %s\n", num(c, "id"), str(c, "feed"), num(c, "rank"),
 			num(c, "world"), str(dg, "text"));
 	}
+	/* Trainers that lived through restarts (libfeed's counters, issue 17). */
+	json_array_foreach(clients, i, c) {
+		if (num(c, "reconnects") > 0)
+			fprintf(out, "client %.0f (%s rank %.0f/%.0f): reconnected %.0f times to a restarted feedd, "
+				"%.2f s waiting for it\n", num(c, "id"), str(c, "feed"), num(c, "rank"), num(c, "world"),
+				num(c, "reconnects"), num(c, "reconnect_s"));
+	}
 	/* GPU staging per device client (docs/gpu.md, "Counters"). */
 	json_array_foreach(clients, i, c) {
 		json_t *g = json_object_get(c, "gpu");

@@ -352,6 +352,12 @@ static void render_clients(struct out *o, const struct status_input *in, char (*
 		      "%" PRIu64, c->epoch);
 	CLIENT_FAMILY("feedd_client_stuck", "gauge", "1 while the client is reported for releasing no batch.", "%d",
 		      c->stuck ? 1 : 0);
+	CLIENT_FAMILY("feedd_client_reconnects_total", "counter",
+		      "Times libfeed reconnected the client to a restarted feedd (counted by the client, across daemons).",
+		      "%" PRIu64, c->reconnects);
+	CLIENT_FAMILY("feedd_client_reconnect_seconds_total", "counter",
+		      "Time the client's next() spent waiting for feedd to come back (counted by the client).", "%s",
+		      secs(c->reconnect_ns, a));
 
 	histogram(o, in, cl, "feedd_client_batch_wait_seconds",
 		  "How long each next() call of the client waited for a batch (libfeed's histogram, exact at powers of two; "

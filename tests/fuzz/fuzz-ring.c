@@ -21,6 +21,7 @@
 #include "client/libfeed.c"
 #include "client/peer.c"
 #include "client/reconnect.c"
+#include "client/stats.c"
 #include "client/strerror.c"
 #include "tests/fuzz/fuzz.h"
 

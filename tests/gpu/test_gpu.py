@@ -6,8 +6,12 @@ Run by tests/gpu/run.py (suite 'gpu'), which exits 77 without a GPU.
   thousands of batches, while a consumer kernel runs on the client's stream;
 - a client SIGKILLed mid-batch loses nothing for others, and feedd releases
   its device buffers and events (fds back to where they were);
-- a daemon that stops leaves its client with a clear error, no hang, and a
-  new feedd resumes the stream at the client's state_dict.
+- a daemon that stops leaves a client that turned reconnecting off with a
+  clear error, no hang, and a new feedd resumes the stream at the client's
+  state_dict;
+- with the default (reconnect), a client across a SIGKILL and restart of
+  feedd imports the new daemon's buffers and events and reads on, its CUDA
+  tensors equal to an undisturbed run's host batches (issue 17).
 """
 
 import os
@@ -22,7 +26,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from conftest import BUILD, SRC, daemon, dataset, feed_conf, open_fds  # noqa: E402,F401
+from conftest import BUILD, SRC, Daemon, daemon, dataset, feed_conf, open_fds  # noqa: E402,F401
 
 os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
 sys.path.insert(0, str(SRC / "client" / "python"))
@@ -112,7 +116,7 @@ def test_client_killed_mid_batch(web):
 def test_daemon_restart(daemon, dataset):
     conf = feed_conf("web", f"{dataset}/shard_*.idx", seq_len=256, batch_size=4, eos=50256)
     d = daemon(conf)
-    ld = feed.Loader("web", socket=d.socket, device="cuda:0", timeout=30)
+    ld = feed.Loader("web", socket=d.socket, device="cuda:0", timeout=30, reconnect_timeout=0)
     for _ in range(10):
         b = next(ld)
     state = ld.state_dict()
@@ -132,3 +136,33 @@ def test_daemon_restart(daemon, dataset):
     assert b.index == want_next and b["input_ids"].is_cuda
     del b
     ld2.close()
+
+
+def test_daemon_killed_and_restarted_reimports(tmp_path, dataset):
+    conf = feed_conf("web", f"{dataset}/shard_*.idx", seq_len=256, batch_size=4, eos=50256)
+    d = Daemon(tmp_path, conf, name="feedd")
+    try:
+        ld = feed.Loader("web", socket=d.socket, device="cuda:0", timeout=30)  # reconnect_timeout: the default
+        got = []
+        for _ in range(6):
+            b = next(ld)
+            assert b["input_ids"].is_cuda
+            got.append({k: b[k].cpu() for k in KEYS})
+            del b
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, conf, name="feedd")  # the same socket
+        for _ in range(20):
+            b = next(ld)
+            assert b["input_ids"].is_cuda, "the loader fell back to host batches after the reconnect"
+            got.append({k: b[k].cpu() for k in KEYS})
+            del b
+        assert ld.stats()["reconnects"] == 1
+        ld.close()
+        with feed.Loader("web", socket=d.socket, copy=True) as ref:
+            for i, g in enumerate(got):
+                w = next(ref)
+                for k in KEYS:
+                    assert torch.equal(g[k], w[k]), f"batch {i}: {k} differs from the host batches"
+    finally:
+        d.stop()

@@ -86,6 +86,13 @@ def wait_attached(d, proc, timeout=30):
         time.sleep(0.02)
 
 
+def stream_client_env(reconnect_ms):
+    """The environment of a stream-client with libfeed's reconnect_timeout set (None: libfeed's default)."""
+    if reconnect_ms is None:
+        return None
+    return {**os.environ, "STREAM_RECONNECT_MS": str(reconnect_ms)}
+
+
 class Daemon:
     """A feedd process on its own socket, stopped with SIGTERM at the end."""
 
@@ -135,10 +142,12 @@ class Daemon:
             return p
         return load_dump(out)
 
-    def client(self, feed, rank, world, batches, cursor=None, sleep_ms=0, hold=False):
+    def client(self, feed, rank, world, batches, cursor=None, sleep_ms=0, hold=False, reconnect_ms=None):
+        """tests/integration/stream-client; reconnect_ms: its reconnect_timeout (None: libfeed's default)."""
         return subprocess.Popen([str(STREAM_CLIENT), self.socket, feed, str(rank), str(world), str(batches),
                                  cursor or "-", str(sleep_ms), "1" if hold else "0"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=stream_client_env(reconnect_ms))
 
     def log_text(self):
         return self.log.read_text()

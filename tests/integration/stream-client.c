@@ -47,7 +47,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "connect: %s\n", why);
 		return 1;
 	}
-	/* $STREAM_RECONNECT_MS: libfeed's reconnect_timeout (test_reconnect.py). */
+	/* $STREAM_RECONNECT_MS: libfeed's reconnect_timeout; unset, libfeed's default (300 s, or $FEED_RECONNECT_TIMEOUT). */
 	const char *rt = getenv("STREAM_RECONNECT_MS");
 	if (rt)
 		feed_client_set_reconnect_timeout(c, atoll(rt));

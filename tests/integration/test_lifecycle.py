@@ -347,7 +347,9 @@ def test_sigterm_tells_attached_clients_and_exits_0(daemon, tmp_path):
     a = small_data(tmp_path, "a")
     d = daemon(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2))
     waiting = d.client("web", 0, 2, 10**6, sleep_ms=0, hold=True)   # holds its ring full, then sleeps
-    streaming = d.client("web", 1, 2, 10**6, sleep_ms=5)             # blocked in next() or busy
+    # reconnect_ms=0: libfeed's reconnect off, so the daemon's own words reach the trainer (test_reconnect.py
+    # has the default, which waits for the next daemon).
+    streaming = d.client("web", 1, 2, 10**6, sleep_ms=5, reconnect_ms=0)  # blocked in next() or busy
     wait_line(waiting, "holding")
     wait_line(streaming, "batch")
     t0 = time.time()

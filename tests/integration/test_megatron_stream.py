@@ -247,7 +247,9 @@ def test_status_shows_attached_clients_and_no_fd_leaks(daemon, dataset, tmp_path
 
 def test_sigterm_tells_attached_clients(daemon, dataset, tmp_path):
     d = daemon(feed_conf("web", f"{dataset}/shard_*.idx"))
-    c = d.client("web", 0, 1, 100000, sleep_ms=20)
+    # reconnect_ms=0: the daemon's words reach a trainer that turned reconnecting off (the default waits for the
+    # next daemon: test_reconnect.py).
+    c = d.client("web", 0, 1, 100000, sleep_ms=20, reconnect_ms=0)
     assert c.stdout.readline().strip() == "attached"
     time.sleep(0.2)
     t0 = time.time()

@@ -414,6 +414,8 @@ def test_numbers_equal_the_status_document(daemon, tmp_path):
             assert fams["feedd_client_ring_slots"].value(**sel) == c["ring_slots"]
             assert fams["feedd_client_epoch"].value(**sel) == c["epoch"] == 0
             assert fams["feedd_client_stuck"].value(**sel) == (1 if c["stuck"] else 0)
+            assert fams["feedd_client_reconnects_total"].value(**sel) == c["reconnects"] == 0
+            assert fams["feedd_client_reconnect_seconds_total"].value(**sel) == c["reconnect_s"] == 0
             assert math.isclose(fams["feedd_client_wait_seconds_total"].value(**sel), c["wait_s"], abs_tol=1e-9)
             assert math.isclose(fams["feedd_client_step_seconds_total"].value(**sel), c["step_s"], abs_tol=1e-9)
             assert math.isclose(fams["feedd_client_stall_ratio"].value(**sel), c["stall_pct"] / 100, abs_tol=1e-12)

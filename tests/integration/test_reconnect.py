@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
 """Trainers outlive feedd (issue 17): libfeed reconnects on its own.
 
-Four clients, two C (tests/integration/stream-client with libfeed's
-reconnect_timeout set) and two Python (feed.Loader with its default
-reconnect_timeout), on two feeds, read while feedd is SIGKILLed at random
+Four clients, two C (tests/integration/stream-client, with libfeed's
+default reconnect_timeout: nothing set, no environment variable) and two
+Python (feed.Loader with its default reconnect_timeout), on two feeds, read
+while feedd is SIGKILLed at random
 points (KILLS times), SIGTERMed (TERMS times) and once restarted under
 systemd-socket-activate (the listening socket exists before the daemon
 does). No client sees an error, and each client's whole sequence of
@@ -12,17 +13,22 @@ keep the test well under three minutes on a loaded two-core machine.
 
 The second feed is a JSONL feed tokenized online (cl100k_base) when
 build/tokdata/ranks/cl100k_base.tiktoken exists (scripts/fetch-tok-data.sh),
-else a second Megatron feed (the test says which). Not covered: device
-attachments (they do not reconnect: libfeed returns the error, as before).
+else a second Megatron feed (the test says which).
 
 Also: a daemon that comes back without the feed refuses the re-attach, and
-the client gets its reason at once, not after reconnect_timeout.
+the client gets its reason at once, not after reconnect_timeout; one that
+does not come back is named after the timeout ($FEED_RECONNECT_TIMEOUT
+bounds it, 0 turns it off); Ctrl-C (Python) and SIGTERM (C) during the
+backoff act at once; examples/train_c trains on through restarts with
+nothing set; a device loader (with host fallback here: no GPU) attaches
+again as a device loader and reads on bit-identically.
 """
 
 import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +37,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, STREAM_CLIENT, FEEDD, Daemon, feed_conf, use_feed_package
+from conftest import BUILD, FEEDCTL, STREAM_CLIENT, FEEDD, Daemon, feed_conf, use_feed_package
 from test_crash import Drained, batches
 
 KILLS = int(os.environ.get("FEEDD_RECONNECT_KILLS", "20"))
@@ -95,10 +101,13 @@ def py_client(sock, name, rank, world, stop, limit=1_000_000):
                              str(limit)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def c_client(sock, name, rank, world, batches_=1_000_000, sleep_ms=2, reconnect_ms=60000, by_env=False):
-    # by_env: libfeed's own default, $FEED_RECONNECT_TIMEOUT (seconds), as a trainer without code for it gets
-    env = {**os.environ, **({"FEED_RECONNECT_TIMEOUT": str(reconnect_ms / 1000)} if by_env else
-                            {"STREAM_RECONNECT_MS": str(reconnect_ms)})}
+def c_client(sock, name, rank, world, batches_=1_000_000, sleep_ms=2, reconnect_ms=None, by_env=False):
+    """reconnect_ms None: libfeed's default (300 s), nothing set. by_env: $FEED_RECONNECT_TIMEOUT (seconds),
+    as an operator sets it for a trainer without code for it; else feed_client_set_reconnect_timeout()."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEED_RECONNECT_TIMEOUT", "STREAM_RECONNECT_MS")}
+    if reconnect_ms is not None:
+        env.update({"FEED_RECONNECT_TIMEOUT": str(reconnect_ms / 1000)} if by_env else
+                   {"STREAM_RECONNECT_MS": str(reconnect_ms)})
     return subprocess.Popen([str(STREAM_CLIENT), sock, name, str(rank), str(world), str(batches_), "-",
                              str(sleep_ms), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -138,7 +147,7 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
     stop = tmp_path / "stop"
     clients = {
         "c web 0/2": Drained(c_client(sock, "web", 0, 2)),
-        "c FEED2 0/1": Drained(c_client(sock, FEED2, 0, 1, sleep_ms=1, by_env=True)),
+        "c FEED2 0/1": Drained(c_client(sock, FEED2, 0, 1, sleep_ms=1)),
         "py web 1/2": Drained(py_client(sock, "web", 1, 2, stop)),
         "py FEED2 0/1": Drained(py_client(sock, FEED2, 0, 1, stop)),
     }
@@ -162,6 +171,17 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
             a = Activated(tmp_path, sock)
             procs.append(a.proc)
         time.sleep(1.0)
+        # feedctl status, from the daemon now serving: the C clients' reconnects, counted by libfeed.
+        deadline = time.time() + 10
+        while True:
+            p = subprocess.run([str(FEEDCTL), "--socket", sock, "status", "--json"], capture_output=True, text=True,
+                               timeout=60)
+            seen = {c["pid"]: (c["reconnects"], c["reconnect_s"]) for c in json.loads(p.stdout)["clients"]}
+            mine = [seen.get(clients[who].proc.pid, (0, 0)) for who in ("c web 0/2", "c FEED2 0/1")]
+            if all(n >= 3 and s_ > 0 for n, s_ in mine) or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert all(n >= 3 and s_ > 0 for n, s_ in mine), f"C clients' reconnects in feedctl status: {mine}"
         stop.touch()
         for who in ("py web 1/2", "py FEED2 0/1"):
             clients[who].proc.wait(timeout=120)
@@ -218,7 +238,7 @@ def test_clients_read_on_through_kills_terms_and_a_socket_activated_restart(tmp_
 @pytest.mark.parametrize("change", ["feed removed", "data changed"])
 def test_a_daemon_back_that_refuses_says_why_at_once(tmp_path, data, change):
     d = Daemon(tmp_path, conf(), name="feedd")
-    c = Drained(c_client(d.socket, "code", 0, 1, sleep_ms=1, reconnect_ms=120000))
+    c = Drained(c_client(d.socket, "code", 0, 1, sleep_ms=1))  # the default: 300 s
     try:
         assert c.wait_for_line("attached")
         time.sleep(0.3)
@@ -281,6 +301,8 @@ def test_held_batches_stay_valid_across_a_restart(tmp_path, data):
         assert s["reconnects"] >= 1 and s["reconnect_s"] > 0, s
         mine = [c for c in d.status()["clients"] if c["pid"] == os.getpid()]
         assert [(c["reconnects"], c["reconnect_s"] > 0) for c in mine] == [(1, True)], mine  # feedctl status
+        assert re.search(r"\(web rank 0/1\): reconnected 1 times to a restarted feedd, [0-9.]+ s waiting",
+                         d.ctl("status").stdout), d.ctl("status").stdout
         assert [b.index for b in after] == list(range(4, 4 + len(after)))
         ref = feed.Loader("web", socket=d.socket, as_numpy=True, reconnect_timeout=0)
         want = [next(ref).clone() for _ in range(4 + len(after))][4:]
@@ -339,5 +361,192 @@ def test_a_daemon_that_does_not_come_back_is_named_after_the_timeout(tmp_path, d
         with pytest.raises(feed.DaemonGoneError):  # and stays raised
             next(loader)
         loader.close()
+    finally:
+        d.stop()
+
+
+def test_a_c_trainer_is_bounded_by_feed_reconnect_timeout_and_0_turns_it_off(tmp_path, data):
+    d = Daemon(tmp_path, conf(), name="feedd")
+    bounded = Drained(c_client(d.socket, "web", 0, 1, sleep_ms=1, reconnect_ms=1500, by_env=True))
+    off = Drained(c_client(d.socket, "web", 0, 1, sleep_ms=1, reconnect_ms=0, by_env=True))
+    try:
+        assert bounded.wait_for_line("attached") and off.wait_for_line("attached")
+        time.sleep(0.2)
+        d.proc.kill()
+        d.proc.wait()
+        t0 = time.time()
+        off.proc.wait(timeout=10)
+        took_off = time.time() - t0
+        bounded.proc.wait(timeout=30)
+        took = time.time() - t0
+    finally:
+        for c in (bounded, off):
+            if c.proc.poll() is None:
+                c.proc.kill()
+    assert off.proc.returncode == 1 and took_off < 2, (took_off, off.text()[-300:])
+    assert "feedd closed the connection" in off.text().splitlines()[-1]
+    last = bounded.text().splitlines()[-1]
+    assert bounded.proc.returncode == 1 and 1.4 < took < 10, (took, last)
+    assert last.startswith("error -104 ") and "did not come back within 1.5 s (reconnect_timeout)" in last, last
+    assert "last attempt: cannot reach feedd at" in last, last  # what the last try met: the socket is gone
+
+
+def start_on_kept_socket(tmp, lsock):
+    """feedd serving a listening socket it inherits (fd 3, $LISTEN_FDS), as systemd's feedd.socket passes it."""
+    c = tmp / "kept.conf"
+    c.write_text(conf())
+    fd = lsock.fileno()
+    # The socket must end up as fd 3 of the process that execs feedd (sh cannot move an fd above 9).
+    shim = ("import os, sys; fd = int(sys.argv[1])\n"
+            "if fd != 3: os.dup2(fd, 3); os.close(fd)\n"
+            "os.environ['LISTEN_PID'] = str(os.getpid()); os.execv(sys.argv[2], sys.argv[2:])")
+    return subprocess.Popen([sys.executable, "-c", shim, str(fd), str(FEEDD), "-c", str(c)],
+                            env={**os.environ, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "control"}, pass_fds=(fd,),
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "kept.log", "w"))
+
+
+@pytest.mark.parametrize("socket_kept", [False, True], ids=["socket gone", "socket kept"])
+def test_signals_during_the_backoff_act_at_once(tmp_path, data, socket_kept):
+    """SIGTERM ends a C trainer (no handler) and Ctrl-C interrupts a Python one (KeyboardInterrupt)
+    while they wait for a daemon that is not there, not after reconnect_timeout (300 s by default):
+    in the backoff (the socket is gone), and while connected to a socket kept by the service manager
+    that no daemon serves yet (the HELLO is not answered)."""
+    import socket as socketmod
+    lsock = None
+    if socket_kept:
+        sock = str(tmp_path / "kept.sock")
+        lsock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+        lsock.bind(sock)
+        lsock.listen(16)
+        proc = start_on_kept_socket(tmp_path, lsock)
+    else:
+        d = Daemon(tmp_path, conf(), name="feedd")
+        sock, proc = d.socket, d.proc
+    c = Drained(c_client(sock, "web", 0, 1, sleep_ms=1))
+    env = {**os.environ, "PYTHONPATH": use_feed_package(), "FEEDD_BUILD_DIR": str(STREAM_CLIENT.parents[2])}
+    py = subprocess.Popen([sys.executable, "-c", """
+import sys, time, feed
+loader = feed.Loader("web", socket=sys.argv[1], as_numpy=True)
+next(loader)
+print("attached", flush=True)
+try:
+    while True:
+        next(loader)
+except KeyboardInterrupt:
+    print("interrupted", loader.stats()["reconnects"], flush=True)
+""", sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    py = Drained(py)
+    try:
+        log = tmp_path / "kept.log"
+        assert c.wait_for_line("attached") and py.wait_for_line("attached"), \
+            (c.err(), py.err(), log.read_text() if log.exists() else "")
+        proc.kill()
+        proc.wait()
+        time.sleep(1.0)  # both are reconnecting now
+        assert c.proc.poll() is None and py.proc.poll() is None, "a client gave up instead of reconnecting"
+        t0 = time.time()
+        c.proc.send_signal(signal.SIGTERM)
+        py.proc.send_signal(signal.SIGINT)
+        c.proc.wait(timeout=10)
+        py.proc.wait(timeout=10)
+        took = time.time() - t0
+    finally:
+        for p in (c, py):
+            if p.proc.poll() is None:
+                p.proc.kill()
+        if lsock:
+            lsock.close()
+    assert c.proc.returncode == -signal.SIGTERM, c.proc.returncode
+    assert "interrupted 0" in py.text() and py.proc.returncode == 0, (py.text(), py.err()[-500:])
+    assert took < 3, f"the signals took {took:.1f} s"
+
+
+def test_a_kept_socket_that_no_daemon_serves_is_named_after_the_timeout(tmp_path, data):
+    """The service manager keeps the socket, the daemon does not come back: connecting succeeds and the
+    HELLO is never answered; the trainer still gets its error at the timeout, saying what happened."""
+    import socket as socketmod
+    lsock = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+    sock = str(tmp_path / "kept.sock")
+    lsock.bind(sock)
+    lsock.listen(16)
+    proc = start_on_kept_socket(tmp_path, lsock)
+    c = Drained(c_client(sock, "web", 0, 1, sleep_ms=1, reconnect_ms=1500, by_env=True))
+    try:
+        assert c.wait_for_line("attached"), (c.err(), (tmp_path / "kept.log").read_text())
+        proc.kill()
+        proc.wait()
+        t0 = time.time()
+        c.proc.wait(timeout=30)
+        took = time.time() - t0
+    finally:
+        if c.proc.poll() is None:
+            c.proc.kill()
+        lsock.close()
+    last = c.text().splitlines()[-1]
+    assert c.proc.returncode == 1 and 1.4 < took < 5, (took, last)
+    assert "did not come back within 1.5 s (reconnect_timeout); last attempt: reading from feedd: timed out" in last, \
+        last
+
+
+def test_train_c_keeps_training_across_restarts(tmp_path, data):
+    """examples/train_c has no code for restarts and nothing set: it just keeps training."""
+    d = Daemon(tmp_path, conf(), name="feedd")
+    env = {k: v for k, v in os.environ.items() if k != "FEED_RECONNECT_TIMEOUT"}
+    p = subprocess.Popen([str(BUILD / "examples" / "train_c"), "--socket", d.socket, "--feed", "web", "--steps", "400",
+                          "--step-ms", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs = [d.proc]
+    try:
+        for how in (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL):
+            time.sleep(0.5)
+            assert p.poll() is None, p.communicate()
+            d.proc.send_signal(how)
+            d.proc.wait()
+            time.sleep(0.3)
+            d = Daemon(tmp_path, conf(), name="feedd")
+            procs.append(d.proc)
+        out, err = p.communicate(timeout=120)
+        reconnects = [c["reconnects"] for c in d.status()["clients"]]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        d.stop()
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+    assert p.returncode == 0, (out[-500:], err[-500:])
+    assert "done: 400 steps" in out and err == "", (out[-500:], err)
+    assert reconnects == [], reconnects  # it detached at the end
+
+
+def test_a_device_loader_attaches_again_as_one(tmp_path, data):
+    """feed.Loader(device=...) across a SIGKILL and restart: the re-attach asks for device batches again
+    (the new daemon's buffers are imported; here, without a GPU, both daemons answer with host batches and
+    the loader falls back each time) and the stream reads on bit-identically."""
+    os.environ.setdefault("FEEDD_BUILD_DIR", str(STREAM_CLIENT.parents[2]))
+    use_feed_package()
+    torch = pytest.importorskip("torch")
+    import warnings
+    import feed
+
+    d = Daemon(tmp_path, conf(), name="feedd")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            loader = feed.Loader("web", socket=d.socket, device="cuda:0", allow_host_fallback=True, timeout=60)
+        got = [next(loader)["input_ids"].clone() for _ in range(5)]
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, conf(), name="feedd")
+        got += [next(loader)["input_ids"].clone() for _ in range(10)]
+        assert loader.stats()["reconnects"] == 1
+        st = d.status()
+        mine = [c for c in st["clients"] if c["pid"] == os.getpid()]
+        assert len(mine) == 1 and mine[0]["reconnects"] == 1, mine
+        loader.close()
+        ref = feed.Loader("web", socket=d.socket, reconnect_timeout=0)
+        want = [next(ref)["input_ids"].clone() for _ in range(len(got))]
+        ref.close()
+        for i, (a, w) in enumerate(zip(got, want)):
+            assert torch.equal(a, w), f"batch {i} differs from the undisturbed run"
     finally:
         d.stop()

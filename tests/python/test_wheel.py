@@ -41,7 +41,7 @@ def venv(tmp_path_factory):
     src = top / "src"
     for rel in ("client/python", "client/include", "proto"):
         shutil.copytree(SRC / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__", ".mesonpy-*"))
-    # libfeed's sources: libfeed.c and the files split from it (device.c, epoch.c, reconnect.c, strerror.c), its header and symbols.
+    # libfeed's sources: libfeed.c and the files split from it (device.c, epoch.c, reconnect.c, stats.c, strerror.c), its header and symbols.
     for f in [*(SRC / "client").glob("libfeed*"), *(SRC / "client").glob("*.c")]:
         shutil.copy2(f, src / "client" / f.name)
     dist = top / "dist"

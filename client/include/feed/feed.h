@@ -37,6 +37,8 @@ extern "C" {
 #endif
 
 #define FEED_CURSOR_MAX_LEN 512 /* including the NUL */
+/* How long next() waits for a daemon that went away to come back, unless set (feed_client_set_reconnect_timeout). */
+#define FEED_RECONNECT_TIMEOUT_DEFAULT_MS 300000
 
 typedef struct feed_client feed_client;
 
@@ -85,28 +87,38 @@ int feed_client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t
 /*
  * Waits up to timeout_ms (-1: forever, 0: poll) for the next batch. Returns
  * 0 and fills *ret; -ETIMEDOUT; -ENOBUFS when `slots` batches are already
- * held; -ESHUTDOWN when the daemon stops; -ECONNRESET when it vanished;
- * -ESTALE when a shard of the feed changed while served (the batches not yet
- * taken are withdrawn, never returned; feed_client_error() names the file);
- * or the error that stopped the stream (message in feed_client_error()).
+ * held; -ESHUTDOWN when the daemon stopped and -ECONNRESET when it vanished
+ * (and did not come back within the reconnect timeout, below); -EINTR when
+ * a signal interrupted a reconnect (call again); -ESTALE when a shard of the
+ * feed changed while served (the batches not yet taken are withdrawn, never
+ * returned; feed_client_error() names the file); or the error that stopped
+ * the stream (message in feed_client_error()).
  */
 int feed_client_next(feed_client *c, int timeout_ms, struct feed_batch *ret);
 
 /*
- * Reconnect (an attach option; set it before or after attaching): when
- * feedd goes away (next() would return -ESHUTDOWN or -ECONNRESET: it
- * stopped, crashed, or is being restarted or upgraded), next() waits for the
- * daemon to come back, for at most timeout_ms, retrying with capped
- * exponential backoff plus jitter, attaches again at the cursor of the last
- * batch it returned and goes on with the batch after it: the caller sees one
- * longer next(). Batches held meanwhile stay valid until released. Past the
- * timeout next() returns the error that started it (-ESHUTDOWN or
- * -ECONNRESET) and feed_client_error() says what happened; a daemon that is back but refuses the attach (the feed is gone,
- * its data changed so the cursor is refused) gives its reason at once.
- * 0 disables it: next() returns the error as before. The default is
- * $FEED_RECONNECT_TIMEOUT (seconds) when set, else 0. Not
- * available for device attachments (they return the error). Returns 0 or
- * -EINVAL.
+ * Reconnect (an attach option, on by default; set it before or after
+ * attaching): when feedd goes away (next() would return -ESHUTDOWN or
+ * -ECONNRESET: it stopped, crashed, or is being restarted or upgraded),
+ * next() waits for the daemon to come back, for at most timeout_ms,
+ * retrying with capped exponential backoff plus jitter, attaches again at
+ * the cursor of the last batch it returned and goes on with the batch after
+ * it: the caller sees one longer next() (the wait does not count against
+ * next()'s own timeout). Batches held meanwhile stay valid until released.
+ * A device attachment imports the new daemon's buffers and events; the
+ * device views of batches staged by the old daemon must be taken before the
+ * next() that reconnects.
+ *
+ * Past the timeout next() returns the error that started it (-ESHUTDOWN or
+ * -ECONNRESET) and feed_client_error() says what happened; a daemon that is
+ * back but refuses the attach (the feed is gone, its data changed so the
+ * cursor is refused) gives its reason at once. If a signal handler runs
+ * during the backoff, next() returns -EINTR at once and the next call goes
+ * on reconnecting (without a handler, SIGINT and SIGTERM end the process as
+ * usual). 0 disables it: next() returns the error as before. The default is
+ * $FEED_RECONNECT_TIMEOUT (seconds, 0 disables) when set, else
+ * FEED_RECONNECT_TIMEOUT_DEFAULT_MS (300 s: long enough for a package
+ * upgrade). Returns 0 or -EINVAL.
  */
 int feed_client_set_reconnect_timeout(feed_client *c, int64_t timeout_ms);
 
@@ -147,7 +159,11 @@ struct feed_stats {
 	uint64_t hist_step[256];
 };
 
-/* Copies the client's counters. Returns 0, or -ENOTCONN when not attached. */
+/*
+ * Copies the client's counters (over every daemon it was attached to, see
+ * reconnect above). Returns 0, or -ENOTCONN when not attached (between
+ * daemons: the counters so far).
+ */
 int feed_client_stats(const feed_client *c, struct feed_stats *ret);
 
 /* Lower bound (ns) of histogram bucket b of struct feed_stats. */

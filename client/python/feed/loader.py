@@ -423,7 +423,9 @@ class Loader(_Base):
     reconnect_timeout: when feedd goes away (a crash, a restart, a package
     upgrade), next() waits up to this many seconds for it to come back and
     goes on exactly after the last batch it returned; batches held stay
-    valid. 0: raise DaemonGoneError at once instead. Not for device="cuda:N".
+    valid (with device="cuda:N" the new daemon's buffers are imported). A
+    Ctrl-C meanwhile raises KeyboardInterrupt at once. 0: raise
+    DaemonGoneError at once instead.
 
     A torch IterableDataset: DataLoader(loader, batch_size=None,
     num_workers=0) yields its batches unchanged.
@@ -562,6 +564,8 @@ class Loader(_Base):
         while True:
             ms = _WAIT_SLICE_MS if left is None else min(left, _WAIT_SLICE_MS)
             r = lib.feed_client_next(ptr, ms, ref)
+            if r == -errno.EINTR:  # a signal (Ctrl-C) during a reconnect: its handler runs now, then on
+                continue
             if r == -errno.ETIMEDOUT and (left is None or left > ms):
                 if left is not None:
                     left -= ms
@@ -575,6 +579,11 @@ class Loader(_Base):
             _raise_attach(r, conn.error(), True)
         self._cursor = b.cursor.decode()
         self._next_index = b.index + 1
+        if self._device is not None:  # a reconnect imports the new daemon's buffers, or falls back to host batches
+            was, conn.device = conn.device, lib.feed_client_device(ptr)
+            if was >= 0 > conn.device:
+                warnings.warn(f"feed.Loader(device='cuda:{self._device}'): host batches instead after feedd came "
+                              f"back ({conn.error()})", RuntimeWarning, stacklevel=2)
         if conn.device >= 0:
             arrays = self._device_views(conn, b)
         elif self._copy:
