@@ -64,6 +64,9 @@ static void advance(struct session *s)
 		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
 		if (failed->result == -ENODATA)
 			feed_check(s->feed);
+		/* A block that does not match its checksum: every session of the feed would meet it (docs/checksums.md). */
+		if (failed->result == -EUCLEAN)
+			feed_fail(s->feed, -EUCLEAN, failed->error);
 		session_fail(s, failed->result, failed->error);
 	}
 }

@@ -570,7 +570,7 @@ static int open_copy(struct text_shard *s, const char *data_path, struct source_
 		return 0;
 	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
 	r = buf ? read_blocks(io, s->data, s->bytes, buf, NULL, NULL) : -ENOMEM;
-	if (r == -EBADMSG)
+	if (r == -EUCLEAN)
 		snprintf(err, errlen, "%s", source_reader_error(io));
 	else if (r < 0)
 		snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));

@@ -355,7 +355,7 @@ static int verify_finish(struct source_reader *r, size_t *ret_failed)
 					 v->src->name, r->reqs[v->req].offset, v->src->sums->data_size);
 			if (ret_failed)
 				*ret_failed = v->req;
-			return -EBADMSG;
+			return -EUCLEAN;
 		}
 		if (v->bounce != SIZE_MAX)
 			memcpy(v->dst, p + v->skip, v->len);
@@ -419,7 +419,7 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 		snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " does not match its checksum: the file is damaged or changed",
 			 s->name, bad);
 		free(buf);
-		return -EBADMSG;
+		return -EUCLEAN;
 	}
 	*ret = buf;
 	return 0;
@@ -428,7 +428,7 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
 		       uint64_t len)
 {
-	if (r == -EBADMSG)
+	if (r == -EUCLEAN)
 		snprintf(err, errlen, "%s: read at byte %" PRIu64 ": a block does not match its checksum", name, offset);
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",

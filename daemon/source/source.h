@@ -69,7 +69,7 @@ const struct source_id *source_identity(const struct source *s);
 /*
  * Attaches block checksums (daemon/io/sums.h) to s, which owns them from
  * then on: every later read of s reads the whole blocks it touches and
- * checks them (source_complete fails with -EBADMSG, source_reader_error()
+ * checks them (source_complete fails with -EUCLEAN, source_reader_error()
  * names the file and the block's offset). Call before s is shared with other
  * threads. Returns 0, or -EINVAL when they cover more than the file holds.
  */
@@ -119,7 +119,7 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * Waits for every read queued since the last completion and forgets them.
  * Returns 0; or a negative errno with *ret_failed (if not NULL) the index,
  * in submission order, of a failing read: -ENODATA when the object ended
- * before the read did (it shrank under us), -EBADMSG when a block of a
+ * before the read did (it shrank under us), -EUCLEAN when a block of a
  * checksummed source does not match (source_reader_error() says where), the
  * read's own error otherwise.
  * On error the destinations' contents are unspecified.

@@ -191,13 +191,13 @@ static void test_sidecar_and_source(void)
 		CHECK_INT(source_read(r, &past, 1, &failed), -ENODATA);
 		/* One byte flipped on disk: the read touching it fails, naming the file and its block. */
 		flip(data, 50000);
-		CHECK_INT(source_read(r, q, ARRAY_SIZE(cases), &failed), -EBADMSG);
+		CHECK_INT(source_read(r, q, ARRAY_SIZE(cases), &failed), -EUCLEAN);
 		CHECK_INT(failed, 6); /* { 1, 99999 } is the only read over byte 50000 */
 		CHECK(strstr(source_reader_error(r), "x.bin: block at byte 49152 "), "%s", source_reader_error(r));
 		struct source_read clean = { .src = src, .offset = 0, .len = 4096, .dst = out[0] };
 		CHECK_INT(source_read(r, &clean, 1, &failed), 0);
 		void *all = NULL;
-		CHECK_INT(source_read_all(r, src, &all), -EBADMSG);
+		CHECK_INT(source_read_all(r, src, &all), -EUCLEAN);
 		flip(data, 50000);
 		CHECK_INT(source_read_all(r, src, &all), 0);
 		free(all);
