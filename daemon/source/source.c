@@ -50,6 +50,8 @@ struct source_reader {
 	struct bounce { uint8_t *p; size_t size; } *bounce; /* whole blocks of reads that cover part of one */
 	size_t n_bounce, cap_bounce;
 	struct bounce spare; /* the last completion's largest buffer, kept for the next */
+	struct source_read *wide; /* verify_plan's copy of a submission */
+	size_t wide_cap;
 	char why[320];       /* the last checksum failure */
 };
 
@@ -250,6 +252,7 @@ struct source_reader *source_reader_free(struct source_reader *r)
 		free(r->bounce[i].p);
 	free(r->bounce);
 	free(r->spare.p);
+	free(r->wide);
 	free(r);
 	return NULL;
 }
@@ -345,7 +348,8 @@ static void verify_clear(struct source_reader *r)
 
 /*
  * Plans reads[0..n) (submitted at r->n_sub on): *ret is NULL when none is of
- * a checked source, else a copy to submit instead (caller frees).
+ * a checked source, else a copy to submit instead (the reader's, valid until
+ * the next submission).
  */
 static int verify_plan(struct source_reader *r, const struct source_read *reads, size_t n, struct source_read **ret)
 {
@@ -363,9 +367,14 @@ static int verify_plan(struct source_reader *r, const struct source_read *reads,
 		r->vr = v;
 		r->cap_vr = cap;
 	}
-	struct source_read *w = malloc(n * sizeof(*w));
-	if (!w)
-		return -ENOMEM;
+	if (n > r->wide_cap) {
+		struct source_read *g = realloc(r->wide, n * sizeof(*g));
+		if (!g)
+			return -ENOMEM;
+		r->wide = g;
+		r->wide_cap = n;
+	}
+	struct source_read *w = r->wide;
 	memcpy(w, reads, n * sizeof(*w));
 	struct verify_rec *v = r->vr + r->n_vr;
 	for (size_t i = 0, j = 0; i < n; i++) {
@@ -385,10 +394,8 @@ static int verify_plan(struct source_reader *r, const struct source_read *reads,
 			bytes += x->span; /* else whole blocks: checked where they land */
 	}
 	uint8_t *b = bytes ? bounce_new(r, bytes) : NULL;
-	if (bytes && !b) {
-		free(w);
+	if (bytes && !b)
 		return -ENOMEM;
-	}
 	for (size_t i = 0, j = 0; i < n; i++) {
 		if (!reads[i].src->sums || !reads[i].len)
 			continue;
@@ -431,7 +438,7 @@ static int verify_finish(struct source_reader *r, size_t *ret_failed)
 
 int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
 {
-	_cleanup_free_ struct source_read *widened = NULL;
+	struct source_read *widened = NULL;
 	const size_t n_vr = r->n_vr;
 	if (verify_plan(r, reads, n, &widened) < 0)
 		return -ENOMEM;
