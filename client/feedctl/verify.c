@@ -52,7 +52,7 @@ static int check_blocks(struct megatron_shard *s, struct source_reader *io, char
 	for (uint64_t at = 0; at < size; at += cap) {
 		struct source_read q = { .src = s->bin, .offset = at, .len = (size_t)MIN((uint64_t)cap, size - at), .dst = buf };
 		int r = source_read(io, &q, 1, NULL);
-		if (r == -EBADMSG) {
+		if (r == -EUCLEAN) {
 			snprintf(err, errlen, "%s", source_reader_error(io));
 			return r;
 		}

@@ -83,6 +83,9 @@ static void advance(struct session *s)
 		if ((failed->result == -ENODATA || failed->result == -ESTALE) && feed_check(s->feed) < 0 &&
 		    feed_changed(s))
 			return;
+		/* A block that does not match its checksum: every session of the feed would meet it (docs/checksums.md). */
+		if (failed->result == -EUCLEAN)
+			feed_fail(s->feed, -EUCLEAN, failed->error);
 		session_fail(s, failed->result, failed->error);
 	}
 }

@@ -168,7 +168,7 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 	if (r < 0) {
 		if (r == -ENOMEM)
 			snprintf(err, errlen, "out of memory queueing %zu reads", c->n);
-		else if (r == -EBADMSG)
+		else if (r == -EUCLEAN)
 			snprintf(err, errlen, "%s", source_reader_error(w->io));
 		else
 			source_read_error(err, errlen, r, source_name(w->reqs[failed].src), ".idx", w->runs[failed].byte_offset,

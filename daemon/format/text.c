@@ -419,7 +419,7 @@ static int read_blocks(struct source_reader *io, struct source *src, uint64_t si
 		int r = source_read(io, &req, 1, &failed);
 		if (r < 0)
 			return r;
-		r = fn ? fn(ctx, buf, n, at) : 0;
+		r = fn(ctx, buf, n, at);
 		if (r < 0)
 			return r;
 		at += n;
@@ -536,48 +536,6 @@ struct text_shard *text_free(struct text_shard *s)
 	return NULL;
 }
 
-/*
- * Opens the cache copy data_path for serving: pinned (never evicted while
- * open), its checksum trailer loaded and attached to the source so that
- * every read is checked, and with verify_all every block checked now.
- * Returns 0, or a negative errno with a message naming the file and offset.
- */
-static int open_copy(struct text_shard *s, const char *data_path, struct source_reader *io, bool verify_all, char *err,
-		     size_t errlen)
-{
-	struct sums *sums = NULL;
-	int r = cache_pin(data_path, &s->pin);
-	if (r < 0) {
-		snprintf(err, errlen, "%s: cannot open its cache copy %s: %s", s->path, data_path, strerror(-r));
-		return r;
-	}
-	r = source_open(data_path, &s->data, err, errlen);
-	if (r == 0)
-		r = sums_load(cache_pin_fd(s->pin), source_size(s->data), false, data_path, &sums, err, errlen);
-	if (r == -ENODATA)
-		snprintf(err, errlen, "%s: no checksum trailer", data_path);
-	if (r == 0 && sums->data_size != s->bytes) {
-		snprintf(err, errlen, "%s: holds %" PRIu64 " bytes of text, its index %" PRIu64, data_path, sums->data_size,
-			 s->bytes);
-		r = -EBADMSG;
-	}
-	if (r == 0)
-		r = source_set_sums(s->data, sums);
-	if (r < 0) {
-		sums_free(sums);
-		return r == -ENODATA ? -EBADMSG : r;
-	}
-	if (!verify_all)
-		return 0;
-	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
-	r = buf ? read_blocks(io, s->data, s->bytes, buf, NULL, NULL) : -ENOMEM;
-	if (r == -EBADMSG)
-		snprintf(err, errlen, "%s", source_reader_error(io));
-	else if (r < 0)
-		snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));
-	return r;
-}
-
 static void source_closep(struct source **s)
 {
 	source_close(*s);
@@ -635,7 +593,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		s->cached = true;
 		/* The copy must be the one the index describes, every block intact; else it is built again. */
 		char why[320];
-		if (data_path && (r = open_copy(s, data_path, io, true, why, sizeof(why))) < 0) {
+		if (data_path && (r = text_open_copy(s, data_path, io, true, why, sizeof(why))) < 0) {
 			if (r != -ENOENT)
 				snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
 			s->data = source_close(s->data);
@@ -660,7 +618,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 			}
 			/* A plain shard still works with its index in memory only. */
 		}
-		if (data_path && (r = open_copy(s, data_path, io, false, err, errlen)) < 0) {
+		if (data_path && (r = text_open_copy(s, data_path, io, false, err, errlen)) < 0) {
 			text_free(s);
 			return r;
 		}

@@ -118,6 +118,16 @@ static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)
 int text_parquet_build(struct text_shard *s, struct source *src, struct source_reader *io, const char *column,
 		       uint64_t max_doc_bytes, struct cache_build *dst, char *err, size_t errlen);
 
+/*
+ * Opens the cache copy data_path of s for serving (text_cache.c): pinned
+ * while s is open, its checksums attached to s->data so that every read is
+ * checked, and with verify_all every block checked now. Returns 0; -ENOENT
+ * when there is no copy; or a negative errno with a message naming the file
+ * and offset in err.
+ */
+int text_open_copy(struct text_shard *s, const char *data_path, struct source_reader *io, bool verify_all, char *err,
+		   size_t errlen);
+
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);
 

@@ -31,13 +31,14 @@ struct source {
 
 /* A read of a checksummed source: its covering blocks [lo, lo + span), verified at completion. */
 struct verify_rec {
-	size_t req;          /* index in reqs */
+	size_t req;          /* index in submission order since the last completion */
 	const struct source *src;
+	uint64_t offset;     /* the caller's read: offset, len, dst */
+	size_t len;
+	void *dst;
 	uint64_t lo;
-	size_t span;
-	void *dst;           /* the caller's destination */
-	size_t skip, len;    /* the caller's bytes: [lo + skip, lo + skip + len) */
-	size_t bounce;       /* offset in the bounce buffer, SIZE_MAX: read in place */
+	size_t span;         /* 0: the read goes past what the sums cover */
+	uint8_t *bounce;     /* where the blocks land when they are not the caller's bytes exactly; NULL: in place */
 };
 
 struct source_reader {
@@ -45,10 +46,14 @@ struct source_reader {
 	struct io_req *reqs; /* queued reads, in submission order */
 	struct source **srcs; /* ... and the source each one reads (checked after the reads, source_complete) */
 	size_t n, cap;
+	size_t n_sub;        /* reads submitted since the last completion */
 	struct verify_rec *vr; /* reads of checksummed sources, queued */
 	size_t n_vr, cap_vr;
-	uint8_t *bounce;     /* whole blocks of reads that cover part of one */
-	size_t bounce_need, bounce_cap;
+	struct bounce { uint8_t *p; size_t size; } *bounce; /* whole blocks of reads that cover part of one */
+	size_t n_bounce, cap_bounce;
+	struct bounce spare; /* the last completion's largest buffer, kept for the next */
+	struct source_read *wide; /* verify_plan's copy of a submission */
+	size_t wide_cap;
 	char why[320];       /* the last checksum failure */
 };
 
@@ -278,7 +283,11 @@ struct source_reader *source_reader_free(struct source_reader *r)
 	free(r->reqs);
 	free(r->srcs);
 	free(r->vr);
+	for (size_t i = 0; i < r->n_bounce; i++)
+		free(r->bounce[i].p);
 	free(r->bounce);
+	free(r->spare.p);
+	free(r->wide);
 	free(r);
 	return NULL;
 }
@@ -325,107 +334,176 @@ const char *source_reader_error(const struct source_reader *r)
 	return r->why;
 }
 
-/* Turns queued read `req` of a checksummed source into a read of its whole blocks. */
-static int verify_plan(struct source_reader *r, size_t req, const struct source_read *q)
+/*
+ * The checks wrap whatever carries the reads: verify_plan() hands the
+ * backend a copy of the caller's reads in which every read of a checked
+ * source covers whole blocks (into a bounce buffer when that is more than the
+ * caller's bytes), and verify_finish() checks them once the backend is done
+ * and copies the caller's bytes out.
+ */
+
+static uint8_t *bounce_new(struct source_reader *r, size_t size)
 {
-	const struct sums *sums = q->src->sums;
-	if (r->n_vr == r->cap_vr) {
-		size_t cap = MAX(r->cap_vr * 2, (size_t)16);
+	if (r->n_bounce == r->cap_bounce) {
+		size_t cap = MAX(r->cap_bounce * 2, (size_t)4);
+		struct bounce *v = realloc(r->bounce, cap * sizeof(*v));
+		if (!v)
+			return NULL;
+		r->bounce = v;
+		r->cap_bounce = cap;
+	}
+	struct bounce b = { 0 };
+	if (r->spare.p && r->spare.size >= size) {
+		b = r->spare;
+		r->spare = (struct bounce){ 0 };
+	} else if (!(b.p = malloc(size)))
+		return NULL;
+	else
+		b.size = size;
+	r->bounce[r->n_bounce++] = b;
+	return b.p;
+}
+
+/* Frees the bounce buffers of a completed batch but the largest, kept for the next. */
+static void verify_clear(struct source_reader *r)
+{
+	for (size_t i = 0; i < r->n_bounce; i++) {
+		struct bounce b = r->bounce[i];
+		if (b.size > r->spare.size) {
+			struct bounce t = r->spare;
+			r->spare = b;
+			b = t;
+		}
+		free(b.p);
+	}
+	r->n_bounce = 0;
+	r->n_vr = 0;
+	r->n_sub = 0;
+}
+
+/*
+ * Plans reads[0..n) (submitted at r->n_sub on): *ret is NULL when none is of
+ * a checked source, else a copy to submit instead (the reader's, valid until
+ * the next submission).
+ */
+static int verify_plan(struct source_reader *r, const struct source_read *reads, size_t n, struct source_read **ret)
+{
+	size_t k = 0, bytes = 0;
+	*ret = NULL;
+	for (size_t i = 0; i < n; i++)
+		k += reads[i].src->sums && reads[i].len;
+	if (!k)
+		return 0;
+	if (r->n_vr + k > r->cap_vr) {
+		size_t cap = MAX(r->n_vr + k, MAX(r->cap_vr * 2, (size_t)16));
 		struct verify_rec *v = realloc(r->vr, cap * sizeof(*v));
 		if (!v)
 			return -ENOMEM;
 		r->vr = v;
 		r->cap_vr = cap;
 	}
-	struct verify_rec *v = &r->vr[r->n_vr++];
-	*v = (struct verify_rec){ .req = req, .src = q->src, .dst = q->dst, .len = q->len, .bounce = SIZE_MAX };
-	if (q->offset > sums->data_size || q->len > sums->data_size - q->offset) {
-		v->span = 0; /* past what the sums cover: refused at completion */
-		return 0;
-	}
-	uint64_t lo, hi;
-	sums_cover(sums, q->offset, q->len, &lo, &hi);
-	v->lo = lo;
-	v->span = (size_t)(hi - lo);
-	v->skip = (size_t)(q->offset - lo);
-	if (lo == q->offset && hi == q->offset + q->len)
-		return 0; /* whole blocks: verified where they land */
-	v->bounce = r->bounce_need;
-	r->bounce_need += v->span;
-	r->reqs[req].offset = lo;
-	r->reqs[req].len = v->span;
-	return 0;
-}
-
-/* Points the widened reads into the bounce buffer, now that its size is known. */
-static int verify_prepare(struct source_reader *r)
-{
-	if (r->bounce_need > r->bounce_cap) {
-		uint8_t *b = realloc(r->bounce, r->bounce_need);
-		if (!b)
+	if (n > r->wide_cap) {
+		struct source_read *g = realloc(r->wide, n * sizeof(*g));
+		if (!g)
 			return -ENOMEM;
-		r->bounce = b;
-		r->bounce_cap = r->bounce_need;
+		r->wide = g;
+		r->wide_cap = n;
 	}
-	for (size_t i = 0; i < r->n_vr; i++)
-		if (r->vr[i].bounce != SIZE_MAX)
-			r->reqs[r->vr[i].req].dst = r->bounce + r->vr[i].bounce;
+	struct source_read *w = r->wide;
+	memcpy(w, reads, n * sizeof(*w));
+	struct verify_rec *v = r->vr + r->n_vr;
+	for (size_t i = 0, j = 0; i < n; i++) {
+		const struct sums *sums = reads[i].src->sums;
+		if (!sums || !reads[i].len)
+			continue;
+		struct verify_rec *x = &v[j++];
+		*x = (struct verify_rec){ .req = r->n_sub + i, .src = reads[i].src, .offset = reads[i].offset,
+					  .len = reads[i].len, .dst = reads[i].dst };
+		if (reads[i].offset > sums->data_size || reads[i].len > sums->data_size - reads[i].offset)
+			continue; /* past what the sums cover: refused at completion */
+		uint64_t lo, hi;
+		sums_cover(sums, reads[i].offset, reads[i].len, &lo, &hi);
+		x->lo = lo;
+		x->span = (size_t)(hi - lo);
+		if (lo != reads[i].offset || hi != reads[i].offset + reads[i].len)
+			bytes += x->span; /* else whole blocks: checked where they land */
+	}
+	uint8_t *b = bytes ? bounce_new(r, bytes) : NULL;
+	if (bytes && !b)
+		return -ENOMEM;
+	for (size_t i = 0, j = 0; i < n; i++) {
+		if (!reads[i].src->sums || !reads[i].len)
+			continue;
+		struct verify_rec *x = &v[j++];
+		if (!x->span || (x->lo == x->offset && x->span == x->len))
+			continue;
+		x->bounce = b;
+		w[i] = (struct source_read){ .src = reads[i].src, .offset = x->lo, .len = x->span, .dst = b };
+		b += x->span;
+	}
+	r->n_vr += k;
+	*ret = w;
 	return 0;
 }
 
-/* Checks every block read and copies the caller's bytes out of the bounce buffer. */
+/* Checks every block read and copies the caller's bytes out of the bounce buffers. */
 static int verify_finish(struct source_reader *r, size_t *ret_failed)
 {
 	for (size_t i = 0; i < r->n_vr; i++) {
 		const struct verify_rec *v = &r->vr[i];
 		uint64_t bad = v->lo;
-		const uint8_t *p = v->bounce == SIZE_MAX ? v->dst : r->bounce + v->bounce;
-		int e = v->span ? sums_verify(v->src->sums, v->lo, p, v->span, &bad) : -EBADMSG;
+		const uint8_t *p = v->bounce ? v->bounce : v->dst;
+		int e = v->span ? sums_verify(v->src->sums, v->lo, p, v->span, &bad) : -EUCLEAN;
 		if (e < 0) {
 			if (v->span)
 				snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " (%u bytes) does not match its checksum: the file is damaged or changed",
 					 v->src->name, bad, v->src->sums->block);
 			else
 				snprintf(r->why, sizeof(r->why), "%s: read at byte %" PRIu64 " is past the %" PRIu64 " bytes its checksums cover",
-					 v->src->name, r->reqs[v->req].offset, v->src->sums->data_size);
+					 v->src->name, v->offset, v->src->sums->data_size);
 			if (ret_failed)
 				*ret_failed = v->req;
-			return -EBADMSG;
+			return -EUCLEAN;
 		}
-		if (v->bounce != SIZE_MAX)
-			memcpy(v->dst, p + v->skip, v->len);
+		if (v->bounce)
+			memcpy(v->dst, p + (v->offset - v->lo), v->len);
 	}
 	return 0;
 }
 
 int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
 {
+	struct source_read *widened = NULL;
+	const size_t n_vr = r->n_vr;
+	if (verify_plan(r, reads, n, &widened) < 0)
+		return -ENOMEM;
+	if (widened)
+		reads = widened;
 	if (r->n + n > r->cap) {
 		size_t cap = MAX(r->n + n, MAX(r->cap * 2, (size_t)16));
 		struct io_req *q = realloc(r->reqs, cap * sizeof(*q));
-		if (!q)
+		if (!q) {
+			r->n_vr = n_vr; /* nothing queued: the plan is undone (its buffer goes at completion) */
 			return -ENOMEM;
+		}
 		r->reqs = q;
 		struct source **s = realloc(r->srcs, cap * sizeof(*s));
-		if (!s)
+		if (!s) {
+			r->n_vr = n_vr;
 			return -ENOMEM;
+		}
 		r->srcs = s;
 		r->cap = cap;
 	}
-	const size_t n_vr = r->n_vr, bounce_need = r->bounce_need;
 	if (n)
 		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
 		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
 						     .len = reads[i].len, .dst = reads[i].dst };
 		r->srcs[r->n + i] = reads[i].src;
-		if (reads[i].src->sums && reads[i].len && verify_plan(r, r->n + i, &reads[i]) < 0) {
-			r->n_vr = n_vr;
-			r->bounce_need = bounce_need;
-			return -ENOMEM;
-		}
 	}
 	r->n += n;
+	r->n_sub += n;
 	return 0;
 }
 
@@ -459,16 +537,13 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	/* Local files: the whole batch in flight at once on the thread's io_uring. */
 	size_t n = r->n;
 	r->n = 0;
-	int e = verify_prepare(r);
-	if (e == 0)
-		e = io_reader_run(r->io, r->reqs, n, ret_failed);
+	int e = io_reader_run(r->io, r->reqs, n, ret_failed);
 	/* A file written while it was read is -ESTALE, before its sums could call it damaged. */
 	if (e == 0)
 		e = recheck(r, n, ret_failed);
 	if (e == 0)
 		e = verify_finish(r, ret_failed);
-	r->n_vr = 0;
-	r->bounce_need = 0;
+	verify_clear(r);
 	return e;
 }
 
@@ -490,7 +565,7 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 		snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " does not match its checksum: the file is damaged or changed",
 			 s->name, bad);
 		free(buf);
-		return -EBADMSG;
+		return -EUCLEAN;
 	}
 	*ret = buf;
 	return 0;
@@ -499,7 +574,7 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
 		       uint64_t len)
 {
-	if (r == -EBADMSG)
+	if (r == -EUCLEAN)
 		snprintf(err, errlen, "%s: read at byte %" PRIu64 ": a block does not match its checksum", name, offset);
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",

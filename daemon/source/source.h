@@ -70,7 +70,7 @@ const struct source_id *source_identity(const struct source *s);
 /*
  * Attaches block checksums (daemon/io/sums.h) to s, which owns them from
  * then on: every later read of s reads the whole blocks it touches and
- * checks them (source_complete fails with -EBADMSG, source_reader_error()
+ * checks them (source_complete fails with -EUCLEAN, source_reader_error()
  * names the file and the block's offset). Call before s is shared with other
  * threads. Returns 0, or -EINVAL when they cover more than the file holds.
  */
@@ -122,7 +122,7 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * in submission order, of a failing read: -ENODATA when the object ended
  * before the read did (it shrank under us), -ESTALE when an object read is
  * no longer as opened (its identity, ctime included, moved: it was written
- * while or before it was read), -EBADMSG when a block of a checksummed
+ * while or before it was read), -EUCLEAN when a block of a checksummed
  * source does not match (source_reader_error() says where), the read's own
  * error otherwise.
  * On error the destinations' contents are unspecified.

@@ -123,7 +123,7 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
 		return oom(c);
 	if (e < 0) {
 		const struct source_read *q = &t->reqs[failed];
-		if (e == -EBADMSG)
+		if (e == -EUCLEAN)
 			snprintf(c->error, sizeof(c->error), "%s", source_reader_error(r));
 		else
 			source_read_error(c->error, sizeof(c->error), e, source_name(q->src), "index", q->offset, q->len);

@@ -122,6 +122,8 @@ def test_a_flipped_byte_in_a_cache_copy_is_named_and_the_copy_rebuilt(daemon, tm
     assert not isinstance(p, dict) and p.returncode != 0, "a damaged block was served"
     assert f"{copy}: block at byte {block} " in p.stderr, p.stderr
     assert "does not match its checksum" in p.stderr
+    st = next(f for f in d3.status()["feeds"] if f["name"] == "web")
+    assert st["state"] == "failed" and f"{copy}: block at byte {block} " in st["error"], st
 
 
 @pytest.fixture
@@ -166,6 +168,11 @@ def test_megatron_sidecar_verifies_every_block(daemon, tmp_path, shards):
             break
     assert failed is not None, "no rank read the damaged block"
     assert f"{bin0}: block at byte {block} " in failed.stderr and "does not match its checksum" in failed.stderr
+    # The feed fails with it, not only the session that met it: no later attach is served.
+    st = next(f for f in d.status()["feeds"] if f["name"] == "web")
+    assert st["state"] == "failed" and f"{bin0}: block at byte {block} " in st["error"], st
+    p = d.dump("web", tmp_path / "after", rank=0, world=2, batches=1, check=False)
+    assert not isinstance(p, dict) and f"{bin0}: block at byte {block} " in p.stderr, p
 
     # A sidecar of another version of the shard (the .idx changed, still valid): the feed fails at load, naming it.
     flip(bin0, at)

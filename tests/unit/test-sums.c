@@ -186,18 +186,30 @@ static void test_sidecar_and_source(void)
 		CHECK_INT(source_read(r, q, ARRAY_SIZE(cases), &failed), 0);
 		for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
 			CHECK(memcmp(out[i], bytes + cases[i].off, cases[i].len) == 0, "engine %d, read %zu", engine, i);
+		/* Two submissions, one completion: each keeps its own bounce buffer, the failing index counts both. */
+		for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+			memset(out[i], 0, cases[i].len);
+		CHECK_INT(source_submit(r, q, 3), 0);
+		CHECK_INT(source_submit(r, q + 3, ARRAY_SIZE(cases) - 3), 0);
+		CHECK_INT(source_complete(r, &failed), 0);
+		for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+			CHECK(memcmp(out[i], bytes + cases[i].off, cases[i].len) == 0, "engine %d, split, read %zu", engine, i);
 		/* Past the covered data (here also past the file's end): refused. */
 		struct source_read past = { .src = src, .offset = n - 2, .len = 4, .dst = out[0] };
 		CHECK_INT(source_read(r, &past, 1, &failed), -ENODATA);
 		/* One byte flipped on disk: the read touching it fails, naming the file and its block. */
 		flip(data, 50000);
-		CHECK_INT(source_read(r, q, ARRAY_SIZE(cases), &failed), -EBADMSG);
+		CHECK_INT(source_read(r, q, ARRAY_SIZE(cases), &failed), -EUCLEAN);
 		CHECK_INT(failed, 6); /* { 1, 99999 } is the only read over byte 50000 */
+		CHECK_INT(source_submit(r, q, 3), 0);
+		CHECK_INT(source_submit(r, q + 3, ARRAY_SIZE(cases) - 3), 0);
+		CHECK_INT(source_complete(r, &failed), -EUCLEAN);
+		CHECK_INT(failed, 6);
 		CHECK(strstr(source_reader_error(r), "x.bin: block at byte 49152 "), "%s", source_reader_error(r));
 		struct source_read clean = { .src = src, .offset = 0, .len = 4096, .dst = out[0] };
 		CHECK_INT(source_read(r, &clean, 1, &failed), 0);
 		void *all = NULL;
-		CHECK_INT(source_read_all(r, src, &all), -EBADMSG);
+		CHECK_INT(source_read_all(r, src, &all), -EUCLEAN);
 		flip(data, 50000);
 		CHECK_INT(source_read_all(r, src, &all), 0);
 		free(all);
