@@ -511,7 +511,8 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * After the reads: is each file still the one opened? A write moves the
  * inode's ctime before it copies its first byte into the page cache, so
  * bytes read from a write in progress are caught here, synchronously,
- * whatever the change watch has seen yet (docs/reliability.md).
+ * whatever the change watch has seen yet (docs/reliability.md). Sources
+ * with checksums are checked by them instead (same file, same size here).
  */
 static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 {
@@ -523,7 +524,16 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 		if (fstat(r->srcs[i]->fd, &st) < 0)
 			continue; /* cannot fail on an open fd; the periodic check has the last word */
 		id_of(&st, &now);
-		if (!source_id_equal(&now, &r->srcs[i]->id)) {
+		/*
+		 * A checksummed source is checked block by block on every read
+		 * (verify_finish), which catches changed bytes whatever the
+		 * timestamps say; its mtime and ctime may move for other reasons
+		 * (the cache dates an entry's last use by its mtime, cache.c).
+		 */
+		const struct source_id *was = &r->srcs[i]->id;
+		bool same = r->srcs[i]->sums ? now.dev == was->dev && now.ino == was->ino && now.size == was->size
+					     : source_id_equal(&now, was);
+		if (!same) {
 			if (ret_failed)
 				*ret_failed = i;
 			return -ESTALE;
