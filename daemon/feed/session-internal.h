@@ -82,6 +82,7 @@ struct session_job {
 	struct pack_counters counts;    /* what the batch holds, added to the feed's when it is published */
 	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
 	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
+	struct session_vrow *vrows;     /* elastic sessions: the batch's B rows, each a virtual stream's one-row plan */
 };
 
 /*
@@ -113,6 +114,8 @@ struct session_src {
 
 struct session {
 	unsigned refs;
+	uint32_t batch_size;   /* rows per batch: the feed's, or 1 for a virtual stream (section 17) */
+	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
 	struct producer *producer;
 	struct feed *feed;
 	struct ring *ring;
@@ -149,6 +152,25 @@ struct session {
 	uint64_t full_since_ns;   /* ring full since, 0 when not */
 	uint64_t full_ns_total;   /* time the ring spent full */
 };
+
+/* One row of an elastic batch: the virtual stream it comes from and its one-row plan. */
+struct session_vrow {
+	struct session *sub;
+	struct session_job job;
+};
+
+/* session.c: a session's streams at cursor c, for a rank or a virtual stream */
+int session_open_streams(struct session *s, const struct cursor *c, char *err, size_t errlen);
+
+/* session-virtual.c: elastic sessions (docs/sample-order.md, section 17) */
+struct vstate;
+int session_virtual_open(struct session *s, const struct vstate *state, char *err, size_t errlen);
+void session_virtual_free(struct session *s);
+void session_virtual_job_clear(struct session_job *j);
+/* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */
+int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen);
+/* The worker's half: fills the slot from the rows' plans. */
+int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot);
 
 /* session-epoch.c: the pool's half (any thread) and the main thread's */
 void session_epoch_run(struct session_epoch_job *j);

@@ -132,7 +132,7 @@ void session_pump(struct session *s)
 				session_fail(s, r, msg);
 				return;
 			}
-			if (cursor_format(&c, j->cursor, sizeof(j->cursor)) < 0) {
+			if (!s->virt && cursor_format(&c, j->cursor, sizeof(j->cursor)) < 0) {
 				session_fail(s, -ENOBUFS, "cursor does not fit");
 				return;
 			}
@@ -174,6 +174,7 @@ void session_unref(struct session *s)
 	if (s->space_ev)
 		event_free(s->space_ev);
 	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++) {
+		session_virtual_job_clear(&s->jobs[i]);
 		pack_plan_clear(&s->jobs[i].plan);
 		pad_batch_clear(&s->jobs[i].rows);
 	}
@@ -192,8 +193,11 @@ void session_unref(struct session *s)
 	}
 	free(s->srcs);
 	bestfit_clear(&s->bestfit);
+	session_virtual_free(s);
 	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
-	if (!s->staging)
+	if (!s->ring)
+		;
+	else if (!s->staging)
 		ring_free(s->ring);
 	else if (gpu_retire(s->staging, s->ring) > 0)
 		log_warning("feed %s rank %u/%u: GPU copies of a departed client have not run yet; its ring and device "
@@ -236,24 +240,18 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	return r;
 }
 
-int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
-		unsigned slots, session_fail_fn on_fail, void *userdata, struct session **ret, char *err,
-		size_t errlen)
+/*
+ * The streams of rank/world of feed f at cursor c (NULL: the start), for a
+ * session s whose identity fields are set: cursor checks, streams opened,
+ * whole-document planning set up. Shared by a rank's session and by the
+ * virtual streams of an elastic one (session-virtual.c). Returns 0 or a
+ * negative errno with the attach error in err.
+ */
+int session_open_streams(struct session *s, const struct cursor *c, char *err, size_t errlen)
 {
+	struct feed *f = s->feed;
+	const uint32_t rank = s->rank, world = s->world;
 	int r;
-	if (f->state != FEED_READY) {
-		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
-		return f->error_code < 0 ? f->error_code : -EIO;
-	}
-	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
-		const struct feed *sf = f->n_sources ? f->sources[i] : f;
-		if (world > sf->n_nonempty) {
-			snprintf(err, errlen,
-				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
-				 sf->name, sf->n_nonempty, world);
-			return -EINVAL;
-		}
-	}
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
 		if (c->fingerprint != f->fingerprint) {
@@ -274,37 +272,14 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		    (c->offset && f->conf.packing != CONF_PACKING_CONCAT))
 			return session_cursor_not_here(err, errlen, rank, f);
 	}
-
-	struct session *s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	s->refs = 1;
-	s->producer = p;
-	s->feed = feed_ref(f);
-	s->rank = rank;
-	s->world = world;
-	s->first_batch = c ? c->batch : 0;
-	s->on_fail = on_fail;
-	s->userdata = userdata;
-	s->attach_ns = now_ns();
 	s->by_docs = by_docs;
 	s->starved = UINT32_MAX;
-
-	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
-				   .rank = rank, .world = world };
-	r = ring_new(&g, &s->ring);
-	if (r < 0) {
-		snprintf(err, errlen, "cannot reserve a ring of %u slots x %zu bytes: %s", slots,
-			 ring_slot_bytes(g.batch_size, g.seq_len), strerror(-r));
-		goto fail;
-	}
-	s->jobs = calloc(slots, sizeof(*s->jobs));
+	s->first_batch = c ? c->batch : 0;
 	s->n_srcs = MAX(f->n_sources, 1u);
 	s->srcs = calloc(s->n_srcs, sizeof(*s->srcs));
-	if (!s->jobs || !s->srcs) {
-		r = -ENOMEM;
+	if (!s->srcs) {
 		snprintf(err, errlen, "out of memory");
-		goto fail;
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < s->n_srcs; i++) {
 		struct session_src *x = &s->srcs[i];
@@ -321,10 +296,79 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		}
 		r = src_open(s, x, pos, err, errlen);
 		if (r < 0)
-			goto fail;
+			return r;
+	}
+	if (by_docs && (r = session_plan_init(s, c, err, errlen)) < 0)
+		return r;
+	return 0;
+}
+
+int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
+		const struct vstate *state, unsigned slots, session_fail_fn on_fail, void *userdata,
+		struct session **ret, char *err, size_t errlen)
+{
+	int r;
+	if (f->state != FEED_READY) {
+		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
+		return f->error_code < 0 ? f->error_code : -EIO;
+	}
+	for (uint32_t i = 0; !f->vranks && i < MAX(f->n_sources, 1u); i++) {
+		const struct feed *sf = f->n_sources ? f->sources[i] : f;
+		if (world > sf->n_nonempty) {
+			snprintf(err, errlen,
+				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
+				 sf->name, sf->n_nonempty, world);
+			return -EINVAL;
+		}
+	}
+	if (f->vranks && world > f->vranks) {
+		snprintf(err, errlen,
+			 "feed %s has %u virtual ranks (virtual_ranks, at most the documents of an epoch), fewer than the world size %u: "
+			 "raise virtual_ranks to at least the largest world the job will run with",
+			 f->name, f->vranks, world);
+		return -EINVAL;
+	}
+	if (f->vranks && c) {
+		snprintf(err, errlen, "feed %s has virtual ranks: resume it from an elastic state (fv1-...), not from a cursor of "
+			 "one rank's stream (fc1/fc2)", f->name);
+		return -EINVAL;
+	}
+	if (!f->vranks && state) {
+		snprintf(err, errlen, "feed %s has no virtual ranks (virtual_ranks): an elastic state (fv1-...) is not one of its cursors",
+			 f->name);
+		return -EINVAL;
 	}
 
-	if (by_docs && (r = session_plan_init(s, c, err, errlen)) < 0)
+	struct session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->refs = 1;
+	s->producer = p;
+	s->feed = feed_ref(f);
+	s->rank = rank;
+	s->world = world;
+	s->batch_size = f->conf.batch_size;
+	s->on_fail = on_fail;
+	s->userdata = userdata;
+	s->attach_ns = now_ns();
+	s->starved = UINT32_MAX;
+
+	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
+				   .rank = rank, .world = world };
+	r = ring_new(&g, &s->ring);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot reserve a ring of %u slots x %zu bytes: %s", slots,
+			 ring_slot_bytes(g.batch_size, g.seq_len), strerror(-r));
+		goto fail;
+	}
+	s->jobs = calloc(slots, sizeof(*s->jobs));
+	if (!s->jobs) {
+		r = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	r = f->vranks ? session_virtual_open(s, state, err, errlen) : session_open_streams(s, c, err, errlen);
+	if (r < 0)
 		goto fail;
 
 	s->space_ev = event_new(producer_event_base(p), s->ring->space_efd, EV_READ | EV_PERSIST, on_space, s);

@@ -38,20 +38,23 @@
 
 struct session;
 struct staging;
+struct vstate;
 
 /* Called on the main thread when a session stops producing for good (error text in msg). */
 typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, void *userdata);
 
 /*
- * Builds a session for rank/world of feed f, at cursor c (NULL: the start):
+ * Builds a session for rank/world of feed f, at cursor c (NULL: the start),
+ * or for a feed with virtual ranks at elastic state `state` (NULL: the
+ * start; docs/sample-order.md, section 17):
  * its ring, its streams, the cursor checked as far as known counts allow.
  * Produces nothing and calls no callback until session_start(). Returns 0;
  * -EINVAL (cursor of another feed/world/rank, or not a place in this stream)
  * with a message in err; -ENODATA, -ENOMEM, ...
  */
 int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
-		unsigned slots, session_fail_fn on_fail, void *userdata, struct session **ret, char *err,
-		size_t errlen);
+		const struct vstate *state, unsigned slots, session_fail_fn on_fail, void *userdata,
+		struct session **ret, char *err, size_t errlen);
 /*
  * Gives the session the GPU staging of its ring (daemon/gpu, gpu_attach_reply),
  * which it then owns; before session_start() only.

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "daemon/feed/session-epoch.h"
 #include "daemon/server/server-internal.h"
+#include "proto/vstate.h"
 
 static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
 {
@@ -119,16 +120,19 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	}
 	struct cursor cur;
-	if (a.cursor[0] && cursor_parse(a.cursor, &cur) < 0) {
-		conn_send_error(c, -EINVAL, "cursor '%.64s' is malformed or damaged (bad check digits)", a.cursor);
+	_cleanup_(vstate_clear) struct vstate state = { 0 };
+	const bool elastic = vstate_is(a.cursor);
+	if (elastic ? vstate_parse(a.cursor, &state) < 0 : a.cursor[0] && cursor_parse(a.cursor, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
+				a.cursor);
 		return 0;
 	}
 	if (check_memory(c, f) < 0)
 		return 0;
 	char err[512];
 	struct session *sess;
-	int r = session_new(s->producer, f, a.rank, a.world, a.cursor[0] ? &cur : NULL, s->ring_slots,
-			    on_session_fail, c, &sess, err, sizeof(err));
+	int r = session_new(s->producer, f, a.rank, a.world, a.cursor[0] && !elastic ? &cur : NULL,
+			    elastic ? &state : NULL, s->ring_slots, on_session_fail, c, &sess, err, sizeof(err));
 	if (r < 0) {
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
 			    a.feed, a.rank, a.world, err);
