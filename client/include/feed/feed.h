@@ -232,6 +232,18 @@ const char *feed_client_error(const feed_client *c);
 /* Closes the connection and unmaps the ring. Takes NULL; returns NULL. */
 feed_client *feed_client_close(feed_client *c);
 
+/*
+ * Elastic resume (feeds with virtual_ranks, docs/sample-order.md, section
+ * 17): a batch's cursor is then its rank's state ("fv1-..."). Merges the
+ * states of every rank 0 .. R-1 of one world, taken after the same step,
+ * into a global state; attaching as any rank of any world with it continues
+ * every virtual stream exactly where it stopped. Writes it into buf (cap
+ * bytes, NUL included). Returns its length; -EINVAL (not every rank once,
+ * states of different feeds or worlds, a damaged state; why in err),
+ * -ENOBUFS (buf too small; err says the length), -ENOMEM.
+ */
+int feed_merge_states(const char *const *states, size_t n, char *buf, size_t cap, char *err, size_t errlen);
+
 /* A static description of a code returned by this library. */
 const char *feed_strerror(int code);
 

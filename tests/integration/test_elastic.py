@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: MIT
+"""Elastic resume (docs/sample-order.md, section 17) with a real feedd.
+
+R ranks run a random number of batches; their states are merged
+(feed.merge_states, i.e. libfeed's feed_merge_states); R' ranks resume from
+the merged state. Checked, for every packing mode and a mixture:
+
+  * each uninterrupted rank's batches equal the reference's (tests/ref,
+    virtual_batches over its one-row streams), bit for bit;
+  * across the resize, the multiset of delivered rows equals, for every
+    virtual stream v, its first n_v rows (n_v from the final merged state):
+    every row exactly once, none skipped, whatever R and R';
+  * with R' = R the resumed batches equal the uninterrupted run's.
+"""
+
+import collections
+import itertools
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import feed_conf, feed_ref, gen_megatron, use_feed_package
+
+V = 16          # virtual_ranks: a rank's state must fit a cursor (511 characters): about 20 streams
+L, B, SEED, EOS = 64, 4, 11, 7
+WEIGHTS = {"web": "0.6", "code": "0.4"}
+
+use_feed_package()
+import feed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("elastic")
+    for name, n, mean, seed in (("web", 3, 60, 1), ("code", 2, 120, 2)):
+        gen_megatron.main([str(d / name), "--shards", str(n), "--docs-per-shard", "60", "--mean-len", str(mean),
+                           "--empty-frac", "0.05", "--multi-seq-frac", "0.2", "--seed", str(seed)])
+    return d
+
+
+def conf(shards, packing, mixture):
+    extra = f"virtual_ranks = {V}\npacking = {packing}\n" + ("pack_buffer = 200\n" if packing == "bestfit" else "")
+    if not mixture:
+        return feed_conf("f", f"{shards}/web/shard_*.idx", seq_len=L, batch_size=B, seed=SEED, eos=EOS, extra=extra)
+    srcs = ", ".join(f"{s}:{w}" for s, w in WEIGHTS.items())
+    text = (f"[feed.f]\nsources = {srcs}\nseq_len = {L}\nbatch_size = {B}\nseed = {SEED}\nshuffle = true\n"
+            f"shuffle_window = 2\neos = {EOS}\n{extra}")
+    for s in WEIGHTS:
+        text += f"[feed.f.{s}]\nshards = {shards}/{s}/shard_*.idx\n"
+    return text
+
+
+class Ref:
+    """The reference's one-row streams of the feed (section 17.1)."""
+
+    def __init__(self, shards, packing, mixture):
+        self.packing, self.mixture = packing, mixture
+        names = list(WEIGHTS) if mixture else ["web"]
+        self.shards = [feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{s}/shard_*.idx"])) for s in names]
+        self.vranks = feed_ref.effective_vranks(V, [sum(s.docs for s in sh) for sh in self.shards])
+
+    def _docs(self, v):
+        streams = [feed_ref.rank_documents(feed_ref.RankStream(sh, SEED, True, 2, self.vranks, v, eos=EOS,
+                                                               virtual=True)) for sh in self.shards]
+        if not self.mixture:
+            return streams[0]
+        return feed_ref.mixed_documents(streams, SEED, [feed_ref.mix_parse_weight(w) for w in WEIGHTS.values()])
+
+    def rows(self, v, first=0):
+        if self.packing == "concat" and not self.mixture:
+            rs = feed_ref.RankStream(self.shards[0], SEED, True, 2, self.vranks, v, eos=EOS, virtual=True)
+            return rs.batches(L, 1, start_batch=first)
+        if self.packing == "concat":
+            it = concat_rows(self._docs(v))
+        elif self.packing == "pad":
+            it = feed_ref.pad_batches(self._docs(v), L, 1, EOS)
+        else:
+            it = feed_ref.bestfit_batches(self._docs(v), L, 1, 200, EOS)
+        return itertools.islice(it, first, None)
+
+    def batches(self, world, rank, n):
+        streams = feed_ref.virtual_streams(self.vranks, world, rank)
+        return list(itertools.islice(feed_ref.virtual_batches(self.rows, streams, B, L), n))
+
+
+def concat_rows(documents):
+    """Section 14.3's "concat" over a document sequence, one row per batch."""
+    toks = itertools.chain.from_iterable(((t, i == 0) for i, t in enumerate(d.tokens.tolist())) for d in documents)
+    buf = list(itertools.islice(toks, L + 1))
+    while True:
+        ids = np.array([t for t, _ in buf], np.int32)
+        starts = np.array([s for _, s in buf], bool)
+        row = feed_ref.make_batch(ids, starts, 1, L)
+        row["epoch"] = 0
+        yield row
+        buf = buf[L:] + list(itertools.islice(toks, L))
+
+
+def rows_of(got):
+    """A dump's rows, as hashable (input_ids, labels, position_ids) triples."""
+    out = []
+    for b in range(got["input_ids"].shape[0]):
+        for i in range(B):
+            out.append((got["input_ids"][b][i].tobytes(), got["labels"][b][i].tobytes(),
+                        got["position_ids"][b][i].tobytes()))
+    return out
+
+
+def stream_rows(state):
+    """{v: rows delivered} of a global state (section 17.5)."""
+    f = state.split("-")
+    n, at, out = int(f[6], 16), 7, {}
+    for _ in range(n):
+        v, ns = int(f[at], 16), int(f[at + 1], 16)
+        out[v] = int(f[at + 2], 16)
+        at += 2 + (4 + 3 * ns if ns else 5)
+    return out
+
+
+def run_phase(d, tmp_path, tag, world, batches, state):
+    rows, last, dumps = [], [], []
+    for r in range(world):
+        got = d.dump("f", tmp_path / f"{tag}-{r}", rank=r, world=world, batches=batches, cursor=state)
+        assert not hasattr(got, "returncode"), got.stderr
+        rows += rows_of(got)
+        last.append(got["cursors"][-1])
+        dumps.append(got)
+    return rows, feed.merge_states(last), dumps
+
+
+MODES = [("concat", False), ("pad", False), ("bestfit", False), ("concat", True)]
+WORLDS = [(8, 6), (6, 8), (4, 1), (1, 5), (7, 3), (3, 3), (4, 6, 2)]
+
+
+@pytest.mark.parametrize("packing,mixture", MODES, ids=[p + ("-mix" if m else "") for p, m in MODES])
+@pytest.mark.parametrize("worlds", WORLDS, ids=["-".join(map(str, w)) for w in WORLDS])
+def test_resize_delivers_every_row_once(daemon, shards, tmp_path, packing, mixture, worlds):
+    rnd = random.Random(zlib.crc32(repr((packing, mixture, worlds)).encode()))
+    d = daemon(conf(shards, packing, mixture))
+    ref = Ref(shards, packing, mixture)
+    counts = [rnd.randint(1, 5) for _ in worlds]
+
+    delivered, state, first_dumps = [], None, None
+    for i, (world, n) in enumerate(zip(worlds, counts)):
+        rows, state, dumps = run_phase(d, tmp_path, f"p{i}", world, n, state)
+        delivered += rows
+        first_dumps = first_dumps or dumps
+
+    # The uninterrupted first phase is the reference's, bit for bit.
+    for r, got in enumerate(first_dumps):
+        exp = ref.batches(worlds[0], r, counts[0])
+        for b, e in enumerate(exp):
+            for k in ("input_ids", "labels", "position_ids"):
+                assert np.array_equal(got[k][b], e[k]), f"rank {r} batch {b}: {k} differs from the reference"
+            assert np.array_equal(got["cu_seqlens"][b], e["cu_seqlens"]), f"rank {r} batch {b}: cu_seqlens"
+
+    # Every virtual stream's first n_v rows, each exactly once.
+    want = []
+    for v, n in stream_rows(state).items():
+        for row in itertools.islice(ref.rows(v), n):
+            want.append((row["input_ids"][0].tobytes(), row["labels"][0].tobytes(), row["position_ids"][0].tobytes()))
+    assert len(delivered) == len(want) == sum(w * n * B for w, n in zip(worlds, counts))
+    assert collections.Counter(delivered) == collections.Counter(want)
+
+    if len(worlds) == 2 and worlds[0] == worlds[1]:
+        # R' = R: the resumed run is the uninterrupted one.
+        total = sum(counts)
+        for r in range(worlds[0]):
+            whole = d.dump("f", tmp_path / f"whole-{r}", rank=r, world=worlds[0], batches=total)
+            resumed = d.dump("f", tmp_path / f"res-{r}", rank=r, world=worlds[0], batches=counts[1],
+                             cursor=feed.merge_states([first_dumps[q]["cursors"][-1] for q in range(worlds[0])]))
+            for k in ("input_ids", "labels", "position_ids"):
+                assert np.array_equal(whole[k][counts[0]:], resumed[k]), f"rank {r}: {k} differs after resuming"
+
+
+def test_refusals(daemon, shards, tmp_path):
+    d = daemon(conf(shards, "concat", False))
+    got = d.dump("f", tmp_path / "a", rank=0, world=2, batches=2)
+    p = d.dump("f", tmp_path / "b", rank=0, world=3, batches=1, cursor=got["cursors"][-1], check=False)
+    assert p.returncode != 0 and "merge the states of all 2 ranks" in p.stderr
+    p = d.dump("f", tmp_path / "c", rank=0, world=V + 1, batches=1, check=False)
+    assert p.returncode != 0 and "virtual ranks" in p.stderr
+    with pytest.raises(feed.StateError, match="every rank's state"):
+        feed.merge_states([got["cursors"][-1]])
