@@ -184,3 +184,30 @@ def test_refusals(daemon, shards, tmp_path):
     assert p.returncode != 0 and "virtual ranks" in p.stderr
     with pytest.raises(feed.StateError, match="every rank's state"):
         feed.merge_states([got["cursors"][-1]])
+
+
+def test_loaders_resize_through_state_dicts(daemon, shards, tmp_path):
+    """The trainer's path: feed.Loader state_dicts of 2 ranks, merged, loaded by 3 ranks of a new job."""
+    d = daemon(conf(shards, "concat", False))
+    ref = Ref(shards, "concat", False)
+    old = [feed.Loader("f", rank=r, world_size=2, socket=d.socket, as_numpy=True, copy=True, labels="shifted")
+           for r in range(2)]
+    got = [[next(ld) for _ in range(3)] for ld in old]
+    merged = feed.merge_states([ld.state_dict() for ld in old])
+    assert merged["rank"] is None and merged["world_size"] is None and merged["next_batch"] == 3
+    for ld in old:
+        ld.close()
+    new = [feed.Loader("f", rank=r, world_size=3, socket=d.socket, as_numpy=True, copy=True, labels="shifted")
+           for r in range(3)]
+    for ld in new:
+        ld.load_state_dict(merged)
+    more = [[next(ld) for _ in range(2)] for ld in new]
+    assert all(b.index == 3 + i for bs in more for i, b in enumerate(bs))
+    delivered = collections.Counter(np.asarray(b["input_ids"])[i].tobytes() for bs in got + more for b in bs
+                                    for i in range(B))
+    final = stream_rows(feed.merge_states([ld.state_dict() for ld in new])["cursor"])
+    want = collections.Counter(row["input_ids"][0].tobytes() for v, n in final.items()
+                               for row in itertools.islice(ref.rows(v), n))
+    assert delivered == want and sum(want.values()) == (2 * 3 + 3 * 2) * B
+    for ld in new:
+        ld.close()
