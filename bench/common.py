@@ -51,6 +51,7 @@ EXPERIMENTS = [
     ("telemetry_overhead", "text", None, True),
     ("spine", "print", None, True),
     ("restart", "text", None, True),
+    ("elastic", "text", None, True),
     ("tok", "tok", None, False),
 ]
 

@@ -1,0 +1,158 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""The cost of being elastic (issue 25, docs/sample-order.md section 17).
+
+1. Throughput and memory, in the same run, of one feed read by R ranks
+   (R parallel clients, tests/integration/stream-client, each taking N
+   batches back to back) configured three ways: no virtual ranks (today's
+   stream per rank, the peer), virtual_ranks = R (the elastic path with one
+   stream per rank: the cost of composing rows), and virtual_ranks = 16 R
+   (16 virtual streams per rank, about the most whose state fits a 511-byte
+   cursor). Tokens/s over all ranks, feedd's CPU seconds, and feedd's peak
+   and anonymous memory.
+2. virtual_ranks = 1024: what attaching costs (time to ATTACH_REPLY, which
+   builds every served stream, and feedd's memory) when a rank serves
+   1024 / R streams. Attaching only: a rank's state with more than about 20 streams does not fit a
+   cursor in this version, so such a stream stops after a few batches.
+3. Resume latency: a global state merged from 2 ranks, attached by rank 0 of
+   R' = 1 .. 64 (virtual_ranks = 64): time from the attach to the first batch.
+
+Scaled down for a small VM (--full: more data and batches); every rank is a
+process of its own, so on 2 CPUs the clients compete with feedd.
+
+Usage: bench/elastic/run.py [--build DIR] [--full]
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
+import common  # noqa: E402
+
+L, B = 2048, 8
+
+
+def conf(shards, vranks, batch_size=B):
+    return (f"[feed.f]\nshards = {shards}/shard_*.idx\nseq_len = {L}\nbatch_size = {batch_size}\nseed = 1\n"
+            f"shuffle = true\nshuffle_window = 2\neos = 0\nvirtual_ranks = {vranks}\n")
+
+
+def client(build, sock, rank, world, n, cursor=None):
+    exe = Path(build) / "tests/integration/stream-client"
+    return subprocess.Popen([str(exe), sock, "f", str(rank), str(world), str(n), cursor or "-", "0", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def lines(p):
+    out, err = p.communicate(timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"stream-client failed: {err.strip()}")
+    return [ln.split() for ln in out.splitlines() if ln.startswith("batch ")]
+
+
+def throughput(build, tmp, shards, world, vranks, n):
+    d, sock = common.start_feedd(build, conf(shards, vranks), tmp, name=f"t{world}-{vranks}")
+    try:
+        cpu0 = common.proc_cpu(d.pid)
+        t0 = time.monotonic()
+        ps = [client(build, sock, r, world, n) for r in range(world)]
+        got = sum(len(lines(p)) for p in ps)
+        wall = time.monotonic() - t0
+        mem = common.proc_mem(d.pid)
+        return got * B * L / wall, common.proc_cpu(d.pid) - cpu0, mem["VmHWM"], mem["RssAnon"]
+    finally:
+        common.stop(d)
+
+
+def attach_time(build, sock, rank, world):
+    """Seconds from starting a client to its ATTACH_REPLY (the session and its streams built)."""
+    t0 = time.monotonic()
+    p = client(build, sock, rank, world, 1)
+    for ln in p.stdout:
+        if ln.startswith("attached"):
+            t = time.monotonic() - t0
+            break
+    else:
+        raise RuntimeError(f"attach failed: {p.stderr.read().strip()}")
+    p.kill()
+    p.wait()
+    return t
+
+
+def first_batch(build, sock, rank, world, cursor=None):
+    t0 = time.monotonic()
+    ls = lines(client(build, sock, rank, world, 1, cursor))
+    return time.monotonic() - t0, ls[-1][4]
+
+
+def main():
+    ap = common.arg_parser()
+    args = ap.parse_args()
+    build = args.build
+    n_docs, n = (8000, 400) if args.full else (2000, 120)
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = Path(tmp) / "data"
+        common.gen_megatron.main([str(shards), "--shards", "8", "--docs-per-shard", str(n_docs), "--mean-len", "500",
+                                  "--seed", "5"])
+        print(f"# bench/elastic, {common.date()}; {common.machine(args.note)}")
+        print(f"# data: 8 Megatron shards x {n_docs} documents (mean 500 tokens, u16), page cache warm; "
+              f"seq_len {L}, batch_size {B}, shuffle")
+        print()
+        print("## 1. Throughput and memory: R ranks, each taking", n, "batches")
+        print()
+        print("| R | configuration | Mtokens/s (all ranks) | ratio | feedd CPU s | feedd peak MiB | feedd anon MiB |")
+        print("|---|---|---|---|---|---|---|")
+        for world in (1, 2, 4):
+            peer = None
+            for label, v in (("no virtual ranks (peer)", 0), ("virtual_ranks = R", world),
+                             ("virtual_ranks = 16 R", 16 * world)):
+                tps, cpu, hwm, anon = throughput(build, tmp, shards, world, v, n)
+                peer = peer or tps
+                print(f"| {world} | {label} | {tps / 1e6:.1f} | {tps / peer:.2f} | {cpu:.2f} | {hwm:.1f} | {anon:.1f} |",
+                      flush=True)
+        print()
+        print("## 2. virtual_ranks = 1024: attaching and feedd's memory")
+        print()
+        print("| R | streams per rank | attach s | feedd anon MiB after | peer (no virtual ranks) attach s |")
+        print("|---|---|---|---|---|")
+        for world in (1, 8, 64):
+            d, sock = common.start_feedd(build, conf(shards, 1024), tmp, name=f"v1024-{world}")
+            p, psock = common.start_feedd(build, conf(shards, 0), tmp, name=f"peer-{world}")
+            try:
+                t = attach_time(build, sock, 0, world)
+                anon = common.proc_mem(d.pid)["RssAnon"]
+                tp = attach_time(build, psock, 0, world)
+                print(f"| {world} | {(1024 + world - 1) // world} | {t:.3f} | {anon:.1f} | {tp:.3f} |", flush=True)
+            finally:
+                common.stop(d)
+                common.stop(p)
+        print()
+        print("## 3. Resume latency: a state merged from 2 ranks, attached as rank 0 of R' (virtual_ranks = 64)")
+        print()
+        os.environ.setdefault("FEEDD_BUILD_DIR", str(build))
+        sys.path.insert(0, str(common.SRC / "client" / "python"))
+        import feed
+        d, sock = common.start_feedd(build, conf(shards, 64, batch_size=4), tmp, name="resume")
+        try:
+            states = [first_batch(build, sock, r, 2)[1] for r in range(2)]
+            t0 = time.monotonic()
+            merged = feed.merge_states(states)
+            merge_s = time.monotonic() - t0
+            print(f"merge_states of 2 states: {merge_s * 1e3:.2f} ms; merged state {len(merged)} characters")
+            print()
+            print("| R' | streams of rank 0 | attach to first batch s | fresh start s |")
+            print("|---|---|---|---|")
+            for world in (1, 2, 4, 8, 16, 32, 64):
+                t, _ = first_batch(build, sock, 0, world, merged)
+                f, _ = first_batch(build, sock, 0, world)
+                print(f"| {world} | {(64 + world - 1) // world} | {t:.3f} | {f:.3f} |", flush=True)
+        finally:
+            common.stop(d)
+
+
+if __name__ == "__main__":
+    main()
