@@ -70,7 +70,7 @@ static void job_run(struct session_job *j, struct worker *w)
 /* A chunk of text: read and tokenized. */
 static void chunk_run(struct session_chunk *c, struct worker *w)
 {
-	if (__atomic_load_n(&c->pj.session->closed, __ATOMIC_RELAXED))
+	if (__atomic_load_n(&session_root(c->pj.session)->closed, __ATOMIC_RELAXED))
 		c->result = -ECANCELED;
 	else
 		c->result = worker_tokenize(w, c->src->feed, &c->t);

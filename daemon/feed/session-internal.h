@@ -116,6 +116,8 @@ struct session {
 	unsigned refs;
 	uint32_t batch_size;   /* rows per batch: the feed's, or 1 for a virtual stream (section 17) */
 	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
+	struct session *parent; /* a virtual stream's session: the rank's, which owns its ring and its failures */
+	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
 	struct producer *producer;
 	struct feed *feed;
 	struct ring *ring;
@@ -162,6 +164,15 @@ struct session_vrow {
 /* session.c: a session's streams at cursor c, for a rank or a virtual stream */
 int session_open_streams(struct session *s, const struct cursor *c, char *err, size_t errlen);
 
+/* The session that owns the ring: the rank's (itself, or a virtual stream's parent). */
+static inline struct session *session_root(struct session *s)
+{
+	return s->parent ? s->parent : s;
+}
+
+/* session-plan.c: whether `rows` rows can be planned from known counts (0, -EAGAIN, -ENODATA, ...). */
+int session_plan_ready(struct session *s, uint32_t rows);
+
 /* session-virtual.c: elastic sessions (docs/sample-order.md, section 17) */
 struct vstate;
 int session_virtual_open(struct session *s, const struct vstate *state, char *err, size_t errlen);
@@ -169,6 +180,10 @@ void session_virtual_free(struct session *s);
 void session_virtual_job_clear(struct session_job *j);
 /* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */
 int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen);
+/* A batch job was published: its rows are its streams' published rows. */
+int session_virtual_published(struct session *s, const struct session_job *j);
+/* Tokenizing ahead for the served text streams, and freeing what nothing reads. Returns 0 or -ENOMEM. */
+int session_virtual_text(struct session *s, bool submit);
 /* The worker's half: fills the slot from the rows' plans. */
 int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot);
 

@@ -328,6 +328,23 @@ int session_plan_init(struct session *s, const struct cursor *c, char *err, size
 	return r;
 }
 
+int session_plan_ready(struct session *s, uint32_t rows)
+{
+	const uint32_t saved = s->batch_size;
+	int r;
+	s->batch_size = rows; /* a row sequence does not depend on B: ready for a batch of `rows` = for `rows` rows */
+	if (s->by_docs) {
+		r = s->has_text ? plan_ready(s) : 0;
+	} else {
+		const uint64_t bl = (uint64_t)rows * s->feed->conf.seq_len;
+		r = stream_settle(&s->stream);
+		if (r == 0 && s->has_text && session_text_ready(&s->srcs[0], bl + 1) < bl + 1)
+			r = -EAGAIN;
+	}
+	s->batch_size = saved;
+	return r;
+}
+
 int session_plan(struct session *s, struct session_job *j, uint64_t batch, struct cursor *cur, char *msg,
 		 size_t msglen)
 {

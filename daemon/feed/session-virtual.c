@@ -18,6 +18,7 @@
 
 #include "daemon/feed/session-internal.h"
 #include "daemon/feed/session-plan.h"
+#include "daemon/feed/session-text.h"
 #include "proto/macro.h"
 #include "proto/vstate.h"
 
@@ -100,8 +101,8 @@ static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_st
 }
 
 /* Opens virtual stream v at c (NULL: its start). Returns 0, -ENODATA (it has no token: dead), or an error in err. */
-static int sub_open(struct session *s, uint32_t v, const struct cursor *c, struct session **ret, char *err,
-		    size_t errlen)
+static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct cursor *c, struct session **ret,
+		    char *err, size_t errlen)
 {
 	struct session *sub = calloc(1, sizeof(*sub));
 	if (!sub)
@@ -112,6 +113,8 @@ static int sub_open(struct session *s, uint32_t v, const struct cursor *c, struc
 	sub->rank = v;
 	sub->world = s->feed->vranks;
 	sub->batch_size = 1;
+	sub->rows_ahead = (s->batch_size + m - 1) / m; /* its share of a batch, for tokenizing ahead */
+	sub->parent = s;
 	sub->attach_ns = s->attach_ns;
 	int r = session_open_streams(sub, c, err, errlen);
 	if (r < 0) {
@@ -140,14 +143,6 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				 "the states of all %u ranks (feed.merge_states, feed_merge_states) and attach every rank with the result",
 				 st->rank, st->world, s->rank, s->world, st->world);
 			return -EINVAL;
-		}
-	}
-	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
-		if ((f->n_sources ? f->sources[i] : f)->kind == FEED_TEXT) {
-			snprintf(err, errlen,
-				 "feed %s: virtual_ranks over tokenized text is not supported yet; use stored tokens (feedctl prep)",
-				 f->name);
-			return -EOPNOTSUPP;
 		}
 	}
 
@@ -181,7 +176,7 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 			x->rows[i] = x->cur[i].batch;
 			c = &x->cur[i];
 		}
-		int r = sub_open(s, v, c, &x->sub[i], err, errlen);
+		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
 		if (r == -ENODATA)
 			continue; /* a stream with no token (left): dead, left out of the rotation */
 		if (r < 0) {
@@ -209,11 +204,92 @@ static uint32_t next_stream(const struct session_virtual *x)
 	return best;
 }
 
+/*
+ * Text tokenized on the way (section 15.2): a batch is planned only once
+ * every row it takes is known, so nothing is taken from a stream unless the
+ * whole batch can be made. Returns 0, or -EAGAIN.
+ */
+static int batch_ready(struct session_virtual *x, uint32_t B)
+{
+	for (;;) {
+		_cleanup_free_ uint64_t *rows = malloc(x->m * sizeof(*rows));
+		_cleanup_free_ uint32_t *need = calloc(x->m, sizeof(*need));
+		if (!rows || !need)
+			return -ENOMEM;
+		memcpy(rows, x->rows, x->m * sizeof(*rows));
+		for (uint32_t i = 0; i < B; i++) {
+			uint32_t best = UINT32_MAX;
+			for (uint32_t k = 0; k < x->m; k++)
+				if (x->sub[k] && !x->dead[k] && (best == UINT32_MAX || rows[k] < rows[best]))
+					best = k;
+			if (best == UINT32_MAX)
+				return 0; /* every stream dead: planning says so */
+			rows[best]++;
+			need[best]++;
+		}
+		bool again = false;
+		for (uint32_t k = 0; k < x->m; k++) {
+			if (!need[k] || !x->sub[k]->has_text)
+				continue;
+			int r = session_plan_ready(x->sub[k], need[k]);
+			if (r == -ENODATA) {
+				x->dead[k] = true; /* section 17.4; the rows go to other streams: check again */
+				again = true;
+				break;
+			}
+			if (r < 0)
+				return r;
+		}
+		if (!again)
+			return 0;
+	}
+}
+
+int session_virtual_published(struct session *s, const struct session_job *j)
+{
+	for (uint32_t i = 0; j->vrows && i < s->batch_size; i++) {
+		struct session *sub = j->vrows[i].sub;
+		const struct session_job *rj = &j->vrows[i].job;
+		uint64_t row = (sub->by_docs ? rj->rows.batch_index : rj->plan.batch_index) + 1 - sub->first_batch;
+		sub->published = MAX(sub->published, row);
+	}
+	return 0;
+}
+
+int session_virtual_text(struct session *s, bool submit)
+{
+	struct session_virtual *x = s->virt;
+	for (uint32_t k = 0; k < x->m; k++) {
+		struct session *sub = x->sub[k];
+		if (!sub || !sub->has_text || x->dead[k])
+			continue;
+		for (uint32_t i = 0; i < sub->n_srcs; i++) {
+			if (sub->srcs[i].feed->kind != FEED_TEXT)
+				continue;
+			if (!submit) {
+				session_text_retire(sub, &sub->srcs[i]);
+				continue;
+			}
+			int r = session_text_submit(sub, &sub->srcs[i]);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
 int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen)
 {
 	struct session_virtual *x = s->virt;
 	const struct feed *f = s->feed;
 	const uint32_t B = s->batch_size;
+	int ready = batch_ready(x, B);
+	if (ready == -EAGAIN)
+		return ready;
+	if (ready < 0) {
+		snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": %s", batch, strerror(-ready));
+		return ready;
+	}
 	if (!j->vrows && !(j->vrows = calloc(B, sizeof(*j->vrows)))) {
 		snprintf(msg, msglen, "out of memory");
 		return -ENOMEM;
@@ -243,10 +319,12 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 				continue;
 			}
 			if (r < 0) {
-				snprintf(msg, msglen, "virtual stream %u: %s", sub->rank, why);
+				snprintf(msg, msglen, "virtual stream %u: %s", sub->rank,
+					 r == -EAGAIN ? "internal error: planned past the tokenized text" : why);
 				return r == -EAGAIN ? -EIO : r;
 			}
 			row->sub = sub;
+			sub->planned++;
 			x->cur[k] = c;
 			x->rows[k]++;
 			break;

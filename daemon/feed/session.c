@@ -17,6 +17,10 @@
 
 void session_fail(struct session *s, int code, const char *msg)
 {
+	if (s->parent) {
+		session_fail(s->parent, code, msg);
+		return;
+	}
 	if (s->failed || s->closed)
 		return;
 	s->failed = true;
@@ -52,12 +56,16 @@ static void advance(struct session *s)
 		j->state = JOB_IDLE;
 		s->published++;
 		feed_count_batch(s->feed, &j->counts, j->src_docs);
+		if (s->virt)
+			session_virtual_published(s, j);
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);
 	for (uint32_t i = 0; s->has_text && i < s->n_srcs; i++)
 		if (s->srcs[i].feed->kind == FEED_TEXT)
 			session_text_retire(s, &s->srcs[i]);
+	if (s->virt)
+		session_virtual_text(s, false);
 	if (staged < 0)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
@@ -151,6 +159,10 @@ void session_pump(struct session *s)
 				session_fail(s, r, "cannot queue documents to tokenize: out of memory");
 				return;
 			}
+		}
+		if (s->virt && session_virtual_text(s, true) < 0) {
+			session_fail(s, -ENOMEM, "cannot queue documents to tokenize: out of memory");
+			return;
 		}
 		if (s->published - tail == n && !s->full_since_ns)
 			s->full_since_ns = now_ns();
@@ -348,6 +360,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->rank = rank;
 	s->world = world;
 	s->batch_size = f->conf.batch_size;
+	s->rows_ahead = f->conf.batch_size;
 	s->on_fail = on_fail;
 	s->userdata = userdata;
 	s->attach_ns = now_ns();

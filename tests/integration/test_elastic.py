@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: MIT
 """Elastic resume (docs/sample-order.md, section 17) with a real feedd.
 
+Megatron feeds, and JSONL feeds tokenized on the way (by a byte-level
+tiktoken rank file written here: every byte is its own token, so the
+reference knows the ids without a tokenizer).
+
 R ranks run a random number of batches; their states are merged
 (feed.merge_states, i.e. libfeed's feed_merge_states); R' ranks resume from
 the merged state. Checked, for every packing mode and a mixture:
@@ -14,7 +18,9 @@ the merged state. Checked, for every packing mode and a mixture:
 """
 
 import collections
+import base64
 import itertools
+import json
 import random
 import zlib
 
@@ -22,6 +28,7 @@ import numpy as np
 import pytest
 
 from conftest import feed_conf, feed_ref, gen_megatron, use_feed_package
+from test_text import TextShard
 
 V = 16          # virtual_ranks: a rank's state must fit a cursor (511 characters): about 20 streams
 L, B, SEED, EOS = 64, 4, 11, 7
@@ -37,28 +44,57 @@ def shards(tmp_path_factory):
     for name, n, mean, seed in (("web", 3, 60, 1), ("code", 2, 120, 2)):
         gen_megatron.main([str(d / name), "--shards", str(n), "--docs-per-shard", "60", "--mean-len", str(mean),
                            "--empty-frac", "0.05", "--multi-seq-frac", "0.2", "--seed", str(seed)])
+    # JSONL: 2 shards of short texts (some empty), and a rank file mapping each byte to itself.
+    rnd = random.Random(3)
+    words = "the quick brown fox jumps over a lazy dog while feedd packs rows for every virtual rank".split()
+    (d / "text").mkdir()
+    for i in range(2):
+        with open(d / "text" / f"t{i}.jsonl", "w") as f:
+            for _ in range(70):
+                f.write(json.dumps({"text": " ".join(rnd.choice(words) for _ in range(rnd.randint(0, 30)))}) + "\n")
+    (d / "bytes.tiktoken").write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
     return d
 
 
-def conf(shards, packing, mixture):
+def text_keys(shards):
+    return (f"format = jsonl\nshards = {shards}/text/t*.jsonl\ntokenizer = {shards}/bytes.tiktoken\n"
+            f"tokenizer_preset = gpt2\n")
+
+
+def conf(shards, packing, mixture, kind="megatron"):
     extra = f"virtual_ranks = {V}\npacking = {packing}\n" + ("pack_buffer = 200\n" if packing == "bestfit" else "")
+    cache = f"[feedd]\ncache_dir = {shards}/cache\n"
+    if not mixture and kind == "jsonl":
+        return (cache + f"[feed.f]\n{text_keys(shards)}seq_len = {L}\nbatch_size = {B}\nseed = {SEED}\n"
+                f"shuffle_window = 2\neos = {EOS}\n{extra}")
     if not mixture:
         return feed_conf("f", f"{shards}/web/shard_*.idx", seq_len=L, batch_size=B, seed=SEED, eos=EOS, extra=extra)
     srcs = ", ".join(f"{s}:{w}" for s, w in WEIGHTS.items())
-    text = (f"[feed.f]\nsources = {srcs}\nseq_len = {L}\nbatch_size = {B}\nseed = {SEED}\nshuffle = true\n"
+    text = (cache + f"[feed.f]\nsources = {srcs}\nseq_len = {L}\nbatch_size = {B}\nseed = {SEED}\nshuffle = true\n"
             f"shuffle_window = 2\neos = {EOS}\n{extra}")
     for s in WEIGHTS:
-        text += f"[feed.f.{s}]\nshards = {shards}/{s}/shard_*.idx\n"
+        if s == "code" and kind == "jsonl":
+            text += f"[feed.f.{s}]\n{text_keys(shards)}"
+        else:
+            text += f"[feed.f.{s}]\nshards = {shards}/{s}/shard_*.idx\n"
     return text
+
+
+def text_shards(shards):
+    """The JSONL shards as the reference sees them: each byte of a text is its token."""
+    return [TextShard([np.frombuffer(json.loads(line)["text"].encode(), np.uint8).astype(np.int32)
+                       for line in path.read_text().splitlines()])
+            for path in sorted((shards / "text").glob("t*.jsonl"))]
 
 
 class Ref:
     """The reference's one-row streams of the feed (section 17.1)."""
 
-    def __init__(self, shards, packing, mixture):
+    def __init__(self, shards, packing, mixture, kind="megatron"):
         self.packing, self.mixture = packing, mixture
-        names = list(WEIGHTS) if mixture else ["web"]
-        self.shards = [feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{s}/shard_*.idx"])) for s in names]
+        names = list(WEIGHTS) if mixture else ["code" if kind == "jsonl" else "web"]
+        self.shards = [text_shards(shards) if s == "code" and kind == "jsonl" else
+                       feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{s}/shard_*.idx"])) for s in names]
         self.vranks = feed_ref.effective_vranks(V, [sum(s.docs for s in sh) for sh in self.shards])
 
     def _docs(self, v):
@@ -134,12 +170,13 @@ MODES = [("concat", False), ("pad", False), ("bestfit", False), ("concat", True)
 WORLDS = [(8, 6), (6, 8), (4, 1), (1, 5), (7, 3), (3, 3), (4, 6, 2)]
 
 
+@pytest.mark.parametrize("kind", ["megatron", "jsonl"])
 @pytest.mark.parametrize("packing,mixture", MODES, ids=[p + ("-mix" if m else "") for p, m in MODES])
 @pytest.mark.parametrize("worlds", WORLDS, ids=["-".join(map(str, w)) for w in WORLDS])
-def test_resize_delivers_every_row_once(daemon, shards, tmp_path, packing, mixture, worlds):
-    rnd = random.Random(zlib.crc32(repr((packing, mixture, worlds)).encode()))
-    d = daemon(conf(shards, packing, mixture))
-    ref = Ref(shards, packing, mixture)
+def test_resize_delivers_every_row_once(daemon, shards, tmp_path, packing, mixture, worlds, kind):
+    rnd = random.Random(zlib.crc32(repr((packing, mixture, worlds, kind)).encode()))
+    d = daemon(conf(shards, packing, mixture, kind))
+    ref = Ref(shards, packing, mixture, kind)
     counts = [rnd.randint(1, 5) for _ in worlds]
 
     delivered, state, first_dumps = [], None, None
