@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Elastic states (docs/sample-order.md, section 17): merging every rank's into one that any world resumes from. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "client/libfeed-internal.h"
 #include "proto/macro.h"
 #include "proto/vstate.h"
+#include "proto/wire.h"
 
 FEED_EXPORT int feed_merge_states(const char *const *states, size_t n, char *buf, size_t cap, char *err,
 				  size_t errlen)
@@ -49,4 +51,53 @@ FEED_EXPORT int feed_merge_states(const char *const *states, size_t n, char *buf
 		vstate_clear(&parsed[i]);
 	free(parsed);
 	return r;
+}
+
+FEED_EXPORT int feed_client_explain(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+				    uint32_t batches, char **ret_text)
+{
+	if (!c || !feed || !ret_text)
+		return -EINVAL;
+	int saved = errno, r = 0;
+	struct wire_explain m = { .rank = rank, .world = world, .batches = batches };
+	if (c->attached)
+		r = client_fail(c, -EISCONN, "explain is asked on a connection that is not attached");
+	else if (!(c->daemon_flags & WIRE_DAEMON_EXPLAIN))
+		r = client_fail(c, -EOPNOTSUPP, "this feedd is too old to explain batches");
+	else if (strlen(feed) >= sizeof(m.feed) || (cursor && strlen(cursor) >= sizeof(m.cursor)))
+		r = client_fail(c, -EINVAL, "a feed name is at most %zu bytes, a cursor or state %zu", sizeof(m.feed) - 1,
+				sizeof(m.cursor) - 1);
+	else if (world == 0 || rank >= world || batches == 0 || batches > WIRE_EXPLAIN_MAX_BATCHES)
+		r = client_fail(c, -EINVAL, "explain takes rank < world and 1 to %d batches", WIRE_EXPLAIN_MAX_BATCHES);
+	if (r < 0) {
+		errno = saved;
+		return r;
+	}
+	snprintf(m.feed, sizeof(m.feed), "%s", feed);
+	snprintf(m.cursor, sizeof(m.cursor), "%s", cursor ? cursor : "");
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EXPLAIN_SIZE];
+	int n = wire_encode_explain(buf, sizeof(buf), &m);
+	r = n < 0 ? n : client_send(c, buf, (size_t)n);
+	if (r < 0) {
+		errno = saved;
+		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
+	}
+	void *p;
+	size_t len;
+	int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
+	errno = saved;
+	if (type < 0)
+		return type;
+	if (type != WIRE_EXPLAIN_REPLY) {
+		free(p);
+		return client_fail(c, -EPROTO, "feedd sent an unexpected reply to EXPLAIN");
+	}
+	char *text = realloc(p, len + 1);
+	if (!text) {
+		free(p);
+		return client_fail(c, -ENOMEM, "out of memory");
+	}
+	text[len] = 0;
+	*ret_text = text;
+	return 0;
 }

@@ -68,6 +68,16 @@ void session_start(struct session *s);
 /* Stops producing and drops the owner's reference (jobs in flight keep theirs). */
 struct session *session_close(struct session *s);
 
+/*
+ * Provenance (feedctl explain): plans `batches` batches of rank/world of
+ * feed f from cursor c or elastic state st (both NULL: the start) on the
+ * side, nothing attached or read, and returns one line per piece of a row
+ * (malloc'd text). Feeds of stored tokens only. Returns 0; -EINVAL,
+ * -EOPNOTSUPP, -ENODATA, ... with the reason in err.
+ */
+int session_explain(struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c, const struct vstate *st,
+		    uint32_t batches, char **ret_text, char *err, size_t errlen);
+
 /* Ring fill as the client sees it: published and not yet released. */
 uint64_t session_fill(struct session *s);
 /*

@@ -52,7 +52,7 @@ static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
 	c->hello = true;
 	struct wire_hello_reply r = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid(),
 				      .flags = (gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0) |
-					       WIRE_DAEMON_EPOCH_INFO };
+					       WIRE_DAEMON_EPOCH_INFO | WIRE_DAEMON_EXPLAIN };
 	snprintf(r.daemon_version, sizeof(r.daemon_version), "%s", FEEDD_VERSION);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
 	int n = wire_encode_hello_reply(buf, sizeof(buf), &r);
@@ -363,6 +363,54 @@ static int handle_drain(struct conn *c, const uint8_t *p, size_t len)
 	return admin_reply(c, msg);
 }
 
+/* EXPLAIN: provenance of a stream's next batches, planned on the side (feedctl explain). */
+static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_explain m;
+	if (wire_decode_explain(p, len, &m) < 0)
+		return -EBADMSG;
+	bool draining;
+	struct feed *f = server_find_feed(c->srv, m.feed, &draining);
+	if (!f) {
+		conn_send_error(c, -ENOENT, "no feed named '%s'", m.feed);
+		return 0;
+	}
+	struct cursor cur;
+	_cleanup_(vstate_clear) struct vstate state = { 0 };
+	const bool elastic = vstate_is(m.cursor);
+	if (elastic ? vstate_parse(m.cursor, &state) < 0 : m.cursor[0] && cursor_parse(m.cursor, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
+				m.cursor);
+		return 0;
+	}
+	char err[512];
+	_cleanup_free_ char *text = NULL;
+	int r = session_explain(f, m.rank, m.world, m.cursor[0] && !elastic ? &cur : NULL, elastic ? &state : NULL,
+				m.batches, &text, err, sizeof(err));
+	if (r < 0) {
+		conn_send_error(c, r, "%s", err);
+		return 0;
+	}
+	size_t tl = strlen(text);
+	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
+	if (tl > MIN(room, (size_t)WIRE_MAX_REPLY)) {
+		conn_send_error(c, -EMSGSIZE, "the explanation of %u batches does not fit in one reply: ask for fewer", m.batches);
+		return 0;
+	}
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + tl);
+	if (!buf) {
+		conn_send_error(c, -ENOMEM, "out of memory");
+		return 0;
+	}
+	int n = wire_encode_explain_reply_header(buf, WIRE_HEADER_SIZE, tl);
+	if (n < 0) {
+		conn_send_error(c, n, "cannot encode the explanation");
+		return 0;
+	}
+	memcpy(buf + WIRE_HEADER_SIZE, text, tl);
+	return conn_queue(c, buf, WIRE_HEADER_SIZE + tl, NULL, 0);
+}
+
 int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t *payload)
 {
 	if (!c->hello && h->type != WIRE_HELLO)
@@ -385,6 +433,8 @@ int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t 
 		return handle_reload(c, payload, h->length);
 	case WIRE_DRAIN:
 		return handle_drain(c, payload, h->length);
+	case WIRE_EXPLAIN:
+		return handle_explain(c, payload, h->length);
 	default:
 		return -EPROTO; /* a daemon-to-client type, sent by a client */
 	}

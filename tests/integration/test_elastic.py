@@ -248,3 +248,33 @@ def test_loaders_resize_through_state_dicts(daemon, shards, tmp_path):
     assert delivered == want and sum(want.values()) == (2 * 3 + 3 * 2) * B
     for ld in new:
         ld.close()
+
+
+@pytest.mark.parametrize("packing,mixture", MODES, ids=[p + ("-mix" if m else "") for p, m in MODES])
+def test_explain_names_what_every_row_holds(daemon, shards, tmp_path, packing, mixture):
+    """feedctl explain's provenance, checked against the tokens the same batches hold, after a resize too."""
+    d = daemon(conf(shards, packing, mixture))
+    names = list(WEIGHTS) if mixture else ["web"]
+    loaded = {n: feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{n}/shard_*.idx"])) for n in names}
+    first = d.dump("f", tmp_path / "a", rank=0, world=2, batches=2)
+    second = d.dump("f", tmp_path / "b", rank=1, world=2, batches=2)
+    state = feed.merge_states([first["cursors"][-1], second["cursors"][-1]])
+    for world, rank, cursor in ((2, 1, None), (3, 2, state)):
+        got = d.dump("f", tmp_path / f"w{world}", rank=rank, world=world, batches=3, cursor=cursor)
+        args = ["explain", "f", "--rank", str(rank), "--world", str(world), "--batches", "3"]
+        text = d.ctl(*args, *(["--state", cursor] if cursor else [])).stdout
+        covered = 0
+        for line in text.splitlines():
+            w = line.split()
+            kv = dict(zip(w[::2], w[1::2]))
+            b, row = int(w[1]) - (int(cursor.split("-")[5], 16) if cursor else 0), int(w[3])  # batch numbers go on
+            c0, c1 = map(int, w[5].split("-"))
+            t0, t1 = map(int, kv["tokens"].split("-"))
+            src = kv.get("source", names[0])
+            toks = loaded[src][int(kv["shard"])].doc_tokens(int(kv["doc"]))[t0:t1].tolist()
+            if "+eos" in w:
+                toks.append(EOS)
+            assert got["input_ids"][b][row][c0:c1 + 1].tolist() == toks, line
+            assert int(kv["vstream"]) % world == rank
+            covered += c1 - c0 + 1
+        assert covered <= 3 * B * L and (packing != "concat" or covered == 3 * B * L)

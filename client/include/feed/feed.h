@@ -244,6 +244,20 @@ feed_client *feed_client_close(feed_client *c);
  */
 int feed_merge_states(const char *const *states, size_t n, char *buf, size_t cap, char *err, size_t errlen);
 
+/*
+ * Provenance: which documents the next `batches` batches of rank/world of
+ * `feed` hold from `cursor` (a cursor, an elastic state, or NULL/"" for the
+ * start), planned by feedd on the side (nothing is attached or delivered):
+ * one line per piece of a row, "batch B row I cols C0-C1 [vstream V]
+ * [source S] shard S doc D tokens T0-T1 of T [+bos] [+eos] file PATH"
+ * (tokens T0 .. T1-1 of the document; docs/sample-order.md, section 17.9).
+ * On a connection that is not attached. *ret_text is malloc'd (free it).
+ * Returns 0, or -EINVAL, -EOPNOTSUPP (feeds of text tokenized on the way,
+ * older daemons), -ENOENT, ... with the reason in feed_client_error().
+ */
+int feed_client_explain(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+			uint32_t batches, char **ret_text);
+
 /* A static description of a code returned by this library. */
 const char *feed_strerror(int code);
 
