@@ -13,10 +13,11 @@
    all ranks, and feedd's peak and anonymous memory.
 2. virtual_ranks = 1024: what attaching costs (time to ATTACH_REPLY, which
    builds every served stream, and feedd's memory) when a rank serves
-   1024 / R streams. Attaching only: a rank's state with more than about 20 streams does not fit a
-   cursor in this version, so such a stream stops after a few batches.
-3. Resume latency: a global state merged from 2 ranks, attached by rank 0 of
-   R' = 1 .. 64 (virtual_ranks = 64): time from the attach to the first batch.
+   1024 / R streams, R >= 43: a rank serves at most 24 streams in this
+   version (its state must fit a 511-character cursor).
+3. Resume latency: a global state merged from 4 ranks, attached by rank 0 of
+   R' = 3 .. 64 (virtual_ranks = 64; R' < 3 would serve more than 24
+   streams): time from the attach to the first batch.
 
 Scaled down for a small VM (--full: more data and batches); every rank is a
 process of its own, so on 2 CPUs the clients compete with feedd.
@@ -122,7 +123,7 @@ def main():
         print()
         print("| R | streams per rank | attach s | feedd anon MiB after | peer (no virtual ranks) attach s |")
         print("|---|---|---|---|---|")
-        for world in (1, 8, 64):
+        for world in (43, 64, 256, 1024):
             d, sock = common.start_feedd(build, conf(shards, 1024), tmp, name=f"v1024-{world}")
             p, psock = common.start_feedd(build, conf(shards, 0), tmp, name=f"peer-{world}")
             try:
@@ -134,22 +135,22 @@ def main():
                 common.stop(d)
                 common.stop(p)
         print()
-        print("## 3. Resume latency: a state merged from 2 ranks, attached as rank 0 of R' (virtual_ranks = 64)")
+        print("## 3. Resume latency: a state merged from 4 ranks, attached as rank 0 of R' (virtual_ranks = 64)")
         print()
         os.environ.setdefault("FEEDD_BUILD_DIR", str(build))
         sys.path.insert(0, str(common.SRC / "client" / "python"))
         import feed
         d, sock = common.start_feedd(build, conf(shards, 64, batch_size=4), tmp, name="resume")
         try:
-            states = [first_batch(build, sock, r, 2)[1] for r in range(2)]
+            states = [first_batch(build, sock, r, 4)[1] for r in range(4)]
             t0 = time.monotonic()
             merged = feed.merge_states(states)
             merge_s = time.monotonic() - t0
-            print(f"merge_states of 2 states: {merge_s * 1e3:.2f} ms; merged state {len(merged)} characters")
+            print(f"merge_states of 4 states: {merge_s * 1e3:.2f} ms; merged state {len(merged)} characters")
             print()
             print("| R' | streams of rank 0 | attach to first batch s | fresh start s |")
             print("|---|---|---|---|")
-            for world in (1, 2, 4, 8, 16, 32, 64):
+            for world in (3, 4, 8, 16, 32, 64):
                 t, _ = first_batch(build, sock, 0, world, merged)
                 f, _ = first_batch(build, sock, 0, world)
                 print(f"| {world} | {(64 + world - 1) // world} | {t:.3f} | {f:.3f} |", flush=True)

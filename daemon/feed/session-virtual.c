@@ -22,6 +22,15 @@
 #include "proto/macro.h"
 #include "proto/vstate.h"
 
+/*
+ * The most virtual streams a rank may serve: its state lists each stream
+ * that has delivered a row (about 16 to 24 characters each), and a state
+ * must fit a cursor (511 characters). Refused at attach rather than failing
+ * batches later; the batch-time check below stays, for unusually long
+ * entries (docs/sample-order.md, section 17.5).
+ */
+#define MAX_STREAMS_PER_RANK 24
+
 struct session_virtual {
 	uint32_t m;             /* streams served */
 	uint32_t *v;            /* their numbers, ascending */
@@ -146,11 +155,21 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		}
 	}
 
+	const uint32_t m = (V - s->rank + s->world - 1) / s->world;
+	if (m > MAX_STREAMS_PER_RANK) {
+		snprintf(err, errlen,
+			 "rank %u of world %u would serve %u of feed %s's %u virtual streams, and its state (about 20 characters "
+			 "per stream) would not fit a cursor (511 characters): at most %d streams per rank, so a world of at "
+			 "least %u, or fewer virtual_ranks",
+			 s->rank, s->world, m, f->name, V, MAX_STREAMS_PER_RANK,
+			 (V + MAX_STREAMS_PER_RANK - 1) / MAX_STREAMS_PER_RANK);
+		return -E2BIG;
+	}
 	struct session_virtual *x = calloc(1, sizeof(*x));
 	if (!x)
 		return -ENOMEM;
 	s->virt = x;
-	x->m = (V - s->rank + s->world - 1) / s->world;
+	x->m = m;
 	x->v = calloc(x->m, sizeof(*x->v));
 	x->sub = calloc(x->m, sizeof(*x->sub));
 	x->rows = calloc(x->m, sizeof(*x->rows));

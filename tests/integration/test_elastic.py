@@ -213,7 +213,11 @@ def test_resize_delivers_every_row_once(daemon, shards, tmp_path, packing, mixtu
 
 
 def test_refusals(daemon, shards, tmp_path):
-    d = daemon(conf(shards, "concat", False))
+    d = daemon(conf(shards, "concat", False) + feed_conf("g", f"{shards}/web/shard_*.idx", seq_len=L, batch_size=B,
+                                                         extra="virtual_ranks = 64\n"))
+    p = d.dump("g", tmp_path / "g", rank=0, world=2, batches=1, check=False)
+    assert p.returncode != 0 and "would serve 32 of feed g's 64 virtual streams" in p.stderr
+    assert d.dump("g", tmp_path / "g3", rank=2, world=3, batches=1)["input_ids"].shape == (1, B, L)
     got = d.dump("f", tmp_path / "a", rank=0, world=2, batches=2)
     p = d.dump("f", tmp_path / "b", rank=0, world=3, batches=1, cursor=got["cursors"][-1], check=False)
     assert p.returncode != 0 and "merge the states of all 2 ranks" in p.stderr
