@@ -140,10 +140,16 @@ bool client_resume(feed_client *c, int *code)
 		return false;
 	int saved = errno;
 	uint64_t t0 = now_ns(), limit = t0 + (uint64_t)c->reconnect_timeout_ms * NSEC_PER_MSEC;
-	char cause[96], feed[sizeof(c->feed)], cursor[FEED_CURSOR_MAX], last[sizeof(c->error)];
+	char cause[96], feed[sizeof(c->feed)], last[sizeof(c->error)];
 	snprintf(cause, sizeof(cause), "%s", *code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost");
 	snprintf(feed, sizeof(feed), "%s", c->feed);
-	snprintf(cursor, sizeof(cursor), "%s", c->next_seq > 0 ? feed_client_cursor(c) : c->start_cursor);
+	/* Any length: an elastic state may be longer than a cursor field (state.c). */
+	_cleanup_free_ char *cursor = strdup(c->next_seq > 0 ? feed_client_cursor(c)
+					     : c->long_start ? c->long_start : c->start_cursor);
+	if (!cursor) {
+		*code = client_fail(c, -ENOMEM, "%s; out of memory", cause);
+		return false;
+	}
 	retire(c);
 
 	/* Jitter from the pid and the clock: ranks of one node do not knock in step. */

@@ -53,6 +53,53 @@ FEED_EXPORT int feed_merge_states(const char *const *states, size_t n, char *buf
 	return r;
 }
 
+int client_put_cursor(feed_client *c, const char *cursor, char field[FEED_CURSOR_MAX])
+{
+	size_t n = cursor ? strlen(cursor) : 0;
+	if (n < FEED_CURSOR_MAX) {
+		memcpy(field, cursor ? cursor : "", n + 1);
+		return 0;
+	}
+	if (!(c->daemon_flags & WIRE_DAEMON_LONG_STATE))
+		return client_fail(c, -EINVAL, "this feedd takes cursors of at most %d bytes; this one has %zu",
+				   FEED_CURSOR_MAX - 1, n);
+	if (n >= WIRE_STATE_MAX)
+		return client_fail(c, -EINVAL, "a cursor is at most %u bytes", WIRE_STATE_MAX - 1);
+	uint8_t buf[WIRE_MAX_REQUEST];
+	const size_t part = WIRE_MAX_REQUEST - WIRE_HEADER_SIZE;
+	for (size_t at = 0; at < n; at += part) {
+		size_t k = MIN(part, n - at);
+		int h = wire_encode_state_header(buf, WIRE_HEADER_SIZE, k);
+		if (h < 0)
+			return client_fail(c, h, "cannot encode a STATE message");
+		memcpy(buf + WIRE_HEADER_SIZE, cursor + at, k);
+		int r = client_send(c, buf, WIRE_HEADER_SIZE + k);
+		if (r < 0)
+			return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
+	}
+	snprintf(field, FEED_CURSOR_MAX, "%s", FEED_CURSOR_IN_STATE_AREA);
+	return 0;
+}
+
+int client_keep_cursor(const char *text, size_t n, char *fixed, size_t cap, char **buf)
+{
+	if (n < cap) {
+		memcpy(fixed, text, n);
+		fixed[n] = 0;
+		free(*buf);
+		*buf = NULL;
+		return 0;
+	}
+	char *p = realloc(*buf, n + 1);
+	if (!p)
+		return -ENOMEM;
+	memcpy(p, text, n);
+	p[n] = 0;
+	*buf = p;
+	fixed[0] = 0;
+	return 0;
+}
+
 FEED_EXPORT int feed_client_explain(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
 				    uint32_t batches, char **ret_text)
 {
@@ -64,9 +111,8 @@ FEED_EXPORT int feed_client_explain(feed_client *c, const char *feed, uint32_t r
 		r = client_fail(c, -EISCONN, "explain is asked on a connection that is not attached");
 	else if (!(c->daemon_flags & WIRE_DAEMON_EXPLAIN))
 		r = client_fail(c, -EOPNOTSUPP, "this feedd is too old to explain batches");
-	else if (strlen(feed) >= sizeof(m.feed) || (cursor && strlen(cursor) >= sizeof(m.cursor)))
-		r = client_fail(c, -EINVAL, "a feed name is at most %zu bytes, a cursor or state %zu", sizeof(m.feed) - 1,
-				sizeof(m.cursor) - 1);
+	else if (strlen(feed) >= sizeof(m.feed))
+		r = client_fail(c, -EINVAL, "a feed name is at most %zu bytes", sizeof(m.feed) - 1);
 	else if (world == 0 || rank >= world || batches == 0 || batches > WIRE_EXPLAIN_MAX_BATCHES)
 		r = client_fail(c, -EINVAL, "explain takes rank < world and 1 to %d batches", WIRE_EXPLAIN_MAX_BATCHES);
 	if (r < 0) {
@@ -74,7 +120,11 @@ FEED_EXPORT int feed_client_explain(feed_client *c, const char *feed, uint32_t r
 		return r;
 	}
 	snprintf(m.feed, sizeof(m.feed), "%s", feed);
-	snprintf(m.cursor, sizeof(m.cursor), "%s", cursor ? cursor : "");
+	r = client_put_cursor(c, cursor, m.cursor);
+	if (r < 0) {
+		errno = saved;
+		return r;
+	}
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EXPLAIN_SIZE];
 	int n = wire_encode_explain(buf, sizeof(buf), &m);
 	r = n < 0 ? n : client_send(c, buf, (size_t)n);

@@ -44,6 +44,12 @@ struct vstate {
 	struct vstate_stream *s; /* n entries, by ascending v */
 };
 
+/* The longest state of a rank serving n_streams streams of a feed of n_sources sources (0: one stream), NUL included. */
+static inline size_t vstate_max_len(uint32_t n_streams, uint32_t n_sources)
+{
+	return 3 + 6 * 17 + 9 + 1 + (size_t)n_streams * (2 + vstate_fields(n_sources)) * 17;
+}
+
 void vstate_clear(struct vstate *st);
 
 /* Whether text is an elastic state (starts with "fv1-"). */

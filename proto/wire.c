@@ -526,6 +526,14 @@ int wire_encode_explain_reply_header(void *buf, size_t cap, size_t text_len)
 	return finish(&w);
 }
 
+int wire_encode_state_header(void *buf, size_t cap, size_t len)
+{
+	if (len == 0 || len > WIRE_MAX_REQUEST - WIRE_HEADER_SIZE)
+		return -EMSGSIZE;
+	struct writer w = writer_start(buf, cap, WIRE_STATE, len);
+	return finish(&w);
+}
+
 int wire_decode_explain(const void *p, size_t len, struct wire_explain *ret)
 {
 	struct reader r = { .p = p, .len = len };
@@ -562,6 +570,7 @@ const char *wire_type_name(unsigned type)
 		[WIRE_EPOCH_INFO_REPLY] = "EPOCH_INFO_REPLY",
 		[WIRE_EXPLAIN] = "EXPLAIN",
 		[WIRE_EXPLAIN_REPLY] = "EXPLAIN_REPLY",
+		[WIRE_STATE] = "STATE",
 	};
 	return type < _WIRE_TYPE_MAX && names[type] ? names[type] : "unknown";
 }

@@ -50,6 +50,7 @@ enum wire_type {
 	WIRE_EPOCH_INFO_REPLY = 14,
 	WIRE_EXPLAIN = 15,       /* which documents a stream's next batches hold (daemons with WIRE_DAEMON_EXPLAIN) */
 	WIRE_EXPLAIN_REPLY = 16, /* text, one line per piece of a row */
+	WIRE_STATE = 17,         /* a part of a long cursor for the next ATTACH or EXPLAIN; not answered */
 	_WIRE_TYPE_MAX,
 };
 
@@ -76,7 +77,15 @@ enum {
 	WIRE_DAEMON_EPOCH_INFO = 1u << 1,
 	/* The daemon answers EXPLAIN (feedctl explain; docs/sample-order.md, section 17.9). */
 	WIRE_DAEMON_EXPLAIN = 1u << 2,
+	/*
+	 * The daemon takes cursors longer than FEED_CURSOR_MAX (elastic states,
+	 * docs/sample-order.md section 17.5): sent before ATTACH or EXPLAIN as
+	 * STATE messages (raw text, WIRE_STATE_MAX in all) whose cursor field is
+	 * then FEED_CURSOR_IN_STATE_AREA.
+	 */
+	WIRE_DAEMON_LONG_STATE = 1u << 3,
 };
+#define WIRE_STATE_MAX (16u << 20)
 
 /*
  * EXPLAIN: the provenance of `batches` batches of rank/world of a feed from
@@ -251,6 +260,8 @@ int wire_encode_explain(void *buf, size_t cap, const struct wire_explain *m);
 /* Header for an EXPLAIN_REPLY whose payload (text, no NUL) follows separately. */
 int wire_encode_explain_reply_header(void *buf, size_t cap, size_t text_len);
 int wire_decode_explain(const void *p, size_t len, struct wire_explain *ret);
+/* Header for a STATE message of len bytes of text (1 .. WIRE_MAX_REQUEST - WIRE_HEADER_SIZE), which follow. */
+int wire_encode_state_header(void *buf, size_t cap, size_t len);
 
 /*
  * Decoders take the payload (after the header) and its exact length. Return 0,

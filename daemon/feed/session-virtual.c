@@ -22,15 +22,6 @@
 #include "proto/macro.h"
 #include "proto/vstate.h"
 
-/*
- * The most virtual streams a rank may serve: its state lists each stream
- * that has delivered a row (about 16 to 24 characters each), and a state
- * must fit a cursor (511 characters). Refused at attach rather than failing
- * batches later; the batch-time check below stays, for unusually long
- * entries (docs/sample-order.md, section 17.5).
- */
-#define MAX_STREAMS_PER_RANK 24
-
 struct session_virtual {
 	uint32_t m;             /* streams served */
 	uint32_t *v;            /* their numbers, ascending */
@@ -59,6 +50,8 @@ void session_virtual_free(struct session *s)
 
 void session_virtual_job_clear(struct session_job *j)
 {
+	free(j->long_cursor);
+	j->long_cursor = NULL;
 	if (!j->vrows)
 		return;
 	/* A row's job belongs to the batch job; its stream's session lives as long as the rank's. */
@@ -156,15 +149,6 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	}
 
 	const uint32_t m = (V - s->rank + s->world - 1) / s->world;
-	if (m > MAX_STREAMS_PER_RANK) {
-		snprintf(err, errlen,
-			 "rank %u of world %u would serve %u of feed %s's %u virtual streams, and its state (about 20 characters "
-			 "per stream) would not fit a cursor (511 characters): at most %d streams per rank, so a world of at "
-			 "least %u, or fewer virtual_ranks",
-			 s->rank, s->world, m, f->name, V, MAX_STREAMS_PER_RANK,
-			 (V + MAX_STREAMS_PER_RANK - 1) / MAX_STREAMS_PER_RANK);
-		return -E2BIG;
-	}
 	struct session_virtual *x = calloc(1, sizeof(*x));
 	if (!x)
 		return -ENOMEM;
@@ -371,14 +355,20 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		snprintf(msg, msglen, "cannot write the state after batch %" PRIu64 ": %s", batch, strerror(-n));
 		return n;
 	}
-	if ((size_t)n >= sizeof(j->cursor)) {
-		snprintf(msg, msglen,
-			 "the state after batch %" PRIu64 " takes %d characters, more than a cursor holds (%zu): rank %u serves %u "
-			 "virtual streams; use fewer virtual_ranks per rank (about 20 per rank fit)",
-			 batch, n, sizeof(j->cursor) - 1, s->rank, x->m);
+	free(j->long_cursor);
+	j->long_cursor = NULL;
+	if ((size_t)n < sizeof(j->cursor)) {
+		memcpy(j->cursor, text, (size_t)n + 1);
+		return 0;
+	}
+	/* Longer than a cursor: in the slot's state area, the cursor says so (ring_abi.h). */
+	if (s->ring && (size_t)n >= s->ring->hdr->state_capacity) {
+		snprintf(msg, msglen, "the state after batch %" PRIu64 " takes %d characters, more than a slot holds (%u)",
+			 batch, n, s->ring->hdr->state_capacity);
 		return -E2BIG;
 	}
-	memcpy(j->cursor, text, (size_t)n + 1);
+	snprintf(j->cursor, sizeof(j->cursor), "%s", FEED_CURSOR_IN_STATE_AREA);
+	j->long_cursor = TAKE_PTR(text);
 	return 0;
 }
 
@@ -432,5 +422,8 @@ int session_virtual_produce(struct session *s, struct session_job *j, struct wor
 	h->n_cu_seqlens = n_cu;
 	h->n_docs = docs;
 	snprintf(h->cursor, sizeof(h->cursor), "%s", j->cursor);
+	if (j->long_cursor)
+		memcpy(slot + feed_slot_state_offset(geom->off_cu_seqlens, geom->cu_capacity), j->long_cursor,
+		       strlen(j->long_cursor) + 1);
 	return 0;
 }

@@ -14,6 +14,7 @@
 #include "daemon/gpu/gpu.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
+#include "proto/vstate.h"
 
 void session_fail(struct session *s, int code, const char *msg)
 {
@@ -368,6 +369,10 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 
 	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
 				   .rank = rank, .world = world };
+	/* Elastic states longer than a cursor go to each slot's state area (section 17.5). */
+	const size_t state_max = f->vranks ? vstate_max_len((f->vranks - rank + world - 1) / world, f->n_sources) : 0;
+	if (state_max > FEED_CURSOR_MAX)
+		g.state_bytes = (uint32_t)ALIGN_UP(state_max, (size_t)64);
 	r = ring_new(&g, &s->ring);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot reserve a ring of %u slots x %zu bytes: %s", slots,

@@ -52,7 +52,7 @@ static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
 	c->hello = true;
 	struct wire_hello_reply r = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid(),
 				      .flags = (gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0) |
-					       WIRE_DAEMON_EPOCH_INFO | WIRE_DAEMON_EXPLAIN };
+					       WIRE_DAEMON_EPOCH_INFO | WIRE_DAEMON_EXPLAIN | WIRE_DAEMON_LONG_STATE };
 	snprintf(r.daemon_version, sizeof(r.daemon_version), "%s", FEEDD_VERSION);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
 	int n = wire_encode_hello_reply(buf, sizeof(buf), &r);
@@ -99,6 +99,45 @@ static int check_memory(struct conn *c, const struct feed *f)
 	return -EDQUOT;
 }
 
+/* STATE: a part of a long cursor, kept for the next ATTACH or EXPLAIN. */
+static int handle_state(struct conn *c, const uint8_t *p, size_t len)
+{
+	if (len == 0 || memchr(p, 0, len))
+		return -EBADMSG;
+	if (c->state_len + len >= WIRE_STATE_MAX) {
+		conn_send_error(c, -EMSGSIZE, "a cursor of more than %u bytes", WIRE_STATE_MAX);
+		c->closing = true;
+		return 0;
+	}
+	char *n = realloc(c->state, c->state_len + len + 1);
+	if (!n)
+		return -ENOMEM;
+	memcpy(n + c->state_len, p, len);
+	c->state_len += len;
+	n[c->state_len] = 0;
+	c->state = n;
+	return 0;
+}
+
+/*
+ * The cursor of an ATTACH or EXPLAIN: the field itself, or the STATE parts
+ * sent before it when the field says FEED_CURSOR_IN_STATE_AREA (taken: the
+ * caller frees *ret_owned). NULL when that says so but none came.
+ */
+static const char *request_cursor(struct conn *c, const char *field, char **ret_owned)
+{
+	*ret_owned = NULL;
+	if (strcmp(field, FEED_CURSOR_IN_STATE_AREA) != 0) {
+		free(c->state);
+		c->state = NULL;
+		c->state_len = 0;
+		return field;
+	}
+	*ret_owned = TAKE_PTR(c->state);
+	c->state_len = 0;
+	return *ret_owned;
+}
+
 static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 {
 	struct server *s = c->srv;
@@ -121,17 +160,23 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	}
 	struct cursor cur;
 	_cleanup_(vstate_clear) struct vstate state = { 0 };
-	const bool elastic = vstate_is(a.cursor);
-	if (elastic ? vstate_parse(a.cursor, &state) < 0 : a.cursor[0] && cursor_parse(a.cursor, &cur) < 0) {
+	_cleanup_free_ char *owned = NULL;
+	const char *text = request_cursor(c, a.cursor, &owned);
+	if (!text) {
+		conn_send_error(c, -EINVAL, "the attach names a long state that was not sent (STATE) before it");
+		return 0;
+	}
+	const bool elastic = vstate_is(text);
+	if (elastic ? vstate_parse(text, &state) < 0 : text[0] && cursor_parse(text, &cur) < 0) {
 		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
-				a.cursor);
+				text);
 		return 0;
 	}
 	if (check_memory(c, f) < 0)
 		return 0;
 	char err[512];
 	struct session *sess;
-	int r = session_new(s->producer, f, a.rank, a.world, a.cursor[0] && !elastic ? &cur : NULL,
+	int r = session_new(s->producer, f, a.rank, a.world, text[0] && !elastic ? &cur : NULL,
 			    elastic ? &state : NULL, s->ring_slots, on_session_fail, c, &sess, err, sizeof(err));
 	if (r < 0) {
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
@@ -377,15 +422,21 @@ static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 	}
 	struct cursor cur;
 	_cleanup_(vstate_clear) struct vstate state = { 0 };
-	const bool elastic = vstate_is(m.cursor);
-	if (elastic ? vstate_parse(m.cursor, &state) < 0 : m.cursor[0] && cursor_parse(m.cursor, &cur) < 0) {
+	_cleanup_free_ char *owned = NULL;
+	const char *given = request_cursor(c, m.cursor, &owned);
+	if (!given) {
+		conn_send_error(c, -EINVAL, "the request names a long state that was not sent (STATE) before it");
+		return 0;
+	}
+	const bool elastic = vstate_is(given);
+	if (elastic ? vstate_parse(given, &state) < 0 : given[0] && cursor_parse(given, &cur) < 0) {
 		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
-				m.cursor);
+				given);
 		return 0;
 	}
 	char err[512];
 	_cleanup_free_ char *text = NULL;
-	int r = session_explain(f, m.rank, m.world, m.cursor[0] && !elastic ? &cur : NULL, elastic ? &state : NULL,
+	int r = session_explain(f, m.rank, m.world, given[0] && !elastic ? &cur : NULL, elastic ? &state : NULL,
 				m.batches, &text, err, sizeof(err));
 	if (r < 0) {
 		conn_send_error(c, r, "%s", err);
@@ -435,6 +486,8 @@ int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t 
 		return handle_drain(c, payload, h->length);
 	case WIRE_EXPLAIN:
 		return handle_explain(c, payload, h->length);
+	case WIRE_STATE:
+		return handle_state(c, payload, h->length);
 	default:
 		return -EPROTO; /* a daemon-to-client type, sent by a client */
 	}

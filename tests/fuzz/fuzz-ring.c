@@ -20,6 +20,7 @@
 #include "client/device.c"
 #include "client/libfeed.c"
 #include "client/reconnect.c"
+#include "client/state.c"
 #include "client/strerror.c"
 #include "tests/fuzz/fuzz.h"
 

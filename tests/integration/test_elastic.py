@@ -30,7 +30,7 @@ import pytest
 from conftest import feed_conf, feed_ref, gen_megatron, use_feed_package
 from test_text import TextShard
 
-V = 16          # virtual_ranks: a rank's state must fit a cursor (511 characters): about 20 streams
+V = 16          # virtual_ranks; test_long_states uses 96 (states longer than a cursor)
 L, B, SEED, EOS = 64, 4, 11, 7
 WEIGHTS = {"web": "0.6", "code": "0.4"}
 
@@ -61,8 +61,8 @@ def text_keys(shards):
             f"tokenizer_preset = gpt2\n")
 
 
-def conf(shards, packing, mixture, kind="megatron"):
-    extra = f"virtual_ranks = {V}\npacking = {packing}\n" + ("pack_buffer = 200\n" if packing == "bestfit" else "")
+def conf(shards, packing, mixture, kind="megatron", vranks=V):
+    extra = f"virtual_ranks = {vranks}\npacking = {packing}\n" + ("pack_buffer = 200\n" if packing == "bestfit" else "")
     cache = f"[feedd]\ncache_dir = {shards}/cache\n"
     if not mixture and kind == "jsonl":
         return (cache + f"[feed.f]\n{text_keys(shards)}seq_len = {L}\nbatch_size = {B}\nseed = {SEED}\n"
@@ -90,12 +90,12 @@ def text_shards(shards):
 class Ref:
     """The reference's one-row streams of the feed (section 17.1)."""
 
-    def __init__(self, shards, packing, mixture, kind="megatron"):
+    def __init__(self, shards, packing, mixture, kind="megatron", vranks=V):
         self.packing, self.mixture = packing, mixture
         names = list(WEIGHTS) if mixture else ["code" if kind == "jsonl" else "web"]
         self.shards = [text_shards(shards) if s == "code" and kind == "jsonl" else
                        feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{s}/shard_*.idx"])) for s in names]
-        self.vranks = feed_ref.effective_vranks(V, [sum(s.docs for s in sh) for sh in self.shards])
+        self.vranks = feed_ref.effective_vranks(vranks, [sum(s.docs for s in sh) for sh in self.shards])
 
     def _docs(self, v):
         streams = [feed_ref.rank_documents(feed_ref.RankStream(sh, SEED, True, 2, self.vranks, v, eos=EOS,
@@ -215,10 +215,9 @@ def test_resize_delivers_every_row_once(daemon, shards, tmp_path, packing, mixtu
 def test_refusals(daemon, shards, tmp_path):
     d = daemon(conf(shards, "concat", False) + feed_conf("g", f"{shards}/web/shard_*.idx", seq_len=L, batch_size=B,
                                                          extra="virtual_ranks = 64\n"))
-    p = d.dump("g", tmp_path / "g", rank=0, world=2, batches=1, check=False)
-    assert p.returncode != 0 and "would serve 32 of feed g's 64 virtual streams" in p.stderr
-    assert d.dump("g", tmp_path / "g3", rank=2, world=3, batches=1)["input_ids"].shape == (1, B, L)
     got = d.dump("f", tmp_path / "a", rank=0, world=2, batches=2)
+    p = d.dump("g", tmp_path / "g", rank=0, world=2, batches=1, cursor=got["cursors"][-1], check=False)
+    assert p.returncode != 0 and "another version of feed g" in p.stderr
     p = d.dump("f", tmp_path / "b", rank=0, world=3, batches=1, cursor=got["cursors"][-1], check=False)
     assert p.returncode != 0 and "merge the states of all 2 ranks" in p.stderr
     p = d.dump("f", tmp_path / "c", rank=0, world=V + 1, batches=1, check=False)
@@ -282,3 +281,37 @@ def test_explain_names_what_every_row_holds(daemon, shards, tmp_path, packing, m
             assert int(kv["vstream"]) % world == rank
             covered += c1 - c0 + 1
         assert covered <= 3 * B * L and (packing != "concat" or covered == 3 * B * L)
+
+
+@pytest.mark.parametrize("packing,mixture", [("concat", False), ("bestfit", False), ("concat", True)],
+                         ids=["concat", "bestfit", "concat-mix"])
+def test_long_states(daemon, shards, tmp_path, packing, mixture):
+    """virtual_ranks = 96: one rank's state lists up to 96 streams, far past a cursor's 511 characters; it travels
+    in the slot's state area and in STATE messages, through merges, resizes 3 -> 1 -> 5, dump and explain."""
+    vr = 96
+    d = daemon(conf(shards, packing, mixture, vranks=vr))
+    ref = Ref(shards, packing, mixture, vranks=vr)
+    delivered, state = [], None
+    for i, (world, n) in enumerate(((3, 4), (1, 30), (5, 3))):
+        rows, state, dumps = run_phase(d, tmp_path, f"p{i}", world, n, state)
+        delivered += rows
+        if world == 1:
+            assert len(dumps[0]["cursors"][-1]) > 511
+    assert len(state) > 511
+    want = []
+    for v, n in stream_rows(state).items():
+        for row in itertools.islice(ref.rows(v), n):
+            want.append((row["input_ids"][0].tobytes(), row["labels"][0].tobytes(), row["position_ids"][0].tobytes()))
+    assert collections.Counter(delivered) == collections.Counter(want)
+    text = d.ctl("explain", "f", "--rank", "0", "--world", "1", "--batches", "1", "--state", state).stdout
+    assert len(text.splitlines()) >= B and all(" vstream " in ln for ln in text.splitlines())
+    # The Python loader: state_dict() of the long state, loaded again, continues where it was.
+    ld = feed.Loader("f", rank=0, world_size=1, socket=d.socket, as_numpy=True, copy=True, labels="shifted")
+    ld.load_state_dict({**ld.state_dict(), "cursor": state})
+    a = [np.asarray(next(ld)["input_ids"]).copy() for _ in range(3)]
+    sd = ld.state_dict()
+    assert len(sd["cursor"]) > 511
+    b = [np.asarray(next(ld)["input_ids"]).copy() for _ in range(2)]
+    ld.load_state_dict(sd)
+    assert all(np.array_equal(x, np.asarray(next(ld)["input_ids"])) for x in b)
+    ld.close()
