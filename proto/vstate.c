@@ -41,7 +41,7 @@ struct buf {
 	bool oom;
 };
 
-/* Appends "-" and v in lower-case hex (`width` digits at least). */
+/* Appends "-" and v in lower-case hex (`width` digits at least). A state has thousands of fields: no printf. */
 static void put(struct buf *b, unsigned width, uint64_t v)
 {
 	if (b->oom)
@@ -56,7 +56,69 @@ static void put(struct buf *b, unsigned width, uint64_t v)
 		b->p = p;
 		b->cap = cap;
 	}
-	b->n += (size_t)snprintf(b->p + b->n, b->cap - b->n, "-%0*" PRIx64, (int)width, v);
+	char tmp[16];
+	unsigned n = 0;
+	do {
+		tmp[n++] = "0123456789abcdef"[v & 15];
+		v >>= 4;
+	} while (v);
+	while (n < width)
+		tmp[n++] = '0';
+	char *o = b->p + b->n;
+	*o++ = '-';
+	while (n)
+		*o++ = tmp[--n];
+	*o = 0;
+	b->n = (size_t)(o - b->p);
+}
+
+/* "-" and v in hex (at least `width` digits) at *o, advancing it; false past end. */
+static bool hex_at(char **o, const char *end, unsigned width, uint64_t v)
+{
+	char tmp[16];
+	unsigned n = 0;
+	do {
+		tmp[n++] = "0123456789abcdef"[v & 15];
+		v >>= 4;
+	} while (v);
+	while (n < width)
+		tmp[n++] = '0';
+	if (end - *o < (ptrdiff_t)n + 2)
+		return false;
+	*(*o)++ = '-';
+	while (n)
+		*(*o)++ = tmp[--n];
+	**o = 0;
+	return true;
+}
+
+int vstate_format_head(const struct vstate *st, char *buf, size_t cap)
+{
+	char *o = buf + 3, *end = buf + cap;
+	if (cap < 4)
+		return -ENOBUFS;
+	memcpy(buf, "fv1", 4);
+	bool ok = hex_at(&o, end, 16, st->fingerprint) && hex_at(&o, end, 0, st->vranks) &&
+		  hex_at(&o, end, 0, st->world) && hex_at(&o, end, 0, st->rank) && hex_at(&o, end, 0, st->batch) &&
+		  hex_at(&o, end, 0, st->n);
+	return ok ? (int)(o - buf) : -ENOBUFS;
+}
+
+int vstate_format_entry(const struct vstate_stream *e, char *buf, size_t cap)
+{
+	char *o = buf, *end = buf + cap;
+	if (e->n_sources > VSTATE_MAX_SOURCES)
+		return -EINVAL;
+	bool ok = hex_at(&o, end, 0, e->v) && hex_at(&o, end, 0, e->n_sources);
+	for (unsigned k = 0; ok && k < vstate_fields(e->n_sources); k++)
+		ok = hex_at(&o, end, 0, e->f[k]);
+	return ok ? (int)(o - buf) : -ENOBUFS;
+}
+
+int vstate_format_check(char *text, size_t n, size_t cap)
+{
+	char *o = text + n;
+	return hex_at(&o, text + cap, 8, check_of(text, n)) ? (int)(o - text) : -ENOBUFS;
 }
 
 int vstate_format(const struct vstate *st, char **ret)

@@ -58,6 +58,20 @@ int vstate_is(const char *text);
 /* Writes the text into a malloc'd string. Returns its length, -EINVAL (entries out of order), -ENOMEM. */
 int vstate_format(const struct vstate *st, char **ret);
 
+/*
+ * The same text in pieces, for a writer that keeps each stream's entry and
+ * changes only those that moved (a rank of 1024 streams writes a state per
+ * batch): the head ("fv1-<fingerprint>-...-<n>", st->n as given), one
+ * entry ("-<v>-<ns>-<fields>"), and the check appended to the whole text.
+ * Each returns the length written (NUL-terminated), or -ENOBUFS.
+ */
+#define VSTATE_HEAD_MAX (3 + 6 * 17 + 1)
+#define VSTATE_ENTRY_MAX(n_sources) ((size_t)(2 + vstate_fields(n_sources)) * 17 + 1)
+#define VSTATE_CHECK_LEN 9
+int vstate_format_head(const struct vstate *st, char *buf, size_t cap);
+int vstate_format_entry(const struct vstate_stream *e, char *buf, size_t cap);
+int vstate_format_check(char *text, size_t n, size_t cap);
+
 /* Parses a state. Returns 0, -EINVAL (malformed or damaged), -ENOMEM. */
 int vstate_parse(const char *text, struct vstate *ret);
 

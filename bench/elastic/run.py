@@ -6,18 +6,18 @@
    (R parallel clients, tests/integration/stream-client, each taking N
    batches back to back) configured three ways: no virtual ranks (today's
    stream per rank, the peer), virtual_ranks = R (the elastic path with one
-   stream per rank: the cost of composing rows), and virtual_ranks = 16 R
-   (16 virtual streams per rank, about the most whose state fits a 511-byte
-   cursor). feedd's CPU time per batch (the clients hash every batch, so
-   the wall-clock rate is theirs, and noisy on a shared VM), tokens/s over
-   all ranks, and feedd's peak and anonymous memory.
+   stream per rank: the cost of composing rows) and virtual_ranks = 1024
+   (1024 / R streams per rank: the cost of being able to resize to any
+   world up to 1024). feedd's CPU time per batch (the clients hash every
+   batch, so the wall-clock rate is theirs, and noisy on a shared VM),
+   tokens/s over all ranks, feedd's peak and anonymous memory, and the
+   state's length after the last batch.
 2. virtual_ranks = 1024: what attaching costs (time to ATTACH_REPLY, which
    builds every served stream, and feedd's memory) when a rank serves
-   1024 / R streams, R >= 43: a rank serves at most 24 streams in this
-   version (its state must fit a 511-character cursor).
-3. Resume latency: a global state merged from 4 ranks, attached by rank 0 of
-   R' = 3 .. 64 (virtual_ranks = 64; R' < 3 would serve more than 24
-   streams): time from the attach to the first batch.
+   1024 / R streams.
+3. Resume latency: a global state merged from 4 ranks (virtual_ranks =
+   1024), attached by rank 0 of R' = 1 .. 64: time from starting the client
+   to its first batch, against a fresh start.
 
 Scaled down for a small VM (--full: more data and batches); every rank is a
 process of its own, so on 2 CPUs the clients compete with feedd.
@@ -62,10 +62,12 @@ def throughput(build, tmp, shards, world, vranks, n):
         cpu0 = common.proc_cpu(d.pid)
         t0 = time.monotonic()
         ps = [client(build, sock, r, world, n) for r in range(world)]
-        got = sum(len(lines(p)) for p in ps)
+        outs = [lines(p) for p in ps]
+        got = sum(len(o) for o in outs)
         wall = time.monotonic() - t0
         mem = common.proc_mem(d.pid)
-        return got * B * L / wall, common.proc_cpu(d.pid) - cpu0, mem["VmHWM"], mem["RssAnon"]
+        state = len(outs[0][-1][4]) if outs[0][-1][4:] else 0
+        return got * B * L / wall, common.proc_cpu(d.pid) - cpu0, mem["VmHWM"], mem["RssAnon"], state
     finally:
         common.stop(d)
 
@@ -107,23 +109,23 @@ def main():
         print("## 1. Throughput and memory: R ranks, each taking", n, "batches")
         print()
         print("| R | configuration | feedd CPU ms per 100 batches | ratio | Mtokens/s, all ranks (wall) | "
-              "feedd peak MiB | feedd anon MiB |")
-        print("|---|---|---|---|---|---|---|")
-        for world in (1, 2, 4):
+              "feedd peak MiB | feedd anon MiB | cursor characters |")
+        print("|---|---|---|---|---|---|---|---|")
+        for world in ((1, 2, 4, 8) if args.full else (1, 2, 4)):
             peer = None
             for label, v in (("no virtual ranks (peer)", 0), ("virtual_ranks = R", world),
-                             ("virtual_ranks = 16 R", 16 * world)):
-                tps, cpu, hwm, anon = throughput(build, tmp, shards, world, v, n)
+                             ("virtual_ranks = 1024", 1024)):
+                tps, cpu, hwm, anon, state = throughput(build, tmp, shards, world, v, n)
                 per100 = cpu * 1e3 * 100 / (n * world)
                 peer = peer or per100
                 print(f"| {world} | {label} | {per100:.1f} | {per100 / peer:.2f} | {tps / 1e6:.1f} | {hwm:.1f} | "
-                      f"{anon:.1f} |", flush=True)
+                      f"{anon:.1f} | {state} |", flush=True)
         print()
         print("## 2. virtual_ranks = 1024: attaching and feedd's memory")
         print()
         print("| R | streams per rank | attach s | feedd anon MiB after | peer (no virtual ranks) attach s |")
         print("|---|---|---|---|---|")
-        for world in (43, 64, 256, 1024):
+        for world in (1, 8, 64, 1024):
             d, sock = common.start_feedd(build, conf(shards, 1024), tmp, name=f"v1024-{world}")
             p, psock = common.start_feedd(build, conf(shards, 0), tmp, name=f"peer-{world}")
             try:
@@ -135,12 +137,12 @@ def main():
                 common.stop(d)
                 common.stop(p)
         print()
-        print("## 3. Resume latency: a state merged from 4 ranks, attached as rank 0 of R' (virtual_ranks = 64)")
+        print("## 3. Resume latency: a state merged from 4 ranks, attached as rank 0 of R' (virtual_ranks = 1024)")
         print()
         os.environ.setdefault("FEEDD_BUILD_DIR", str(build))
         sys.path.insert(0, str(common.SRC / "client" / "python"))
         import feed
-        d, sock = common.start_feedd(build, conf(shards, 64, batch_size=4), tmp, name="resume")
+        d, sock = common.start_feedd(build, conf(shards, 1024, batch_size=4), tmp, name="resume")
         try:
             states = [first_batch(build, sock, r, 4)[1] for r in range(4)]
             t0 = time.monotonic()
@@ -150,10 +152,10 @@ def main():
             print()
             print("| R' | streams of rank 0 | attach to first batch s | fresh start s |")
             print("|---|---|---|---|")
-            for world in (3, 4, 8, 16, 32, 64):
+            for world in (1, 2, 4, 8, 16, 32, 64):
                 t, _ = first_batch(build, sock, 0, world, merged)
                 f, _ = first_batch(build, sock, 0, world)
-                print(f"| {world} | {(64 + world - 1) // world} | {t:.3f} | {f:.3f} |", flush=True)
+                print(f"| {world} | {(1024 + world - 1) // world} | {t:.3f} | {f:.3f} |", flush=True)
         finally:
             common.stop(d)
 

@@ -118,6 +118,7 @@ struct session {
 	uint32_t batch_size;   /* rows per batch: the feed's, or 1 for a virtual stream (section 17) */
 	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
 	struct session *parent; /* a virtual stream's session: the rank's, which owns its ring and its failures */
+	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
 	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
 	struct producer *producer;
 	struct feed *feed;

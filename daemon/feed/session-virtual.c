@@ -29,6 +29,14 @@ struct session_virtual {
 	bool *dead;             /* ran dry (section 17.4): left out of the rotation */
 	uint64_t *rows;         /* rows each has delivered (planned) */
 	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
+	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
+	uint16_t *entry_len;
+	size_t stride;
+	char *text;             /* the state being written */
+	size_t text_cap;
+	/* per source: the order its streams walk, sharing one cache of shuffled windows */
+	struct order_params params[MIX_MAX_SOURCES];
+	struct order_window_cache cache[MIX_MAX_SOURCES];
 };
 
 void session_virtual_free(struct session *s)
@@ -44,6 +52,11 @@ void session_virtual_free(struct session *s)
 	free(x->dead);
 	free(x->rows);
 	free(x->cur);
+	free(x->entry);
+	free(x->entry_len);
+	free(x->text);
+	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++)
+		order_window_cache_clear(&x->cache[i]);
 	free(x);
 	s->virt = NULL;
 }
@@ -117,6 +130,7 @@ static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct curs
 	sub->batch_size = 1;
 	sub->rows_ahead = (s->batch_size + m - 1) / m; /* its share of a batch, for tokenizing ahead */
 	sub->parent = s;
+	sub->params = s->virt->params;
 	sub->attach_ns = s->attach_ns;
 	int r = session_open_streams(sub, c, err, errlen);
 	if (r < 0) {
@@ -159,9 +173,18 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	x->rows = calloc(x->m, sizeof(*x->rows));
 	x->cur = calloc(x->m, sizeof(*x->cur));
 	x->dead = calloc(x->m, sizeof(*x->dead));
-	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead) {
+	x->stride = VSTATE_ENTRY_MAX(f->n_sources);
+	x->entry = malloc(x->m * x->stride);
+	x->entry_len = calloc(x->m, sizeof(*x->entry_len));
+	x->text_cap = VSTATE_HEAD_MAX + x->m * x->stride + VSTATE_CHECK_LEN + 1;
+	x->text = malloc(x->text_cap);
+	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->entry || !x->entry_len || !x->text) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
+		x->params[i] = (f->n_sources ? f->sources[i] : f)->params;
+		x->params[i].cache = &x->cache[i];
 	}
 	s->first_batch = st ? st->batch : 0;
 	size_t e = 0;
@@ -177,6 +200,10 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				return session_cursor_not_here(err, errlen, s->rank, f);
 			cursor_of_entry(f, v, &st->s[e], &x->cur[i]);
 			x->rows[i] = x->cur[i].batch;
+			int n = vstate_format_entry(&st->s[e], x->entry + i * x->stride, x->stride);
+			if (n < 0)
+				return session_cursor_not_here(err, errlen, s->rank, f);
+			x->entry_len[i] = (uint16_t)n;
 			c = &x->cur[i];
 		}
 		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
@@ -330,6 +357,14 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			sub->planned++;
 			x->cur[k] = c;
 			x->rows[k]++;
+			struct vstate_stream e;
+			entry_of_cursor(sub->rank, &c, &e);
+			r = vstate_format_entry(&e, x->entry + k * x->stride, x->stride);
+			if (r < 0) {
+				snprintf(msg, msglen, "cannot write virtual stream %u's state: %s", sub->rank, strerror(-r));
+				return r;
+			}
+			x->entry_len[k] = (uint16_t)r;
 			break;
 		}
 		pack_counters_add(&j->counts, &row->job.counts);
@@ -337,24 +372,25 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			j->src_docs[q] += row->job.src_docs[q];
 	}
 
-	/* The state after this batch: every served stream that delivered a row. */
+	/* The state after this batch: every served stream that delivered a row (their entries kept as they move). */
 	struct vstate st = { .fingerprint = f->fingerprint, .vranks = f->vranks, .world = s->world, .rank = s->rank,
 			     .batch = batch + 1 };
-	_cleanup_free_ struct vstate_stream *e = malloc(MAX(x->m, 1u) * sizeof(*e));
-	if (!e) {
-		snprintf(msg, msglen, "out of memory");
-		return -ENOMEM;
-	}
 	for (uint32_t i = 0; i < x->m; i++)
-		if (x->rows[i] > 0)
-			entry_of_cursor(x->v[i], &x->cur[i], &e[st.n++]);
-	st.s = e;
-	_cleanup_free_ char *text = NULL;
-	int n = vstate_format(&st, &text);
+		st.n += x->rows[i] > 0;
+	int n = vstate_format_head(&st, x->text, x->text_cap);
+	for (uint32_t i = 0; n >= 0 && i < x->m; i++) {
+		if (!x->rows[i])
+			continue;
+		memcpy(x->text + n, x->entry + i * x->stride, x->entry_len[i]);
+		n += x->entry_len[i];
+	}
+	if (n >= 0)
+		n = vstate_format_check(x->text, (size_t)n, x->text_cap);
 	if (n < 0) {
 		snprintf(msg, msglen, "cannot write the state after batch %" PRIu64 ": %s", batch, strerror(-n));
 		return n;
 	}
+	const char *text = x->text;
 	free(j->long_cursor);
 	j->long_cursor = NULL;
 	if ((size_t)n < sizeof(j->cursor)) {
@@ -368,7 +404,11 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		return -E2BIG;
 	}
 	snprintf(j->cursor, sizeof(j->cursor), "%s", FEED_CURSOR_IN_STATE_AREA);
-	j->long_cursor = TAKE_PTR(text);
+	j->long_cursor = strndup(text, (size_t)n);
+	if (!j->long_cursor) {
+		snprintf(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
 	return 0;
 }
 

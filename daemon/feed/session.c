@@ -226,18 +226,17 @@ void session_unref(struct session *s)
 static int src_open(struct session *s, struct session_src *x, const struct stream_pos *pos, char *err, size_t errlen)
 {
 	const struct feed *f = x->feed;
+	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
 	struct stream_source src = { .doc = session_text_doc, .userdata = x };
 	if (f->kind == FEED_TEXT)
-		r = stream_init_source(x->stream, &f->params, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
-				       pos);
+		r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	else
-		r = stream_init(x->stream, &f->params, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
-				pos);
+		r = stream_init(x->stream, op, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
-		r = doc_walk_seek(&x->ahead, &f->params, s->rank, s->world, w->ep.epoch, w->window, w->at);
+		r = doc_walk_seek(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, w->at);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
