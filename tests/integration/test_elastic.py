@@ -224,6 +224,11 @@ def test_refusals(daemon, shards, tmp_path):
     assert p.returncode != 0 and "virtual ranks" in p.stderr
     with pytest.raises(feed.StateError, match="every rank's state"):
         feed.merge_states([got["cursors"][-1]])
+    other = d.dump("f", tmp_path / "a1", rank=1, world=2, batches=2)
+    both = [got["cursors"][-1], other["cursors"][-1]]
+    assert d.ctl("merge", *both).stdout.strip() == feed.merge_states(both) == feed.merge_states(both[::-1])
+    p = d.ctl("merge", both[0], both[0], check=False)
+    assert p.returncode == 1 and "given twice" in p.stderr
 
 
 def test_loaders_resize_through_state_dicts(daemon, shards, tmp_path):
