@@ -320,3 +320,27 @@ def test_long_states(daemon, shards, tmp_path, packing, mixture):
     ld.load_state_dict(sd)
     assert all(np.array_equal(x, np.asarray(next(ld)["input_ids"])) for x in b)
     ld.close()
+
+
+def test_long_state_survives_a_daemon_restart(shards, tmp_path):
+    """libfeed re-attaches with the last batch's state when feedd comes back, a 2 KB state sent as STATE parts."""
+    from conftest import Daemon
+    text = conf(shards, "concat", False, vranks=96)
+    d = Daemon(tmp_path, text, name="feedd")
+    try:
+        ld = feed.Loader("f", rank=0, world_size=1, socket=d.socket, as_numpy=True, timeout=60, reconnect_timeout=60,
+                         copy=True)
+        got = [np.asarray(next(ld)["input_ids"]).copy() for _ in range(40)]
+        assert len(ld.state_dict()["cursor"]) > 1000
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(tmp_path, text, name="feedd")
+        got += [np.asarray(next(ld)["input_ids"]).copy() for _ in range(10)]
+        assert ld.stats()["reconnects"] == 1
+        ld.close()
+        ref = feed.Loader("f", rank=0, world_size=1, socket=d.socket, as_numpy=True, reconnect_timeout=0, copy=True)
+        want = [np.asarray(next(ref)["input_ids"]).copy() for _ in range(50)]
+        ref.close()
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    finally:
+        d.stop()
