@@ -128,7 +128,7 @@ static int plan_ready(struct session *s)
 	const struct feed *f = s->feed;
 	const uint64_t B = s->batch_size, L = f->conf.seq_len;
 	size_t used[MIX_MAX_SOURCES] = { 0 };
-	uint64_t k = s->mix_k, len;
+	uint64_t k = s->mix_k, len = 0; /* a failed dry_take leaves it: the loops then stop on r */
 	int r = 0;
 	s->starved = UINT32_MAX;
 	if (f->conf.packing == CONF_PACKING_PAD) {
