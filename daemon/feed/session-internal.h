@@ -178,6 +178,8 @@ int session_plan_ready(struct session *s, uint32_t rows);
 /* session-virtual.c: elastic sessions (docs/sample-order.md, section 17) */
 struct vstate;
 int session_virtual_open(struct session *s, const struct vstate *state, char *err, size_t errlen);
+/* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */
+uint64_t session_virtual_epoch(const struct session *s);
 void session_virtual_free(struct session *s);
 void session_virtual_job_clear(struct session_job *j);
 /* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */

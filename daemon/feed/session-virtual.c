@@ -224,6 +224,16 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	return 0;
 }
 
+uint64_t session_virtual_epoch(const struct session *s)
+{
+	const struct session_virtual *x = s->virt;
+	uint64_t e = UINT64_MAX;
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i] && !x->dead[i])
+			e = MIN(e, x->sub[i]->stream.walk.ep.epoch);
+	return e == UINT64_MAX ? 0 : e;
+}
+
 /* The live stream that has delivered the fewest rows, the smallest v on ties; UINT32_MAX: none. */
 static uint32_t next_stream(const struct session_virtual *x)
 {

@@ -498,5 +498,7 @@ uint64_t session_full_ns(const struct session *s, uint64_t now)
 
 uint64_t session_epoch(const struct session *s)
 {
+	if (s->virt)
+		return session_virtual_epoch(s);
 	return s->stream.walk.ep.epoch;
 }
