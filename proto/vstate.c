@@ -192,6 +192,9 @@ int vstate_parse(const char *text, struct vstate *ret)
 	if (h[1] == 0 || h[1] > VSTATE_MAX_VRANKS || h[2] > h[1] || (h[2] ? h[3] >= h[2] : h[3] != 0) ||
 	    h[5] > h[1])
 		return -EINVAL;
+	/* Each entry takes at least 14 characters ("-v-0" and 5 one-digit fields): no allocation a text cannot fill. */
+	if (h[5] > strlen(p) / 14)
+		return -EINVAL;
 	struct vstate st = { .fingerprint = h[0], .vranks = (uint32_t)h[1], .world = (uint32_t)h[2],
 			     .rank = (uint32_t)h[3], .batch = h[4], .n = (size_t)h[5] };
 	st.s = calloc(MAX(st.n, (size_t)1), sizeof(*st.s));
