@@ -15,9 +15,10 @@
 2. virtual_ranks = 1024: what attaching costs (time to ATTACH_REPLY, which
    builds every served stream, and feedd's memory) when a rank serves
    1024 / R streams.
-3. Resume latency: a global state merged from 4 ranks (virtual_ranks =
-   1024), attached by rank 0 of R' = 1 .. 64: time from starting the client
-   to its first batch, against a fresh start.
+3. Resume latency: a global state merged from 4 ranks after 70 batches
+   (virtual_ranks = 1024, every stream with an entry: about 20 KB), attached
+   by rank 0 of R' = 1 .. 64: time from starting the client to its first
+   batch, against a fresh start.
 
 Scaled down for a small VM (--full: more data and batches); every rank is a
 process of its own, so on 2 CPUs the clients compete with feedd.
@@ -87,9 +88,9 @@ def attach_time(build, sock, rank, world):
     return t
 
 
-def first_batch(build, sock, rank, world, cursor=None):
+def first_batch(build, sock, rank, world, cursor=None, n=1):
     t0 = time.monotonic()
-    ls = lines(client(build, sock, rank, world, 1, cursor))
+    ls = lines(client(build, sock, rank, world, n, cursor))
     return time.monotonic() - t0, ls[-1][4]
 
 
@@ -144,7 +145,8 @@ def main():
         import feed
         d, sock = common.start_feedd(build, conf(shards, 1024, batch_size=4), tmp, name="resume")
         try:
-            states = [first_batch(build, sock, r, 4)[1] for r in range(4)]
+            # 70 batches of 4 rows: every one of a rank's 256 streams has delivered a row, a full-size state.
+            states = [first_batch(build, sock, r, 4, n=70)[1] for r in range(4)]
             t0 = time.monotonic()
             merged = feed.merge_states(states)
             merge_s = time.monotonic() - t0
