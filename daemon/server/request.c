@@ -144,6 +144,9 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	struct wire_attach a;
 	if (wire_decode_attach(p, len, &a) < 0)
 		return -EBADMSG;
+	/* Taken first: the STATE parts belong to this request, whatever it answers. */
+	_cleanup_free_ char *owned = NULL;
+	const char *text = request_cursor(c, a.cursor, &owned);
 	if (c->session) {
 		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
 		return 0;
@@ -160,8 +163,6 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	}
 	struct cursor cur;
 	_cleanup_(vstate_clear) struct vstate state = { 0 };
-	_cleanup_free_ char *owned = NULL;
-	const char *text = request_cursor(c, a.cursor, &owned);
 	if (!text) {
 		conn_send_error(c, -EINVAL, "the attach names a long state that was not sent (STATE) before it");
 		return 0;
@@ -414,6 +415,8 @@ static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 	struct wire_explain m;
 	if (wire_decode_explain(p, len, &m) < 0)
 		return -EBADMSG;
+	_cleanup_free_ char *owned = NULL;
+	const char *given = request_cursor(c, m.cursor, &owned); /* taken first, as ATTACH does */
 	bool draining;
 	struct feed *f = server_find_feed(c->srv, m.feed, &draining);
 	if (!f) {
@@ -422,8 +425,6 @@ static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 	}
 	struct cursor cur;
 	_cleanup_(vstate_clear) struct vstate state = { 0 };
-	_cleanup_free_ char *owned = NULL;
-	const char *given = request_cursor(c, m.cursor, &owned);
 	if (!given) {
 		conn_send_error(c, -EINVAL, "the request names a long state that was not sent (STATE) before it");
 		return 0;

@@ -344,3 +344,27 @@ def test_long_state_survives_a_daemon_restart(shards, tmp_path):
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
     finally:
         d.stop()
+
+
+def test_long_state_after_a_refused_attach_on_the_same_connection(daemon, shards, tmp_path):
+    """STATE parts belong to the ATTACH that follows them even when it is refused: a retry starts clean."""
+    import ctypes
+    from feed import _lib
+    d = daemon(conf(shards, "concat", False, vranks=96))
+    state = d.dump("f", tmp_path / "a", rank=0, world=1, batches=30)["cursors"][-1]
+    assert len(state) > 511
+    c = _lib._P()
+    assert _lib.lib.feed_client_connect(d.socket.encode(), ctypes.byref(c)) == 0
+    try:
+        assert _lib.lib.feed_client_attach(c, b"nope", 0, 1, state.encode()) < 0
+        assert b"no feed named" in _lib.lib.feed_client_error(c)
+        assert _lib.lib.feed_client_attach(c, b"f", 0, 1, state.encode()) == 0, _lib.lib.feed_client_error(c)
+        b = _lib.feed_batch()
+        assert _lib.lib.feed_client_next(c, 60000, ctypes.byref(b)) == 0, _lib.lib.feed_client_error(c)
+        assert b.index == 30
+        want = d.dump("f", tmp_path / "b", rank=0, world=1, batches=1, cursor=state)
+        got = np.ctypeslib.as_array(ctypes.cast(b.input_ids, ctypes.POINTER(ctypes.c_int32)), shape=(B, L))
+        assert np.array_equal(got, want["input_ids"][0])
+        _lib.lib.feed_client_release(c, ctypes.byref(b))
+    finally:
+        _lib.lib.feed_client_close(c)
