@@ -122,6 +122,7 @@ static void virtualize(struct feed *f)
 	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++)
 		v = MIN(v, (f->n_sources ? f->sources[i] : f)->n_docs);
 	f->vranks = (uint32_t)MAX(v, UINT64_C(1));
+	f->fingerprint_plain = f->fingerprint;
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
 	hash_bytes(&h, "feedd-virtual-v1", 16);
 	hash_u64(&h, f->fingerprint);

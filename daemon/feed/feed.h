@@ -87,6 +87,7 @@ struct feed {
 	struct order_params params;
 	uint64_t fingerprint;
 	uint32_t vranks;                 /* virtual streams (docs/sample-order.md, section 17); 0: one stream per rank */
+	uint64_t fingerprint_plain;      /* with vranks: the fingerprint the feed has without them (section 17.7) */
 	int32_t pad_id;                  /* padding token of packing bestfit and pad (docs/sample-order.md, section 15) */
 	struct feed **sources;           /* a mixture's sources, each loaded as a feed of its own; NULL for one stream */
 	uint32_t n_sources;

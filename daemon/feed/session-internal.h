@@ -177,7 +177,16 @@ int session_plan_ready(struct session *s, uint32_t rows);
 
 /* session-virtual.c: elastic sessions (docs/sample-order.md, section 17) */
 struct vstate;
+struct vstate_stream;
 int session_virtual_open(struct session *s, const struct vstate *state, char *err, size_t errlen);
+/*
+ * Section 17.7: a cursor of the same feed without virtual ranks, of rank
+ * r of world V', as the state of that rank (its one stream, v = r). Fills
+ * *st with one entry in *e. Returns 0, or -EINVAL when it is not such a
+ * cursor.
+ */
+int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
+				struct vstate *st, struct vstate_stream *e);
 /* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */
 uint64_t session_virtual_epoch(const struct session *s);
 void session_virtual_free(struct session *s);

@@ -115,6 +115,20 @@ static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_st
 	}
 }
 
+int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
+				struct vstate *st, struct vstate_stream *e)
+{
+	if (world != f->vranks || c->fingerprint != f->fingerprint_plain || c->world != world || c->rank != rank)
+		return -EINVAL;
+	/* With V' = R a rank's one stream is its stream without virtual ranks, row for row (section 17.7). */
+	struct cursor one = *c;
+	one.batch = c->batch * f->conf.batch_size; /* rows delivered */
+	entry_of_cursor(rank, &one, e);
+	*st = (struct vstate){ .fingerprint = f->fingerprint, .vranks = f->vranks, .world = world, .rank = rank,
+			       .batch = c->batch, .n = 1, .s = e };
+	return 0;
+}
+
 /* Opens virtual stream v at c (NULL: its start). Returns 0, -ENODATA (it has no token: dead), or an error in err. */
 static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct cursor *c, struct session **ret,
 		    char *err, size_t errlen)

@@ -340,10 +340,19 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 			 f->name, f->vranks, world);
 		return -EINVAL;
 	}
+	struct vstate from_v1;
+	struct vstate_stream from_v1_entry;
 	if (f->vranks && c) {
-		snprintf(err, errlen, "feed %s has virtual ranks: resume it from an elastic state (fv1-...), not from a cursor of "
-			 "one rank's stream (fc1/fc2)", f->name);
-		return -EINVAL;
+		/* Section 17.7: a cursor saved before virtual_ranks was set resumes when V' equals its world. */
+		if (session_virtual_from_cursor(f, c, rank, world, &from_v1, &from_v1_entry) < 0) {
+			snprintf(err, errlen,
+				 "feed %s has virtual ranks: resume it from an elastic state (fv1-...); a cursor of one rank's stream "
+				 "(fc1/fc2) resumes only when it is of this feed without virtual ranks, of this rank, and of a world "
+				 "of %u (its virtual ranks)", f->name, f->vranks);
+			return -EINVAL;
+		}
+		state = &from_v1;
+		c = NULL;
 	}
 	if (!f->vranks && state) {
 		snprintf(err, errlen, "feed %s has no virtual ranks (virtual_ranks): an elastic state (fv1-...) is not one of its cursors",

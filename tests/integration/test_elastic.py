@@ -368,3 +368,34 @@ def test_long_state_after_a_refused_attach_on_the_same_connection(daemon, shards
         _lib.lib.feed_client_release(c, ctypes.byref(b))
     finally:
         _lib.lib.feed_client_close(c)
+
+
+@pytest.mark.parametrize("packing,mixture", MODES, ids=[p + ("-mix" if m else "") for p, m in MODES])
+def test_virtual_ranks_equal_to_the_world_are_todays_stream(shards, tmp_path, packing, mixture):
+    """Section 17.7: with V' = R every rank receives its batches of sections 3-16 bit for bit, so a job started
+    without virtual_ranks resumes from its fc1/fc2 cursors once virtual_ranks = R is set (and may resize later)."""
+    from conftest import Daemon
+    plain = conf(shards, packing, mixture, vranks=0)
+    d = Daemon(tmp_path, plain, name="plain")
+    try:
+        before = [d.dump("f", tmp_path / f"p{r}", rank=r, world=3, batches=6) for r in range(3)]
+    finally:
+        d.stop()
+    d = Daemon(tmp_path, conf(shards, packing, mixture, vranks=3), name="virtual")
+    try:
+        for r in range(3):
+            whole = d.dump("f", tmp_path / f"v{r}", rank=r, world=3, batches=6)
+            for k in ("input_ids", "labels", "position_ids"):
+                assert np.array_equal(whole[k], before[r][k]), (r, k)
+            assert all(np.array_equal(a, b) for a, b in zip(whole["cu_seqlens"], before[r]["cu_seqlens"]))
+            # The plain stream's cursor after batch 2 resumes in the virtual feed at batch 3.
+            rest = d.dump("f", tmp_path / f"r{r}", rank=r, world=3, batches=3, cursor=before[r]["cursors"][2])
+            assert np.array_equal(rest["input_ids"], before[r]["input_ids"][3:]), r
+        states = [d.dump("f", tmp_path / f"s{r}", rank=r, world=3, batches=1, cursor=before[r]["cursors"][5])
+                  for r in range(3)]
+        merged = feed.merge_states([s["cursors"][-1] for s in states])
+        assert len(d.dump("f", tmp_path / "g", rank=0, world=2, batches=1, cursor=merged)["input_ids"]) == 1
+        p = d.dump("f", tmp_path / "x", rank=0, world=2, batches=1, cursor=before[0]["cursors"][2], check=False)
+        assert p.returncode != 0 and "resumes only when" in p.stderr
+    finally:
+        d.stop()
