@@ -53,6 +53,7 @@ EXPERIMENTS = [
     ("spine", "print", None, True),
     ("restart", "text", None, True),
     ("loadtest", "text", None, True),
+    ("elastic", "text", None, True),
     ("tok", "tok", None, False),
 ]
 

@@ -16,7 +16,7 @@
 # --note     words added to every table's machine line ("loaded by ...")
 # --only     a subset of the experiments (`bench/common.py --list`): io parallel
 #            starvation padding gpu_h2d gpu_trainer e2e scaling textpath
-#            torch_loop metrics_scrape telemetry_overhead spine restart loadtest tok
+#            torch_loop metrics_scrape telemetry_overhead spine restart loadtest elastic tok
 #
 # "text" experiments (starvation, padding, gpu_h2d, ...) are run as they are
 # when present, and their output is kept verbatim (in the doc when they have a

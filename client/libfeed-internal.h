@@ -42,6 +42,8 @@ struct ring_geometry {
 	uint32_t off_position_ids;
 	uint32_t off_cu_seqlens;
 	uint32_t cu_capacity;    /* entries of cu_seqlens */
+	uint32_t state_capacity; /* bytes of each slot's state area (long elastic states), 0: none */
+	uint32_t off_state;
 };
 
 struct device_ring;
@@ -77,6 +79,9 @@ struct feed_client {
 	struct device_ring *dev; /* that GPU's buffers and events (device_attach) */
 	const char *held_cursor;       /* cursor of the last batch delivered, in its slot */
 	char cursor[FEED_CURSOR_MAX];  /* a copy, made when that batch is released */
+	size_t held_cap;               /* bytes held_cursor may span: FEED_CURSOR_MAX, or a slot's state area */
+	char *long_cursor;             /* the copy when longer than `cursor` (elastic states, state.c), else NULL */
+	char *long_start;              /* the attach's own cursor when longer than start_cursor, else NULL */
 
 	/* Reconnect (reconnect.c): what the attach asked for, to ask it again of the next daemon. */
 	char socket_path[108];         /* resolved at connect */
@@ -89,7 +94,7 @@ struct feed_client {
 	bool intr;                     /* a signal interrupting a wait for a reply returns -EINTR (while reconnecting) */
 	int resume_code;               /* what started it: -ESHUTDOWN or -ECONNRESET */
 	uint64_t resume_t0, resume_limit, resume_backoff, resume_rnd;
-	char resume_cursor[FEED_CURSOR_MAX]; /* where to attach again: after the last batch delivered */
+	char *resume_cursor;           /* where to attach again: after the last batch delivered (any length) */
 	uint64_t reconnects, reconnect_ns;
 	struct feed_stats carry;       /* counters of the consumer pages of earlier rings */
 	struct retired_ring *retired;
@@ -100,6 +105,14 @@ struct feed_client {
  * intr, a signal handler running meanwhile gives -EINTR (reconnect.c).
  */
 int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret);
+/*
+ * state.c: puts `cursor` (NULL: none) into a request's cursor field, or,
+ * when it is longer, sends it first as STATE parts and puts
+ * FEED_CURSOR_IN_STATE_AREA there. Returns 0 or a negative errno (reported).
+ */
+int client_put_cursor(feed_client *c, const char *cursor, char field[FEED_CURSOR_MAX]);
+/* state.c: keeps a copy of text in *buf (NULL when it fits fixed[cap]: then there). Returns 0 or -ENOMEM. */
+int client_keep_cursor(const char *text, size_t n, char *fixed, size_t cap, char **buf);
 
 /* ATTACH with wire flags (WIRE_ATTACH_DEVICE: the device half follows, device_attach). */
 int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor, uint32_t flags,

@@ -295,6 +295,14 @@ static int check_ring(feed_client *c, const struct wire_attach_reply *rep, struc
 		.off_cu_seqlens = h->off_cu_seqlens,
 		.cu_capacity = h->cu_capacity,
 	};
+	if (h->state_capacity) {
+		/* Elastic states longer than a cursor (ring_abi.h): the area must lie inside the slot. */
+		uint64_t off = feed_slot_state_offset(h->off_cu_seqlens, h->cu_capacity);
+		if (off + h->state_capacity > h->slot_size)
+			return -EPROTO;
+		ret->state_capacity = h->state_capacity;
+		ret->off_state = (uint32_t)off;
+	}
 	return 0;
 }
 
@@ -327,15 +335,18 @@ int client_attach(feed_client *c, const char *feed, uint32_t rank, uint32_t worl
 	if (world == 0 || rank >= world)
 		return client_fail(c, -EINVAL, "rank %u is not in world of size %u", rank, world);
 	if (cursor && *cursor) {
-		if (strlen(cursor) >= sizeof(a.cursor))
-			return client_fail(c, -EINVAL, "cursor is too long");
-		strcpy(a.cursor, cursor);
+		/* An elastic state may be longer than the field: sent ahead as STATE parts (state.c). */
+		if ((r = client_put_cursor(c, cursor, a.cursor)) < 0)
+			return r;
 		a.flags |= WIRE_ATTACH_RESUME;
 	}
 	strcpy(a.feed, feed);
 	memmove(c->feed, a.feed, sizeof(c->feed));
 	c->rank = rank, c->world = world, c->attach_flags = flags, c->attach_device = device;
-	snprintf(c->start_cursor, sizeof(c->start_cursor), "%s", a.cursor);
+	if (cursor != c->start_cursor && cursor != c->long_start &&
+	    client_keep_cursor(cursor ? cursor : "", cursor ? strlen(cursor) : 0, c->start_cursor,
+			       sizeof(c->start_cursor), &c->long_start) < 0)
+		return client_fail(c, -ENOMEM, "out of memory");
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_ATTACH_SIZE];
 	int n = wire_encode_attach(buf, sizeof(buf), &a);
 	if (n < 0)
@@ -537,6 +548,18 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		c->stopped = r;
 		goto out;
 	}
+	/* An elastic state longer than a cursor is in the slot's state area. */
+	const char *cursor = shared->cursor;
+	c->held_cap = sizeof(shared->cursor);
+	if (g->state_capacity && strcmp(shared->cursor, FEED_CURSOR_IN_STATE_AREA) == 0) {
+		cursor = (const char *)slot + g->off_state;
+		c->held_cap = g->state_capacity;
+		if (!memchr(cursor, 0, g->state_capacity)) {
+			r = client_fail(c, -EPROTO, "slot %llu of the ring is inconsistent", (unsigned long long)c->next_seq);
+			c->stopped = r;
+			goto out;
+		}
+	}
 	*ret = (struct feed_batch){
 		.index = h->batch_index,
 		.epoch = h->epoch,
@@ -550,12 +573,12 @@ FEED_EXPORT int feed_client_next(feed_client *c, int timeout_ms, struct feed_bat
 		.cu_seqlens = (const int32_t *)(slot + g->off_cu_seqlens),
 		.n_cu_seqlens = h->n_cu_seqlens,
 		.n_docs = h->n_docs,
-		.cursor = shared->cursor,
+		.cursor = cursor,
 		.seq = c->next_seq,
 	};
 	c->next_seq++;
 	/* The cursor is copied out only when its slot is released: next() stays small. */
-	c->held_cursor = shared->cursor;
+	c->held_cursor = cursor;
 	__atomic_store_n(&c->cons->delivered, c->cons->delivered + 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->cons->last_delivered_batch, h->batch_index + 1, __ATOMIC_RELAXED);
 out:;
@@ -577,9 +600,9 @@ FEED_EXPORT int feed_client_release(feed_client *c, const struct feed_batch *b)
 		return client_fail(c, -EINVAL, "release the oldest batch held, once");
 	if (b->seq + 1 == c->next_seq) {
 		/* Bounded: the daemon may have rewritten the slot's cursor since next() checked it. */
-		size_t n = strnlen(c->held_cursor, sizeof(c->cursor) - 1);
-		memcpy(c->cursor, c->held_cursor, n);
-		c->cursor[n] = 0;
+		size_t n = strnlen(c->held_cursor, MAX(c->held_cap, sizeof(c->cursor)) - 1);
+		if (client_keep_cursor(c->held_cursor, n, c->cursor, sizeof(c->cursor), &c->long_cursor) < 0)
+			return client_fail(c, -ENOMEM, "out of memory keeping the cursor");
 	}
 	/* The daemon's next copy into this slot waits on `release`: it must be recorded before tail moves. */
 	if (c->dev)
@@ -601,7 +624,7 @@ FEED_EXPORT const char *feed_client_cursor(const feed_client *c)
 {
 	assert_return(c, NULL);
 	/* While the last batch is held its slot is stable; after release the copy is. */
-	return c->next_seq > c->tail ? c->held_cursor : c->cursor;
+	return c->next_seq > c->tail ? c->held_cursor : c->long_cursor ? c->long_cursor : c->cursor;
 }
 
 FEED_EXPORT uint32_t feed_client_slots(const feed_client *c)
@@ -745,6 +768,9 @@ FEED_EXPORT feed_client *feed_client_close(feed_client *c)
 	if (c->space_efd >= 0)
 		close(c->space_efd);
 	client_retired_free(c, true);
+	free(c->long_cursor);
+	free(c->long_start);
+	free(c->resume_cursor);
 	free(c);
 	errno = saved;
 	return NULL;

@@ -179,6 +179,15 @@ bool client_resume(feed_client *c, int *code)
 	if (!c->resuming) {
 		if (c->reconnect_timeout_ms <= 0 || (*code != -ESHUTDOWN && *code != -ECONNRESET))
 			return false;
+		/* Any length: an elastic state may be longer than a cursor field (state.c). */
+		free(c->resume_cursor);
+		c->resume_cursor = strdup(c->next_seq > 0 ? feed_client_cursor(c)
+					  : c->long_start ? c->long_start : c->start_cursor);
+		if (!c->resume_cursor) {
+			*code = client_fail(c, -ENOMEM, "%s; out of memory",
+					    *code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost");
+			return false;
+		}
 		c->resuming = true;
 		c->resume_code = *code;
 		c->resume_t0 = now_ns();
@@ -186,8 +195,6 @@ bool client_resume(feed_client *c, int *code)
 		c->resume_backoff = BACKOFF_FIRST_MS;
 		/* Jitter from the pid and the clock: ranks of one node do not knock in step. */
 		c->resume_rnd = c->resume_t0 ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c;
-		snprintf(c->resume_cursor, sizeof(c->resume_cursor), "%s",
-			 c->next_seq > 0 ? feed_client_cursor(c) : c->start_cursor);
 		retire(c);
 	}
 	const char *cause = c->resume_code == -ESHUTDOWN ? "feedd stopped" : "feedd's connection was lost";

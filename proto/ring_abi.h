@@ -72,7 +72,7 @@ struct feed_ring_header {
 	uint32_t cu_capacity;     /* entries reserved for cu_seqlens: B*L + 1 */
 	uint32_t rank;            /* the attached rank */
 	uint32_t world;           /* the attached world size */
-	uint32_t reserved0;
+	uint32_t state_capacity;  /* bytes of each slot's state area (feed_slot_state_offset), 0: none */
 	/* --- producer cache line --- */
 	uint64_t head __attribute__((aligned(64))); /* batches published (release) */
 	uint32_t state;            /* FEED_RING_* */
@@ -85,6 +85,18 @@ struct feed_ring_header {
 };
 _Static_assert(sizeof(struct feed_ring_header) == FEED_RING_HEADER_SIZE, "ring header size");
 _Static_assert(__builtin_offsetof(struct feed_ring_header, head) == 64, "head on its own line");
+
+/*
+ * Elastic states (docs/sample-order.md, section 17) may be longer than a
+ * cursor. A ring whose header has state_capacity > 0 has, in every slot, a
+ * state area of that many bytes at feed_slot_state_offset(); a slot whose
+ * cursor is FEED_CURSOR_IN_STATE_AREA holds its NUL-terminated cursor there.
+ */
+#define FEED_CURSOR_IN_STATE_AREA "fv1+"
+static inline uint64_t feed_slot_state_offset(uint32_t off_cu_seqlens, uint32_t cu_capacity)
+{
+	return ((uint64_t)off_cu_seqlens + 4ull * cu_capacity + 63) & ~UINT64_C(63);
+}
 
 struct feed_slot_header {
 	uint64_t seq;          /* ring sequence number of the batch in this slot */

@@ -506,6 +506,51 @@ int wire_decode_epoch_info_reply(const void *p, size_t len, struct wire_epoch_in
 	return 0;
 }
 
+int wire_encode_explain(void *buf, size_t cap, const struct wire_explain *m)
+{
+	struct writer w = writer_start(buf, cap, WIRE_EXPLAIN, WIRE_EXPLAIN_SIZE);
+	put_u32(&w, m->rank);
+	put_u32(&w, m->world);
+	put_u32(&w, m->batches);
+	put_u32(&w, m->flags);
+	put_str(&w, m->feed, sizeof(m->feed));
+	put_str(&w, m->cursor, sizeof(m->cursor));
+	return finish(&w);
+}
+
+int wire_encode_explain_reply_header(void *buf, size_t cap, size_t text_len)
+{
+	if (text_len > WIRE_MAX_REPLY)
+		return -EMSGSIZE;
+	struct writer w = writer_start(buf, cap, WIRE_EXPLAIN_REPLY, text_len);
+	return finish(&w);
+}
+
+int wire_encode_state_header(void *buf, size_t cap, size_t len)
+{
+	if (len == 0 || len > WIRE_MAX_REQUEST - WIRE_HEADER_SIZE)
+		return -EMSGSIZE;
+	struct writer w = writer_start(buf, cap, WIRE_STATE, len);
+	return finish(&w);
+}
+
+int wire_decode_explain(const void *p, size_t len, struct wire_explain *ret)
+{
+	struct reader r = { .p = p, .len = len };
+	struct wire_explain m;
+	m.rank = get_u32(&r);
+	m.world = get_u32(&r);
+	m.batches = get_u32(&r);
+	m.flags = get_u32(&r);
+	get_str(&r, m.feed, sizeof(m.feed));
+	get_str(&r, m.cursor, sizeof(m.cursor));
+	if (done(&r) < 0 || m.flags != 0 || m.world == 0 || m.rank >= m.world || m.batches == 0 ||
+	    m.batches > WIRE_EXPLAIN_MAX_BATCHES)
+		return -EBADMSG;
+	*ret = m;
+	return 0;
+}
+
 const char *wire_type_name(unsigned type)
 {
 	static const char *const names[_WIRE_TYPE_MAX] = {
@@ -523,6 +568,9 @@ const char *wire_type_name(unsigned type)
 		[WIRE_ADMIN_REPLY] = "ADMIN_REPLY",
 		[WIRE_EPOCH_INFO] = "EPOCH_INFO",
 		[WIRE_EPOCH_INFO_REPLY] = "EPOCH_INFO_REPLY",
+		[WIRE_EXPLAIN] = "EXPLAIN",
+		[WIRE_EXPLAIN_REPLY] = "EXPLAIN_REPLY",
+		[WIRE_STATE] = "STATE",
 	};
 	return type < _WIRE_TYPE_MAX && names[type] ? names[type] : "unknown";
 }

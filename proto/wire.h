@@ -48,6 +48,9 @@ enum wire_type {
 	WIRE_ADMIN_REPLY = 12, /* the outcome of RELOAD or DRAIN */
 	WIRE_EPOCH_INFO = 13,  /* attached: how many batches the current epoch has (daemons with WIRE_DAEMON_EPOCH_INFO) */
 	WIRE_EPOCH_INFO_REPLY = 14,
+	WIRE_EXPLAIN = 15,       /* which documents a stream's next batches hold (daemons with WIRE_DAEMON_EXPLAIN) */
+	WIRE_EXPLAIN_REPLY = 16, /* text, one line per piece of a row */
+	WIRE_STATE = 17,         /* a part of a long cursor for the next ATTACH or EXPLAIN; not answered */
 	_WIRE_TYPE_MAX,
 };
 
@@ -72,7 +75,34 @@ enum {
 	 * sends a type they do not know, so a client asks only when this is set.
 	 */
 	WIRE_DAEMON_EPOCH_INFO = 1u << 1,
+	/* The daemon answers EXPLAIN (feedctl explain; docs/sample-order.md, section 17.9). */
+	WIRE_DAEMON_EXPLAIN = 1u << 2,
+	/*
+	 * The daemon takes cursors longer than FEED_CURSOR_MAX (elastic states,
+	 * docs/sample-order.md section 17.5): sent before ATTACH or EXPLAIN as
+	 * STATE messages (raw text, WIRE_STATE_MAX in all) whose cursor field is
+	 * then FEED_CURSOR_IN_STATE_AREA.
+	 */
+	WIRE_DAEMON_LONG_STATE = 1u << 3,
 };
+#define WIRE_STATE_MAX (16u << 20)
+
+/*
+ * EXPLAIN: the provenance of `batches` batches of rank/world of a feed from
+ * `cursor` (a cursor, an elastic state, or "" for the start), planned on the
+ * side: nothing is attached or delivered. Answered with EXPLAIN_REPLY (text,
+ * no NUL, like STATUS_REPLY's) or ERROR.
+ */
+struct wire_explain {
+	uint32_t rank;
+	uint32_t world;
+	uint32_t batches; /* 1 .. WIRE_EXPLAIN_MAX_BATCHES */
+	uint32_t flags;   /* reserved, 0 */
+	char feed[WIRE_NAME_MAX];
+	char cursor[FEED_CURSOR_MAX];
+};
+#define WIRE_EXPLAIN_SIZE (16 + WIRE_NAME_MAX + FEED_CURSOR_MAX)
+#define WIRE_EXPLAIN_MAX_BATCHES 4096
 
 struct wire_hello_reply {
 	uint16_t version;
@@ -226,6 +256,12 @@ int wire_encode_epoch_info(void *buf, size_t cap, const struct wire_epoch_info *
 int wire_encode_epoch_info_reply(void *buf, size_t cap, const struct wire_epoch_info_reply *m);
 /* Header for a STATUS_REPLY whose payload (JSON text, no NUL) follows separately. */
 int wire_encode_status_reply_header(void *buf, size_t cap, size_t json_len);
+int wire_encode_explain(void *buf, size_t cap, const struct wire_explain *m);
+/* Header for an EXPLAIN_REPLY whose payload (text, no NUL) follows separately. */
+int wire_encode_explain_reply_header(void *buf, size_t cap, size_t text_len);
+int wire_decode_explain(const void *p, size_t len, struct wire_explain *ret);
+/* Header for a STATE message of len bytes of text (1 .. WIRE_MAX_REQUEST - WIRE_HEADER_SIZE), which follow. */
+int wire_encode_state_header(void *buf, size_t cap, size_t len);
 
 /*
  * Decoders take the payload (after the header) and its exact length. Return 0,

@@ -292,7 +292,7 @@ static int cmd_dump(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "rank", required_argument, NULL, 'r' },   { "world", required_argument, NULL, 'w' },
 		{ "cursor", required_argument, NULL, 'c' }, { "batches", required_argument, NULL, 'n' },
-		{ "out", required_argument, NULL, 'o' },    { 0 },
+		{ "out", required_argument, NULL, 'o' },    { "state", required_argument, NULL, 'c' }, { 0 },
 	};
 	uint32_t rank = 0, world = 1, batches = 0;
 	const char *cursor = NULL, *out = NULL;
@@ -429,8 +429,11 @@ static const struct command command_table[] = {
 	{ "status", cmd_status, "status [--json]", "daemon, feeds, clients and their diagnoses" },
 	{ "top", cmd_top, "top [--interval S]", "status, refreshed in place (q quits)" },
 	{ "report", cmd_report, "report --out DIR [--minutes N]", "PNG plots per client and a markdown summary" },
-	{ "dump", cmd_dump, "dump FEED --rank R --world W --batches N --out DIR [--cursor C]",
+	{ "dump", cmd_dump, "dump FEED --rank R --world W --batches N --out DIR [--cursor C | --state S]",
 	  "write what rank R receives as .npy files" },
+	{ "explain", cmd_explain, "explain FEED [--rank R --world W] [--cursor C | --state S] [--batches N]",
+	  "which shard, document and tokens each row of the next batches holds" },
+	{ "merge", cmd_merge, "merge STATE...", "one global state from every rank's (elastic resume, any new world)" },
 	{ "prep", cmd_prep, "prep --tokenizer F --out PREFIX INPUT...",
 	  "tokenize text into a Megatron .bin/.idx (no daemon needed)" },
 	{ "verify", cmd_verify, "verify [--write-sums] SHARD...",

@@ -41,3 +41,5 @@ int cmd_report(int argc, char **argv);
 int cmd_prep(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_parquet_info(int argc, char **argv);
+int cmd_explain(int argc, char **argv);
+int cmd_merge(int argc, char **argv);

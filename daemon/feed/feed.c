@@ -110,6 +110,28 @@ static uint64_t fingerprint_packed(const struct feed *f, uint64_t stream)
 	return order_mix(h);
 }
 
+/*
+ * Virtual ranks (section 17): V' = min(virtual_ranks, the documents of an
+ * epoch of the smallest source), so every virtual stream is dealt at least
+ * one document per epoch; the fingerprint then names V' too, so a cursor
+ * without virtual ranks is never resumed as one with them, or the other way.
+ */
+static void virtualize(struct feed *f)
+{
+	uint64_t v = f->conf.virtual_ranks;
+	if (!v)
+		return;
+	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++)
+		v = MIN(v, (f->n_sources ? f->sources[i] : f)->n_docs);
+	f->vranks = (uint32_t)MAX(v, UINT64_C(1));
+	f->fingerprint_plain = f->fingerprint;
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	hash_bytes(&h, "feedd-virtual-v1", 16);
+	hash_u64(&h, f->fingerprint);
+	hash_u64(&h, f->vranks);
+	f->fingerprint = order_mix(h);
+}
+
 /* A mixture: the packing, then each source's name, weight and own fingerprint, in `sources` order. */
 static uint64_t fingerprint_mixture(const struct feed *f)
 {
@@ -302,6 +324,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 			f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 			f->fingerprint = fingerprint_mixture(f);
 			f->data_id = feed_data_identity(f);
+			virtualize(f);
 			log_info("feed %s: a mixture of %u sources, %" PRIu64 " documents, packing %s", f->name,
 				 f->n_sources, f->n_docs, feed_packing_name(f->conf.packing));
 		}
@@ -372,6 +395,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 	if (f->conf.packing != CONF_PACKING_CONCAT)
 		f->fingerprint = fingerprint_packed(f, f->fingerprint);
 	f->data_id = feed_data_identity(f);
+	virtualize(f);
 	*ret = f;
 	return 0;
 }

@@ -58,7 +58,9 @@ static void job_run(struct session_job *j, struct worker *w)
 	uint64_t seq = (s->by_docs ? j->rows.batch_index : j->plan.batch_index) - s->first_batch;
 	uint8_t *slot = ring_slot(s->ring, seq);
 	((struct feed_slot_header *)slot)->seq = seq;
-	if (s->by_docs)
+	if (s->virt)
+		j->result = session_virtual_produce(s, j, w, slot);
+	else if (s->by_docs)
 		j->result = worker_produce_rows(w, s->feed, &j->rows, s->rank, s->world, j->cursor, s->ring->hdr, slot,
 						j->error, sizeof(j->error));
 	else
@@ -69,7 +71,7 @@ static void job_run(struct session_job *j, struct worker *w)
 /* A chunk of text: read and tokenized. */
 static void chunk_run(struct session_chunk *c, struct worker *w)
 {
-	if (__atomic_load_n(&c->pj.session->closed, __ATOMIC_RELAXED))
+	if (__atomic_load_n(&session_root(c->pj.session)->closed, __ATOMIC_RELAXED))
 		c->result = -ECANCELED;
 	else
 		c->result = worker_tokenize(w, c->src->feed, &c->t);

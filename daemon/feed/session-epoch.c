@@ -19,6 +19,9 @@ int feed_epoch_info_supported(const struct feed *f, char *err, size_t errlen)
 	else if (f->kind == FEED_TEXT)
 		why = "tokenizes its text on the way: its epoch's token counts are known only once the epoch has been "
 		      "tokenized";
+	else if (f->vranks)
+		why = "has virtual ranks: a rank's rows come from several virtual streams, each at its own place in its "
+		      "epochs";
 	else if (f->conf.packing == CONF_PACKING_BESTFIT)
 		why = "packs with bestfit: its rows per epoch are known only by packing the epoch, and its buffers cross "
 		      "epochs";

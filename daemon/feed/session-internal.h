@@ -82,6 +82,8 @@ struct session_job {
 	struct pack_counters counts;    /* what the batch holds, added to the feed's when it is published */
 	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
 	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
+	struct session_vrow *vrows;     /* elastic sessions: the batch's B rows, each a virtual stream's one-row plan */
+	char *long_cursor;              /* elastic sessions: a state longer than `cursor` (which then says so), or NULL */
 };
 
 /*
@@ -113,6 +115,11 @@ struct session_src {
 
 struct session {
 	unsigned refs;
+	uint32_t batch_size;   /* rows per batch: the feed's, or 1 for a virtual stream (section 17) */
+	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
+	struct session *parent; /* a virtual stream's session: the rank's, which owns its ring and its failures */
+	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
+	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
 	struct producer *producer;
 	struct feed *feed;
 	struct ring *ring;
@@ -149,6 +156,49 @@ struct session {
 	uint64_t full_since_ns;   /* ring full since, 0 when not */
 	uint64_t full_ns_total;   /* time the ring spent full */
 };
+
+/* One row of an elastic batch: the virtual stream it comes from and its one-row plan. */
+struct session_vrow {
+	struct session *sub;
+	struct session_job job;
+};
+
+/* session.c: a session's streams at cursor c, for a rank or a virtual stream */
+int session_open_streams(struct session *s, const struct cursor *c, char *err, size_t errlen);
+
+/* The session that owns the ring: the rank's (itself, or a virtual stream's parent). */
+static inline struct session *session_root(struct session *s)
+{
+	return s->parent ? s->parent : s;
+}
+
+/* session-plan.c: whether `rows` rows can be planned from known counts (0, -EAGAIN, -ENODATA, ...). */
+int session_plan_ready(struct session *s, uint32_t rows);
+
+/* session-virtual.c: elastic sessions (docs/sample-order.md, section 17) */
+struct vstate;
+struct vstate_stream;
+int session_virtual_open(struct session *s, const struct vstate *state, char *err, size_t errlen);
+/*
+ * Section 17.7: a cursor of the same feed without virtual ranks, of rank
+ * r of world V', as the state of that rank (its one stream, v = r). Fills
+ * *st with one entry in *e. Returns 0, or -EINVAL when it is not such a
+ * cursor.
+ */
+int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
+				struct vstate *st, struct vstate_stream *e);
+/* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */
+uint64_t session_virtual_epoch(const struct session *s);
+void session_virtual_free(struct session *s);
+void session_virtual_job_clear(struct session_job *j);
+/* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */
+int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen);
+/* A batch job was published: its rows are its streams' published rows. */
+int session_virtual_published(struct session *s, const struct session_job *j);
+/* Tokenizing ahead for the served text streams, and freeing what nothing reads. Returns 0 or -ENOMEM. */
+int session_virtual_text(struct session *s, bool submit);
+/* The worker's half: fills the slot from the rows' plans. */
+int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot);
 
 /* session-epoch.c: the pool's half (any thread) and the main thread's */
 void session_epoch_run(struct session_epoch_job *j);

@@ -126,9 +126,9 @@ static int dry_take(struct session *s, size_t *used, uint64_t *k, uint64_t *ret_
 static int plan_ready(struct session *s)
 {
 	const struct feed *f = s->feed;
-	const uint64_t B = f->conf.batch_size, L = f->conf.seq_len;
+	const uint64_t B = s->batch_size, L = f->conf.seq_len;
 	size_t used[MIX_MAX_SOURCES] = { 0 };
-	uint64_t k = s->mix_k, len;
+	uint64_t k = s->mix_k, len = 0; /* a failed dry_take leaves it: the loops then stop on r */
 	int r = 0;
 	s->starved = UINT32_MAX;
 	if (f->conf.packing == CONF_PACKING_PAD) {
@@ -202,11 +202,11 @@ static int plan_docs(struct session *s, struct session_job *j, uint64_t batch, c
 		s->resume_row = 0;
 	}
 	if (f->conf.packing == CONF_PACKING_PAD)
-		r = pad_plan(&src, f->conf.batch_size, f->conf.seq_len, batch, &j->rows);
+		r = pad_plan(&src, s->batch_size, f->conf.seq_len, batch, &j->rows);
 	else if (f->conf.packing == CONF_PACKING_BESTFIT)
-		r = bestfit_plan(&s->bestfit, &src, f->conf.batch_size, batch, &j->rows);
+		r = bestfit_plan(&s->bestfit, &src, s->batch_size, batch, &j->rows);
 	else
-		r = concat_plan(&s->concat, &src, f->conf.batch_size, batch, &j->rows);
+		r = concat_plan(&s->concat, &src, s->batch_size, batch, &j->rows);
 	if (r == 0)
 		r = s->mark.error;
 	if (r < 0)
@@ -328,11 +328,30 @@ int session_plan_init(struct session *s, const struct cursor *c, char *err, size
 	return r;
 }
 
+int session_plan_ready(struct session *s, uint32_t rows)
+{
+	const uint32_t saved = s->batch_size;
+	int r;
+	s->batch_size = rows; /* a row sequence does not depend on B: ready for a batch of `rows` = for `rows` rows */
+	if (s->by_docs) {
+		r = s->has_text ? plan_ready(s) : 0;
+	} else {
+		const uint64_t bl = (uint64_t)rows * s->feed->conf.seq_len;
+		r = stream_settle(&s->stream);
+		if (r == 0 && s->has_text && session_text_ready(&s->srcs[0], bl + 1) < bl + 1)
+			r = -EAGAIN;
+	}
+	s->batch_size = saved;
+	return r;
+}
+
 int session_plan(struct session *s, struct session_job *j, uint64_t batch, struct cursor *cur, char *msg,
 		 size_t msglen)
 {
 	const struct feed *f = s->feed;
 	int r = 0;
+	if (s->virt)
+		return session_virtual_plan(s, j, batch, msg, msglen);
 	if (s->by_docs) {
 		/* Plan only from known counts: every document the packer may draw, and the next of each stream. */
 		r = s->has_text ? plan_ready(s) : 0;
@@ -350,13 +369,13 @@ int session_plan(struct session *s, struct session_job *j, uint64_t batch, struc
 	}
 	if (s->has_text) {
 		/* Plan only what is tokenized: every position of the batch and the look-ahead. */
-		const uint64_t bl = (uint64_t)f->conf.batch_size * f->conf.seq_len;
+		const uint64_t bl = (uint64_t)s->batch_size * f->conf.seq_len;
 		r = stream_settle(&s->stream);
 		if (r == -EAGAIN || (r == 0 && session_text_ready(&s->srcs[0], bl + 1) < bl + 1))
 			return -EAGAIN;
 	}
 	if (r == 0)
-		r = pack_plan(&s->stream, f->conf.batch_size, f->conf.seq_len, batch, &j->plan);
+		r = pack_plan(&s->stream, s->batch_size, f->conf.seq_len, batch, &j->plan);
 	if (r < 0)
 		return plan_error(s, r, batch, msg, msglen);
 	cur->pos = j->plan.next;

@@ -84,9 +84,10 @@ static double bytes_per_token(const struct session_src *x)
 int session_text_submit(struct session *s, struct session_src *x)
 {
 	const struct feed *f = x->feed, *top = s->feed;
-	const uint64_t bl = (uint64_t)top->conf.batch_size * top->conf.seq_len;
+	const struct session *root = session_root(s);
+	const uint64_t bl = (uint64_t)s->rows_ahead * top->conf.seq_len;
 	const unsigned threads = producer_threads(s->producer);
-	const uint64_t free_slots = s->ring->slot_count - (s->planned - s->ring->tail);
+	const uint64_t free_slots = root->ring->slot_count - (root->planned - root->ring->tail);
 	uint64_t target = (free_slots + 1) * bl + 1;
 	if (top->conf.packing == CONF_PACKING_BESTFIT)
 		target += top->conf.pack_buffer;
@@ -153,6 +154,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 		x->chunks_inflight++;
 		x->inflight_bytes += c->t.bytes;
 		session_ref(s);
+		if (s->parent)
+			session_ref(s->parent); /* dropped by session_chunk_done(): the rank's ring outlives the chunk */
 		producer_submit(s->producer, &c->pj);
 	}
 	return 0;
@@ -168,9 +171,17 @@ static uint64_t text_hold(struct session *s, struct session_src *x)
 	uint64_t hold = x->stream->seq;
 	if (x->q_n)
 		hold = MIN(hold, x->queue[x->q_head].seq);
-	for (uint32_t i = 0; i < s->ring->slot_count; i++)
-		if (s->jobs[i].state != JOB_IDLE)
-			hold = MIN(hold, s->jobs[i].hold[x->index]);
+	const struct session *root = session_root(s);
+	for (uint32_t i = 0; i < root->ring->slot_count; i++) {
+		const struct session_job *j = &root->jobs[i];
+		if (j->state == JOB_IDLE)
+			continue;
+		if (!s->parent)
+			hold = MIN(hold, j->hold[x->index]);
+		for (uint32_t r = 0; s->parent && j->vrows && r < root->batch_size; r++)
+			if (j->vrows[r].sub == s)
+				hold = MIN(hold, j->vrows[r].job.hold[x->index]);
+	}
 	for (size_t i = 0; i < s->bestfit.n_docs && bestfit_rows_left(&s->bestfit) > 0; i++)
 		if (s->bestfit.docs[i].source == x->index)
 			hold = MIN(hold, s->bestfit.docs[i].seq);
@@ -209,7 +220,7 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	c->done = true;
 	c->src->chunks_inflight--;
 	c->src->inflight_bytes -= c->t.bytes;
-	if (s->failed || s->closed)
+	if (session_root(s)->failed || session_root(s)->closed)
 		return;
 	if (c->result < 0) {
 		if (c->result == -ENODATA || c->result == -ESTALE) /* a shard changed: its feed too, now */
@@ -243,7 +254,10 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 
 void session_chunk_done(struct session *s, struct session_chunk *c)
 {
+	struct session *root = session_root(s);
 	chunk_take(s, c);
-	if (!s->failed && !s->closed)
-		session_pump(s);
+	if (!root->failed && !root->closed)
+		session_pump(root);
+	if (s->parent)
+		session_unref(s->parent);
 }

@@ -15,9 +15,14 @@
 #include "daemon/gpu/gpu.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
+#include "proto/vstate.h"
 
 void session_fail(struct session *s, int code, const char *msg)
 {
+	if (s->parent) {
+		session_fail(s->parent, code, msg);
+		return;
+	}
 	if (s->failed || s->closed)
 		return;
 	s->failed = true;
@@ -70,12 +75,16 @@ static void advance(struct session *s)
 		j->state = JOB_IDLE;
 		s->published++;
 		feed_count_batch(s->feed, &j->counts, j->src_docs);
+		if (s->virt)
+			session_virtual_published(s, j);
 	}
 	if (s->published != before)
 		ring_publish(s->ring, s->published);
 	for (uint32_t i = 0; s->has_text && i < s->n_srcs; i++)
 		if (s->srcs[i].feed->kind == FEED_TEXT)
 			session_text_retire(s, &s->srcs[i]);
+	if (s->virt)
+		session_virtual_text(s, false);
 	if (staged < 0)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
@@ -156,7 +165,7 @@ void session_pump(struct session *s)
 				session_fail(s, r, msg);
 				return;
 			}
-			if (cursor_format(&c, j->cursor, sizeof(j->cursor)) < 0) {
+			if (!s->virt && cursor_format(&c, j->cursor, sizeof(j->cursor)) < 0) {
 				session_fail(s, -ENOBUFS, "cursor does not fit");
 				return;
 			}
@@ -175,6 +184,10 @@ void session_pump(struct session *s)
 				session_fail(s, r, "cannot queue documents to tokenize: out of memory");
 				return;
 			}
+		}
+		if (s->virt && session_virtual_text(s, true) < 0) {
+			session_fail(s, -ENOMEM, "cannot queue documents to tokenize: out of memory");
+			return;
 		}
 		if (s->published - tail == n && !s->full_since_ns)
 			s->full_since_ns = now_ns();
@@ -198,6 +211,7 @@ void session_unref(struct session *s)
 	if (s->space_ev)
 		event_free(s->space_ev);
 	for (uint32_t i = 0; s->jobs && i < s->ring->slot_count; i++) {
+		session_virtual_job_clear(&s->jobs[i]);
 		pack_plan_clear(&s->jobs[i].plan);
 		pad_batch_clear(&s->jobs[i].rows);
 	}
@@ -216,8 +230,11 @@ void session_unref(struct session *s)
 	}
 	free(s->srcs);
 	bestfit_clear(&s->bestfit);
+	session_virtual_free(s);
 	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
-	if (!s->staging)
+	if (!s->ring)
+		;
+	else if (!s->staging)
 		ring_free(s->ring);
 	else if (gpu_retire(s->staging, s->ring) > 0)
 		log_warning("feed %s rank %u/%u: GPU copies of a departed client have not run yet; its ring and device "
@@ -233,18 +250,17 @@ void session_unref(struct session *s)
 static int src_open(struct session *s, struct session_src *x, const struct stream_pos *pos, char *err, size_t errlen)
 {
 	const struct feed *f = x->feed;
+	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
 	struct stream_source src = { .doc = session_text_doc, .userdata = x };
 	if (f->kind == FEED_TEXT)
-		r = stream_init_source(x->stream, &f->params, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
-				       pos);
+		r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	else
-		r = stream_init(x->stream, &f->params, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
-				pos);
+		r = stream_init(x->stream, op, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
-		r = doc_walk_seek(&x->ahead, &f->params, s->rank, s->world, w->ep.epoch, w->window, w->at);
+		r = doc_walk_seek(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, w->at);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
@@ -260,24 +276,18 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	return r;
 }
 
-int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
-		unsigned slots, session_fail_fn on_fail, void *userdata, struct session **ret, char *err,
-		size_t errlen)
+/*
+ * The streams of rank/world of feed f at cursor c (NULL: the start), for a
+ * session s whose identity fields are set: cursor checks, streams opened,
+ * whole-document planning set up. Shared by a rank's session and by the
+ * virtual streams of an elastic one (session-virtual.c). Returns 0 or a
+ * negative errno with the attach error in err.
+ */
+int session_open_streams(struct session *s, const struct cursor *c, char *err, size_t errlen)
 {
+	struct feed *f = s->feed;
+	const uint32_t rank = s->rank, world = s->world;
 	int r;
-	if (f->state != FEED_READY) {
-		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
-		return f->error_code < 0 ? f->error_code : -EIO;
-	}
-	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
-		const struct feed *sf = f->n_sources ? f->sources[i] : f;
-		if (world > sf->n_nonempty) {
-			snprintf(err, errlen,
-				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
-				 sf->name, sf->n_nonempty, world);
-			return -EINVAL;
-		}
-	}
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
 		/* Same shards, sizes, mtimes and parameters, other data: a shard rewritten in place (issue #16). */
@@ -315,37 +325,14 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		    (c->offset && f->conf.packing != CONF_PACKING_CONCAT))
 			return session_cursor_not_here(err, errlen, rank, f);
 	}
-
-	struct session *s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	s->refs = 1;
-	s->producer = p;
-	s->feed = feed_ref(f);
-	s->rank = rank;
-	s->world = world;
-	s->first_batch = c ? c->batch : 0;
-	s->on_fail = on_fail;
-	s->userdata = userdata;
-	s->attach_ns = now_ns();
 	s->by_docs = by_docs;
 	s->starved = UINT32_MAX;
-
-	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
-				   .rank = rank, .world = world };
-	r = ring_new(&g, &s->ring);
-	if (r < 0) {
-		snprintf(err, errlen, "cannot reserve a ring of %u slots x %zu bytes: %s", slots,
-			 ring_slot_bytes(g.batch_size, g.seq_len), strerror(-r));
-		goto fail;
-	}
-	s->jobs = calloc(slots, sizeof(*s->jobs));
+	s->first_batch = c ? c->batch : 0;
 	s->n_srcs = MAX(f->n_sources, 1u);
 	s->srcs = calloc(s->n_srcs, sizeof(*s->srcs));
-	if (!s->jobs || !s->srcs) {
-		r = -ENOMEM;
+	if (!s->srcs) {
 		snprintf(err, errlen, "out of memory");
-		goto fail;
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < s->n_srcs; i++) {
 		struct session_src *x = &s->srcs[i];
@@ -362,10 +349,93 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		}
 		r = src_open(s, x, pos, err, errlen);
 		if (r < 0)
-			goto fail;
+			return r;
+	}
+	if (by_docs && (r = session_plan_init(s, c, err, errlen)) < 0)
+		return r;
+	return 0;
+}
+
+int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
+		const struct vstate *state, unsigned slots, session_fail_fn on_fail, void *userdata,
+		struct session **ret, char *err, size_t errlen)
+{
+	int r;
+	if (f->state != FEED_READY) {
+		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
+		return f->error_code < 0 ? f->error_code : -EIO;
+	}
+	for (uint32_t i = 0; !f->vranks && i < MAX(f->n_sources, 1u); i++) {
+		const struct feed *sf = f->n_sources ? f->sources[i] : f;
+		if (world > sf->n_nonempty) {
+			snprintf(err, errlen,
+				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
+				 sf->name, sf->n_nonempty, world);
+			return -EINVAL;
+		}
+	}
+	if (f->vranks && world > f->vranks) {
+		snprintf(err, errlen,
+			 "feed %s has %u virtual ranks (virtual_ranks, at most the documents of an epoch), fewer than the world size %u: "
+			 "raise virtual_ranks to at least the largest world the job will run with",
+			 f->name, f->vranks, world);
+		return -EINVAL;
+	}
+	struct vstate from_v1;
+	struct vstate_stream from_v1_entry;
+	if (f->vranks && c) {
+		/* Section 17.7: a cursor saved before virtual_ranks was set resumes when V' equals its world. */
+		if (session_virtual_from_cursor(f, c, rank, world, &from_v1, &from_v1_entry) < 0) {
+			snprintf(err, errlen,
+				 "feed %s has virtual ranks: resume it from an elastic state (fv1-...); a cursor of one rank's stream "
+				 "(fc1/fc2) resumes only when it is of this feed without virtual ranks, of this rank, and of a world "
+				 "of %u (its virtual ranks)", f->name, f->vranks);
+			return -EINVAL;
+		}
+		state = &from_v1;
+		c = NULL;
+	}
+	if (!f->vranks && state) {
+		snprintf(err, errlen, "feed %s has no virtual ranks (virtual_ranks): an elastic state (fv1-...) is not one of its cursors",
+			 f->name);
+		return -EINVAL;
 	}
 
-	if (by_docs && (r = session_plan_init(s, c, err, errlen)) < 0)
+	struct session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->refs = 1;
+	s->producer = p;
+	s->feed = feed_ref(f);
+	s->rank = rank;
+	s->world = world;
+	s->batch_size = f->conf.batch_size;
+	s->rows_ahead = f->conf.batch_size;
+	s->on_fail = on_fail;
+	s->userdata = userdata;
+	s->attach_ns = now_ns();
+	s->starved = UINT32_MAX;
+
+	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
+				   .rank = rank, .world = world };
+	/* Elastic states longer than a cursor go to each slot's state area (section 17.5). */
+	const size_t state_max = f->vranks ? vstate_max_len((f->vranks - rank + world - 1) / world, f->n_sources) : 0;
+	if (state_max > FEED_CURSOR_MAX)
+		g.state_bytes = (uint32_t)ALIGN_UP(state_max, (size_t)64);
+	r = ring_new(&g, &s->ring);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot reserve a ring of %u slots x %zu bytes: %s", slots,
+			 ring_slot_bytes(g.batch_size, g.seq_len), strerror(-r));
+		goto fail;
+	}
+	s->jobs = calloc(slots, sizeof(*s->jobs));
+	if (!s->jobs) {
+		r = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	r = f->vranks ? session_virtual_open(s, state, err, errlen) : session_open_streams(s, c, err, errlen);
+	if (r < 0)
 		goto fail;
 
 	s->space_ev = event_new(producer_event_base(p), s->ring->space_efd, EV_READ | EV_PERSIST, on_space, s);
@@ -478,5 +548,7 @@ uint64_t session_full_ns(const struct session *s, uint64_t now)
 
 uint64_t session_epoch(const struct session *s)
 {
+	if (s->virt)
+		return session_virtual_epoch(s);
 	return s->stream.walk.ep.epoch;
 }

@@ -38,20 +38,23 @@
 
 struct session;
 struct staging;
+struct vstate;
 
 /* Called on the main thread when a session stops producing for good (error text in msg). */
 typedef void (*session_fail_fn)(struct session *s, int code, const char *msg, void *userdata);
 
 /*
- * Builds a session for rank/world of feed f, at cursor c (NULL: the start):
+ * Builds a session for rank/world of feed f, at cursor c (NULL: the start),
+ * or for a feed with virtual ranks at elastic state `state` (NULL: the
+ * start; docs/sample-order.md, section 17):
  * its ring, its streams, the cursor checked as far as known counts allow.
  * Produces nothing and calls no callback until session_start(). Returns 0;
  * -EINVAL (cursor of another feed/world/rank, or not a place in this stream)
  * with a message in err; -ENODATA, -ENOMEM, ...
  */
 int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
-		unsigned slots, session_fail_fn on_fail, void *userdata, struct session **ret, char *err,
-		size_t errlen);
+		const struct vstate *state, unsigned slots, session_fail_fn on_fail, void *userdata,
+		struct session **ret, char *err, size_t errlen);
 /*
  * Gives the session the GPU staging of its ring (daemon/gpu, gpu_attach_reply),
  * which it then owns; before session_start() only.
@@ -64,6 +67,16 @@ void session_attach_staging(struct session *s, struct staging *st);
 void session_start(struct session *s);
 /* Stops producing and drops the owner's reference (jobs in flight keep theirs). */
 struct session *session_close(struct session *s);
+
+/*
+ * Provenance (feedctl explain): plans `batches` batches of rank/world of
+ * feed f from cursor c or elastic state st (both NULL: the start) on the
+ * side, nothing attached or read, and returns one line per piece of a row
+ * (malloc'd text). Feeds of stored tokens only. Returns 0; -EINVAL,
+ * -EOPNOTSUPP, -ENODATA, ... with the reason in err.
+ */
+int session_explain(struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c, const struct vstate *st,
+		    uint32_t batches, char **ret_text, char *err, size_t errlen);
 
 /* Ring fill as the client sees it: published and not yet released. */
 uint64_t session_fill(struct session *s);

@@ -26,14 +26,17 @@ struct slot_layout {
 	size_t size;
 };
 
-static int layout(uint32_t B, uint32_t L, struct slot_layout *ret)
+static int layout(uint32_t B, uint32_t L, uint32_t state_bytes, struct slot_layout *ret)
 {
 	uint64_t n = (uint64_t)B * L;
 	if (B == 0 || L == 0 || n + 1 > INT32_MAX)
 		return -EINVAL;
 	uint64_t arr = ALIGN_UP(n * 4, (uint64_t)64);
 	uint64_t cu = ALIGN_UP((n + 1) * 4, (uint64_t)64);
-	uint64_t size = ALIGN_UP(FEED_SLOT_HEADER_SIZE + 3 * arr + cu, (uint64_t)PAGE);
+	uint64_t size = FEED_SLOT_HEADER_SIZE + 3 * arr + cu;
+	if (state_bytes)
+		size = feed_slot_state_offset((uint32_t)(FEED_SLOT_HEADER_SIZE + 3 * arr), (uint32_t)(n + 1)) + state_bytes;
+	size = ALIGN_UP(size, (uint64_t)PAGE);
 	if (size > UINT32_MAX)
 		return -EINVAL;
 	*ret = (struct slot_layout){
@@ -50,7 +53,7 @@ static int layout(uint32_t B, uint32_t L, struct slot_layout *ret)
 size_t ring_slot_bytes(uint32_t batch_size, uint32_t seq_len)
 {
 	struct slot_layout l;
-	return layout(batch_size, seq_len, &l) < 0 ? 0 : l.size;
+	return layout(batch_size, seq_len, 0, &l) < 0 ? 0 : l.size;
 }
 
 struct ring *ring_free(struct ring *r)
@@ -85,7 +88,7 @@ static int reserved_memfd(const char *name, size_t size)
 int ring_new(const struct ring_geometry *g, struct ring **ret)
 {
 	struct slot_layout l;
-	int e = layout(g->batch_size, g->seq_len, &l);
+	int e = layout(g->batch_size, g->seq_len, g->state_bytes, &l);
 	if (e < 0 || g->slot_count < 2 || g->world == 0 || g->rank >= g->world)
 		return -EINVAL;
 	if ((uint64_t)l.size * g->slot_count > SIZE_MAX / 2)
@@ -147,6 +150,7 @@ int ring_new(const struct ring_geometry *g, struct ring **ret)
 		.cu_capacity = l.cu_capacity,
 		.rank = g->rank,
 		.world = g->world,
+		.state_capacity = g->state_bytes,
 		.daemon_pid = (uint64_t)getpid(),
 	};
 	r->cons->magic = FEED_CONSUMER_MAGIC;

@@ -28,6 +28,7 @@ struct ring {
 
 struct ring_geometry {
 	uint32_t slot_count, batch_size, seq_len, rank, world;
+	uint32_t state_bytes; /* each slot's state area (long elastic states), 0: none */
 };
 
 /* Bytes one slot takes for a geometry, or 0 when B*L does not fit the ABI. */

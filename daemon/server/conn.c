@@ -133,6 +133,7 @@ void conn_free(struct conn *c)
 	close(c->fd);
 	assert(!telemetry_client_tracked(&c->tm)); /* detached with its session */
 	free(c->groups);
+	free(c->state);
 	free(c);
 }
 

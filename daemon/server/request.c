@@ -18,6 +18,7 @@
 #include "config.h"
 #include "daemon/feed/session-epoch.h"
 #include "daemon/server/server-internal.h"
+#include "proto/vstate.h"
 
 static void on_session_fail(struct session *sess, int code, const char *msg, void *userdata)
 {
@@ -51,7 +52,7 @@ static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
 	c->hello = true;
 	struct wire_hello_reply r = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid(),
 				      .flags = (gpu_available(c->srv->cfg.gpu) ? WIRE_DAEMON_GPU : 0) |
-					       WIRE_DAEMON_EPOCH_INFO };
+					       WIRE_DAEMON_EPOCH_INFO | WIRE_DAEMON_EXPLAIN | WIRE_DAEMON_LONG_STATE };
 	snprintf(r.daemon_version, sizeof(r.daemon_version), "%s", FEEDD_VERSION);
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
 	int n = wire_encode_hello_reply(buf, sizeof(buf), &r);
@@ -128,12 +129,54 @@ static int check_memory(struct conn *c, const struct feed *f)
 	return -EDQUOT;
 }
 
+/* STATE: a part of a long cursor, kept for the next ATTACH or EXPLAIN. */
+static int handle_state(struct conn *c, const uint8_t *p, size_t len)
+{
+	if (len == 0 || memchr(p, 0, len))
+		return -EBADMSG;
+	if (c->state_len + len >= WIRE_STATE_MAX) {
+		conn_send_error(c, -EMSGSIZE, "a cursor of more than %u bytes", WIRE_STATE_MAX);
+		c->closing = true;
+		return 0;
+	}
+	char *n = realloc(c->state, c->state_len + len + 1);
+	if (!n)
+		return -ENOMEM;
+	memcpy(n + c->state_len, p, len);
+	c->state_len += len;
+	n[c->state_len] = 0;
+	c->state = n;
+	return 0;
+}
+
+/*
+ * The cursor of an ATTACH or EXPLAIN: the field itself, or the STATE parts
+ * sent before it when the field says FEED_CURSOR_IN_STATE_AREA (taken: the
+ * caller frees *ret_owned). NULL when that says so but none came.
+ */
+static const char *request_cursor(struct conn *c, const char *field, char **ret_owned)
+{
+	*ret_owned = NULL;
+	if (strcmp(field, FEED_CURSOR_IN_STATE_AREA) != 0) {
+		free(c->state);
+		c->state = NULL;
+		c->state_len = 0;
+		return field;
+	}
+	*ret_owned = TAKE_PTR(c->state);
+	c->state_len = 0;
+	return *ret_owned;
+}
+
 static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 {
 	struct server *s = c->srv;
 	struct wire_attach a;
 	if (wire_decode_attach(p, len, &a) < 0)
 		return -EBADMSG;
+	/* Taken first: the STATE parts belong to this request, whatever it answers. */
+	_cleanup_free_ char *owned = NULL;
+	const char *text = request_cursor(c, a.cursor, &owned);
 	if (c->session) {
 		conn_send_error(c, -EALREADY, "this connection is already attached to feed %s", c->feed->name);
 		return 0;
@@ -156,16 +199,23 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	}
 	struct cursor cur;
-	if (a.cursor[0] && cursor_parse(a.cursor, &cur) < 0) {
-		conn_send_error(c, -EINVAL, "cursor '%.64s' is malformed or damaged (bad check digits)", a.cursor);
+	_cleanup_(vstate_clear) struct vstate state = { 0 };
+	if (!text) {
+		conn_send_error(c, -EINVAL, "the attach names a long state that was not sent (STATE) before it");
+		return 0;
+	}
+	const bool elastic = vstate_is(text);
+	if (elastic ? vstate_parse(text, &state) < 0 : text[0] && cursor_parse(text, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
+				text);
 		return 0;
 	}
 	if (check_memory(c, f) < 0)
 		return 0;
 	char err[512];
 	struct session *sess;
-	int r = session_new(s->producer, f, a.rank, a.world, a.cursor[0] ? &cur : NULL, s->ring_slots,
-			    on_session_fail, c, &sess, err, sizeof(err));
+	int r = session_new(s->producer, f, a.rank, a.world, text[0] && !elastic ? &cur : NULL,
+			    elastic ? &state : NULL, s->ring_slots, on_session_fail, c, &sess, err, sizeof(err));
 	if (r < 0) {
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
 			    a.feed, a.rank, a.world, err);
@@ -410,6 +460,60 @@ static int handle_drain(struct conn *c, const uint8_t *p, size_t len)
 	return admin_reply(c, msg);
 }
 
+/* EXPLAIN: provenance of a stream's next batches, planned on the side (feedctl explain). */
+static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
+{
+	struct wire_explain m;
+	if (wire_decode_explain(p, len, &m) < 0)
+		return -EBADMSG;
+	_cleanup_free_ char *owned = NULL;
+	const char *given = request_cursor(c, m.cursor, &owned); /* taken first, as ATTACH does */
+	bool draining;
+	struct feed *f = server_find_feed(c->srv, m.feed, &draining);
+	if (!f) {
+		conn_send_error(c, -ENOENT, "no feed named '%s'", m.feed);
+		return 0;
+	}
+	struct cursor cur;
+	_cleanup_(vstate_clear) struct vstate state = { 0 };
+	if (!given) {
+		conn_send_error(c, -EINVAL, "the request names a long state that was not sent (STATE) before it");
+		return 0;
+	}
+	const bool elastic = vstate_is(given);
+	if (elastic ? vstate_parse(given, &state) < 0 : given[0] && cursor_parse(given, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
+				given);
+		return 0;
+	}
+	char err[512];
+	_cleanup_free_ char *text = NULL;
+	int r = session_explain(f, m.rank, m.world, given[0] && !elastic ? &cur : NULL, elastic ? &state : NULL,
+				m.batches, &text, err, sizeof(err));
+	if (r < 0) {
+		conn_send_error(c, r, "%s", err);
+		return 0;
+	}
+	size_t tl = strlen(text);
+	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
+	if (tl > MIN(room, (size_t)WIRE_MAX_REPLY)) {
+		conn_send_error(c, -EMSGSIZE, "the explanation of %u batches does not fit in one reply: ask for fewer", m.batches);
+		return 0;
+	}
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + tl);
+	if (!buf) {
+		conn_send_error(c, -ENOMEM, "out of memory");
+		return 0;
+	}
+	int n = wire_encode_explain_reply_header(buf, WIRE_HEADER_SIZE, tl);
+	if (n < 0) {
+		conn_send_error(c, n, "cannot encode the explanation");
+		return 0;
+	}
+	memcpy(buf + WIRE_HEADER_SIZE, text, tl);
+	return conn_queue(c, buf, WIRE_HEADER_SIZE + tl, NULL, 0);
+}
+
 int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t *payload)
 {
 	if (!c->hello && h->type != WIRE_HELLO)
@@ -432,6 +536,10 @@ int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t 
 		return handle_reload(c, payload, h->length);
 	case WIRE_DRAIN:
 		return handle_drain(c, payload, h->length);
+	case WIRE_EXPLAIN:
+		return handle_explain(c, payload, h->length);
+	case WIRE_STATE:
+		return handle_state(c, payload, h->length);
 	default:
 		return -EPROTO; /* a daemon-to-client type, sent by a client */
 	}

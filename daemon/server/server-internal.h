@@ -84,6 +84,9 @@ struct conn {
 	bool stuck;
 	/* pipeline watch: published count and when it last moved */
 	uint64_t prog_published, prog_since_ns;
+	/* a long cursor (elastic state) sent as STATE parts, for the next ATTACH or EXPLAIN */
+	char *state;
+	size_t state_len;
 };
 
 /* A feed as the server serves it: the server's policy state of the feed is here, not in struct feed. */

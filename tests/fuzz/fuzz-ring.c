@@ -22,6 +22,7 @@
 #include "client/peer.c"
 #include "client/reconnect.c"
 #include "client/stats.c"
+#include "client/state.c"
 #include "client/strerror.c"
 #include "tests/fuzz/fuzz.h"
 

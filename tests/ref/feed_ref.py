@@ -18,6 +18,9 @@ API
       .batches(seq_len, batch_size, start_batch=0, count=None) -> iter of dict
       .epoch_docs(epoch) -> [(shard, doc)] this rank's documents, empty ones too
       .cursor() -> StreamCursor                (used by bench/dataloader_baseline.py)
+  effective_vranks(virtual_ranks, docs_per_source) -> V'      section 17.1
+  virtual_streams(V', world, rank) -> [v]                     section 17.2
+  virtual_batches(rows_of, streams, batch_size, seq_len) -> iter of dict (with "rows": [(v, row)])
   make_batch(tokens, starts, batch_size, seq_len) -> dict of int32 arrays
 
 A batch dict holds input_ids, labels, position_ids (int32 [B, L]), cu_seqlens
@@ -258,7 +261,7 @@ class _EpochPlan:
 class RankStream:
     """Rank `rank`'s token stream over epochs 0, 1, 2, ... and its batches."""
 
-    def __init__(self, shards, seed, shuffle, window, world, rank, bos=None, eos=None):
+    def __init__(self, shards, seed, shuffle, window, world, rank, bos=None, eos=None, virtual=False):
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world size {world}")
         if window < 1:
@@ -273,7 +276,7 @@ class RankStream:
         self.doc_lens = (np.concatenate([s.doc_lens for s in self.shards])
                          if self.shards else np.zeros(0, np.int64))
         nonempty = int(np.count_nonzero(self.doc_lens))
-        if nonempty < world:
+        if nonempty < world and not virtual:  # a virtual stream without tokens is dead instead (section 17.4)
             raise ValueError(f"feed has {nonempty} non-empty documents, "
                              f"fewer than the world size {world}")
         extra = (bos is not None) + (eos is not None)
@@ -586,5 +589,57 @@ def bestfit_batches(docs, seq_len, batch_size, buffer_tokens, pad_id, start_batc
                      tokens=sum(n for _, _, n in pieces),
                      cut_docs=sum(off == 0 and n < len(d) for d, off, n in pieces),
                      resume=(buf_start, at) if at < len(rows) else (taken, 0))
+        yield batch
+        b += 1
+
+
+# --------------------------------------------------------------------------
+# Section 17: virtual ranks. Virtual stream v is the stream of rank v of world
+# V' cut into batches of ONE row (every packing mode and mixture as written
+# for ranks); a rank's batch takes its B rows from the streams it serves.
+
+def effective_vranks(virtual_ranks, docs_per_source):
+    """V' = min(virtual_ranks, documents of one epoch of the smallest source)."""
+    return max(1, min([virtual_ranks] + list(docs_per_source)))
+
+
+def virtual_streams(vranks, world, rank):
+    """The virtual streams rank `rank` of `world` serves: v mod world == rank, ascending."""
+    if not 1 <= world <= vranks or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world} with {vranks} virtual ranks")
+    return list(range(rank, vranks, world))
+
+
+def virtual_batches(rows_of, streams, batch_size, seq_len, start=None, start_batch=0):
+    """A rank's batches. rows_of(v, first_row) -> iterator of the one-row batches of
+    virtual stream v from its row first_row on; start: {v: rows already delivered}
+    (a resumed state; missing streams are at row 0). Each row comes from the live
+    stream with the fewest rows delivered, the smallest v on ties; a stream that
+    raises RuntimeError (no token, section 6) is dead and skipped."""
+    rows = {v: (start or {}).get(v, 0) for v in streams}
+    its = {v: rows_of(v, rows[v]) for v in streams}
+    dead = set()
+    b = start_batch
+    while True:
+        out = []
+        while len(out) < batch_size:
+            live = [v for v in streams if v not in dead]
+            if not live:
+                raise RuntimeError("every virtual stream of this rank ran dry")
+            v = min(live, key=lambda x: (rows[x], x))
+            try:
+                row = next(its[v])
+            except RuntimeError:
+                dead.add(v)
+                continue
+            out.append((v, rows[v], row))
+            rows[v] += 1
+        cu = []
+        for i, (_, _, row) in enumerate(out):
+            cu.extend((np.asarray(row["cu_seqlens"][:-1], np.int64) + i * seq_len).tolist())
+        cu.append(batch_size * seq_len)
+        batch = {k: np.concatenate([row[k] for _, _, row in out]) for k in ("input_ids", "labels", "position_ids")}
+        batch.update(cu_seqlens=np.array(cu, np.int32), epoch=out[0][2]["epoch"], batch=b,
+                     rows=[(v, j) for v, j, _ in out])
         yield batch
         b += 1

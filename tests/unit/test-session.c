@@ -301,7 +301,7 @@ static void run_session(struct env *e, struct feed *f, const char *cursor_text, 
 	struct failure fail = { 0 };
 	struct session *s;
 	char err[512] = "";
-	int r = session_new(e->producer, f, RANK, WORLD, c, SLOTS, on_fail, &fail, &s, err, sizeof(err));
+	int r = session_new(e->producer, f, RANK, WORLD, c, NULL, SLOTS, on_fail, &fail, &s, err, sizeof(err));
 	REQUIRE(r == 0, "session_new %s: %s", f->name, err);
 
 	/* Risk 5: built, not producing, until its owner has wired it. */
@@ -464,7 +464,7 @@ static void check_failure(struct env *e)
 	struct failure fail = { 0 };
 	struct session *s;
 	char err[512] = "";
-	REQUIRE(session_new(e->producer, f, RANK, WORLD, NULL, SLOTS, on_fail, &fail, &s, err, sizeof(err)) == 0,
+	REQUIRE(session_new(e->producer, f, RANK, WORLD, NULL, NULL, SLOTS, on_fail, &fail, &s, err, sizeof(err)) == 0,
 		"session_new: %s", err);
 	REQUIRE(truncate(path, 2) == 0, "truncate %s: %s", path, strerror(errno));
 	session_start(s);

@@ -250,6 +250,32 @@ const char *feed_client_error(const feed_client *c);
 /* Closes the connection and unmaps the ring. Takes NULL; returns NULL. */
 feed_client *feed_client_close(feed_client *c);
 
+/*
+ * Elastic resume (feeds with virtual_ranks, docs/sample-order.md, section
+ * 17): a batch's cursor is then its rank's state ("fv1-..."). Merges the
+ * states of every rank 0 .. R-1 of one world, taken after the same step,
+ * into a global state; attaching as any rank of any world with it continues
+ * every virtual stream exactly where it stopped. Writes it into buf (cap
+ * bytes, NUL included). Returns its length; -EINVAL (not every rank once,
+ * states of different feeds or worlds, a damaged state; why in err),
+ * -ENOBUFS (buf too small; err says the length), -ENOMEM.
+ */
+int feed_merge_states(const char *const *states, size_t n, char *buf, size_t cap, char *err, size_t errlen);
+
+/*
+ * Provenance: which documents the next `batches` batches of rank/world of
+ * `feed` hold from `cursor` (a cursor, an elastic state, or NULL/"" for the
+ * start), planned by feedd on the side (nothing is attached or delivered):
+ * one line per piece of a row, "batch B row I cols C0-C1 [vstream V]
+ * [source S] shard S doc D tokens T0-T1 of T [+bos] [+eos] file PATH"
+ * (tokens T0 .. T1-1 of the document; docs/sample-order.md, section 17.9).
+ * On a connection that is not attached. *ret_text is malloc'd (free it).
+ * Returns 0, or -EINVAL, -EOPNOTSUPP (feeds of text tokenized on the way,
+ * older daemons), -ENOENT, ... with the reason in feed_client_error().
+ */
+int feed_client_explain(feed_client *c, const char *feed, uint32_t rank, uint32_t world, const char *cursor,
+			uint32_t batches, char **ret_text);
+
 /* A static description of a code returned by this library. */
 const char *feed_strerror(int code);
 

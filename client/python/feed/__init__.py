@@ -21,7 +21,7 @@ except PackageNotFoundError:  # run from the source tree, or installed by meson/
 
 from .loader import (IGNORE_INDEX, Batch, DaemonGoneError, DeviceUnavailableError, FeedError,  # noqa: E402
                      FeedNotFoundError, FeedTimeoutError, Loader, ProtocolMismatchError, SlotsExhaustedError,
-                     StateError)
+                     StateError, merge_states)
 
 __all__ = ["Loader", "Batch", "FeedError", "FeedNotFoundError", "DaemonGoneError", "FeedTimeoutError", "StateError",
-           "SlotsExhaustedError", "DeviceUnavailableError", "ProtocolMismatchError", "IGNORE_INDEX"]
+           "SlotsExhaustedError", "DeviceUnavailableError", "ProtocolMismatchError", "IGNORE_INDEX", "merge_states"]

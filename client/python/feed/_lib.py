@@ -103,6 +103,8 @@ _SIGNATURES = {
     "feed_client_device_batch": (ctypes.c_int, [_P, ctypes.POINTER(feed_batch), _P,
                                                 ctypes.POINTER(feed_device_batch)]),
     "feed_client_device_done": (ctypes.c_int, [_P, ctypes.POINTER(feed_batch), _P]),
+    "feed_merge_states": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.c_char_p,
+                                         ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]),
 }
 FEED_ATTACH_HOST_FALLBACK = 1
 

@@ -720,6 +720,8 @@ class Loader(_Base):
             raise StateError(f"not a feed.Loader state_dict (version {STATE_VERSION}): {state!r:.200}")
         mine = (self._feed, self._world, self._rank)
         theirs = (state.get("feed"), state.get("world_size"), state.get("rank"))
+        if theirs[1] is None and theirs[2] is None:  # merge_states(): any rank of any world resumes from it
+            theirs = (theirs[0], self._world, self._rank)
         if theirs != mine:
             raise StateError(f"state_dict is for feed '{theirs[0]}' rank {theirs[2]} of world {theirs[1]}, "
                              f"this loader reads feed '{mine[0]}' as rank {mine[2]} of world {mine[1]}")
@@ -846,3 +848,35 @@ class Loader(_Base):
     def __repr__(self):
         return (f"feed.Loader({self._feed!r}, rank={self._rank}, world_size={self._world}, "
                 f"next_batch={self._next_index})")
+
+
+def merge_states(states):
+    """Elastic resume (feeds with virtual_ranks, docs/sample-order.md, section 17).
+
+    Merges the states of every rank 0 .. R-1 of one world, taken after the same
+    step (Loader.state_dict() dicts, or the cursors of their last batches), into
+    one global state: every rank of any new world loads it (load_state_dict, or
+    attach with the cursor) and continues each virtual stream exactly where it
+    stopped, every row delivered once. Returns a dict for dicts, a string for
+    strings. Raises StateError when a rank is missing or given twice, or the
+    states are of different feeds or worlds."""
+    states = list(states)
+    dicts = all(isinstance(s, dict) for s in states)
+    texts = [s.get("cursor") if isinstance(s, dict) else s for s in states]
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise StateError("merge_states takes the state_dict() (or last cursor) of every rank, each after a batch")
+    arr = (ctypes.c_char_p * len(texts))(*[t.encode() for t in texts])
+    cap = 64 + sum(len(t) for t in texts)
+    buf = ctypes.create_string_buffer(cap)
+    err = ctypes.create_string_buffer(512)
+    r = lib.feed_merge_states(arr, len(texts), buf, cap, err, len(err))
+    if r < 0:
+        raise StateError(f"cannot merge the states: {err.value.decode(errors='replace') or _strerror(r)}")
+    merged = buf.value.decode()
+    if not dicts:
+        return merged
+    feeds = {s.get("feed") for s in states}
+    if len(feeds) != 1:
+        raise StateError(f"states of different feeds: {sorted(map(str, feeds))}")
+    return {"version": STATE_VERSION, "feed": feeds.pop(), "rank": None, "world_size": None, "cursor": merged,
+            "next_batch": max(int(s.get("next_batch", 0)) for s in states)}

@@ -1,0 +1,493 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Elastic sessions (docs/sample-order.md, section 17). A feed with virtual
+ * ranks has V' virtual streams; virtual stream v is exactly the stream of
+ * rank v of world V' with one row per batch, so the per-rank machinery
+ * (session-plan.c, the packers, the workers) makes each row unchanged. A
+ * rank's session composes the streams it serves (v mod world == rank): each
+ * row of a batch comes from the live stream that has delivered the fewest
+ * rows (ties: the smallest v). The state after a batch lists every served
+ * stream's own cursor (those that delivered a row), so any world can resume
+ * from the merge of all ranks' states.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/feed/session-internal.h"
+#include "daemon/feed/session-plan.h"
+#include "daemon/feed/session-text.h"
+#include "proto/macro.h"
+#include "proto/vstate.h"
+
+struct session_virtual {
+	uint32_t m;             /* streams served */
+	uint32_t *v;            /* their numbers, ascending */
+	struct session **sub;   /* their sessions (no ring; one row per batch); NULL: it has no token at all */
+	bool *dead;             /* ran dry (section 17.4): left out of the rotation */
+	uint64_t *rows;         /* rows each has delivered (planned) */
+	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
+	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
+	uint16_t *entry_len;
+	size_t stride;
+	char *text;             /* the state being written */
+	size_t text_cap;
+	/* per source: the order its streams walk, sharing one cache of shuffled windows */
+	struct order_params params[MIX_MAX_SOURCES];
+	struct order_window_cache cache[MIX_MAX_SOURCES];
+};
+
+void session_virtual_free(struct session *s)
+{
+	struct session_virtual *x = s->virt;
+	if (!x)
+		return;
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i])
+			session_unref(x->sub[i]);
+	free(x->v);
+	free(x->sub);
+	free(x->dead);
+	free(x->rows);
+	free(x->cur);
+	free(x->entry);
+	free(x->entry_len);
+	free(x->text);
+	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++)
+		order_window_cache_clear(&x->cache[i]);
+	free(x);
+	s->virt = NULL;
+}
+
+void session_virtual_job_clear(struct session_job *j)
+{
+	free(j->long_cursor);
+	j->long_cursor = NULL;
+	if (!j->vrows)
+		return;
+	/* A row's job belongs to the batch job; its stream's session lives as long as the rank's. */
+	for (uint32_t i = 0; i < j->plan.batch_size; i++) {
+		pack_plan_clear(&j->vrows[i].job.plan);
+		pad_batch_clear(&j->vrows[i].job.rows);
+	}
+	free(j->vrows);
+	j->vrows = NULL;
+}
+
+/* A virtual stream's cursor from its entry in a state; what session_open_streams() resumes from. */
+static void cursor_of_entry(const struct feed *f, uint32_t v, const struct vstate_stream *e, struct cursor *c)
+{
+	*c = (struct cursor){ .fingerprint = f->fingerprint, .world = f->vranks, .rank = v, .batch = e->f[0] };
+	if (e->n_sources == 0) {
+		c->pos = (struct stream_pos){ .epoch = e->f[1], .window = (uint32_t)e->f[2], .index = e->f[3],
+					      .offset = e->f[4] };
+		return;
+	}
+	c->n_sources = e->n_sources;
+	c->k = e->f[1];
+	c->offset = e->f[2];
+	c->row = e->f[3];
+	for (uint32_t i = 0; i < e->n_sources && i < MIX_MAX_SOURCES; i++)
+		c->src[i] = (struct stream_pos){ .epoch = e->f[4 + 3 * i], .window = (uint32_t)e->f[5 + 3 * i],
+						 .index = e->f[6 + 3 * i] };
+}
+
+static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_stream *e)
+{
+	*e = (struct vstate_stream){ .v = v, .n_sources = c->n_sources };
+	e->f[0] = c->batch;
+	if (c->n_sources == 0) {
+		e->f[1] = c->pos.epoch;
+		e->f[2] = c->pos.window;
+		e->f[3] = c->pos.index;
+		e->f[4] = c->pos.offset;
+		return;
+	}
+	e->f[1] = c->k;
+	e->f[2] = c->offset;
+	e->f[3] = c->row;
+	for (uint32_t i = 0; i < c->n_sources; i++) {
+		e->f[4 + 3 * i] = c->src[i].epoch;
+		e->f[5 + 3 * i] = c->src[i].window;
+		e->f[6 + 3 * i] = c->src[i].index;
+	}
+}
+
+int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
+				struct vstate *st, struct vstate_stream *e)
+{
+	if (world != f->vranks || c->fingerprint != f->fingerprint_plain || c->world != world || c->rank != rank)
+		return -EINVAL;
+	/* With V' = R a rank's one stream is its stream without virtual ranks, row for row (section 17.7). */
+	struct cursor one = *c;
+	one.batch = c->batch * f->conf.batch_size; /* rows delivered */
+	entry_of_cursor(rank, &one, e);
+	*st = (struct vstate){ .fingerprint = f->fingerprint, .vranks = f->vranks, .world = world, .rank = rank,
+			       .batch = c->batch, .n = 1, .s = e };
+	return 0;
+}
+
+/* Opens virtual stream v at c (NULL: its start). Returns 0, -ENODATA (it has no token: dead), or an error in err. */
+static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct cursor *c, struct session **ret,
+		    char *err, size_t errlen)
+{
+	struct session *sub = calloc(1, sizeof(*sub));
+	if (!sub)
+		return -ENOMEM;
+	sub->refs = 1;
+	sub->producer = s->producer;
+	sub->feed = feed_ref(s->feed);
+	sub->rank = v;
+	sub->world = s->feed->vranks;
+	sub->batch_size = 1;
+	sub->rows_ahead = (s->batch_size + m - 1) / m; /* its share of a batch, for tokenizing ahead */
+	sub->parent = s;
+	sub->params = s->virt->params;
+	sub->attach_ns = s->attach_ns;
+	int r = session_open_streams(sub, c, err, errlen);
+	if (r < 0) {
+		session_unref(sub);
+		return r;
+	}
+	*ret = sub;
+	return 0;
+}
+
+int session_virtual_open(struct session *s, const struct vstate *st, char *err, size_t errlen)
+{
+	const struct feed *f = s->feed;
+	const uint32_t V = f->vranks;
+	if (st) {
+		if (st->fingerprint != f->fingerprint || st->vranks != V) {
+			snprintf(err, errlen,
+				 "state belongs to another feed or another version of feed %s (fingerprint %016" PRIx64
+				 ", %u virtual ranks; the feed's are %016" PRIx64 ", %u): its shards or parameters changed",
+				 f->name, st->fingerprint, st->vranks, f->fingerprint, V);
+			return -EINVAL;
+		}
+		if (st->world && (st->world != s->world || st->rank != s->rank)) {
+			snprintf(err, errlen,
+				 "state is rank %u's of world %u, not rank %u's of world %u: to resume with another world, merge "
+				 "the states of all %u ranks (feed.merge_states, feed_merge_states) and attach every rank with the result",
+				 st->rank, st->world, s->rank, s->world, st->world);
+			return -EINVAL;
+		}
+	}
+
+	const uint32_t m = (V - s->rank + s->world - 1) / s->world;
+	struct session_virtual *x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	s->virt = x;
+	x->m = m;
+	x->v = calloc(x->m, sizeof(*x->v));
+	x->sub = calloc(x->m, sizeof(*x->sub));
+	x->rows = calloc(x->m, sizeof(*x->rows));
+	x->cur = calloc(x->m, sizeof(*x->cur));
+	x->dead = calloc(x->m, sizeof(*x->dead));
+	x->stride = VSTATE_ENTRY_MAX(f->n_sources);
+	x->entry = malloc(x->m * x->stride);
+	x->entry_len = calloc(x->m, sizeof(*x->entry_len));
+	x->text_cap = VSTATE_HEAD_MAX + x->m * x->stride + VSTATE_CHECK_LEN + 1;
+	x->text = malloc(x->text_cap);
+	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->entry || !x->entry_len || !x->text) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
+		x->params[i] = (f->n_sources ? f->sources[i] : f)->params;
+		x->params[i].cache = &x->cache[i];
+	}
+	s->first_batch = st ? st->batch : 0;
+	size_t e = 0;
+	uint32_t live = 0;
+	for (uint32_t i = 0; i < x->m; i++) {
+		uint32_t v = s->rank + i * s->world;
+		x->v[i] = v;
+		while (st && e < st->n && st->s[e].v < v)
+			e++;
+		const struct cursor *c = NULL;
+		if (st && e < st->n && st->s[e].v == v) {
+			if (st->s[e].n_sources != f->n_sources)
+				return session_cursor_not_here(err, errlen, s->rank, f);
+			cursor_of_entry(f, v, &st->s[e], &x->cur[i]);
+			x->rows[i] = x->cur[i].batch;
+			int n = vstate_format_entry(&st->s[e], x->entry + i * x->stride, x->stride);
+			if (n < 0)
+				return session_cursor_not_here(err, errlen, s->rank, f);
+			x->entry_len[i] = (uint16_t)n;
+			c = &x->cur[i];
+		}
+		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
+		if (r == -ENODATA)
+			continue; /* a stream with no token (left): dead, left out of the rotation */
+		if (r < 0) {
+			if (r == -EINVAL)
+				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);
+			return r;
+		}
+		live++;
+	}
+	if (!live) {
+		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s (its %u virtual streams have none)",
+			 s->rank, s->world, f->name, x->m);
+		return -ENODATA;
+	}
+	return 0;
+}
+
+uint64_t session_virtual_epoch(const struct session *s)
+{
+	const struct session_virtual *x = s->virt;
+	uint64_t e = UINT64_MAX;
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i] && !x->dead[i])
+			e = MIN(e, x->sub[i]->stream.walk.ep.epoch);
+	return e == UINT64_MAX ? 0 : e;
+}
+
+/* The live stream that has delivered the fewest rows, the smallest v on ties; UINT32_MAX: none. */
+static uint32_t next_stream(const struct session_virtual *x)
+{
+	uint32_t best = UINT32_MAX;
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i] && !x->dead[i] && (best == UINT32_MAX || x->rows[i] < x->rows[best]))
+			best = i;
+	return best;
+}
+
+/*
+ * Text tokenized on the way (section 15.2): a batch is planned only once
+ * every row it takes is known, so nothing is taken from a stream unless the
+ * whole batch can be made. Returns 0, or -EAGAIN.
+ */
+static int batch_ready(struct session_virtual *x, uint32_t B)
+{
+	for (;;) {
+		_cleanup_free_ uint64_t *rows = malloc(x->m * sizeof(*rows));
+		_cleanup_free_ uint32_t *need = calloc(x->m, sizeof(*need));
+		if (!rows || !need)
+			return -ENOMEM;
+		memcpy(rows, x->rows, x->m * sizeof(*rows));
+		for (uint32_t i = 0; i < B; i++) {
+			uint32_t best = UINT32_MAX;
+			for (uint32_t k = 0; k < x->m; k++)
+				if (x->sub[k] && !x->dead[k] && (best == UINT32_MAX || rows[k] < rows[best]))
+					best = k;
+			if (best == UINT32_MAX)
+				return 0; /* every stream dead: planning says so */
+			rows[best]++;
+			need[best]++;
+		}
+		bool again = false;
+		for (uint32_t k = 0; k < x->m; k++) {
+			if (!need[k] || !x->sub[k]->has_text)
+				continue;
+			int r = session_plan_ready(x->sub[k], need[k]);
+			if (r == -ENODATA) {
+				x->dead[k] = true; /* section 17.4; the rows go to other streams: check again */
+				again = true;
+				break;
+			}
+			if (r < 0)
+				return r;
+		}
+		if (!again)
+			return 0;
+	}
+}
+
+int session_virtual_published(struct session *s, const struct session_job *j)
+{
+	for (uint32_t i = 0; j->vrows && i < s->batch_size; i++) {
+		struct session *sub = j->vrows[i].sub;
+		const struct session_job *rj = &j->vrows[i].job;
+		uint64_t row = (sub->by_docs ? rj->rows.batch_index : rj->plan.batch_index) + 1 - sub->first_batch;
+		sub->published = MAX(sub->published, row);
+	}
+	return 0;
+}
+
+int session_virtual_text(struct session *s, bool submit)
+{
+	struct session_virtual *x = s->virt;
+	for (uint32_t k = 0; k < x->m; k++) {
+		struct session *sub = x->sub[k];
+		if (!sub || !sub->has_text || x->dead[k])
+			continue;
+		for (uint32_t i = 0; i < sub->n_srcs; i++) {
+			if (sub->srcs[i].feed->kind != FEED_TEXT)
+				continue;
+			if (!submit) {
+				session_text_retire(sub, &sub->srcs[i]);
+				continue;
+			}
+			int r = session_text_submit(sub, &sub->srcs[i]);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen)
+{
+	struct session_virtual *x = s->virt;
+	const struct feed *f = s->feed;
+	const uint32_t B = s->batch_size;
+	int ready = batch_ready(x, B);
+	if (ready == -EAGAIN)
+		return ready;
+	if (ready < 0) {
+		snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": %s", batch, strerror(-ready));
+		return ready;
+	}
+	if (!j->vrows && !(j->vrows = calloc(B, sizeof(*j->vrows)))) {
+		snprintf(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
+	j->plan.batch_index = batch;
+	j->plan.batch_size = B;
+	j->plan.seq_len = f->conf.seq_len;
+	j->counts = (struct pack_counters){ 0 };
+	memset(j->src_docs, 0, sizeof(j->src_docs));
+	for (uint32_t i = 0; i < B; i++) {
+		struct session_vrow *row = &j->vrows[i];
+		for (;;) {
+			uint32_t k = next_stream(x);
+			if (k == UINT32_MAX) {
+				snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": this rank receives no tokens (every virtual stream it serves ran dry)",
+					 batch);
+				return -ENODATA;
+			}
+			struct session *sub = x->sub[k];
+			struct cursor c = { .fingerprint = f->fingerprint, .world = sub->world, .rank = sub->rank,
+					    .batch = x->rows[k] + 1 };
+			char why[512];
+			int r = session_plan(sub, &row->job, x->rows[k], &c, why, sizeof(why));
+			if (r == -ENODATA) {
+				/* Section 17.4: a stream that runs dry leaves the rotation (earlier rows may be in flight: keep it). */
+				x->dead[k] = true;
+				continue;
+			}
+			if (r < 0) {
+				snprintf(msg, msglen, "virtual stream %u: %s", sub->rank,
+					 r == -EAGAIN ? "internal error: planned past the tokenized text" : why);
+				return r == -EAGAIN ? -EIO : r;
+			}
+			row->sub = sub;
+			sub->planned++;
+			x->cur[k] = c;
+			x->rows[k]++;
+			struct vstate_stream e;
+			entry_of_cursor(sub->rank, &c, &e);
+			r = vstate_format_entry(&e, x->entry + k * x->stride, x->stride);
+			if (r < 0) {
+				snprintf(msg, msglen, "cannot write virtual stream %u's state: %s", sub->rank, strerror(-r));
+				return r;
+			}
+			x->entry_len[k] = (uint16_t)r;
+			break;
+		}
+		pack_counters_add(&j->counts, &row->job.counts);
+		for (uint32_t q = 0; q < MIX_MAX_SOURCES; q++)
+			j->src_docs[q] += row->job.src_docs[q];
+	}
+
+	/* The state after this batch: every served stream that delivered a row (their entries kept as they move). */
+	struct vstate st = { .fingerprint = f->fingerprint, .vranks = f->vranks, .world = s->world, .rank = s->rank,
+			     .batch = batch + 1 };
+	for (uint32_t i = 0; i < x->m; i++)
+		st.n += x->rows[i] > 0;
+	int n = vstate_format_head(&st, x->text, x->text_cap);
+	for (uint32_t i = 0; n >= 0 && i < x->m; i++) {
+		if (!x->rows[i])
+			continue;
+		memcpy(x->text + n, x->entry + i * x->stride, x->entry_len[i]);
+		n += x->entry_len[i];
+	}
+	if (n >= 0)
+		n = vstate_format_check(x->text, (size_t)n, x->text_cap);
+	if (n < 0) {
+		snprintf(msg, msglen, "cannot write the state after batch %" PRIu64 ": %s", batch, strerror(-n));
+		return n;
+	}
+	const char *text = x->text;
+	free(j->long_cursor);
+	j->long_cursor = NULL;
+	if ((size_t)n < sizeof(j->cursor)) {
+		memcpy(j->cursor, text, (size_t)n + 1);
+		return 0;
+	}
+	/* Longer than a cursor: in the slot's state area, the cursor says so (ring_abi.h). */
+	if (s->ring && (size_t)n >= s->ring->hdr->state_capacity) {
+		snprintf(msg, msglen, "the state after batch %" PRIu64 " takes %d characters, more than a slot holds (%u)",
+			 batch, n, s->ring->hdr->state_capacity);
+		return -E2BIG;
+	}
+	snprintf(j->cursor, sizeof(j->cursor), "%s", FEED_CURSOR_IN_STATE_AREA);
+	j->long_cursor = strndup(text, (size_t)n);
+	if (!j->long_cursor) {
+		snprintf(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot)
+{
+	const struct feed_ring_header *geom = s->ring->hdr;
+	const uint32_t B = j->plan.batch_size, L = j->plan.seq_len;
+	/* One row's slot: header and arrays, laid out as the ring lays out a slot of one row. */
+	const size_t arr = ALIGN_UP((size_t)L * 4, (size_t)64), cu = ALIGN_UP(((size_t)L + 1) * 4, (size_t)64);
+	struct feed_ring_header g1 = { .batch_size = 1, .seq_len = L, .off_input_ids = FEED_SLOT_HEADER_SIZE,
+				       .off_labels = (uint32_t)(FEED_SLOT_HEADER_SIZE + arr),
+				       .off_position_ids = (uint32_t)(FEED_SLOT_HEADER_SIZE + 2 * arr),
+				       .off_cu_seqlens = (uint32_t)(FEED_SLOT_HEADER_SIZE + 3 * arr), .cu_capacity = L + 1 };
+	_cleanup_free_ uint8_t *one = aligned_alloc(64, FEED_SLOT_HEADER_SIZE + 3 * arr + cu);
+	if (!one) {
+		snprintf(j->error, sizeof(j->error), "out of memory for a row of %u positions", L);
+		return -ENOMEM;
+	}
+	int32_t *ids = (int32_t *)(slot + geom->off_input_ids), *labels = (int32_t *)(slot + geom->off_labels);
+	int32_t *pids = (int32_t *)(slot + geom->off_position_ids), *cus = (int32_t *)(slot + geom->off_cu_seqlens);
+	uint32_t n_cu = 0, docs = 0;
+	uint64_t epoch = 0;
+	for (uint32_t i = 0; i < B; i++) {
+		const struct session_vrow *row = &j->vrows[i];
+		const struct session *sub = row->sub;
+		int r = sub->by_docs ? worker_produce_rows(w, sub->feed, &row->job.rows, sub->rank, sub->world, "", &g1, one,
+							   j->error, sizeof(j->error))
+				     : worker_produce(w, sub->feed, &row->job.plan, sub->rank, sub->world, "", &g1, one,
+						      j->error, sizeof(j->error));
+		if (r < 0)
+			return r;
+		const struct feed_slot_header *h1 = (const struct feed_slot_header *)one;
+		memcpy(ids + (size_t)i * L, one + g1.off_input_ids, (size_t)L * 4);
+		memcpy(labels + (size_t)i * L, one + g1.off_labels, (size_t)L * 4);
+		memcpy(pids + (size_t)i * L, one + g1.off_position_ids, (size_t)L * 4);
+		const int32_t *c1 = (const int32_t *)(one + g1.off_cu_seqlens);
+		for (uint32_t q = 0; q + 1 < h1->n_cu_seqlens; q++)
+			cus[n_cu++] = c1[q] + (int32_t)(i * L);
+		docs += h1->n_docs;
+		if (i == 0)
+			epoch = h1->epoch;
+	}
+	cus[n_cu++] = (int32_t)((size_t)B * L);
+	struct feed_slot_header *h = (struct feed_slot_header *)slot;
+	h->batch_index = j->plan.batch_index;
+	h->epoch = epoch;
+	h->rank = s->rank;
+	h->world = s->world;
+	h->batch_size = B;
+	h->seq_len = L;
+	h->n_cu_seqlens = n_cu;
+	h->n_docs = docs;
+	snprintf(h->cursor, sizeof(h->cursor), "%s", j->cursor);
+	if (j->long_cursor)
+		memcpy(slot + feed_slot_state_offset(geom->off_cu_seqlens, geom->cu_capacity), j->long_cursor,
+		       strlen(j->long_cursor) + 1);
+	return 0;
+}
