@@ -85,7 +85,12 @@ enum {
 	 */
 	WIRE_DAEMON_LONG_STATE = 1u << 3,
 };
-#define WIRE_STATE_MAX (16u << 20)
+/*
+ * A state names at most 65,536 streams (virtual_ranks), a few dozen bytes
+ * each: 4 MiB holds the largest with room, and bounds what one connection
+ * may make the daemon hold before it attaches.
+ */
+#define WIRE_STATE_MAX (4u << 20)
 
 /*
  * EXPLAIN: the provenance of `batches` batches of rank/world of a feed from
