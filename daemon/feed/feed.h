@@ -83,7 +83,6 @@ struct feed {
 	int32_t bos_id, eos_id;          /* -1: none */
 	uint32_t n_shards;
 	uint32_t *shard_docs;
-	const uint32_t **doc_tokens;
 	struct order_params params;
 	uint64_t fingerprint;
 	int32_t pad_id;                  /* padding token of packing bestfit and pad (docs/sample-order.md, section 15) */
@@ -100,6 +99,8 @@ struct feed {
 	struct feed_counters counters; /* main thread, through feed_count_batch() and feed_mark_bad() */
 	struct feed_epoch_len epoch_lens[FEED_EPOCH_LENS]; /* main thread, session-epoch.c: a small cache, oldest replaced */
 	unsigned epoch_lens_next;
+
+	struct feed_scan *scan;     /* stored tokens: the index validated after load (feed-scan.c); NULL when none */
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
@@ -148,6 +149,31 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);
+
+/*
+ * Stored tokens, index work after load (daemon/feed/feed-scan.c). Shards
+ * validated whole at load take at most FEED_SCAN_AT_LOAD index entries in
+ * all; feed_scan_start() validates the rest on a thread of its own, and
+ * feed_scan_poll() (main thread; feed_check calls it) folds its counts
+ * (n_tokens, n_nonempty) in, or fails the feed with its first fault.
+ */
+#define FEED_SCAN_AT_LOAD (UINT64_C(1) << 22)
+int feed_scan_start(struct feed *f);
+void feed_scan_poll(struct feed *f);
+bool feed_scan_pending(const struct feed *f);
+uint32_t feed_scan_shards_left(const struct feed *f);
+void feed_scan_free(struct feed *f);
+/*
+ * Document doc's token count (stored tokens), its index entries checked
+ * first. Any thread. 0, or -EBADMSG with the fault in err.
+ */
+int feed_doc_tokens(struct feed *f, uint64_t doc, uint64_t *ret, char *err, size_t errlen);
+/*
+ * Whether the feed has at least `want` non-empty documents (main thread):
+ * 1 or 0; looks only as far as that needs while the scan runs. A negative
+ * errno when a fault was met (the feed is then FAILED).
+ */
+int feed_nonempty_at_least(struct feed *f, uint64_t want);
 
 /* The packing mode's name as the configuration spells it: "concat", "bestfit", "pad". */
 const char *feed_packing_name(enum conf_packing p);
