@@ -130,3 +130,96 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 	*ret_window_docs = n;
 	return 0;
 }
+
+void order_window_clear(struct order_window *win)
+{
+	free(win->shard);
+	free(win->start);
+	free(win->list32);
+	free(win->list64);
+	*win = (struct order_window){ 0 };
+}
+
+int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
+		       uint32_t world, struct order_window *ret)
+{
+	struct order_window win = { .world = world };
+	uint64_t k0 = ep->win_start[w];
+	win.n = ep->win_start[w + 1] - k0;
+	/* First window index i with (k0 + i) mod world == rank. */
+	win.first = (rank + world - k0 % world) % world;
+	win.mine = win.first < win.n ? (size_t)((win.n - win.first + world - 1) / world) : 0;
+
+	uint32_t lo = w * p->window, hi = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	win.n_shards = hi - lo;
+	win.shard = malloc(MAX(win.n_shards, 1u) * sizeof(*win.shard));
+	win.start = malloc(((size_t)win.n_shards + 1) * sizeof(*win.start));
+	if (!win.shard || !win.start)
+		goto oom;
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < win.n_shards; i++) {
+		win.shard[i] = ep->perm[lo + i];
+		win.start[i] = at;
+		at += p->shard_docs[win.shard[i]];
+	}
+	win.start[win.n_shards] = at;
+
+	if (p->shuffle) {
+		/*
+		 * The whole window must be shuffled before it is dealt out. The
+		 * list of (shard, document) pairs in window order is the list of
+		 * their positions 0 .. n-1, so shuffling the positions shuffles
+		 * the pairs: the same draws, half the bytes of document ids.
+		 */
+		struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
+		if (win.n <= UINT32_MAX) {
+			uint32_t *all = malloc(MAX(win.n, 1u) * sizeof(*all));
+			if (!all)
+				goto oom;
+			for (uint64_t i = 0; i < win.n; i++)
+				all[i] = (uint32_t)i;
+			order_shuffle_u32(all, win.n, &rng);
+			for (size_t m = 0; m < win.mine; m++)
+				all[m] = all[win.first + m * world];
+			win.list32 = realloc(all, MAX(win.mine, 1u) * sizeof(*all));
+			if (!win.list32) {
+				free(all);
+				goto oom;
+			}
+		} else {
+			uint64_t *all = malloc(win.n * sizeof(*all));
+			if (!all)
+				goto oom;
+			for (uint64_t i = 0; i < win.n; i++)
+				all[i] = i;
+			order_shuffle_u64(all, win.n, &rng);
+			for (size_t m = 0; m < win.mine; m++)
+				all[m] = all[win.first + m * world];
+			win.list64 = realloc(all, MAX(win.mine, 1u) * sizeof(*all));
+			if (!win.list64) {
+				free(all);
+				goto oom;
+			}
+		}
+	}
+	*ret = win;
+	return 0;
+oom:
+	order_window_clear(&win);
+	return -ENOMEM;
+}
+
+uint64_t order_window_doc(const struct order_window *win, size_t m)
+{
+	uint64_t pos = win->list32 ? win->list32[m] : win->list64 ? win->list64[m] : win->first + (uint64_t)m * win->world;
+	/* The last shard starting at or before pos (empty shards start where the next one does). */
+	uint32_t lo = 0, hi = win->n_shards;
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (win->start[mid] <= pos)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return ORDER_DOC(win->shard[lo], pos - win->start[lo]);
+}

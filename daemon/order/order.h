@@ -78,3 +78,40 @@ void order_epoch_clear(struct order_epoch *ep);
 int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,
 			   uint32_t rank, uint32_t world, uint64_t **ret_docs, size_t *ret_n,
 			   uint64_t *ret_first_index, uint64_t *ret_window_docs);
+
+/*
+ * One window of an epoch as one rank walks it, without materialising more
+ * than the contract needs (issue #22): its shards with the window index of
+ * each one's first document, and, with shuffle, the rank's entries of the
+ * shuffled list as positions in the unshuffled one (4 bytes each while the
+ * window holds fewer than 2^32 documents). Without shuffle nothing per
+ * document is held: the rank's m-th document is computed. Built when the
+ * window is reached, freed when the walk leaves it.
+ */
+struct order_window {
+	uint64_t n;         /* documents in the window */
+	uint64_t first;     /* window index of the rank's first document */
+	uint32_t world;
+	size_t mine;        /* the rank's documents in the window */
+	uint32_t n_shards;  /* the window's shards, in window order */
+	uint32_t *shard;    /* n_shards: their numbers */
+	uint64_t *start;    /* n_shards + 1: unshuffled window index of each one's first document */
+	uint32_t *list32;   /* shuffle: the rank's entries, unshuffled positions; NULL otherwise */
+	uint64_t *list64;   /* the same for a window of 2^32 documents or more */
+};
+
+/*
+ * Builds window w of ep for `rank` of `world` (O(documents in the window)
+ * time and 4 bytes per document transiently with shuffle, O(W) without).
+ * Returns 0 or -ENOMEM.
+ */
+int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
+		       uint32_t world, struct order_window *ret);
+void order_window_clear(struct order_window *win);
+/* The rank's m-th document of the window (m < mine), as an ORDER_DOC id. */
+uint64_t order_window_doc(const struct order_window *win, size_t m);
+/* Bytes the window holds (for status: work ahead). */
+static inline uint64_t order_window_bytes(const struct order_window *win)
+{
+	return (uint64_t)win->mine * (win->list32 ? 4 : win->list64 ? 8 : 0) + (uint64_t)win->n_shards * 12;
+}

@@ -17,21 +17,20 @@
 void doc_walk_clear(struct doc_walk *w)
 {
 	order_epoch_clear(&w->ep);
-	free(w->docs);
+	order_window_clear(&w->win);
 	*w = (struct doc_walk){ 0 };
 }
 
 static int load_window(struct doc_walk *w, uint32_t window)
 {
-	uint64_t *docs, first, total;
-	size_t n;
-	int r = order_window_rank_docs(w->params, &w->ep, window, w->rank, w->world, &docs, &n, &first, &total);
+	/* The window being left is released first: at most one window's list is held. */
+	order_window_clear(&w->win);
+	w->n_docs = 0;
+	int r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
 		return r;
-	free(w->docs);
-	w->docs = docs;
-	w->n_docs = n;
-	w->first_index = first;
+	w->n_docs = w->win.mine;
+	w->first_index = w->win.first;
 	w->window = window;
 	w->at = 0;
 	return 0;
