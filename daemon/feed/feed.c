@@ -357,6 +357,10 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		.n_shards = f->n_shards,
 		.shard_docs = f->shard_docs,
 	};
+	if (feed_windows_new(f) < 0) {
+		feed_unref(f);
+		return -ENOMEM;
+	}
 	if (f->kind == FEED_TEXT) {
 		struct stat st;
 		struct source_id tid = { 0 };
@@ -396,6 +400,7 @@ struct feed *feed_unref(struct feed *f)
 	if (--f->refs > 0)
 		return NULL;
 	feed_scan_free(f); /* it reads the shards */
+	feed_windows_free(f);
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
 		format_close(f->shards[i]);
 	for (uint32_t i = 0; f->counters.bad_seen && i < f->n_shards; i++)

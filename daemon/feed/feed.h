@@ -101,6 +101,7 @@ struct feed {
 	unsigned epoch_lens_next;
 
 	struct feed_scan *scan;     /* stored tokens: the index validated after load (feed-scan.c); NULL when none */
+	struct feed_windows *windows; /* shuffled windows built ahead and shared by the walks (feed-windows.c) */
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
@@ -174,6 +175,27 @@ int feed_doc_tokens(struct feed *f, uint64_t doc, uint64_t *ret, char *err, size
  * errno when a fault was met (the feed is then FAILED).
  */
 int feed_nonempty_at_least(struct feed *f, uint64_t want);
+
+/*
+ * Shuffled windows built ahead, shared by every walk of the feed
+ * (daemon/feed/feed-windows.c); feed_windows_new() sets params.windows.
+ */
+struct feed_windows_stats {
+	uint64_t bytes;            /* of the windows held now (4 per document) */
+	uint64_t builds;           /* windows shuffled so far */
+	uint64_t built_on_demand;  /* of them, by the walk that needed it (not ahead) */
+	uint64_t ready_ahead;      /* walks that found their next window built ahead */
+	uint64_t last_build_ns;    /* how long the latest took */
+	uint64_t docs_built;       /* documents of the windows shuffled */
+	unsigned held, ahead, building; /* windows walked now; built ahead, not walked yet; being built */
+};
+int feed_windows_new(struct feed *f);
+void feed_windows_free(struct feed *f);
+void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret);
+/* The feed's (and a mixture's sources') windows, and its shards whose index is still being validated. */
+void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending);
+/* The same as the status JSON's feeds[].work_ahead (docs/telemetry.md): a new object, NULL on no memory. */
+struct json_t *feed_work_ahead_json(const struct feed *f);
 
 /* The packing mode's name as the configuration spells it: "concat", "bestfit", "pad". */
 const char *feed_packing_name(enum conf_packing p);

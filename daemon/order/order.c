@@ -133,6 +133,8 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 
 void order_window_clear(struct order_window *win)
 {
+	if (win->handle)
+		win->src->put(win->src->ctx, win->handle);
 	free(win->shard);
 	free(win->start);
 	free(win->list32);
@@ -171,14 +173,17 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 		 * their positions 0 .. n-1, so shuffling the positions shuffles
 		 * the pairs: the same draws, half the bytes of document ids.
 		 */
-		struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
-		if (win.n <= UINT32_MAX) {
-			uint32_t *all = malloc(MAX(win.n, 1u) * sizeof(*all));
-			if (!all)
+		const struct order_windows *ws = p->windows;
+		if (ws && win.n > 0 && win.n <= UINT32_MAX &&
+		    (win.shared = ws->get(ws->ctx, ep, w, &win.handle))) {
+			/* Built ahead and shared by every rank walking it: dealt by stride, nothing copied. */
+			win.src = ws;
+		} else if (win.n <= UINT32_MAX) {
+			uint32_t *all;
+			uint64_t n;
+			int r = order_window_shuffle(p, ep, w, &all, &n);
+			if (r < 0)
 				goto oom;
-			for (uint64_t i = 0; i < win.n; i++)
-				all[i] = (uint32_t)i;
-			order_shuffle_u32(all, win.n, &rng);
 			for (size_t m = 0; m < win.mine; m++)
 				all[m] = all[win.first + m * world];
 			win.list32 = realloc(all, MAX(win.mine, 1u) * sizeof(*all));
@@ -187,6 +192,7 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 				goto oom;
 			}
 		} else {
+			struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
 			uint64_t *all = malloc(win.n * sizeof(*all));
 			if (!all)
 				goto oom;
@@ -209,9 +215,34 @@ oom:
 	return -ENOMEM;
 }
 
+int order_window_shuffle(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t **ret,
+			 uint64_t *ret_n)
+{
+	/*
+	 * The list of (shard, document) pairs in window order is the list of
+	 * their positions 0 .. n-1, so shuffling the positions shuffles the
+	 * pairs: the same draws, half the bytes of document ids.
+	 */
+	uint64_t n = ep->win_start[w + 1] - ep->win_start[w];
+	if (n > UINT32_MAX)
+		return -E2BIG;
+	uint32_t *all = malloc(MAX(n, 1u) * sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < n; i++)
+		all[i] = (uint32_t)i;
+	struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
+	order_shuffle_u32(all, n, &rng);
+	*ret = all;
+	*ret_n = n;
+	return 0;
+}
+
 uint64_t order_window_doc(const struct order_window *win, size_t m)
 {
-	uint64_t pos = win->list32 ? win->list32[m] : win->list64 ? win->list64[m] : win->first + (uint64_t)m * win->world;
+	uint64_t pos = win->shared ? win->shared[win->first + (uint64_t)m * win->world]
+		       : win->list32 ? win->list32[m] : win->list64 ? win->list64[m]
+				     : win->first + (uint64_t)m * win->world;
 	/* The last shard starting at or before pos (empty shards start where the next one does). */
 	uint32_t lo = 0, hi = win->n_shards;
 	while (hi - lo > 1) {

@@ -47,6 +47,8 @@ static inline uint64_t order_rng_next(struct order_rng *r)
 void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng);
 void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng);
 
+struct order_windows;
+
 /* What the order depends on. shard_docs[s] = documents in shard s. */
 struct order_params {
 	uint64_t seed;
@@ -54,6 +56,7 @@ struct order_params {
 	uint32_t window; /* shards per shuffle window, >= 1 */
 	uint32_t n_shards;
 	const uint32_t *shard_docs;
+	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
 };
 
 /* One epoch's shard permutation and where each window starts in the epoch's order. */
@@ -89,6 +92,9 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
  * window is reached, freed when the walk leaves it.
  */
 struct order_window {
+	const struct order_windows *src; /* where `shared` came from (it is given back on clear) */
+	const uint32_t *shared; /* shuffle, from src: the whole window's shuffled positions, dealt by stride */
+	void *handle;
 	uint64_t n;         /* documents in the window */
 	uint64_t first;     /* window index of the rank's first document */
 	uint32_t world;
@@ -110,6 +116,29 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 void order_window_clear(struct order_window *win);
 /* The rank's m-th document of the window (m < mine), as an ORDER_DOC id. */
 uint64_t order_window_doc(const struct order_window *win, size_t m);
+/*
+ * Shuffled windows built ahead and shared (daemon/feed/feed-windows.c): a
+ * walk asks for window w of epoch ep; get() returns the whole window's
+ * shuffled positions (n entries, as order_window_shuffle makes them) and a
+ * handle to give back with put(), waiting while it is being built, or NULL
+ * (the walk then builds its own). prefetch() asks for a window the walk
+ * will reach next. Called on the thread that walks.
+ */
+struct order_windows {
+	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w, void **ret_handle);
+	void (*put)(void *ctx, void *handle);
+	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
+	void *ctx;
+};
+
+/*
+ * Window w of ep shuffled, as positions in its unshuffled list: a malloc'd
+ * array of n entries (n < 2^32; *ret_n = n). Returns 0, -ENOMEM, -E2BIG
+ * (2^32 documents or more). Any thread.
+ */
+int order_window_shuffle(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t **ret,
+			 uint64_t *ret_n);
+
 /* Bytes the window holds (for status: work ahead). */
 static inline uint64_t order_window_bytes(const struct order_window *win)
 {

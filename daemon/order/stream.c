@@ -31,6 +31,14 @@ static int load_window(struct doc_walk *w, uint32_t window)
 		return r;
 	w->n_docs = w->win.mine;
 	w->first_index = w->win.first;
+	/* The window after this one is shuffled ahead, off this thread, while this one is read. */
+	const struct order_windows *ws = w->params->windows;
+	if (ws && w->params->shuffle) {
+		if (window + 1 < w->ep.n_windows)
+			ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+		else
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+	}
 	w->window = window;
 	w->at = 0;
 	return 0;

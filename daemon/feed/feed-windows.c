@@ -1,0 +1,298 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A feed's shuffled windows, built ahead on a thread of the feed's own and
+ * shared by every walk (issue #22; docs/sample-order.md, "What is done
+ * when"). A walk entering window w of epoch e gets the window from here
+ * (order_params.windows) and asks for the one after it (prefetch), which the
+ * builder thread shuffles while the rank still reads window w: the main
+ * loop then only takes a pointer when it crosses into the next window. A
+ * window nobody built yet (the first one a session reaches, at attach) is
+ * built by the walk that asks, on its own thread, and shared from then on.
+ *
+ * An entry lives while a walk holds it (refs) or while it waits, built
+ * ahead, for its first walk; it is freed when its last walk leaves it. At
+ * most MAX_AHEAD entries wait unused, so memory is bounded by the windows
+ * walked now plus that many: 4 bytes per document of each. get() and put()
+ * are called by walks on the main loop only; the builder thread only builds.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/feed/feed.h"
+#include "proto/macro.h"
+
+#define MAX_AHEAD 2
+
+enum entry_state { QUEUED, BUILDING, READY, FAILED };
+
+struct entry {
+	struct entry *next;
+	uint64_t epoch;
+	uint32_t w;
+	enum entry_state state;
+	unsigned refs;
+	bool used;      /* a walk got it once: freed when the last one leaves */
+	uint32_t *list; /* the window's shuffled positions */
+	uint64_t n;
+};
+
+struct feed_windows {
+	struct order_windows iface;
+	const struct order_params *params;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	bool started, stop;
+	struct entry *head;
+	struct order_epoch ep; /* the builder's last epoch (builder thread only) */
+	struct feed_windows_stats stats;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static struct entry *find(struct feed_windows *fw, uint64_t epoch, uint32_t w)
+{
+	for (struct entry *e = fw->head; e; e = e->next)
+		if (e->epoch == epoch && e->w == w)
+			return e;
+	return NULL;
+}
+
+static void unlink_free(struct feed_windows *fw, struct entry *x)
+{
+	for (struct entry **pp = &fw->head; *pp; pp = &(*pp)->next)
+		if (*pp == x) {
+			*pp = x->next;
+			break;
+		}
+	if (x->state == READY)
+		fw->stats.bytes -= x->n * sizeof(*x->list);
+	free(x->list);
+	free(x);
+}
+
+/* Shuffles e's window; the lock is not held. */
+static int build(const struct order_params *p, const struct order_epoch *ep, struct entry *e)
+{
+	return order_window_shuffle(p, ep, e->w, &e->list, &e->n);
+}
+
+/* Records a finished build (lock held). */
+static void finish(struct feed_windows *fw, struct entry *e, int r, uint64_t t0)
+{
+	e->state = r < 0 ? FAILED : READY;
+	if (r == 0) {
+		fw->stats.bytes += e->n * sizeof(*e->list);
+		fw->stats.builds++;
+		fw->stats.last_build_ns = mono_ns() - t0;
+		fw->stats.docs_built += e->n;
+	}
+	pthread_cond_broadcast(&fw->cond);
+}
+
+static void *builder(void *userdata)
+{
+	struct feed_windows *fw = userdata;
+	pthread_mutex_lock(&fw->lock);
+	for (;;) {
+		struct entry *e = NULL;
+		for (struct entry *x = fw->head; x && !e; x = x->next)
+			if (x->state == QUEUED)
+				e = x;
+		if (fw->stop)
+			break;
+		if (!e) {
+			pthread_cond_wait(&fw->cond, &fw->lock);
+			continue;
+		}
+		e->state = BUILDING;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		int r = 0;
+		if (!fw->ep.perm || fw->ep.epoch != e->epoch)
+			r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+		if (r == 0)
+			r = build(fw->params, &fw->ep, e);
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+	}
+	pthread_mutex_unlock(&fw->lock);
+	return NULL;
+}
+
+static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, void **ret_handle)
+{
+	struct feed_windows *fw = ctx;
+	pthread_mutex_lock(&fw->lock);
+	struct entry *e = find(fw, ep->epoch, w);
+	if (!e || e->state == QUEUED) {
+		/* Nobody built it yet: the asker does, and everyone shares it. */
+		if (!e) {
+			if (!(e = calloc(1, sizeof(*e)))) {
+				pthread_mutex_unlock(&fw->lock);
+				return NULL;
+			}
+			*e = (struct entry){ .next = fw->head, .epoch = ep->epoch, .w = w };
+			fw->head = e;
+		}
+		e->state = BUILDING;
+		fw->stats.built_on_demand++;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		int r = build(fw->params, ep, e);
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+	} else if (e->state == READY && !e->used) {
+		fw->stats.ready_ahead++;
+	}
+	while (e->state == BUILDING)
+		pthread_cond_wait(&fw->cond, &fw->lock);
+	if (e->state == FAILED) {
+		if (!e->refs)
+			unlink_free(fw, e);
+		pthread_mutex_unlock(&fw->lock);
+		return NULL;
+	}
+	e->refs++;
+	e->used = true;
+	pthread_mutex_unlock(&fw->lock);
+	*ret_handle = e;
+	return e->list;
+}
+
+static void windows_put(void *ctx, void *handle)
+{
+	struct feed_windows *fw = ctx;
+	struct entry *e = handle;
+	pthread_mutex_lock(&fw->lock);
+	if (--e->refs == 0)
+		unlink_free(fw, e); /* its walks are done with it: released */
+	pthread_mutex_unlock(&fw->lock);
+}
+
+static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
+{
+	struct feed_windows *fw = ctx;
+	pthread_mutex_lock(&fw->lock);
+	unsigned waiting = 0;
+	for (struct entry *x = fw->head; x; x = x->next)
+		waiting += !x->used;
+	struct entry *e = NULL;
+	if (!find(fw, epoch, w) && waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
+		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
+		fw->head = e;
+		if (!fw->started) {
+			/* The daemon's signals stay with the main thread. */
+			sigset_t all, old;
+			sigfillset(&all);
+			pthread_sigmask(SIG_SETMASK, &all, &old);
+			fw->started = pthread_create(&fw->thread, NULL, builder, fw) == 0;
+			pthread_sigmask(SIG_SETMASK, &old, NULL);
+		}
+		if (fw->started)
+			pthread_cond_broadcast(&fw->cond);
+		else
+			unlink_free(fw, e); /* no thread: walks build their own */
+	}
+	pthread_mutex_unlock(&fw->lock);
+}
+
+int feed_windows_new(struct feed *f)
+{
+	struct feed_windows *fw = calloc(1, sizeof(*fw));
+	if (!fw)
+		return -ENOMEM;
+	fw->params = &f->params;
+	fw->iface = (struct order_windows){ .get = windows_get, .put = windows_put, .prefetch = windows_prefetch,
+					    .ctx = fw };
+	pthread_mutex_init(&fw->lock, NULL);
+	pthread_cond_init(&fw->cond, NULL);
+	f->windows = fw;
+	f->params.windows = &fw->iface;
+	return 0;
+}
+
+void feed_windows_free(struct feed *f)
+{
+	struct feed_windows *fw = f->windows;
+	if (!fw)
+		return;
+	pthread_mutex_lock(&fw->lock);
+	fw->stop = true;
+	pthread_cond_broadcast(&fw->cond);
+	pthread_mutex_unlock(&fw->lock);
+	if (fw->started)
+		pthread_join(fw->thread, NULL);
+	while (fw->head)
+		unlink_free(fw, fw->head);
+	order_epoch_clear(&fw->ep);
+	pthread_mutex_destroy(&fw->lock);
+	pthread_cond_destroy(&fw->cond);
+	free(fw);
+	f->windows = NULL;
+	f->params.windows = NULL;
+}
+
+void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
+{
+	struct feed_windows *fw = f->windows;
+	*ret = (struct feed_windows_stats){ 0 };
+	if (!fw)
+		return;
+	pthread_mutex_lock(&fw->lock);
+	*ret = fw->stats;
+	for (struct entry *e = fw->head; e; e = e->next) {
+		ret->held += e->state == READY && e->used;
+		ret->ahead += e->state == READY && !e->used;
+		ret->building += e->state == BUILDING || e->state == QUEUED;
+	}
+	pthread_mutex_unlock(&fw->lock);
+}
+
+/* Sums a feed's windows, and its mixture's sources'. */
+static void work_ahead(const struct feed *f, struct feed_windows_stats *w, uint32_t *pending)
+{
+	struct feed_windows_stats one;
+	feed_windows_stats(f, &one);
+	w->bytes += one.bytes;
+	w->builds += one.builds;
+	w->built_on_demand += one.built_on_demand;
+	w->ready_ahead += one.ready_ahead;
+	w->last_build_ns = MAX(w->last_build_ns, one.last_build_ns);
+	w->docs_built += one.docs_built;
+	w->held += one.held;
+	w->ahead += one.ahead;
+	w->building += one.building;
+	*pending += feed_scan_shards_left(f);
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		work_ahead(f->sources[i], w, pending);
+}
+
+void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending)
+{
+	*ret = (struct feed_windows_stats){ 0 };
+	*ret_index_pending = 0;
+	work_ahead(f, ret, ret_index_pending);
+}
+
+json_t *feed_work_ahead_json(const struct feed *f)
+{
+	struct feed_windows_stats w;
+	uint32_t pending;
+	feed_work_ahead(f, &w, &pending);
+	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:i}", "windows_held", (int)w.held, "windows_ahead",
+			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
+			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
+			 "windows_found_ready", (json_int_t)w.ready_ahead, "last_window_build_seconds",
+			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending);
+}
