@@ -38,11 +38,13 @@ struct entry {
 	unsigned refs;
 	bool used;      /* a walk got it once: freed when the last one leaves */
 	uint32_t *list; /* the window's shuffled positions */
+	uint16_t *counts; /* stored tokens: their documents' token counts (ORDER_COUNT_UNKNOWN above 65534) */
 	uint64_t n;
 };
 
 struct feed_windows {
 	struct order_windows iface;
+	struct feed *feed;
 	const struct order_params *params;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -68,6 +70,11 @@ static struct entry *find(struct feed_windows *fw, uint64_t epoch, uint32_t w)
 	return NULL;
 }
 
+static uint64_t entry_bytes(const struct entry *e)
+{
+	return e->n * (sizeof(*e->list) + (e->counts ? sizeof(*e->counts) : 0));
+}
+
 static void unlink_free(struct feed_windows *fw, struct entry *x)
 {
 	for (struct entry **pp = &fw->head; *pp; pp = &(*pp)->next)
@@ -76,15 +83,49 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
 			break;
 		}
 	if (x->state == READY)
-		fw->stats.bytes -= x->n * sizeof(*x->list);
+		fw->stats.bytes -= entry_bytes(x);
 	free(x->list);
+	free(x->counts);
 	free(x);
 }
 
-/* Shuffles e's window; the lock is not held. */
-static int build(const struct order_params *p, const struct order_epoch *ep, struct entry *e)
+/*
+ * Shuffles e's window and, for stored tokens, computes its documents' token
+ * counts in shuffled order, checking each document's index entries: the
+ * per-document work of a window, done once for every rank and off the main
+ * loop when built ahead. The lock is not held. A damaged entry fails the
+ * build: the walk then counts (and meets the fault) itself.
+ */
+static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e)
 {
-	return order_window_shuffle(p, ep, e->w, &e->list, &e->n);
+	const struct order_params *p = fw->params;
+	int r = order_window_shuffle(p, ep, e->w, &e->list, &e->n);
+	if (r < 0 || fw->feed->kind != FEED_MEGATRON)
+		return r;
+	if (!(e->counts = malloc(MAX(e->n, 1u) * sizeof(*e->counts))))
+		return -ENOMEM;
+	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
+	uint64_t start[hi - lo + 1];
+	start[0] = 0;
+	for (uint32_t i = lo; i < hi; i++)
+		start[i - lo + 1] = start[i - lo] + p->shard_docs[ep->perm[i]];
+	char err[512];
+	for (uint64_t i = 0; i < e->n; i++) {
+		uint64_t pos = e->list[i], t;
+		uint32_t a = 0, b = hi - lo;
+		while (b - a > 1) {
+			uint32_t mid = a + (b - a) / 2;
+			if (start[mid] <= pos)
+				a = mid;
+			else
+				b = mid;
+		}
+		r = feed_doc_tokens(fw->feed, ORDER_DOC(ep->perm[lo + a], pos - start[a]), &t, err, sizeof(err));
+		if (r < 0)
+			return r;
+		e->counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
+	}
+	return 0;
 }
 
 /* Records a finished build (lock held). */
@@ -92,7 +133,7 @@ static void finish(struct feed_windows *fw, struct entry *e, int r, uint64_t t0)
 {
 	e->state = r < 0 ? FAILED : READY;
 	if (r == 0) {
-		fw->stats.bytes += e->n * sizeof(*e->list);
+		fw->stats.bytes += entry_bytes(e);
 		fw->stats.builds++;
 		fw->stats.last_build_ns = mono_ns() - t0;
 		fw->stats.docs_built += e->n;
@@ -122,7 +163,7 @@ static void *builder(void *userdata)
 		if (!fw->ep.perm || fw->ep.epoch != e->epoch)
 			r = order_epoch_build(fw->params, e->epoch, &fw->ep);
 		if (r == 0)
-			r = build(fw->params, &fw->ep, e);
+			r = build(fw, &fw->ep, e);
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
 	}
@@ -130,7 +171,8 @@ static void *builder(void *userdata)
 	return NULL;
 }
 
-static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, void **ret_handle)
+static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, const uint16_t **ret_counts,
+				   void **ret_handle)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
@@ -149,7 +191,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		fw->stats.built_on_demand++;
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
-		int r = build(fw->params, ep, e);
+		int r = build(fw, ep, e);
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
 	} else if (e->state == READY && !e->used) {
@@ -167,6 +209,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	e->used = true;
 	pthread_mutex_unlock(&fw->lock);
 	*ret_handle = e;
+	*ret_counts = e->counts;
 	return e->list;
 }
 
@@ -212,6 +255,7 @@ int feed_windows_new(struct feed *f)
 	struct feed_windows *fw = calloc(1, sizeof(*fw));
 	if (!fw)
 		return -ENOMEM;
+	fw->feed = f;
 	fw->params = &f->params;
 	fw->iface = (struct order_windows){ .get = windows_get, .put = windows_put, .prefetch = windows_prefetch,
 					    .ctx = fw };

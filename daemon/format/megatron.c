@@ -221,6 +221,18 @@ int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t
 int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
 {
 	int64_t a = megatron_doc_start(s, doc), b = megatron_doc_start(s, (uint64_t)doc + 1);
+	if (__atomic_load_n(&s->validated, __ATOMIC_ACQUIRE)) {
+		/* Checked whole already: the count alone (the common case once the scan is done). */
+		uint64_t tokens = 0;
+		for (int64_t q = a; q < b; q++) {
+			int32_t len;
+			int64_t ptr;
+			megatron_seq(s, (uint64_t)q, &len, &ptr);
+			tokens += (uint64_t)len;
+		}
+		*ret = tokens;
+		return 0;
+	}
 	int r = check_doc_entry(s, doc, a, b, err, errlen);
 	if (r < 0)
 		return r;
@@ -340,6 +352,7 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 		if (r < 0)
 			goto out;
 		s->scanned = true;
+		s->validated = true;
 		if (scan_budget)
 			*scan_budget -= entries;
 	} else {
@@ -494,7 +507,11 @@ static int fmt_doc_tokens(const struct shard *sh, uint32_t doc, uint64_t *ret, c
 
 static int fmt_scan(const struct shard *sh, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err, size_t errlen)
 {
-	return megatron_scan(sh->impl, ret_tokens, ret_nonempty, err, errlen);
+	struct megatron_shard *s = sh->impl;
+	int r = megatron_scan(s, ret_tokens, ret_nonempty, err, errlen);
+	if (r == 0)
+		__atomic_store_n(&s->validated, true, __ATOMIC_RELEASE); /* from now on a count needs no check */
+	return r;
 }
 
 static int fmt_check(const struct shard *sh, char *err, size_t errlen)

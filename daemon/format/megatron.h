@@ -51,6 +51,8 @@ struct megatron_shard {
 
 	/* Set when the whole index was validated at open (megatron_scan); else 0 and left to the caller. */
 	bool scanned;
+	/* The whole index is known valid (at open, or a later megatron_scan passed): per-document checks are skipped. Atomic. */
+	bool validated;
 	uint64_t n_tokens;
 	uint32_t n_nonempty;   /* documents with at least one token */
 };

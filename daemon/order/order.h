@@ -94,6 +94,7 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 struct order_window {
 	const struct order_windows *src; /* where `shared` came from (it is given back on clear) */
 	const uint32_t *shared; /* shuffle, from src: the whole window's shuffled positions, dealt by stride */
+	const uint16_t *counts; /* from src, when it knows them: token counts in the same order (ORDER_COUNT_UNKNOWN: ask) */
 	void *handle;
 	uint64_t n;         /* documents in the window */
 	uint64_t first;     /* window index of the rank's first document */
@@ -121,11 +122,15 @@ uint64_t order_window_doc(const struct order_window *win, size_t m);
  * walk asks for window w of epoch ep; get() returns the whole window's
  * shuffled positions (n entries, as order_window_shuffle makes them) and a
  * handle to give back with put(), waiting while it is being built, or NULL
- * (the walk then builds its own). prefetch() asks for a window the walk
+ * (the walk then builds its own); *ret_counts gets the documents' token
+ * counts in the same order when the provider computed them (stored tokens,
+ * computed and checked as the window was built), else NULL. prefetch() asks for a window the walk
  * will reach next. Called on the thread that walks.
  */
+#define ORDER_COUNT_UNKNOWN UINT16_MAX
 struct order_windows {
-	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w, void **ret_handle);
+	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w, const uint16_t **ret_counts,
+			       void **ret_handle);
 	void (*put)(void *ctx, void *handle);
 	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
 	void *ctx;
@@ -138,6 +143,16 @@ struct order_windows {
  */
 int order_window_shuffle(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t **ret,
 			 uint64_t *ret_n);
+
+/* The token count of the rank's m-th document when the window knows it (built ahead with counts): true and *ret. */
+static inline bool order_window_count(const struct order_window *win, size_t m, uint64_t *ret)
+{
+	if (!win->counts)
+		return false;
+	uint16_t c = win->counts[win->first + (uint64_t)m * win->world];
+	*ret = c;
+	return c != ORDER_COUNT_UNKNOWN;
+}
 
 /* Bytes the window holds (for status: work ahead). */
 static inline uint64_t order_window_bytes(const struct order_window *win)

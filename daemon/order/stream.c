@@ -129,10 +129,13 @@ int stream_settle(struct stream *s)
 	for (;;) {
 		if (!s->known) {
 			uint64_t tokens;
-			const int32_t *ids;
-			int r = s->src.doc(s->src.userdata, s->seq, doc_walk_doc(&s->walk), &tokens, &ids);
-			if (r < 0)
-				return r;
+			const int32_t *ids = NULL;
+			/* Counts computed with the window (stored tokens, built ahead) need no call. */
+			if (!order_window_count(&s->walk.win, s->walk.at, &tokens)) {
+				int r = s->src.doc(s->src.userdata, s->seq, doc_walk_doc(&s->walk), &tokens, &ids);
+				if (r < 0)
+					return r;
+			}
 			s->known = true;
 			s->length = stream_doc_length(s, tokens);
 			s->ids = ids;
