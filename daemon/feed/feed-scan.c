@@ -105,7 +105,8 @@ void feed_scan_poll(struct feed *f)
 	if (!sc || sc->folded || !__atomic_load_n(&sc->done, __ATOMIC_ACQUIRE))
 		return;
 	sc->folded = true;
-	pthread_join(sc->thread, NULL);
+	if (sc->started)
+		pthread_join(sc->thread, NULL);
 	sc->started = false;
 	if (sc->error < 0) {
 		feed_fail(f, -EBADMSG, sc->err);
@@ -115,6 +116,26 @@ void feed_scan_poll(struct feed *f)
 	f->n_bytes += sc->bytes;
 	f->n_nonempty += sc->nonempty;
 	log_info("feed %s: index validated: %" PRIu64 " documents, %" PRIu64 " tokens", f->name, f->n_docs, f->n_tokens);
+}
+
+int feed_scan_wait(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		feed_scan_wait(f->sources[i]);
+	if (f->scan && !f->scan->folded) {
+		if (f->scan->started)
+			pthread_join(f->scan->thread, NULL);
+		f->scan->started = false;
+		__atomic_store_n(&f->scan->done, 1, __ATOMIC_RELEASE);
+		feed_scan_poll(f);
+	}
+	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
+		if (f->sources[i]->state != FEED_READY) {
+			char err[512];
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			feed_fail(f, f->sources[i]->error_code, err);
+		}
+	return f->state == FEED_READY ? 0 : f->error_code;
 }
 
 bool feed_scan_pending(const struct feed *f)

@@ -93,14 +93,16 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
  * Shuffles e's window and, for stored tokens, computes its documents' token
  * counts in shuffled order, checking each document's index entries: the
  * per-document work of a window, done once for every rank and off the main
- * loop when built ahead. The lock is not held. A damaged entry fails the
+ * loop when built ahead (a window built on demand skips them: its reader
+ * waits, and the walk counts each document when it reaches it). The lock
+ * is not held. A damaged entry fails the
  * build: the walk then counts (and meets the fault) itself.
  */
-static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e)
+static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
 {
 	const struct order_params *p = fw->params;
 	int r = order_window_shuffle(p, ep, e->w, &e->list, &e->n);
-	if (r < 0 || fw->feed->kind != FEED_MEGATRON)
+	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
 		return r;
 	if (!(e->counts = malloc(MAX(e->n, 1u) * sizeof(*e->counts))))
 		return -ENOMEM;
@@ -163,7 +165,7 @@ static void *builder(void *userdata)
 		if (!fw->ep.perm || fw->ep.epoch != e->epoch)
 			r = order_epoch_build(fw->params, e->epoch, &fw->ep);
 		if (r == 0)
-			r = build(fw, &fw->ep, e);
+			r = build(fw, &fw->ep, e, true);
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
 	}
@@ -191,7 +193,8 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		fw->stats.built_on_demand++;
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
-		int r = build(fw, ep, e);
+		/* A reader waits for this one: its counts are asked per document, as the walk reaches them. */
+		int r = build(fw, ep, e, false);
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
 	} else if (e->state == READY && !e->used) {

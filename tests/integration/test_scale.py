@@ -8,11 +8,12 @@ shuffled windows are built ahead and shared. The stream stays the contract's
 Runs with Debian's /usr/bin/python3.
 """
 
+import subprocess
 import time
 
 import numpy as np
 
-from conftest import assert_batches_equal, feed_conf, gen_megatron, reference
+from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference
 
 # Above the daemon's FEED_SCAN_AT_LOAD (2^22 index entries, S + D): validated after load.
 BIG_DOCS = 2_200_000
@@ -84,6 +85,11 @@ def test_fault_found_after_load_fails_the_feed_with_the_load_message(daemon, tmp
     p = d.ctl("dump", "bad", "--rank", "0", "--world", "1", "--batches", "1", "--out", str(tmp_path / "o"),
               check=False)
     assert p.returncode != 0 and want in p.stderr
+    # feedd --check validates every index whole before it answers.
+    conf = tmp_path / "check.conf"
+    conf.write_text(feed_conf("bad", f"{data}/*.idx", shuffle="false", window=1))
+    r = subprocess.run([str(FEEDD), "--check", "-c", str(conf)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and want in r.stderr, r.stderr
 
 
 def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
