@@ -11,24 +11,46 @@
 #include "daemon/order/order.h"
 #include "proto/macro.h"
 
+/*
+ * The contract's shuffle, with the random accesses of a large list
+ * overlapped: step i's j depends only on the generator's counter, so the
+ * j of the next SHUFFLE_AHEAD steps are drawn ahead (in the same order, so
+ * the same values) and their entries prefetched, while the swaps stay in
+ * order. The result is the plain Fisher-Yates's; a window of tens of
+ * millions of documents shuffles several times faster than one cache miss
+ * per step.
+ */
+#define SHUFFLE_AHEAD 16
+#define SHUFFLE(type)                                                                        \
+	do {                                                                                 \
+		if (n < 2)                                                                   \
+			return;                                                              \
+		size_t ring[SHUFFLE_AHEAD], steps = n - 1, pre = MIN(steps, (size_t)SHUFFLE_AHEAD); \
+		for (size_t k = 0; k < pre; k++) {                                           \
+			ring[k] = (size_t)(order_rng_next(rng) % (uint64_t)(n - k));         \
+			__builtin_prefetch(&a[ring[k]], 1);                                  \
+		}                                                                            \
+		for (size_t k = 0; k < steps; k++) {                                         \
+			size_t i = n - 1 - k, j = ring[k % SHUFFLE_AHEAD];                   \
+			if (k + pre < steps) {                                               \
+				size_t j2 = (size_t)(order_rng_next(rng) % (uint64_t)(n - k - pre)); \
+				ring[(k + pre) % SHUFFLE_AHEAD] = j2;                        \
+				__builtin_prefetch(&a[j2], 1);                               \
+			}                                                                    \
+			type t = a[i];                                                       \
+			a[i] = a[j];                                                         \
+			a[j] = t;                                                            \
+		}                                                                            \
+	} while (0)
+
 void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng)
 {
-	for (size_t i = n; i-- > 1;) {
-		size_t j = (size_t)(order_rng_next(rng) % (uint64_t)(i + 1));
-		uint32_t t = a[i];
-		a[i] = a[j];
-		a[j] = t;
-	}
+	SHUFFLE(uint32_t);
 }
 
 void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng)
 {
-	for (size_t i = n; i-- > 1;) {
-		size_t j = (size_t)(order_rng_next(rng) % (uint64_t)(i + 1));
-		uint64_t t = a[i];
-		a[i] = a[j];
-		a[j] = t;
-	}
+	SHUFFLE(uint64_t);
 }
 
 void order_epoch_clear(struct order_epoch *ep)
