@@ -26,6 +26,8 @@ for: both daemons read the same files, which stay cached between runs.
 
   bench/scale/run.py [--build build] [--peer /tmp/v01/build] [--full] [--json out.json]
      default sizes: 1 M, 10 M, 100 M documents; --full adds 1 B (about 20 GB of .idx)
+  bench/scale/run.py --text 100,1000,10000 [--tokenizer tokenizer.json]
+     N .jsonl.zst shards: ready, first batch, anonymous memory, bytes in cache_dir
 """
 
 import json
@@ -43,7 +45,7 @@ import common  # noqa: E402
 
 TOKENS_PER_DOC = 8
 B, L = 8, 2048
-BATCHES = 400
+BATCHES = 2000
 ROUNDS = 2
 
 
@@ -119,6 +121,80 @@ def run_one(build, tmp, shards, shuffle, window):
             "tok_s": steady["tokens_per_s"]}
 
 
+def write_text_shards(folder, n_shards, docs=50):
+    """n_shards .jsonl.zst shards of `docs` short documents each (zstd(1) compresses them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "done").exists():
+        return
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    for i in range(n_shards):
+        lines = [json.dumps({"text": " ".join(words[(i + k + j) % len(words)] for j in range(40))})
+                 for k in range(docs)]
+        raw = folder / f"t{i:05d}.jsonl"
+        raw.write_text("\n".join(lines) + "\n")
+    subprocess.run(["sh", "-c", f"cd {folder} && ls | grep '[.]jsonl$' | xargs zstd -q --rm"], check=True)
+    (folder / "done").write_text("")
+
+
+def du(path):
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def run_text(build, tmp, shards, tokenizer):
+    cache = Path(tmp) / "cache"
+    conf = (f"[feedd]\nthreads = 2\nring_slots = 4\n[feed.b]\nformat = jsonl\nshards = {shards}\n"
+            f"tokenizer = {tokenizer}\ncache_dir = {cache}\nseq_len = 1024\nbatch_size = 8\nseed = 1\n"
+            f"shuffle = true\nshuffle_window = 4\neos = 50256\n")
+    t0 = time.monotonic()
+    d, sock = common.start_feedd(build, conf, tmp)
+    ready = time.monotonic() - t0
+    try:
+        r = subprocess.run([str(Path(build) / "bench/consume"), sock, "b", "1", "1", "0"], capture_output=True,
+                           text=True)
+        first = time.monotonic() - t0
+        if r.returncode:
+            raise RuntimeError(f"consume: {r.stderr}")
+        m1 = smaps(d.pid)
+        steady = common.consume(build, sock, "b", 100, daemon=d)
+        m2 = smaps(d.pid)
+    finally:
+        common.stop(d)
+    return [ready, first, m1["Anonymous"], m2["Anonymous"], du(cache), steady["tokens_per_s"]]
+
+
+def main_text(a):
+    build, peer = Path(a.build), Path(a.peer)
+    tokenizer = Path(a.tokenizer or (Path(a.build) / "tokdata/hf/gpt2.json"))
+    counts = [int(x) for x in a.text.split(",")]
+    data = Path(a.data or tempfile.mkdtemp(prefix="feedd-scale-"))
+    rows, notes = [], []
+    for n in counts:
+        folder = data / f"t{n}"
+        common.progress(f"scale: writing {n} .jsonl.zst shards")
+        write_text_shards(folder, n)
+        for name, b in (("this", build), ("v0.1", peer)):
+            with tempfile.TemporaryDirectory() as tmp:
+                common.progress(f"scale: {name} {n} text shards")
+                try:
+                    rows.append([name, n] + run_text(b, tmp, f"{folder}/*.jsonl.zst", tokenizer))
+                except Exception as e:
+                    notes.append(f"{name} at {n} shards: {str(e)[:200]}")
+                    continue
+            print(json.dumps(rows[-1]), flush=True)
+    res = {
+        "title": "Scale: JSONL.zst shards, start-up and cache against shard count (issue #22)",
+        "command": "bench/scale/run.py " + " ".join(sys.argv[1:]),
+        "machine": common.machine(a.note), "date": common.date(),
+        "data": f"N .jsonl.zst shards of 50 short documents, GPT-2 tokenizer ({tokenizer.name}), shuffle_window 4",
+        "cache": "cache_dir empty at start",
+        "tables": [{"caption": "per daemon and shard count",
+                    "columns": ["daemon", "shards", "ready s", "first batch s", "anon MiB (first batch)",
+                                "anon MiB (end)", "cache bytes", "tokens/s"], "rows": rows}],
+        "notes": notes,
+    }
+    common.emit(res, a.json)
+
+
 def main():
     ap = common.arg_parser()
     ap.add_argument("--peer", default="/tmp/v01/build", help="a build of v0.1 (main before #22)")
@@ -126,7 +202,11 @@ def main():
     ap.add_argument("--sizes", default=None, help="comma-separated document counts (overrides the defaults)")
     ap.add_argument("--shards", type=int, default=100)
     ap.add_argument("--shuffle", default="off,on", help="off, on or off,on")
+    ap.add_argument("--text", default=None, help="comma-separated .jsonl.zst shard counts: the text table instead")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json for --text (default BUILD/tokdata/hf/gpt2.json)")
     a = ap.parse_args()
+    if a.text:
+        return main_text(a)
     build, peer = Path(a.build), Path(a.peer)
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else [10**6, 10**7, 10**8] + ([10**9] if a.full else [])
     data = Path(a.data or tempfile.mkdtemp(prefix="feedd-scale-"))
