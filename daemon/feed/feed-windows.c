@@ -10,9 +10,11 @@
  * built by the walk that asks, on its own thread, and shared from then on.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
- * ahead, for its first walk; it is freed when its last walk leaves it. At
- * most MAX_AHEAD entries wait unused, so memory is bounded by the windows
- * walked now plus that many: 4 bytes per document of each. get() and put()
+ * ahead, for its first walk; when its last walk leaves it, it is kept until
+ * another window is left (one such, for a late rank or a reattaching
+ * client). At most MAX_AHEAD entries wait unused, so memory is bounded by
+ * the windows walked now plus MAX_AHEAD + 1: 4 bytes per document of each,
+ * 6 with the counts of stored tokens. get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
@@ -37,6 +39,7 @@ struct entry {
 	enum entry_state state;
 	unsigned refs;
 	bool used;      /* a walk got it once: freed when the last one leaves */
+	bool want_counts; /* built on demand without counts: the builder computes them next */
 	uint32_t *list; /* the window's shuffled positions */
 	uint16_t *counts; /* stored tokens: their documents' token counts (ORDER_COUNT_UNKNOWN above 65534) */
 	uint64_t n;
@@ -98,24 +101,24 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
  * is not held. A damaged entry fails the
  * build: the walk then counts (and meets the fault) itself.
  */
-static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
+static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct entry *e, uint16_t **ret)
 {
 	const struct order_params *p = fw->params;
-	int r = order_window_shuffle(p, ep, e->w, &e->list, &e->n);
-	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
-		return r;
-	if (!(e->counts = malloc(MAX(e->n, 1u) * sizeof(*e->counts))))
+	uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
+	if (!counts)
 		return -ENOMEM;
 	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
 	uint64_t start[hi - lo + 1];
 	start[0] = 0;
 	for (uint32_t i = lo; i < hi; i++)
-		start[i - lo + 1] = start[i - lo] + p->shard_docs[ep->perm[i]];
+		start[i - lo + 1] = start[i - lo] + p->shard_docs[perm[i]];
 	char err[512];
 	for (uint64_t i = 0; i < e->n; i++) {
 		/* A feed being freed waits for its builder: let it stop early. */
-		if (i % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED))
+		if (i % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
+			free(counts);
 			return -ECANCELED;
+		}
 		uint64_t pos = e->list[i], t;
 		uint32_t a = 0, b = hi - lo;
 		while (b - a > 1) {
@@ -125,12 +128,65 @@ static int build(struct feed_windows *fw, const struct order_epoch *ep, struct e
 			else
 				b = mid;
 		}
-		r = feed_doc_tokens(fw->feed, ORDER_DOC(ep->perm[lo + a], pos - start[a]), &t, err, sizeof(err));
-		if (r < 0)
+		int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[lo + a], pos - start[a]), &t, err, sizeof(err));
+		if (r < 0) {
+			free(counts);
 			return r;
-		e->counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
+		}
+		counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
 	}
+	*ret = counts;
 	return 0;
+}
+
+static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
+{
+	int r = order_window_shuffle(fw->params, ep, e->w, &e->list, &e->n);
+	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
+		return r;
+	return build_counts(fw, ep->perm, e, &e->counts);
+}
+
+/*
+ * e's walks are done with it (lock held). The latest such window is kept (a
+ * rank that comes late, or a client that reattaches where it left, finds
+ * it); the one kept before is released.
+ */
+static void release(struct feed_windows *fw, struct entry *e)
+{
+	for (struct entry *x = fw->head; x; x = x->next)
+		if (x != e && x->refs == 0 && x->used) {
+			unlink_free(fw, x);
+			break;
+		}
+	if (e->state != READY)
+		unlink_free(fw, e);
+}
+
+/*
+ * The counts of a window built on demand, computed while its readers walk
+ * it (they ask per document until the counts appear). The builder holds a
+ * reference meanwhile; a fault leaves the window without counts (its walks
+ * meet the fault themselves). Lock held on entry and exit.
+ */
+static void fill_counts(struct feed_windows *fw, struct entry *e)
+{
+	e->want_counts = false;
+	e->refs++;
+	pthread_mutex_unlock(&fw->lock);
+	int r = 0;
+	if (!fw->ep.perm || fw->ep.epoch != e->epoch)
+		r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+	uint16_t *counts = NULL;
+	if (r == 0)
+		r = build_counts(fw, fw->ep.perm, e, &counts);
+	pthread_mutex_lock(&fw->lock);
+	if (r == 0) {
+		__atomic_store_n(&e->counts, counts, __ATOMIC_RELEASE);
+		fw->stats.bytes += e->n * sizeof(*counts);
+	}
+	if (--e->refs == 0)
+		release(fw, e);
 }
 
 /* Records a finished build (lock held). */
@@ -151,12 +207,20 @@ static void *builder(void *userdata)
 	struct feed_windows *fw = userdata;
 	pthread_mutex_lock(&fw->lock);
 	for (;;) {
-		struct entry *e = NULL;
-		for (struct entry *x = fw->head; x && !e; x = x->next)
-			if (x->state == QUEUED)
+		struct entry *e = NULL, *fill = NULL;
+		for (struct entry *x = fw->head; x; x = x->next) {
+			if (x->state == QUEUED && !e)
 				e = x;
+			if (x->state == READY && x->want_counts && !fill)
+				fill = x;
+		}
 		if (fw->stop)
 			break;
+		if (fill) {
+			/* The window being read first: its walks go faster with its counts. */
+			fill_counts(fw, fill);
+			continue;
+		}
 		if (!e) {
 			pthread_cond_wait(&fw->cond, &fw->lock);
 			continue;
@@ -176,8 +240,24 @@ static void *builder(void *userdata)
 	return NULL;
 }
 
-static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, const uint16_t **ret_counts,
-				   void **ret_handle)
+/* Starts the builder thread if it is not running, and wakes it (lock held). Returns whether it runs. */
+static bool start_builder(struct feed_windows *fw)
+{
+	if (!fw->started) {
+		/* The daemon's signals stay with the main thread. */
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		fw->started = pthread_create(&fw->thread, NULL, builder, fw) == 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	if (fw->started)
+		pthread_cond_broadcast(&fw->cond);
+	return fw->started;
+}
+
+static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w,
+				   const uint16_t *const **ret_counts_ref, void **ret_handle)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
@@ -196,10 +276,14 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		fw->stats.built_on_demand++;
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
-		/* A reader waits for this one: its counts are asked per document, as the walk reaches them. */
+		/* A reader waits for this one: its counts come later, from the builder (asked per document till then). */
 		int r = build(fw, ep, e, false);
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
+		if (r == 0 && fw->feed->kind == FEED_MEGATRON) {
+			e->want_counts = true;
+			start_builder(fw);
+		}
 	} else if (e->state == READY && !e->used) {
 		fw->stats.ready_ahead++;
 	}
@@ -215,7 +299,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	e->used = true;
 	pthread_mutex_unlock(&fw->lock);
 	*ret_handle = e;
-	*ret_counts = e->counts;
+	*ret_counts_ref = (const uint16_t *const *)&e->counts;
 	return e->list;
 }
 
@@ -225,7 +309,7 @@ static void windows_put(void *ctx, void *handle)
 	struct entry *e = handle;
 	pthread_mutex_lock(&fw->lock);
 	if (--e->refs == 0)
-		unlink_free(fw, e); /* its walks are done with it: released */
+		release(fw, e);
 	pthread_mutex_unlock(&fw->lock);
 }
 
@@ -240,17 +324,7 @@ static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
 	if (!find(fw, epoch, w) && waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
 		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
 		fw->head = e;
-		if (!fw->started) {
-			/* The daemon's signals stay with the main thread. */
-			sigset_t all, old;
-			sigfillset(&all);
-			pthread_sigmask(SIG_SETMASK, &all, &old);
-			fw->started = pthread_create(&fw->thread, NULL, builder, fw) == 0;
-			pthread_sigmask(SIG_SETMASK, &old, NULL);
-		}
-		if (fw->started)
-			pthread_cond_broadcast(&fw->cond);
-		else
+		if (!start_builder(fw))
 			unlink_free(fw, e); /* no thread: walks build their own */
 	}
 	pthread_mutex_unlock(&fw->lock);

@@ -197,7 +197,7 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 		 */
 		const struct order_windows *ws = p->windows;
 		if (ws && win.n > 0 && win.n <= UINT32_MAX &&
-		    (win.shared = ws->get(ws->ctx, ep, w, &win.counts, &win.handle))) {
+		    (win.shared = ws->get(ws->ctx, ep, w, &win.counts_ref, &win.handle))) {
 			/* Built ahead and shared by every rank walking it: dealt by stride, nothing copied. */
 			win.src = ws;
 		} else if (win.n <= UINT32_MAX) {

@@ -94,7 +94,8 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 struct order_window {
 	const struct order_windows *src; /* where `shared` came from (it is given back on clear) */
 	const uint32_t *shared; /* shuffle, from src: the whole window's shuffled positions, dealt by stride */
-	const uint16_t *counts; /* from src, when it knows them: token counts in the same order (ORDER_COUNT_UNKNOWN: ask) */
+	/* from src: where its token counts (same order as shared; ORDER_COUNT_UNKNOWN: ask) appear once computed */
+	const uint16_t *const *counts_ref;
 	void *handle;
 	uint64_t n;         /* documents in the window */
 	uint64_t first;     /* window index of the rank's first document */
@@ -122,15 +123,16 @@ uint64_t order_window_doc(const struct order_window *win, size_t m);
  * walk asks for window w of epoch ep; get() returns the whole window's
  * shuffled positions (n entries, as order_window_shuffle makes them) and a
  * handle to give back with put(), waiting while it is being built, or NULL
- * (the walk then builds its own); *ret_counts gets the documents' token
- * counts in the same order when the provider computed them (stored tokens,
- * computed and checked as the window was built), else NULL. prefetch() asks for a window the walk
+ * (the walk then builds its own); *ret_counts_ref gets where the
+ * documents' token counts, in the same order, appear once the provider has
+ * computed them (stored tokens: computed and checked off the walk's thread;
+ * read with an acquire load, NULL until then), or NULL. prefetch() asks for a window the walk
  * will reach next. Called on the thread that walks.
  */
 #define ORDER_COUNT_UNKNOWN UINT16_MAX
 struct order_windows {
-	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w, const uint16_t **ret_counts,
-			       void **ret_handle);
+	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w,
+			       const uint16_t *const **ret_counts_ref, void **ret_handle);
 	void (*put)(void *ctx, void *handle);
 	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
 	void *ctx;
@@ -147,9 +149,10 @@ int order_window_shuffle(const struct order_params *p, const struct order_epoch 
 /* The token count of the rank's m-th document when the window knows it (built ahead with counts): true and *ret. */
 static inline bool order_window_count(const struct order_window *win, size_t m, uint64_t *ret)
 {
-	if (!win->counts)
+	const uint16_t *counts = win->counts_ref ? __atomic_load_n(win->counts_ref, __ATOMIC_ACQUIRE) : NULL;
+	if (!counts)
 		return false;
-	uint16_t c = win->counts[win->first + (uint64_t)m * win->world];
+	uint16_t c = counts[win->first + (uint64_t)m * win->world];
 	*ret = c;
 	return c != ORDER_COUNT_UNKNOWN;
 }

@@ -104,5 +104,5 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
         assert_batches_equal(got[r], reference(glob, r, 2, 60, seq_len=128, batch_size=4, window=1))
     wa = d.status()["feeds"][0]["work_ahead"]
     assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
-    # Nothing is held once the clients are gone but what waits ahead.
-    assert wa["windows_held"] == 0 and wa["windows_ahead"] <= 2, wa
+    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
+    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 2, wa
