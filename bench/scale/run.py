@@ -142,8 +142,8 @@ def du(path):
 
 def run_text(build, tmp, shards, tokenizer):
     cache = Path(tmp) / "cache"
-    conf = (f"[feedd]\nthreads = 2\nring_slots = 4\n[feed.b]\nformat = jsonl\nshards = {shards}\n"
-            f"tokenizer = {tokenizer}\ncache_dir = {cache}\nseq_len = 1024\nbatch_size = 8\nseed = 1\n"
+    conf = (f"[feedd]\nthreads = 2\nring_slots = 4\ncache_dir = {cache}\n[feed.b]\nformat = jsonl\n"
+            f"shards = {shards}\ntokenizer = {tokenizer}\nseq_len = 1024\nbatch_size = 8\nseed = 1\n"
             f"shuffle = true\nshuffle_window = 4\neos = 50256\n")
     t0 = time.monotonic()
     d, sock = common.start_feedd(build, conf, tmp)

@@ -10,11 +10,11 @@
  * built by the walk that asks, on its own thread, and shared from then on.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
- * ahead, for its first walk; when its last walk leaves it, it is kept until
- * another window is left (one such, for a late rank or a reattaching
- * client). At most MAX_AHEAD entries wait unused, so memory is bounded by
- * the windows walked now plus MAX_AHEAD + 1: 4 bytes per document of each,
- * 6 with the counts of stored tokens. get() and put()
+ * ahead, for its first walk; it is freed when its last walk moves on past
+ * it, and kept when its last walk ends in it (one such, for a client that
+ * reattaches where it left). At most MAX_AHEAD entries wait unused, so
+ * memory is bounded by the windows walked now plus MAX_AHEAD + 1: 4 bytes
+ * per document of each, 6 with the counts of stored tokens. get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
@@ -148,9 +148,9 @@ static int build(struct feed_windows *fw, const struct order_epoch *ep, struct e
 }
 
 /*
- * e's walks are done with it (lock held). The latest such window is kept (a
- * rank that comes late, or a client that reattaches where it left, finds
- * it); the one kept before is released.
+ * e's last walk ended in it (lock held): it is kept (a client that
+ * reattaches where it left finds it), and the one kept before is released.
+ * A window every walk moved on from is freed at once.
  */
 static void release(struct feed_windows *fw, struct entry *e)
 {
@@ -303,13 +303,15 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	return e->list;
 }
 
-static void windows_put(void *ctx, void *handle)
+static void windows_put(void *ctx, void *handle, bool keep)
 {
 	struct feed_windows *fw = ctx;
 	struct entry *e = handle;
 	pthread_mutex_lock(&fw->lock);
-	if (--e->refs == 0)
+	if (--e->refs == 0 && keep)
 		release(fw, e);
+	else if (e->refs == 0)
+		unlink_free(fw, e); /* every walk moved on past it */
 	pthread_mutex_unlock(&fw->lock);
 }
 

@@ -153,15 +153,25 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 	return 0;
 }
 
-void order_window_clear(struct order_window *win)
+static void window_free(struct order_window *win, bool keep)
 {
 	if (win->handle)
-		win->src->put(win->src->ctx, win->handle);
+		win->src->put(win->src->ctx, win->handle, keep);
 	free(win->shard);
 	free(win->start);
 	free(win->list32);
 	free(win->list64);
 	*win = (struct order_window){ 0 };
+}
+
+void order_window_clear(struct order_window *win)
+{
+	window_free(win, true);
+}
+
+void order_window_leave(struct order_window *win)
+{
+	window_free(win, false);
 }
 
 int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,

@@ -116,6 +116,8 @@ struct order_window {
 int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
 		       uint32_t world, struct order_window *ret);
 void order_window_clear(struct order_window *win);
+/* order_window_clear() for a walk that moves on to another window (the provider need not keep this one). */
+void order_window_leave(struct order_window *win);
 /* The rank's m-th document of the window (m < mine), as an ORDER_DOC id. */
 uint64_t order_window_doc(const struct order_window *win, size_t m);
 /*
@@ -133,7 +135,7 @@ uint64_t order_window_doc(const struct order_window *win, size_t m);
 struct order_windows {
 	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w,
 			       const uint16_t *const **ret_counts_ref, void **ret_handle);
-	void (*put)(void *ctx, void *handle);
+	void (*put)(void *ctx, void *handle, bool keep); /* keep: the walk ends here (it may come back) */
 	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
 	void *ctx;
 };

@@ -24,7 +24,7 @@ void doc_walk_clear(struct doc_walk *w)
 static int load_window(struct doc_walk *w, uint32_t window)
 {
 	/* The window being left is released first: at most one window's list is held. */
-	order_window_clear(&w->win);
+	order_window_leave(&w->win);
 	w->n_docs = 0;
 	int r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
