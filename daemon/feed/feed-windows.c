@@ -10,11 +10,12 @@
  * built by the walk that asks, on its own thread, and shared from then on.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
- * ahead, for its first walk; it is freed when its last walk moves on past
- * it, and kept when its last walk ends in it (one such, for a client that
- * reattaches where it left). At most MAX_AHEAD entries wait unused, so
- * memory is bounded by the windows walked now plus MAX_AHEAD + 1: 4 bytes
- * per document of each, 6 with the counts of stored tokens. get() and put()
+ * ahead, for its first walk; it is freed when its last walk leaves it
+ * (kept only while the feed holds no other window, for a client that
+ * reattaches where it left). At most MAX_AHEAD entries wait unused (one in
+ * steady state), so memory is bounded by the windows walked now plus
+ * MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
+ * tokens. get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
@@ -147,19 +148,25 @@ static int build(struct feed_windows *fw, const struct order_epoch *ep, struct e
 	return build_counts(fw, ep->perm, e, &e->counts);
 }
 
-/*
- * e's last walk ended in it (lock held): it is kept (a client that
- * reattaches where it left finds it), and the one kept before is released.
- * A window every walk moved on from is freed at once.
- */
-static void release(struct feed_windows *fw, struct entry *e)
+/* Frees the windows no walk holds any more (kept for a reattach), but `except`. Lock held. */
+static void drop_kept(struct feed_windows *fw, const struct entry *except)
 {
-	for (struct entry *x = fw->head; x; x = x->next)
-		if (x != e && x->refs == 0 && x->used) {
+	for (struct entry *x = fw->head, *next; x; x = next) {
+		next = x->next;
+		if (x != except && x->refs == 0 && x->used)
 			unlink_free(fw, x);
-			break;
-		}
-	if (e->state != READY)
+	}
+}
+
+/*
+ * e's last walk left it (lock held). Freed, unless that walk ended in it
+ * (keep: its client detached) and the feed holds no other window: then it is
+ * kept for a client that reattaches there, until any other window is asked
+ * for. So memory stays the windows walked now plus those ahead.
+ */
+static void release(struct feed_windows *fw, struct entry *e, bool keep)
+{
+	if (!(keep && e->state == READY && fw->head == e && !e->next))
 		unlink_free(fw, e);
 }
 
@@ -186,7 +193,7 @@ static void fill_counts(struct feed_windows *fw, struct entry *e)
 		fw->stats.bytes += e->n * sizeof(*counts);
 	}
 	if (--e->refs == 0)
-		release(fw, e);
+		release(fw, e, true);
 }
 
 /* Records a finished build (lock held). */
@@ -295,6 +302,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		pthread_mutex_unlock(&fw->lock);
 		return NULL;
 	}
+	drop_kept(fw, e);
 	e->refs++;
 	e->used = true;
 	pthread_mutex_unlock(&fw->lock);
@@ -308,10 +316,8 @@ static void windows_put(void *ctx, void *handle, bool keep)
 	struct feed_windows *fw = ctx;
 	struct entry *e = handle;
 	pthread_mutex_lock(&fw->lock);
-	if (--e->refs == 0 && keep)
-		release(fw, e);
-	else if (e->refs == 0)
-		unlink_free(fw, e); /* every walk moved on past it */
+	if (--e->refs == 0)
+		release(fw, e, keep);
 	pthread_mutex_unlock(&fw->lock);
 }
 
@@ -324,6 +330,7 @@ static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
 		waiting += !x->used;
 	struct entry *e = NULL;
 	if (!find(fw, epoch, w) && waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
+		drop_kept(fw, NULL);
 		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
 		fw->head = e;
 		if (!start_builder(fw))
