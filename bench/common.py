@@ -55,6 +55,7 @@ EXPERIMENTS = [
     ("loadtest", "text", None, True),
     ("elastic", "text", None, True),
     ("tok", "tok", None, False),
+    ("scale", "json", None, True),
 ]
 
 

@@ -504,6 +504,10 @@ int main(int argc, char **argv)
 	d.job->n = 0;
 	d.job = (load_job_free(d.job), NULL);
 	if (check) {
+		/* A check validates every index whole, also those that serving would validate after load. */
+		for (size_t i = 0; i < n_feeds; i++)
+			if (feeds[i]->state == FEED_READY && feed_scan_wait(feeds[i]) < 0)
+				failed++;
 		printf("%s: %zu feeds, %zu failed\n", d.config_path, d.conf->n_feeds, failed);
 		for (size_t i = 0; i < n_feeds; i++)
 			if (feeds[i]->state != FEED_READY)

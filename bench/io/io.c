@@ -121,9 +121,11 @@ static int run_docs(int argc, char **argv)
 			return 1;
 		}
 		n_docs += shards[i]->n_docs;
-		for (uint32_t d = 0; d < shards[i]->n_docs; d++)
-			if (shards[i]->doc_tokens[d] > max_doc)
-				max_doc = shards[i]->doc_tokens[d];
+		for (uint32_t d = 0; d < shards[i]->n_docs; d++) {
+			uint64_t t = 0;
+			megatron_doc_tokens(shards[i], d, &t, err, sizeof(err));
+			max_doc = t > max_doc ? t : max_doc;
+		}
 	}
 	struct doc_ref *docs = malloc(n_docs * sizeof(*docs));
 	size_t k = 0;
@@ -152,7 +154,9 @@ static int run_docs(int argc, char **argv)
 			const struct megatron_shard *s = shards[docs[i].shard];
 			b.src = s->bin;
 			b.itemsize = s->itemsize;
-			uint32_t len = s->doc_tokens[docs[i].doc];
+			uint64_t len = 0;
+			char err[512];
+			megatron_doc_tokens(s, docs[i].doc, &len, err, sizeof(err)); /* validated whole at open */
 			if (len) {
 				r = megatron_doc_ranges(s, docs[i].doc, 0, len, emit, &b);
 				if (r < 0) {

@@ -158,6 +158,15 @@ void print_status(json_t *root, FILE *out)
 		json_array_foreach(json_object_get(pk, "sources"), k, src)
 			fprintf(out, "  source %s: %.1f %% of documents (weight %.1f %%)\n", str(src, "name"),
 				100 * num(src, "share"), 100 * num(src, "weight"));
+		/* Work done after load and ahead of the readers (issue #22): shown while there is any. */
+		json_t *wa = json_object_get(f, "work_ahead");
+		if (json_is_object(wa) && (num(wa, "windows_built") > 0 || num(wa, "index_shards_pending") > 0)) {
+			human(num(wa, "window_bytes"), b, sizeof(b));
+			fprintf(out, "  work ahead: %.0f windows ahead, %.0f walked, %.0f building (%sB); %.0f built, %.0f while a reader waited, last in %.2f s; %.0f shard indexes to validate\n",
+				num(wa, "windows_ahead"), num(wa, "windows_held"), num(wa, "windows_building"), b,
+				num(wa, "windows_built"), num(wa, "windows_built_on_demand"),
+				num(wa, "last_window_build_seconds"), num(wa, "index_shards_pending"));
+		}
 		if (json_is_string(json_object_get(f, "error")))
 			fprintf(out, "  error: %s\n", str(f, "error"));
 		else if (json_is_string(path(f, "diagnosis", "text", NULL)))

@@ -194,10 +194,11 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 {
 	f->shards = calloc(MAX(n, 1u), sizeof(*f->shards));
 	f->shard_docs = calloc(MAX(n, 1u), sizeof(*f->shard_docs));
-	f->doc_tokens = calloc(MAX(n, 1u), sizeof(*f->doc_tokens));
-	if (!f->shards || !f->shard_docs || !f->doc_tokens)
+	if (!f->shards || !f->shard_docs)
 		return -ENOMEM;
+	uint64_t scan_budget = FEED_SCAN_AT_LOAD;
 	struct format_opts o = {
+		.scan_budget = &scan_budget,
 		.cache_dir = f->conf.cache_dir,
 		.cache_max_bytes = f->conf.cache_max_bytes,
 		.max_doc_bytes = f->conf.max_document_bytes,
@@ -219,7 +220,6 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 		f->shards[i] = t;
 		f->n_shards++;
 		f->shard_docs[i] = t->n_docs;
-		f->doc_tokens[i] = t->doc_tokens;
 		f->n_docs += t->n_docs;
 		f->n_nonempty += t->n_nonempty;
 		f->n_tokens += t->n_tokens;
@@ -360,7 +360,19 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		feed_unref(f);
 		return r;
 	}
-	if (r == 0 && f->n_nonempty == 0) {
+	if (r == 0 && f->kind == FEED_MEGATRON)
+		r = feed_scan_start(f);
+	if (r == -ENOMEM) {
+		feed_unref(f);
+		return r;
+	}
+	/* Stored tokens: the first non-empty document answers, wherever the scan is. */
+	int any = r == 0 && f->kind == FEED_MEGATRON ? feed_nonempty_at_least(f, 1) : 1;
+	if (any < 0) {
+		*ret = f;
+		return 0;
+	}
+	if (r == 0 && (f->kind == FEED_MEGATRON ? !any : f->n_nonempty == 0)) {
 		snprintf(err, sizeof(err), "the shards hold no %s (%" PRIu64 " documents, all empty)",
 			 f->kind == FEED_TEXT ? "documents" : "tokens", f->n_docs);
 		r = -ENODATA;
@@ -378,6 +390,10 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		.n_shards = f->n_shards,
 		.shard_docs = f->shard_docs,
 	};
+	if (feed_windows_new(f) < 0) {
+		feed_unref(f);
+		return -ENOMEM;
+	}
 	if (f->kind == FEED_TEXT) {
 		struct stat st;
 		struct source_id tid = { 0 };
@@ -388,8 +404,12 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 			 f->name, f->n_shards, f->conf.format, f->n_docs, f->n_bytes, f->n_cached, f->io_engine);
 	} else {
 		f->fingerprint = fingerprint_of(f);
-		log_info("feed %s: %u shards, %" PRIu64 " documents, %" PRIu64 " tokens, read with %s", f->name,
-			 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
+		if (feed_scan_pending(f))
+			log_info("feed %s: %u shards, %" PRIu64 " documents (%u indexes being validated), read with %s",
+				 f->name, f->n_shards, f->n_docs, feed_scan_shards_left(f), f->io_engine);
+		else
+			log_info("feed %s: %u shards, %" PRIu64 " documents, %" PRIu64 " tokens, read with %s", f->name,
+				 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
 	}
 	f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 	if (f->conf.packing != CONF_PACKING_CONCAT)
@@ -414,6 +434,8 @@ struct feed *feed_unref(struct feed *f)
 	assert(f->refs > 0);
 	if (--f->refs > 0)
 		return NULL;
+	feed_scan_free(f); /* it reads the shards */
+	feed_windows_free(f);
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
 		format_close(f->shards[i]);
 	for (uint32_t i = 0; f->counters.bad_seen && i < f->n_shards; i++)
@@ -425,7 +447,6 @@ struct feed *feed_unref(struct feed *f)
 	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);
-	free(f->doc_tokens);
 	for (uint32_t i = 0; f->sources && i < f->n_sources; i++)
 		feed_unref(f->sources[i]);
 	free(f->sources);
@@ -530,6 +551,9 @@ int feed_check(struct feed *f)
 	}
 	if (f->sources)
 		return 0;
+	feed_scan_poll(f);
+	if (f->state != FEED_READY)
+		return f->error_code;
 	for (uint32_t i = 0; i < f->n_shards; i++) {
 		int r = format_check(f->shards[i], err, sizeof(err));
 		if (r < 0) {

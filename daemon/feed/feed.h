@@ -83,7 +83,6 @@ struct feed {
 	int32_t bos_id, eos_id;          /* -1: none */
 	uint32_t n_shards;
 	uint32_t *shard_docs;
-	const uint32_t **doc_tokens;
 	struct order_params params;
 	uint64_t fingerprint;
 	uint64_t data_id;                /* the shards' data identity (integrity.h); cursors carry it */
@@ -105,6 +104,9 @@ struct feed {
 	struct feed_counters counters; /* main thread, through feed_count_batch() and feed_mark_bad() */
 	struct feed_epoch_len epoch_lens[FEED_EPOCH_LENS]; /* main thread, session-epoch.c: a small cache, oldest replaced */
 	unsigned epoch_lens_next;
+
+	struct feed_scan *scan;     /* stored tokens: the index validated after load (feed-scan.c); NULL when none */
+	struct feed_windows *windows; /* shuffled windows built ahead and shared by the walks (feed-windows.c) */
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
@@ -160,6 +162,54 @@ int feed_check(struct feed *f);
  * *budget. Returns 0 or -ESTALE (the feed is then FAILED).
  */
 int feed_check_some(struct feed *f, uint32_t *budget);
+
+/*
+ * Stored tokens, index work after load (daemon/feed/feed-scan.c). Shards
+ * validated whole at load take at most FEED_SCAN_AT_LOAD index entries in
+ * all; feed_scan_start() validates the rest on a thread of its own, and
+ * feed_scan_poll() (main thread; feed_check calls it) folds its counts
+ * (n_tokens, n_nonempty) in, or fails the feed with its first fault.
+ */
+#define FEED_SCAN_AT_LOAD (UINT64_C(1) << 22)
+int feed_scan_start(struct feed *f);
+void feed_scan_poll(struct feed *f);
+/* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
+int feed_scan_wait(struct feed *f);
+bool feed_scan_pending(const struct feed *f);
+uint32_t feed_scan_shards_left(const struct feed *f);
+void feed_scan_free(struct feed *f);
+/*
+ * Document doc's token count (stored tokens), its index entries checked
+ * first. Any thread. 0, or -EBADMSG with the fault in err.
+ */
+int feed_doc_tokens(struct feed *f, uint64_t doc, uint64_t *ret, char *err, size_t errlen);
+/*
+ * Whether the feed has at least `want` non-empty documents (main thread):
+ * 1 or 0; looks only as far as that needs while the scan runs. A negative
+ * errno when a fault was met (the feed is then FAILED).
+ */
+int feed_nonempty_at_least(struct feed *f, uint64_t want);
+
+/*
+ * Shuffled windows built ahead, shared by every walk of the feed
+ * (daemon/feed/feed-windows.c); feed_windows_new() sets params.windows.
+ */
+struct feed_windows_stats {
+	uint64_t bytes;            /* of the windows held now (4 per document) */
+	uint64_t builds;           /* windows shuffled so far */
+	uint64_t built_on_demand;  /* of them, by the walk that needed it (not ahead) */
+	uint64_t ready_ahead;      /* walks that found their next window built ahead */
+	uint64_t last_build_ns;    /* how long the latest took */
+	uint64_t docs_built;       /* documents of the windows shuffled */
+	unsigned held, ahead, building; /* windows walked now; built ahead, not walked yet; being built */
+};
+int feed_windows_new(struct feed *f);
+void feed_windows_free(struct feed *f);
+void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret);
+/* The feed's (and a mixture's sources') windows, and its shards whose index is still being validated. */
+void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending);
+/* The same as the status JSON's feeds[].work_ahead (docs/telemetry.md): a new object, NULL on no memory. */
+struct json_t *feed_work_ahead_json(const struct feed *f);
 
 /* The packing mode's name as the configuration spells it: "concat", "bestfit", "pad". */
 const char *feed_packing_name(enum conf_packing p);

@@ -103,6 +103,13 @@ int session_epoch_info(struct session *s, const struct cursor *c, session_epoch_
 	return 0;
 }
 
+/* Counts on the pool: a damaged entry ends the walk (the stream, on the main thread, fails the feed when it meets it). */
+static int epoch_doc_tokens(void *ctx, uint64_t doc, uint64_t *ret)
+{
+	char err[512];
+	return feed_doc_tokens(ctx, doc, ret, err, sizeof(err));
+}
+
 void session_epoch_run(struct session_epoch_job *j)
 {
 	struct session *s = j->pj.session;
@@ -111,8 +118,9 @@ void session_epoch_run(struct session_epoch_job *j)
 		j->result = -ECANCELED;
 		return;
 	}
-	j->result = epoch_units_measure(&f->params, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
-					f->conf.packing == CONF_PACKING_PAD, j->has_pos ? &j->pos : NULL, &j->m);
+	const struct epoch_counts counts = { .tokens = epoch_doc_tokens, .ctx = s->feed };
+	j->result = epoch_units_measure_counts(&f->params, &counts, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0,
+					       f->conf.packing == CONF_PACKING_PAD, j->has_pos ? &j->pos : NULL, &j->m);
 }
 
 void session_epoch_done(struct session *s, struct session_epoch_job *j)

@@ -244,6 +244,22 @@ void session_unref(struct session *s)
 }
 
 /*
+ * Stored tokens: a document's count, its index entries checked first (the
+ * index is mapped and validated lazily, daemon/feed/feed-scan.c). A fault
+ * fails the feed, whose error the session's message then names.
+ */
+static int stored_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids)
+{
+	struct session_src *x = userdata;
+	char err[512];
+	*ret_ids = NULL;
+	int r = feed_doc_tokens(x->feed, doc, ret_tokens, err, sizeof(err));
+	if (r < 0)
+		feed_fail(x->feed, r, err);
+	return r;
+}
+
+/*
  * Opens stream x at pos (NULL: the start). Returns 0 or a negative errno
  * with the attach error in err.
  */
@@ -252,11 +268,8 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	const struct feed *f = x->feed;
 	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
-	struct stream_source src = { .doc = session_text_doc, .userdata = x };
-	if (f->kind == FEED_TEXT)
-		r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
-	else
-		r = stream_init(x->stream, op, f->doc_tokens, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
+	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x };
+	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
@@ -271,6 +284,8 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 		session_cursor_not_here(err, errlen, s->rank, f);
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s", s->rank, s->world, f->name);
+	else if (r == -EBADMSG && f->state == FEED_FAILED)
+		snprintf(err, errlen, "%s", f->error);
 	else if (r < 0)
 		snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
 	return r;
@@ -366,8 +381,14 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		return f->error_code < 0 ? f->error_code : -EIO;
 	}
 	for (uint32_t i = 0; !f->vranks && i < MAX(f->n_sources, 1u); i++) {
-		const struct feed *sf = f->n_sources ? f->sources[i] : f;
-		if (world > sf->n_nonempty) {
+		struct feed *sf = f->n_sources ? f->sources[i] : f;
+		/* Counted only as far as needed: the index is validated lazily (feed-scan.c). */
+		int enough = feed_nonempty_at_least(sf, world);
+		if (enough < 0) {
+			snprintf(err, errlen, "feed %s is not available: %s", sf->name, sf->error);
+			return enough;
+		}
+		if (!enough) {
 			snprintf(err, errlen,
 				 "feed %s has %" PRIu64 " non-empty documents, fewer than the world size %u: some ranks would get no data",
 				 sf->name, sf->n_nonempty, world);

@@ -32,9 +32,10 @@
  *      config accepts what that table names);
  *   3. the feed, sessions, workers and `feedctl prep` need no change.
  *
- * Laziness (issue #22): today every format indexes a shard at open. The
- * interface leaves room for doing it per shuffle window: n_docs is what the
- * sample order needs up front; everything else is asked per document.
+ * Laziness (issue #22): n_docs is what the sample order needs up front;
+ * everything else is asked per document. Megatron maps its index and does
+ * nothing proportional to the documents at open (beyond scan_budget);
+ * text formats still index a shard at open.
  */
 #pragma once
 
@@ -56,6 +57,7 @@ struct format_opts {
 	uint64_t cache_max_bytes; /* the cap on what cache_dir holds (daemon/cache/cache.h); 0: none */
 	uint64_t max_doc_bytes; /* text: a longer document is a bad record (indexed, never read) */
 	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
+	uint64_t *scan_budget;  /* index entries a format may still validate whole at open (charged); NULL: no limit */
 };
 
 /*
@@ -81,7 +83,7 @@ struct shard {
 	uint64_t content_digest;
 
 	/* FORMAT_TOKENS */
-	const uint32_t *doc_tokens;  /* n_docs: tokens per document */
+	bool counted;                /* n_tokens and n_nonempty are known (the index was scanned at open); else scan() */
 	uint64_t n_tokens;
 	uint32_t n_nonempty;         /* documents with at least one token */
 	unsigned itemsize;           /* bytes per stored token */
@@ -132,6 +134,18 @@ struct format {
 	int (*doc_ranges)(const struct shard *s, uint32_t doc, uint64_t offset, uint64_t count,
 			  int (*emit)(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens),
 			  void *ctx);
+	/*
+	 * FORMAT_TOKENS: document doc's token count, the index entries it
+	 * depends on checked first. Any thread. 0, or -EBADMSG with the fault
+	 * (naming the file) in err.
+	 */
+	int (*doc_tokens)(const struct shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen);
+	/*
+	 * FORMAT_TOKENS: validates the whole shard in one streaming pass and
+	 * counts its tokens and non-empty documents (what open left undone when
+	 * !s->counted). Any thread. 0, or -EBADMSG with the fault in err.
+	 */
+	int (*scan)(const struct shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err, size_t errlen);
 	/* Widens n stored ids at src to dst. 0, or -ERANGE with *ret_bad the first id outside 0..INT32_MAX. */
 	int (*widen)(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad);
 
@@ -179,6 +193,11 @@ static inline int format_doc_ranges(const struct shard *s, uint32_t doc, uint64_
 				    void *ctx)
 {
 	return s->format->doc_ranges(s, doc, offset, count, emit, ctx);
+}
+
+static inline int format_doc_tokens(const struct shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
+{
+	return s->format->doc_tokens(s, doc, ret, err, errlen);
 }
 
 static inline int format_widen(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad)

@@ -2,8 +2,11 @@
 /*
  * Megatron .idx validation and token widening. Every check that can fail
  * names the file, the field and the index, so an operator can find the bad
- * entry without a hex editor. The three .idx arrays are read straight into
- * their own aligned buffers (the file's offsets are not aligned).
+ * entry without a hex editor. The .idx is mapped, never copied: its arrays
+ * are read in place (unaligned, little-endian) by megatron_seq() and
+ * megatron_doc_start(), validated whole in one streaming pass
+ * (megatron_scan) at open when small, else later, and each document's
+ * entries are checked whenever its count is asked for.
  */
 #include <endian.h>
 #include <errno.h>
@@ -60,12 +63,12 @@ struct megatron_shard *megatron_free(struct megatron_shard *s)
 	if (!s)
 		return NULL;
 	source_close(s->bin);
+	if (s->idx_mapped)
+		source_unmap(s->idx, s->idx_len);
+	else
+		free((void *)s->idx);
 	free(s->idx_path);
 	free(s->bin_path);
-	free(s->lengths);
-	free(s->pointers);
-	free(s->doc_idx);
-	free(s->doc_tokens);
 	free(s);
 	return NULL;
 }
@@ -113,74 +116,181 @@ static int check_header(struct megatron_shard *s, const uint8_t *p, uint64_t idx
 	return 0;
 }
 
-/* The arrays: lengths, pointers against the .bin size, and the document index. */
-static int check_arrays(struct megatron_shard *s, uint64_t D, char *err, size_t errlen)
+/*
+ * Sequence q on its own and against the end of sequence q - 1 (*end: where
+ * that one ends; the caller keeps it). The same checks, in the same words,
+ * whether the whole index is scanned or one document is checked before use.
+ */
+static int check_seq(const struct megatron_shard *s, uint64_t q, uint64_t *end, char *err, size_t errlen)
 {
 	const char *path = s->idx_path;
-	uint64_t S = s->n_seqs, bin_size = (uint64_t)s->bin_id.size, end = 0;
-
-	for (uint64_t i = 0; i < S; i++) {
-		int32_t len = (int32_t)le32toh((uint32_t)s->lengths[i]);
-		int64_t ptr = (int64_t)le64toh((uint64_t)s->pointers[i]);
-		s->lengths[i] = len;
-		s->pointers[i] = ptr;
-		if (len < 0)
-			return fail(err, errlen, -EBADMSG, "%s: lengths[%" PRIu64 "] = %" PRId32 " is negative", path, i,
-				    len);
-		if (ptr < 0 || (uint64_t)ptr % s->itemsize != 0)
-			return fail(err, errlen, -EBADMSG,
-				    "%s: pointers[%" PRIu64 "] = %" PRId64 " is negative or not a multiple of %u", path,
-				    i, ptr, s->itemsize);
-		/* Sequences must lie in order, without overlap: what Megatron writes. */
-		if ((uint64_t)ptr < end)
-			return fail(err, errlen, -EBADMSG,
-				    "%s: pointers[%" PRIu64 "] = %" PRId64 " overlaps the previous sequence (ends at %" PRIu64
-				    ")",
-				    path, i, ptr, end);
-		end = (uint64_t)ptr + (uint64_t)len * s->itemsize;
-		if (end > bin_size)
-			return fail(err, errlen, -EBADMSG,
-				    "%s: sequence %" PRIu64 " (pointer %" PRId64 ", length %" PRId32 ") ends at byte %" PRIu64
-				    ", past the end of %s (%" PRIu64 " bytes)",
-				    path, i, ptr, len, end, s->bin_path, bin_size);
-	}
-
-	for (uint64_t d = 0; d < D; d++)
-		s->doc_idx[d] = (int64_t)le64toh((uint64_t)s->doc_idx[d]);
-	if (s->doc_idx[0] != 0)
-		return fail(err, errlen, -EBADMSG, "%s: doc_idx[0] = %" PRId64 ", must be 0", path, s->doc_idx[0]);
-	if ((uint64_t)s->doc_idx[D - 1] != S)
-		return fail(err, errlen, -EBADMSG, "%s: doc_idx[%" PRIu64 "] = %" PRId64 ", must equal S = %" PRIu64,
-			    path, D - 1, s->doc_idx[D - 1], S);
-
-	/* Bounds before use: every entry is a sequence index, so it must lie in 0..S and never decrease. */
-	for (uint64_t d = 0; d + 1 < D; d++) {
-		if (s->doc_idx[d + 1] < s->doc_idx[d] || (uint64_t)s->doc_idx[d + 1] > S)
-			return fail(err, errlen, -EBADMSG,
-				    "%s: doc_idx[%" PRIu64 "] = %" PRId64 " is outside doc_idx[%" PRIu64 "] = %" PRId64
-				    " .. S = %" PRIu64 " (must be monotone)",
-				    path, d + 1, s->doc_idx[d + 1], d, s->doc_idx[d], S);
-	}
-
-	s->doc_tokens = malloc(MAX(s->n_docs, 1u) * sizeof(*s->doc_tokens));
-	if (!s->doc_tokens)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-	for (uint64_t d = 0; d + 1 < D; d++) {
-		uint64_t tokens = 0;
-		for (int64_t q = s->doc_idx[d]; q < s->doc_idx[d + 1]; q++)
-			tokens += (uint64_t)s->lengths[q];
-		if (tokens > UINT32_MAX)
-			return fail(err, errlen, -EBADMSG, "%s: document %" PRIu64 " has %" PRIu64
-				    " tokens; at most %u are supported", path, d, tokens, UINT32_MAX);
-		s->doc_tokens[d] = (uint32_t)tokens;
-		s->n_tokens += tokens;
-		s->n_nonempty += tokens > 0;
-	}
+	int32_t len;
+	int64_t ptr;
+	megatron_seq(s, q, &len, &ptr);
+	if (len < 0)
+		return fail(err, errlen, -EBADMSG, "%s: lengths[%" PRIu64 "] = %" PRId32 " is negative", path, q, len);
+	if (ptr < 0 || (uint64_t)ptr % s->itemsize != 0)
+		return fail(err, errlen, -EBADMSG, "%s: pointers[%" PRIu64 "] = %" PRId64 " is negative or not a multiple of %u",
+			    path, q, ptr, s->itemsize);
+	/* Sequences must lie in order, without overlap: what Megatron writes. */
+	if ((uint64_t)ptr < *end)
+		return fail(err, errlen, -EBADMSG,
+			    "%s: pointers[%" PRIu64 "] = %" PRId64 " overlaps the previous sequence (ends at %" PRIu64 ")",
+			    path, q, ptr, *end);
+	*end = (uint64_t)ptr + (uint64_t)len * s->itemsize;
+	if (*end > s->bin_size)
+		return fail(err, errlen, -EBADMSG,
+			    "%s: sequence %" PRIu64 " (pointer %" PRId64 ", length %" PRId32 ") ends at byte %" PRIu64
+			    ", past the end of %s (%" PRIu64 " bytes)",
+			    path, q, ptr, len, *end, s->bin_path, s->bin_size);
 	return 0;
 }
 
-int megatron_open(const char *idx_path, struct source_reader *io, struct megatron_shard **ret, char *err,
+/* Document-index entry d + 1 against entry d. */
+static int check_doc_entry(const struct megatron_shard *s, uint64_t d, int64_t a, int64_t b, char *err, size_t errlen)
+{
+	if (b < a || (uint64_t)b > s->n_seqs)
+		return fail(err, errlen, -EBADMSG,
+			    "%s: doc_idx[%" PRIu64 "] = %" PRId64 " is outside doc_idx[%" PRIu64 "] = %" PRId64
+			    " .. S = %" PRIu64 " (must be monotone)",
+			    s->idx_path, d + 1, b, d, a, s->n_seqs);
+	return 0;
+}
+
+/* The ends of the document index: O(1), at open whatever the size. */
+static int check_doc_ends(const struct megatron_shard *s, char *err, size_t errlen)
+{
+	int64_t first = megatron_doc_start(s, 0), last = megatron_doc_start(s, s->n_docs);
+	if (first != 0)
+		return fail(err, errlen, -EBADMSG, "%s: doc_idx[0] = %" PRId64 ", must be 0", s->idx_path, first);
+	if ((uint64_t)last != s->n_seqs)
+		return fail(err, errlen, -EBADMSG, "%s: doc_idx[%" PRIu32 "] = %" PRId64 ", must equal S = %" PRIu64,
+			    s->idx_path, s->n_docs, last, s->n_seqs);
+	return 0;
+}
+
+static int doc_too_long(const struct megatron_shard *s, uint64_t d, uint64_t tokens, char *err, size_t errlen)
+{
+	return fail(err, errlen, -EBADMSG, "%s: document %" PRIu64 " has %" PRIu64 " tokens; at most %u are supported",
+		    s->idx_path, d, tokens, UINT32_MAX);
+}
+
+int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
 		  size_t errlen)
+{
+	uint64_t end = 0;
+	for (uint64_t q = 0; q < s->n_seqs; q++) {
+		int r = check_seq(s, q, &end, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	int r = check_doc_ends(s, err, errlen);
+	if (r < 0)
+		return r;
+	/* Bounds before use: every entry is a sequence index, so it must lie in 0..S and never decrease. */
+	int64_t a = 0;
+	for (uint64_t d = 0; d < s->n_docs; d++) {
+		int64_t b = megatron_doc_start(s, d + 1);
+		if ((r = check_doc_entry(s, d, a, b, err, errlen)) < 0)
+			return r;
+		a = b;
+	}
+	uint64_t total = 0;
+	uint32_t nonempty = 0;
+	a = 0;
+	for (uint64_t d = 0; d < s->n_docs; d++) {
+		int64_t b = megatron_doc_start(s, d + 1);
+		uint64_t tokens = 0;
+		for (int64_t q = a; q < b; q++) {
+			int32_t len;
+			int64_t ptr;
+			megatron_seq(s, (uint64_t)q, &len, &ptr);
+			tokens += (uint64_t)len;
+		}
+		if (tokens > UINT32_MAX)
+			return doc_too_long(s, d, tokens, err, errlen);
+		total += tokens;
+		nonempty += tokens > 0;
+		a = b;
+	}
+	*ret_tokens = total;
+	*ret_nonempty = nonempty;
+	return 0;
+}
+
+int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
+{
+	int64_t a = megatron_doc_start(s, doc), b = megatron_doc_start(s, (uint64_t)doc + 1);
+	if (__atomic_load_n(&s->validated, __ATOMIC_ACQUIRE)) {
+		/* Checked whole already: the count alone (the common case once the scan is done). */
+		uint64_t tokens = 0;
+		for (int64_t q = a; q < b; q++) {
+			int32_t len;
+			int64_t ptr;
+			megatron_seq(s, (uint64_t)q, &len, &ptr);
+			tokens += (uint64_t)len;
+		}
+		*ret = tokens;
+		return 0;
+	}
+	int r = check_doc_entry(s, doc, a, b, err, errlen);
+	if (r < 0)
+		return r;
+	if (a < 0)
+		return fail(err, errlen, -EBADMSG, "%s: doc_idx[%" PRIu32 "] = %" PRId64 " is negative", s->idx_path, doc, a);
+	if (a == b) {
+		*ret = 0;
+		return 0;
+	}
+	/* The overlap check needs where the sequence before ends: check that one on its own first. */
+	uint64_t end = 0, tokens = 0;
+	if (a > 0 && (r = check_seq(s, (uint64_t)a - 1, &end, err, errlen)) < 0)
+		return r;
+	for (int64_t q = a; q < b; q++) {
+		if ((r = check_seq(s, (uint64_t)q, &end, err, errlen)) < 0)
+			return r;
+		int32_t len;
+		int64_t ptr;
+		megatron_seq(s, (uint64_t)q, &len, &ptr);
+		tokens += (uint64_t)len;
+	}
+	if (tokens > UINT32_MAX)
+		return doc_too_long(s, doc, tokens, err, errlen);
+	*ret = tokens;
+	return 0;
+}
+
+/* The .idx's bytes: mapped, or read into one buffer where the source cannot map. */
+static int load_idx(struct megatron_shard *s, struct source *idx, struct source_reader *io, char *err, size_t errlen)
+{
+	const void *p;
+	size_t len;
+	int r = source_map(idx, &p, &len);
+	if (r == 0) {
+		s->idx = p;
+		s->idx_len = len;
+		s->idx_mapped = true;
+		return 0;
+	}
+	if (r != -EOPNOTSUPP)
+		return fail(err, errlen, r, "%s: cannot map: %s", s->idx_path, strerror(-r));
+	uint64_t size = source_size(idx);
+	uint8_t *buf = size <= SIZE_MAX ? malloc((size_t)size) : NULL;
+	if (!buf)
+		return fail(err, errlen, -ENOMEM, "%s: out of memory for %" PRIu64 " bytes", s->idx_path, size);
+	struct source_read req = { .src = idx, .offset = 0, .len = (size_t)size, .dst = buf };
+	r = source_read(io, &req, 1, NULL);
+	if (r < 0) {
+		free(buf);
+		return fail(err, errlen, r, "%s: cannot read: %s", s->idx_path, strerror(-r));
+	}
+	s->idx = buf;
+	s->idx_len = (size_t)size;
+	return 0;
+}
+
+int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_t *scan_budget,
+			 struct megatron_shard **ret, char *err, size_t errlen)
 {
 	int r;
 	struct source *idx = NULL;
@@ -213,6 +323,7 @@ int megatron_open(const char *idx_path, struct source_reader *io, struct megatro
 		goto out;
 	s->idx_id = *source_identity(idx);
 	s->bin_id = *source_identity(s->bin);
+	s->bin_size = (uint64_t)s->bin_id.size;
 
 	uint64_t idx_size = source_size(idx);
 	if (idx_size < IDX_HEADER) {
@@ -230,31 +341,28 @@ int megatron_open(const char *idx_path, struct source_reader *io, struct megatro
 	r = check_header(s, header, idx_size, &D, err, errlen);
 	if (r < 0)
 		goto out;
-
-	uint64_t S = s->n_seqs;
-	s->lengths = malloc(MAX(S, 1u) * sizeof(*s->lengths));
-	s->pointers = malloc(MAX(S, 1u) * sizeof(*s->pointers));
-	s->doc_idx = malloc(D * sizeof(*s->doc_idx));
-	if (!s->lengths || !s->pointers || !s->doc_idx) {
-		r = fail(err, errlen, -ENOMEM, "%s: out of memory for %" PRIu64 " sequences", idx_path, S);
-		goto out;
-	}
-	struct source_read reqs[3] = {
-		{ .src = idx, .offset = IDX_HEADER, .len = 4 * S, .dst = s->lengths },
-		{ .src = idx, .offset = IDX_HEADER + 4 * S, .len = 8 * S, .dst = s->pointers },
-		{ .src = idx, .offset = IDX_HEADER + 12 * S, .len = 8 * D, .dst = s->doc_idx },
-	};
-	r = source_read(io, reqs, ARRAY_SIZE(reqs), NULL);
-	if (r < 0) {
-		r = fail(err, errlen, r, "%s: cannot read: %s", idx_path, strerror(-r));
-		goto out;
-	}
-	r = check_arrays(s, D, err, errlen);
+	r = load_idx(s, idx, io, err, errlen);
 	if (r < 0)
 		goto out;
 	r = megatron_sums_attach(s, err, errlen);
 	if (r < 0)
 		goto out;
+
+	uint64_t entries = s->n_seqs + D;
+	if (!scan_budget || *scan_budget >= entries) {
+		/* Small enough to validate whole now: faults are then load errors, as they always were. */
+		r = megatron_scan(s, &s->n_tokens, &s->n_nonempty, err, errlen);
+		if (r < 0)
+			goto out;
+		s->scanned = true;
+		s->validated = true;
+		if (scan_budget)
+			*scan_budget -= entries;
+	} else {
+		r = check_doc_ends(s, err, errlen);
+		if (r < 0)
+			goto out;
+	}
 
 	source_close(idx);
 	*ret = TAKE_PTR(s);
@@ -263,6 +371,12 @@ out:
 	source_close(idx);
 	megatron_free(s);
 	return r;
+}
+
+int megatron_open(const char *idx_path, struct source_reader *io, struct megatron_shard **ret, char *err,
+		  size_t errlen)
+{
+	return megatron_open_budget(idx_path, io, NULL, ret, err, errlen);
 }
 
 int megatron_check(const struct megatron_shard *s, char *err, size_t errlen)
@@ -274,14 +388,19 @@ int megatron_check(const struct megatron_shard *s, char *err, size_t errlen)
 int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
 			int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
 {
-	for (int64_t q = s->doc_idx[doc]; q < s->doc_idx[doc + 1] && count > 0; q++) {
-		uint64_t len = (uint64_t)s->lengths[q];
+	/* The document's entries were checked when its count was asked for (megatron_doc_tokens). */
+	int64_t end = megatron_doc_start(s, (uint64_t)doc + 1);
+	for (int64_t q = megatron_doc_start(s, doc); q < end && count > 0; q++) {
+		int32_t l;
+		int64_t ptr;
+		megatron_seq(s, (uint64_t)q, &l, &ptr);
+		uint64_t len = (uint64_t)l;
 		if (offset >= len) {
 			offset -= len;
 			continue;
 		}
 		uint64_t n = MIN(len - offset, count);
-		int r = emit(ctx, (uint64_t)s->pointers[q] + offset * s->itemsize, n);
+		int r = emit(ctx, (uint64_t)ptr + offset * s->itemsize, n);
 		if (r < 0)
 			return r;
 		count -= n;
@@ -359,7 +478,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		    char *err, size_t errlen)
 {
 	struct megatron_shard *s;
-	int e = megatron_open(name, r, &s, err, errlen);
+	int e = megatron_open_budget(name, r, o->scan_budget, &s, err, errlen);
 	if (e < 0)
 		return e;
 	*sh = (struct shard){
@@ -370,11 +489,11 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.ids = { &s->idx_id, &s->bin_id },
 		.n_ids = 2,
 		.files = { s->idx_path, s->bin_path },
-		.doc_tokens = s->doc_tokens,
+		.counted = s->scanned,
 		.n_tokens = s->n_tokens,
 		.n_nonempty = s->n_nonempty,
 		.itemsize = s->itemsize,
-		.bytes = s->n_tokens * s->itemsize,
+		.bytes = s->scanned ? s->n_tokens * s->itemsize : s->bin_size,
 		.truncated = "",
 		.content_digest = megatron_sums_digest(s),
 	};
@@ -384,6 +503,20 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 static void fmt_close(struct shard *sh)
 {
 	megatron_free(sh->impl);
+}
+
+static int fmt_doc_tokens(const struct shard *sh, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
+{
+	return megatron_doc_tokens(sh->impl, doc, ret, err, errlen);
+}
+
+static int fmt_scan(const struct shard *sh, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err, size_t errlen)
+{
+	struct megatron_shard *s = sh->impl;
+	int r = megatron_scan(s, ret_tokens, ret_nonempty, err, errlen);
+	if (r == 0)
+		__atomic_store_n(&s->validated, true, __ATOMIC_RELEASE); /* from now on a count needs no check */
+	return r;
 }
 
 static int fmt_check(const struct shard *sh, char *err, size_t errlen)
@@ -422,6 +555,8 @@ const struct format format_megatron = {
 	.open = fmt_open,
 	.close = fmt_close,
 	.check = fmt_check,
+	.doc_tokens = fmt_doc_tokens,
+	.scan = fmt_scan,
 	.doc_ranges = fmt_doc_ranges,
 	.widen = fmt_widen,
 };

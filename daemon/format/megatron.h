@@ -7,8 +7,11 @@
  * i64[D] document indices; optionally S mode bytes. .bin: bare tokens.
  * Document d = sequences doc_idx[d] .. doc_idx[d+1]-1.
  *
- * A shard owns its .bin source and the .idx arrays (read through the source
- * layer); both are immutable after open, so any thread may read them. The
+ * A shard owns its .bin source and a read-only mapping of the .idx (read
+ * through the source layer); both are immutable after open, so any thread
+ * may read them. Nothing proportional to the shard's documents is copied
+ * or allocated: a document's token count is computed, and its index
+ * entries checked, when it is asked for (issue #22). The
  * identity of both files is recorded; megatron_check() tells whether they
  * changed since. The feed reaches a shard through the format layer
  * (format.h, `format_megatron`), never through these calls.
@@ -17,7 +20,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <endian.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "daemon/source/source.h"
@@ -32,23 +37,83 @@ struct megatron_shard {
 	unsigned itemsize;   /* bytes per token in .bin */
 	uint64_t n_seqs;     /* S */
 	uint32_t n_docs;     /* D - 1 */
-	int32_t *lengths;      /* S entries */
-	int64_t *pointers;     /* S entries */
-	int64_t *doc_idx;      /* D entries */
-	uint32_t *doc_tokens;  /* tokens per document */
+	uint64_t bin_size;
+
+	/*
+	 * The .idx itself, mapped read-only and shared (the page cache: one
+	 * copy for every feed and every restart), or one read copy where the
+	 * source cannot map. Its arrays are little-endian and unaligned: read
+	 * them with megatron_seq() and megatron_doc_start().
+	 */
+	const uint8_t *idx;
+	size_t idx_len;
+	bool idx_mapped;
+
+	/* Set when the whole index was validated at open (megatron_scan); else 0 and left to the caller. */
+	bool scanned;
+	/* The whole index is known valid (at open, or a later megatron_scan passed): per-document checks are skipped. Atomic. */
+	bool validated;
 	uint64_t n_tokens;
 	uint32_t n_nonempty;   /* documents with at least one token */
 	uint64_t sums_digest;  /* the checksum sidecar's digest (megatron_sums.c); 0: no sidecar */
 	uint32_t sums_block;   /* its block size */
 };
 
+#define MEGATRON_IDX_HEADER 34
+
+/* Sequence q's length and byte pointer, as stored (not checked). */
+static inline void megatron_seq(const struct megatron_shard *s, uint64_t q, int32_t *ret_len, int64_t *ret_ptr)
+{
+	uint32_t l;
+	uint64_t p;
+	memcpy(&l, s->idx + MEGATRON_IDX_HEADER + 4 * q, 4);
+	memcpy(&p, s->idx + MEGATRON_IDX_HEADER + 4 * s->n_seqs + 8 * q, 8);
+	*ret_len = (int32_t)le32toh(l);
+	*ret_ptr = (int64_t)le64toh(p);
+}
+
+/* Document-index entry d (0 .. n_docs), as stored (not checked). */
+static inline int64_t megatron_doc_start(const struct megatron_shard *s, uint64_t d)
+{
+	uint64_t v;
+	memcpy(&v, s->idx + MEGATRON_IDX_HEADER + 12 * s->n_seqs + 8 * d, 8);
+	return (int64_t)le64toh(v);
+}
+
 /*
- * Opens and validates the shard whose .idx is `idx_path` (the .bin beside it).
- * Returns 0, or a negative errno with a message naming the file and the
- * offending field/index in err (always NUL-terminated).
+ * Opens the shard whose .idx is `idx_path` (the .bin beside it), maps the
+ * .idx and checks its header, its size and the ends of its document index
+ * (O(1)). When *scan_budget (NULL: unlimited) covers the index's S + D
+ * entries, the whole index is validated too (megatron_scan) and the budget
+ * is charged; else that is left to megatron_scan() later, and every
+ * document is still checked before use (megatron_doc_tokens). Returns 0,
+ * or a negative errno with a message naming the file and the offending
+ * field/index in err (always NUL-terminated).
  */
+int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_t *scan_budget,
+			 struct megatron_shard **ret, char *err, size_t errlen);
+/* megatron_open_budget() with the whole index validated at open. */
 int megatron_open(const char *idx_path, struct source_reader *io, struct megatron_shard **ret, char *err,
 		  size_t errlen);
+
+/*
+ * Validates the whole index in one streaming pass over the mapping (no
+ * copy): every sequence's length, pointer (aligned, in order without
+ * overlap, inside the .bin), the document index (from 0, monotone, up to
+ * S) and every document's token count; counts the tokens and non-empty
+ * documents. Any thread. Returns 0, or -EBADMSG with the first fault in err.
+ */
+int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
+		  size_t errlen);
+
+/*
+ * Document doc's token count, after checking the index entries it uses:
+ * its two document-index entries, and each of its sequences as
+ * megatron_scan() would (the overlap check against the sequence before).
+ * O(sequences of the document); any thread. Returns 0, or -EBADMSG with
+ * the fault in err (the same words as megatron_scan's).
+ */
+int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen);
 struct megatron_shard *megatron_free(struct megatron_shard *s);
 
 /*

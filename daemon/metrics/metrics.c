@@ -235,6 +235,23 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		    f->counters.packed.docs);
 	FEED_FAMILY("feedd_feed_cut_documents_total", "counter",
 		    "Documents of the batches packed that are spread over more than one row.", f->counters.packed.cut_docs);
+	{
+		/* Work ahead (issue #22): windows shuffled ahead of the readers, index validation after load. */
+		struct feed_windows_stats wa[in->n_feeds ? in->n_feeds : 1];
+		uint32_t pend[in->n_feeds ? in->n_feeds : 1];
+		for (size_t i = 0; i < in->n_feeds; i++)
+			feed_work_ahead(in->feeds[i], &wa[i], &pend[i]);
+		FEED_FAMILY("feedd_feed_windows_ahead", "gauge",
+			    "Shuffle windows built ahead of the readers and not walked yet.", wa[i].ahead);
+		FEED_FAMILY("feedd_feed_window_bytes", "gauge", "Bytes of the shuffle windows held (walked or ahead).",
+			    wa[i].bytes);
+		FEED_FAMILY("feedd_feed_windows_built_total", "counter", "Shuffle windows built.", wa[i].builds);
+		FEED_FAMILY("feedd_feed_windows_built_on_demand_total", "counter",
+			    "Shuffle windows built by the walk that needed them, not ahead (a reader waited for it).",
+			    wa[i].built_on_demand);
+		FEED_FAMILY("feedd_feed_index_shards_pending", "gauge",
+			    "Shards whose index is still being validated after load.", pend[i]);
+	}
 	family(o, "feedd_feed_source_documents_total", "counter",
 	       "A mixture's documents packed, per source (docs/sample-order.md, 14); their shares follow the weights.");
 	for (size_t i = 0; i < in->n_feeds; i++) {

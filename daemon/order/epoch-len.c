@@ -8,16 +8,18 @@
 /* The contract's give-up rule for a rank without tokens (section 6). */
 #define EMPTY_EPOCHS_SHUFFLED 1000
 
-static uint64_t units_of(const uint32_t *const *doc_tokens, uint64_t doc, bool bos, bool eos, bool per_doc)
+static int units_of(const struct epoch_counts *c, uint64_t doc, bool bos, bool eos, bool per_doc, uint64_t *ret)
 {
-	uint64_t t = doc_tokens[ORDER_DOC_SHARD(doc)][ORDER_DOC_INDEX(doc)];
-	if (!t)
-		return 0;
-	return per_doc ? 1 : t + bos + eos;
+	uint64_t t;
+	int r = c->tokens(c->ctx, doc, &t);
+	if (r < 0)
+		return r;
+	*ret = !t ? 0 : per_doc ? 1 : t + bos + eos;
+	return 0;
 }
 
 /* One epoch: *ret_total, and *ret_before (units before pos, checking that pos exists) when pos is set. */
-static int walk_epoch(const struct order_params *p, const uint32_t *const *doc_tokens, uint32_t rank,
+static int walk_epoch(const struct order_params *p, const struct epoch_counts *doc_tokens, uint32_t rank,
 		      uint32_t world, bool bos, bool eos, bool per_doc, uint64_t epoch, const struct stream_pos *pos,
 		      uint64_t *ret_before, uint64_t *ret_total)
 {
@@ -37,8 +39,10 @@ static int walk_epoch(const struct order_params *p, const uint32_t *const *doc_t
 		r = order_window_rank_docs(p, &ep, w, rank, world, &docs, &n, &first, &window_docs);
 		if (r < 0)
 			break;
-		for (size_t i = 0; i < n; i++) {
-			uint64_t u = units_of(doc_tokens, docs[i], bos, eos, per_doc);
+		for (size_t i = 0; i < n && r == 0; i++) {
+			uint64_t u;
+			if ((r = units_of(doc_tokens, docs[i], bos, eos, per_doc, &u)) < 0)
+				break;
 			uint64_t index = first + (uint64_t)i * world;
 			if (pos && w == pos->window && index == pos->index) {
 				/* The position's document: non-empty, and the offset inside it. */
@@ -62,9 +66,24 @@ static int walk_epoch(const struct order_params *p, const uint32_t *const *doc_t
 	return 0;
 }
 
+static int array_tokens(void *ctx, uint64_t doc, uint64_t *ret)
+{
+	const uint32_t *const *doc_tokens = ctx;
+	*ret = doc_tokens[ORDER_DOC_SHARD(doc)][ORDER_DOC_INDEX(doc)];
+	return 0;
+}
+
 int epoch_units_measure(const struct order_params *p, const uint32_t *const *doc_tokens, uint32_t rank,
 			uint32_t world, bool bos, bool eos, bool per_doc, const struct stream_pos *pos,
 			struct epoch_units *ret)
+{
+	const struct epoch_counts c = { .tokens = array_tokens, .ctx = (void *)doc_tokens };
+	return epoch_units_measure_counts(p, &c, rank, world, bos, eos, per_doc, pos, ret);
+}
+
+int epoch_units_measure_counts(const struct order_params *p, const struct epoch_counts *doc_tokens, uint32_t rank,
+			       uint32_t world, bool bos, bool eos, bool per_doc, const struct stream_pos *pos,
+			       struct epoch_units *ret)
 {
 	if (world == 0 || rank >= world)
 		return -EINVAL;

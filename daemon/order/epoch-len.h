@@ -38,6 +38,16 @@ int epoch_units_measure(const struct order_params *p, const uint32_t *const *doc
 			uint32_t world, bool bos, bool eos, bool per_doc, const struct stream_pos *pos,
 			struct epoch_units *ret);
 
+/* Where token counts come from: tokens(ctx, doc) gives document doc's (an ORDER_DOC id); 0 or a negative errno. */
+struct epoch_counts {
+	int (*tokens)(void *ctx, uint64_t doc, uint64_t *ret);
+	void *ctx;
+};
+/* epoch_units_measure() with counts asked per document (a mapped index); also returns tokens()'s errors. */
+int epoch_units_measure_counts(const struct order_params *p, const struct epoch_counts *doc_tokens, uint32_t rank,
+			       uint32_t world, bool bos, bool eos, bool per_doc, const struct stream_pos *pos,
+			       struct epoch_units *ret);
+
 /*
  * Batches of `unit_per_batch` units (B*L positions, or B rows) whose epoch is
  * the measured one, given that a batch starts at the measured position:

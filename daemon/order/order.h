@@ -64,6 +64,7 @@ struct order_window_cache {
 	uint64_t tick;
 };
 void order_window_cache_clear(struct order_window_cache *c);
+struct order_windows;
 
 /* What the order depends on. shard_docs[s] = documents in shard s. */
 struct order_params {
@@ -73,6 +74,7 @@ struct order_params {
 	uint32_t n_shards;
 	const uint32_t *shard_docs;
 	struct order_window_cache *cache; /* NULL, or shuffled windows shared by streams of one thread */
+	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
 };
 
 /* One epoch's shard permutation and where each window starts in the epoch's order. */
@@ -97,3 +99,86 @@ void order_epoch_clear(struct order_epoch *ep);
 int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,
 			   uint32_t rank, uint32_t world, uint64_t **ret_docs, size_t *ret_n,
 			   uint64_t *ret_first_index, uint64_t *ret_window_docs);
+
+/*
+ * One window of an epoch as one rank walks it, without materialising more
+ * than the contract needs (issue #22): its shards with the window index of
+ * each one's first document, and, with shuffle, the rank's entries of the
+ * shuffled list as positions in the unshuffled one (4 bytes each while the
+ * window holds fewer than 2^32 documents). Without shuffle nothing per
+ * document is held: the rank's m-th document is computed. Built when the
+ * window is reached, freed when the walk leaves it.
+ */
+struct order_window {
+	const struct order_windows *src; /* where `shared` came from (it is given back on clear) */
+	const uint32_t *shared; /* shuffle, from src: the whole window's shuffled positions, dealt by stride */
+	/* from src: where its token counts (same order as shared; ORDER_COUNT_UNKNOWN: ask) appear once computed */
+	const uint16_t *const *counts_ref;
+	void *handle;
+	uint64_t n;         /* documents in the window */
+	uint64_t first;     /* window index of the rank's first document */
+	uint32_t world;
+	size_t mine;        /* the rank's documents in the window */
+	uint32_t n_shards;  /* the window's shards, in window order */
+	uint32_t *shard;    /* n_shards: their numbers */
+	uint64_t *start;    /* n_shards + 1: unshuffled window index of each one's first document */
+	uint32_t *list32;   /* shuffle: the rank's entries, unshuffled positions; NULL otherwise */
+	uint64_t *list64;   /* the same for a window of 2^32 documents or more */
+};
+
+/*
+ * Builds window w of ep for `rank` of `world` (O(documents in the window)
+ * time and 4 bytes per document transiently with shuffle, O(W) without).
+ * Returns 0 or -ENOMEM.
+ */
+int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
+		       uint32_t world, struct order_window *ret);
+void order_window_clear(struct order_window *win);
+/* order_window_clear() for a walk that moves on to another window (the provider need not keep this one). */
+void order_window_leave(struct order_window *win);
+/* The rank's m-th document of the window (m < mine), as an ORDER_DOC id. */
+uint64_t order_window_doc(const struct order_window *win, size_t m);
+/*
+ * Shuffled windows built ahead and shared (daemon/feed/feed-windows.c): a
+ * walk asks for window w of epoch ep; get() returns the whole window's
+ * shuffled positions (n entries, as order_window_shuffle makes them) and a
+ * handle to give back with put(), waiting while it is being built, or NULL
+ * (the walk then builds its own); *ret_counts_ref gets where the
+ * documents' token counts, in the same order, appear once the provider has
+ * computed them (stored tokens: computed and checked off the walk's thread;
+ * read with an acquire load, NULL until then), or NULL. prefetch() asks for a window the walk
+ * will reach next. Called on the thread that walks.
+ */
+#define ORDER_COUNT_UNKNOWN UINT16_MAX
+struct order_windows {
+	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w,
+			       const uint16_t *const **ret_counts_ref, void **ret_handle);
+	void (*put)(void *ctx, void *handle, bool keep); /* keep: the walk ends here (it may come back) */
+	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
+	void *ctx;
+};
+
+/*
+ * Window w of ep shuffled, as positions in its unshuffled list: a malloc'd
+ * array of n entries (n < 2^32; *ret_n = n). Returns 0, -ENOMEM, -E2BIG
+ * (2^32 documents or more). Any thread.
+ */
+int order_window_shuffle(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t **ret,
+			 uint64_t *ret_n);
+
+/* The token count of the rank's m-th document when the window knows it (built ahead with counts): true and *ret. */
+static inline bool order_window_count(const struct order_window *win, size_t m, uint64_t *ret)
+{
+	const uint16_t *counts = win->counts_ref ? __atomic_load_n(win->counts_ref, __ATOMIC_ACQUIRE) : NULL;
+	if (!counts)
+		return false;
+	uint16_t c = counts[win->first + (uint64_t)m * win->world];
+	*ret = c;
+	return c != ORDER_COUNT_UNKNOWN;
+}
+
+/* Bytes the window holds (for status: work ahead). */
+static inline uint64_t order_window_bytes(const struct order_window *win)
+{
+	return (uint64_t)win->mine * (win->list32 ? 4 : win->list64 ? 8 : 0) + (uint64_t)win->n_shards * 12;
+}

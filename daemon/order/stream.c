@@ -17,21 +17,28 @@
 void doc_walk_clear(struct doc_walk *w)
 {
 	order_epoch_clear(&w->ep);
-	free(w->docs);
+	order_window_clear(&w->win);
 	*w = (struct doc_walk){ 0 };
 }
 
 static int load_window(struct doc_walk *w, uint32_t window)
 {
-	uint64_t *docs, first, total;
-	size_t n;
-	int r = order_window_rank_docs(w->params, &w->ep, window, w->rank, w->world, &docs, &n, &first, &total);
+	/* The window being left is released first: at most one window's list is held. */
+	order_window_leave(&w->win);
+	w->n_docs = 0;
+	int r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
 		return r;
-	free(w->docs);
-	w->docs = docs;
-	w->n_docs = n;
-	w->first_index = first;
+	w->n_docs = w->win.mine;
+	w->first_index = w->win.first;
+	/* The window after this one is shuffled ahead, off this thread, while this one is read. */
+	const struct order_windows *ws = w->params->windows;
+	if (ws && w->params->shuffle) {
+		if (window + 1 < w->ep.n_windows)
+			ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+		else
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+	}
 	w->window = window;
 	w->at = 0;
 	return 0;
@@ -122,10 +129,13 @@ int stream_settle(struct stream *s)
 	for (;;) {
 		if (!s->known) {
 			uint64_t tokens;
-			const int32_t *ids;
-			int r = s->src.doc(s->src.userdata, s->seq, doc_walk_doc(&s->walk), &tokens, &ids);
-			if (r < 0)
-				return r;
+			const int32_t *ids = NULL;
+			/* Counts computed with the window (stored tokens, built ahead) need no call. */
+			if (!order_window_count(&s->walk.win, s->walk.at, &tokens)) {
+				int r = s->src.doc(s->src.userdata, s->seq, doc_walk_doc(&s->walk), &tokens, &ids);
+				if (r < 0)
+					return r;
+			}
 			s->known = true;
 			s->length = stream_doc_length(s, tokens);
 			s->ids = ids;

@@ -60,9 +60,9 @@ struct doc_walk {
 	uint32_t rank, world;
 	struct order_epoch ep;
 	uint32_t window;
-	uint64_t *docs;       /* this rank's documents of the current window */
-	size_t n_docs, at;    /* docs[at] is the current document */
-	uint64_t first_index; /* window index of docs[0] */
+	struct order_window win; /* this rank's documents of the current window (order_window_doc) */
+	size_t n_docs, at;    /* the at-th of them is the current document */
+	uint64_t first_index; /* window index of the first */
 };
 
 /*
@@ -84,7 +84,7 @@ void doc_walk_clear(struct doc_walk *w);
 
 static inline uint64_t doc_walk_doc(const struct doc_walk *w)
 {
-	return w->docs[w->at];
+	return order_window_doc(&w->win, w->at);
 }
 
 static inline uint64_t doc_walk_index(const struct doc_walk *w)

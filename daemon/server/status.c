@@ -223,6 +223,8 @@ static json_t *feed_json(const struct status_input *in, size_t i)
 	json_object_set_new(o, "stages", stages_json(&sv->stages));
 	/* Packing efficiency, truncation and a mixture's realised proportions (docs/telemetry.md). */
 	json_object_set_new(o, "packing", feed_packing_json(f));
+	/* Work proportional to the corpus or a window, done after load and ahead of the readers (issue #22). */
+	json_object_set_new(o, "work_ahead", feed_work_ahead_json(f));
 	return o;
 }
 

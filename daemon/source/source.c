@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,6 +178,26 @@ bool source_id_equal(const struct source_id *a, const struct source_id *b)
 	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
 	       a->mtime.tv_nsec == b->mtime.tv_nsec && a->ctime.tv_sec == b->ctime.tv_sec &&
 	       a->ctime.tv_nsec == b->ctime.tv_nsec;
+}
+
+int source_map(const struct source *s, const void **ret, size_t *ret_len)
+{
+	if (s->fd < 0)
+		return -EOPNOTSUPP;
+	if (s->id.size == 0 || s->id.size > SIZE_MAX)
+		return -EINVAL;
+	void *p = mmap(NULL, (size_t)s->id.size, PROT_READ, MAP_SHARED, s->fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	*ret = p;
+	*ret_len = (size_t)s->id.size;
+	return 0;
+}
+
+void source_unmap(const void *p, size_t len)
+{
+	if (p)
+		munmap((void *)p, len);
 }
 
 int source_check(const char *name, const struct source_id *was, char *err, size_t errlen)

@@ -88,6 +88,16 @@ bool source_id_equal(const struct source_id *a, const struct source_id *b);
 int source_check(const char *name, const struct source_id *was, char *err, size_t errlen);
 
 /*
+ * Maps the whole object read-only and shared (a local file: mmap(2), so its
+ * pages are the page cache, shared by every feed and every restart, not
+ * this process's anonymous memory). Returns 0 with the mapping and its
+ * length (unmap with source_unmap); -EOPNOTSUPP where the implementation
+ * cannot map (the caller then reads a copy); -EINVAL for an empty object.
+ */
+int source_map(const struct source *s, const void **ret, size_t *ret_len);
+void source_unmap(const void *p, size_t len);
+
+/*
  * Expands shard patterns: each in the given order, its matches sorted by
  * name bytes (docs/sample-order.md fixes this order), then made canonical
  * (a local path: realpath) so that fingerprints and the duplicate check do

@@ -151,14 +151,23 @@ static void check_base(const char *what, const struct megatron_shard *s, const c
 	CHECK_U64(s->n_docs, 4);
 	CHECK_U64(s->n_tokens, 10);
 	CHECK_U64(s->n_nonempty, 2);
-	for (uint32_t d = 0; d < 4 && d < s->n_docs; d++)
-		CHECK(s->doc_tokens[d] == want_tokens[d], "%s: doc_tokens[%u] = %u, expected %u", what, d,
-		      s->doc_tokens[d], want_tokens[d]);
+	CHECK(s->scanned && s->idx_mapped, "%s: the index is not mapped and validated at open", what);
+	char err[256];
+	for (uint32_t d = 0; d < 4 && d < s->n_docs; d++) {
+		uint64_t t = UINT64_MAX;
+		int r = megatron_doc_tokens(s, d, &t, err, sizeof(err));
+		CHECK(r == 0 && t == want_tokens[d], "%s: document %u: %d, %" PRIu64 " tokens, expected %u", what, d, r,
+		      t, want_tokens[d]);
+	}
+	for (size_t i = 0; i < 5; i++) {
+		int32_t l;
+		int64_t p;
+		megatron_seq(s, i, &l, &p);
+		CHECK(l == base_len[i] && p == base_ptr[i], "%s: sequence %zu read as (%d, %" PRId64 ")", what, i, l, p);
+	}
 	for (size_t i = 0; i < 5; i++)
-		CHECK(s->lengths[i] == base_len[i] && s->pointers[i] == base_ptr[i],
-		      "%s: sequence %zu read as (%d, %" PRId64 ")", what, i, s->lengths[i], s->pointers[i]);
-	for (size_t i = 0; i < 5; i++)
-		CHECK(s->doc_idx[i] == base_doc[i], "%s: doc_idx[%zu] read as %" PRId64, what, i, s->doc_idx[i]);
+		CHECK(megatron_doc_start(s, i) == base_doc[i], "%s: doc_idx[%zu] read as %" PRId64, what, i,
+		      megatron_doc_start(s, i));
 }
 
 static void test_valid(void)
@@ -198,7 +207,9 @@ static void test_valid(void)
 	if (r == 0) {
 		CHECK_U64(s->itemsize, 4);
 		CHECK_U64(s->n_docs, 1);
-		CHECK_U64(s->doc_tokens[0], 6);
+		uint64_t t = 0;
+		CHECK_INT(megatron_doc_tokens(s, 0, &t, err, sizeof(err)), 0);
+		CHECK_U64(t, 6);
 		CHECK_U64(s->n_tokens, 6);
 		CHECK_U64(s->n_nonempty, 1);
 		s = megatron_free(s);
@@ -254,6 +265,31 @@ static void open_bad(const char *what, const struct idx_spec *spec, int code, co
 	CHECK(strstr(err, idx), "%s: error \"%s\" does not name the file %s", what, err, idx);
 	CHECK(mentions(err, needle), "%s: error \"%s\" does not name \"%s\"", what, err, needle);
 	CHECK(!needle2 || strstr(err, needle2), "%s: error \"%s\" does not name \"%s\"", what, err, needle2);
+
+	/*
+	 * Opened lazily (no scan budget), the same fault is found: at open (the
+	 * header, the size, the ends of the document index), else by the scan
+	 * with the same words, and by the per-document check of some document.
+	 */
+	uint64_t budget = 0, tokens;
+	uint32_t nonempty;
+	char lazy[512] = "", doc_err[512] = "";
+	r = megatron_open_budget(idx, src, &budget, &s, lazy, sizeof(lazy));
+	if (r < 0) {
+		CHECK(r == code && strcmp(lazy, err) == 0, "%s: lazy open: %d \"%s\", expected \"%s\"", what, r, lazy, err);
+		return;
+	}
+	CHECK(!s->scanned, "%s: scanned at open with no budget", what);
+	r = megatron_scan(s, &tokens, &nonempty, lazy, sizeof(lazy));
+	CHECK(r == code && strcmp(lazy, err) == 0, "%s: megatron_scan: %d \"%s\", expected \"%s\"", what, r, lazy, err);
+	bool found = false;
+	for (uint32_t d = 0; d < s->n_docs && !found; d++)
+		found = megatron_doc_tokens(s, d, &tokens, doc_err, sizeof(doc_err)) == -EBADMSG;
+	/* A fault in a sequence no document covers is only the scan's to find. */
+	CHECK(found || strstr(err, "sequence") || strstr(err, "pointers[") || strstr(err, "lengths["),
+	      "%s: no document's check found the fault \"%s\"", what, err);
+	CHECK(!found || strstr(doc_err, idx), "%s: per-document error \"%s\" does not name the file", what, doc_err);
+	megatron_free(s);
 }
 
 static void test_corrupt(void)

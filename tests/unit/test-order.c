@@ -147,6 +147,18 @@ static void check_epoch(const struct order_params *p, uint64_t e)
 				}
 				CHECK(n == m, "%s w %u rank %u/%u: %zu documents, expected %zu", what, w, rank, world, n,
 				      m);
+				/* The compact window the walk holds (issue #22) names the same documents. */
+				struct order_window win = { 0 };
+				CHECK_INT(order_window_build(p, &ep, w, rank, world, &win), 0);
+				CHECK(win.mine == n && win.first == first && win.n == total,
+				      "%s w %u rank %u/%u: compact window (%zu, %" PRIu64 ", %" PRIu64 ")", what, w, rank,
+				      world, win.mine, win.first, win.n);
+				for (size_t i = 0; i < n && i < win.mine; i++)
+					CHECK(order_window_doc(&win, i) == docs[i], "%s w %u rank %u/%u: compact doc %zu",
+					      what, w, rank, world, i);
+				CHECK(!p->shuffle || win.n == 0 || win.list32, "%s: shuffled window not held as u32", what);
+				CHECK(p->shuffle || (!win.list32 && !win.list64), "%s: unshuffled window materialised", what);
+				order_window_clear(&win);
 				free(docs);
 			}
 		}

@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A stored-token feed's index work that is proportional to the corpus, kept
+ * off the load path and off the main loop (issue #22):
+ *
+ *   - at open, a format validates whole only the shards that fit the feed's
+ *     scan budget (FEED_SCAN_AT_LOAD index entries: milliseconds); the
+ *     others are mapped and their header checked, nothing more;
+ *   - a scanner thread then validates those in one streaming pass each
+ *     (format->scan: no copy, the mapping is read in place) and counts
+ *     their tokens and non-empty documents; feed_scan_poll() (main thread,
+ *     from feed_check, once a second) folds the counts into the feed, or
+ *     fails the feed with the first fault;
+ *   - meanwhile every document is still checked before it is used
+ *     (format_doc_tokens, through feed_doc_tokens), and the attach check
+ *     "at least `world` non-empty documents" asks only as far as it needs
+ *     (feed_nonempty_at_least).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/feed/feed.h"
+#include "daemon/log/log.h"
+#include "proto/macro.h"
+
+struct feed_scan {
+	pthread_t thread;
+	bool started;
+	struct shard **shards; /* the feed's, immutable while the thread runs */
+	uint32_t n_shards;
+
+	/* the thread's results, published by the release store of done */
+	int stop, done;
+	uint64_t tokens, bytes, nonempty;
+	uint32_t shards_done; /* relaxed: progress for status */
+	int error;
+	char err[512];
+	bool folded; /* main thread: the results are in the feed */
+
+	/* main thread: how far feed_nonempty_at_least() looked */
+	uint32_t at_shard, at_doc;
+	uint64_t found;
+};
+
+static void *scan_main(void *userdata)
+{
+	struct feed_scan *sc = userdata;
+	for (uint32_t i = 0; i < sc->n_shards; i++) {
+		if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED))
+			break;
+		const struct shard *s = sc->shards[i];
+		if (s->counted || !s->format->scan)
+			continue;
+		uint64_t tokens;
+		uint32_t nonempty;
+		int r = s->format->scan(s, &tokens, &nonempty, sc->err, sizeof(sc->err));
+		if (r < 0) {
+			sc->error = r;
+			break;
+		}
+		sc->tokens += tokens;
+		sc->bytes += tokens * s->itemsize;
+		sc->nonempty += nonempty;
+		__atomic_store_n(&sc->shards_done, i + 1, __ATOMIC_RELAXED);
+	}
+	__atomic_store_n(&sc->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+int feed_scan_start(struct feed *f)
+{
+	bool pending = false;
+	for (uint32_t i = 0; i < f->n_shards && !pending; i++)
+		pending = !f->shards[i]->counted && f->shards[i]->format->scan;
+	if (!pending)
+		return 0;
+	struct feed_scan *sc = calloc(1, sizeof(*sc));
+	if (!sc)
+		return -ENOMEM;
+	sc->shards = f->shards;
+	sc->n_shards = f->n_shards;
+	/* The daemon's signals stay with the main thread. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int r = pthread_create(&sc->thread, NULL, scan_main, sc);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r != 0) {
+		free(sc);
+		return -r;
+	}
+	sc->started = true;
+	f->scan = sc;
+	return 0;
+}
+
+void feed_scan_poll(struct feed *f)
+{
+	struct feed_scan *sc = f->scan;
+	if (!sc || sc->folded || !__atomic_load_n(&sc->done, __ATOMIC_ACQUIRE))
+		return;
+	sc->folded = true;
+	if (sc->started)
+		pthread_join(sc->thread, NULL);
+	sc->started = false;
+	if (sc->error < 0) {
+		feed_fail(f, -EBADMSG, sc->err);
+		return;
+	}
+	f->n_tokens += sc->tokens;
+	f->n_bytes += sc->bytes;
+	f->n_nonempty += sc->nonempty;
+	log_info("feed %s: index validated: %" PRIu64 " documents, %" PRIu64 " tokens", f->name, f->n_docs, f->n_tokens);
+}
+
+int feed_scan_wait(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		feed_scan_wait(f->sources[i]);
+	if (f->scan && !f->scan->folded) {
+		if (f->scan->started)
+			pthread_join(f->scan->thread, NULL);
+		f->scan->started = false;
+		__atomic_store_n(&f->scan->done, 1, __ATOMIC_RELEASE);
+		feed_scan_poll(f);
+	}
+	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
+		if (f->sources[i]->state != FEED_READY) {
+			char err[512];
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			feed_fail(f, f->sources[i]->error_code, err);
+		}
+	return f->state == FEED_READY ? 0 : f->error_code;
+}
+
+bool feed_scan_pending(const struct feed *f)
+{
+	return f->scan && !f->scan->folded;
+}
+
+uint32_t feed_scan_shards_left(const struct feed *f)
+{
+	const struct feed_scan *sc = f->scan;
+	if (!sc || sc->folded)
+		return 0;
+	uint32_t pending = 0;
+	for (uint32_t i = __atomic_load_n(&sc->shards_done, __ATOMIC_RELAXED); i < sc->n_shards; i++)
+		pending += !sc->shards[i]->counted;
+	return pending;
+}
+
+void feed_scan_free(struct feed *f)
+{
+	struct feed_scan *sc = f->scan;
+	if (!sc)
+		return;
+	if (sc->started) {
+		__atomic_store_n(&sc->stop, 1, __ATOMIC_RELAXED);
+		pthread_join(sc->thread, NULL);
+	}
+	free(sc);
+	f->scan = NULL;
+}
+
+int feed_doc_tokens(struct feed *f, uint64_t doc, uint64_t *ret, char *err, size_t errlen)
+{
+	return format_doc_tokens(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc), ret, err, errlen);
+}
+
+int feed_nonempty_at_least(struct feed *f, uint64_t want)
+{
+	feed_scan_poll(f);
+	if (f->state != FEED_READY)
+		return f->error_code < 0 ? f->error_code : -EIO;
+	struct feed_scan *sc = f->scan;
+	if (!sc || sc->folded || f->kind != FEED_MEGATRON)
+		return f->n_nonempty >= want;
+	/* The shards counted at open, then as far into the others as the question needs (usually `want` documents). */
+	char err[512];
+	while (f->n_nonempty + sc->found < want && sc->at_shard < f->n_shards) {
+		const struct shard *s = f->shards[sc->at_shard];
+		if (s->counted || sc->at_doc >= s->n_docs) {
+			sc->at_shard++;
+			sc->at_doc = 0;
+			continue;
+		}
+		uint64_t t;
+		int r = format_doc_tokens(s, sc->at_doc, &t, err, sizeof(err));
+		if (r < 0) {
+			feed_fail(f, r, err);
+			return r;
+		}
+		sc->found += t > 0;
+		sc->at_doc++;
+	}
+	return f->n_nonempty + sc->found >= want;
+}

@@ -1,0 +1,431 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A feed's shuffled windows, built ahead on a thread of the feed's own and
+ * shared by every walk (issue #22; docs/sample-order.md, "What is done
+ * when"). A walk entering window w of epoch e gets the window from here
+ * (order_params.windows) and asks for the one after it (prefetch), which the
+ * builder thread shuffles while the rank still reads window w: the main
+ * loop then only takes a pointer when it crosses into the next window. A
+ * window nobody built yet (the first one a session reaches, at attach) is
+ * built by the walk that asks, on its own thread, and shared from then on.
+ *
+ * An entry lives while a walk holds it (refs) or while it waits, built
+ * ahead, for its first walk; it is freed when its last walk leaves it
+ * (kept only while the feed holds no other window, for a client that
+ * reattaches where it left). At most MAX_AHEAD entries wait unused (one in
+ * steady state), so memory is bounded by the windows walked now plus
+ * MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
+ * tokens. get() and put()
+ * are called by walks on the main loop only; the builder thread only builds.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/feed/feed.h"
+#include "proto/macro.h"
+
+#define MAX_AHEAD 2
+
+enum entry_state { QUEUED, BUILDING, READY, FAILED };
+
+struct entry {
+	struct entry *next;
+	uint64_t epoch;
+	uint32_t w;
+	enum entry_state state;
+	unsigned refs;
+	bool used;      /* a walk got it once: freed when the last one leaves */
+	bool want_counts; /* built on demand without counts: the builder computes them next */
+	uint32_t *list; /* the window's shuffled positions */
+	uint16_t *counts; /* stored tokens: their documents' token counts (ORDER_COUNT_UNKNOWN above 65534) */
+	uint64_t n;
+};
+
+struct feed_windows {
+	struct order_windows iface;
+	struct feed *feed;
+	const struct order_params *params;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	bool started, stop;
+	struct entry *head;
+	struct order_epoch ep; /* the builder's last epoch (builder thread only) */
+	struct feed_windows_stats stats;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static struct entry *find(struct feed_windows *fw, uint64_t epoch, uint32_t w)
+{
+	for (struct entry *e = fw->head; e; e = e->next)
+		if (e->epoch == epoch && e->w == w)
+			return e;
+	return NULL;
+}
+
+static uint64_t entry_bytes(const struct entry *e)
+{
+	return e->n * (sizeof(*e->list) + (e->counts ? sizeof(*e->counts) : 0));
+}
+
+static void unlink_free(struct feed_windows *fw, struct entry *x)
+{
+	for (struct entry **pp = &fw->head; *pp; pp = &(*pp)->next)
+		if (*pp == x) {
+			*pp = x->next;
+			break;
+		}
+	if (x->state == READY)
+		fw->stats.bytes -= entry_bytes(x);
+	free(x->list);
+	free(x->counts);
+	free(x);
+}
+
+/*
+ * Shuffles e's window and, for stored tokens, computes its documents' token
+ * counts in shuffled order, checking each document's index entries: the
+ * per-document work of a window, done once for every rank and off the main
+ * loop when built ahead (a window built on demand skips them: its reader
+ * waits, and the walk counts each document when it reaches it). The lock
+ * is not held. A damaged entry fails the
+ * build: the walk then counts (and meets the fault) itself.
+ */
+static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct entry *e, uint16_t **ret)
+{
+	const struct order_params *p = fw->params;
+	uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
+	if (!counts)
+		return -ENOMEM;
+	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
+	uint64_t start[hi - lo + 1];
+	start[0] = 0;
+	for (uint32_t i = lo; i < hi; i++)
+		start[i - lo + 1] = start[i - lo] + p->shard_docs[perm[i]];
+	char err[512];
+	for (uint64_t i = 0; i < e->n; i++) {
+		/* A feed being freed waits for its builder: let it stop early. */
+		if (i % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
+			free(counts);
+			return -ECANCELED;
+		}
+		uint64_t pos = e->list[i], t;
+		uint32_t a = 0, b = hi - lo;
+		while (b - a > 1) {
+			uint32_t mid = a + (b - a) / 2;
+			if (start[mid] <= pos)
+				a = mid;
+			else
+				b = mid;
+		}
+		int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[lo + a], pos - start[a]), &t, err, sizeof(err));
+		if (r < 0) {
+			free(counts);
+			return r;
+		}
+		counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
+	}
+	*ret = counts;
+	return 0;
+}
+
+static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
+{
+	int r = order_window_shuffle(fw->params, ep, e->w, &e->list, &e->n);
+	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
+		return r;
+	return build_counts(fw, ep->perm, e, &e->counts);
+}
+
+/* Frees the windows no walk holds any more (kept for a reattach), but `except`. Lock held. */
+static void drop_kept(struct feed_windows *fw, const struct entry *except)
+{
+	for (struct entry *x = fw->head, *next; x; x = next) {
+		next = x->next;
+		if (x != except && x->refs == 0 && x->used)
+			unlink_free(fw, x);
+	}
+}
+
+/*
+ * e's last walk left it (lock held). Freed, unless that walk ended in it
+ * (keep: its client detached) and the feed holds no other window: then it is
+ * kept for a client that reattaches there, until any other window is asked
+ * for. So memory stays the windows walked now plus those ahead.
+ */
+static void release(struct feed_windows *fw, struct entry *e, bool keep)
+{
+	if (!(keep && e->state == READY && fw->head == e && !e->next))
+		unlink_free(fw, e);
+}
+
+/*
+ * The counts of a window built on demand, computed while its readers walk
+ * it (they ask per document until the counts appear). The builder holds a
+ * reference meanwhile; a fault leaves the window without counts (its walks
+ * meet the fault themselves). Lock held on entry and exit.
+ */
+static void fill_counts(struct feed_windows *fw, struct entry *e)
+{
+	e->want_counts = false;
+	e->refs++;
+	pthread_mutex_unlock(&fw->lock);
+	int r = 0;
+	if (!fw->ep.perm || fw->ep.epoch != e->epoch)
+		r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+	uint16_t *counts = NULL;
+	if (r == 0)
+		r = build_counts(fw, fw->ep.perm, e, &counts);
+	pthread_mutex_lock(&fw->lock);
+	if (r == 0) {
+		__atomic_store_n(&e->counts, counts, __ATOMIC_RELEASE);
+		fw->stats.bytes += e->n * sizeof(*counts);
+	}
+	if (--e->refs == 0)
+		release(fw, e, true);
+}
+
+/* Records a finished build (lock held). */
+static void finish(struct feed_windows *fw, struct entry *e, int r, uint64_t t0)
+{
+	e->state = r < 0 ? FAILED : READY;
+	if (r == 0) {
+		fw->stats.bytes += entry_bytes(e);
+		fw->stats.builds++;
+		fw->stats.last_build_ns = mono_ns() - t0;
+		fw->stats.docs_built += e->n;
+	}
+	pthread_cond_broadcast(&fw->cond);
+}
+
+static void *builder(void *userdata)
+{
+	struct feed_windows *fw = userdata;
+	pthread_mutex_lock(&fw->lock);
+	for (;;) {
+		struct entry *e = NULL, *fill = NULL;
+		for (struct entry *x = fw->head; x; x = x->next) {
+			if (x->state == QUEUED && !e)
+				e = x;
+			if (x->state == READY && x->want_counts && !fill)
+				fill = x;
+		}
+		if (fw->stop)
+			break;
+		if (fill) {
+			/* The window being read first: its walks go faster with its counts. */
+			fill_counts(fw, fill);
+			continue;
+		}
+		if (!e) {
+			pthread_cond_wait(&fw->cond, &fw->lock);
+			continue;
+		}
+		e->state = BUILDING;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		int r = 0;
+		if (!fw->ep.perm || fw->ep.epoch != e->epoch)
+			r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+		if (r == 0)
+			r = build(fw, &fw->ep, e, true);
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+	}
+	pthread_mutex_unlock(&fw->lock);
+	return NULL;
+}
+
+/* Starts the builder thread if it is not running, and wakes it (lock held). Returns whether it runs. */
+static bool start_builder(struct feed_windows *fw)
+{
+	if (!fw->started) {
+		/* The daemon's signals stay with the main thread. */
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		fw->started = pthread_create(&fw->thread, NULL, builder, fw) == 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	if (fw->started)
+		pthread_cond_broadcast(&fw->cond);
+	return fw->started;
+}
+
+static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w,
+				   const uint16_t *const **ret_counts_ref, void **ret_handle)
+{
+	struct feed_windows *fw = ctx;
+	pthread_mutex_lock(&fw->lock);
+	struct entry *e = find(fw, ep->epoch, w);
+	if (!e || e->state == QUEUED) {
+		/* Nobody built it yet: the asker does, and everyone shares it. */
+		if (!e) {
+			if (!(e = calloc(1, sizeof(*e)))) {
+				pthread_mutex_unlock(&fw->lock);
+				return NULL;
+			}
+			*e = (struct entry){ .next = fw->head, .epoch = ep->epoch, .w = w };
+			fw->head = e;
+		}
+		e->state = BUILDING;
+		fw->stats.built_on_demand++;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		/* A reader waits for this one: its counts come later, from the builder (asked per document till then). */
+		int r = build(fw, ep, e, false);
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+		if (r == 0 && fw->feed->kind == FEED_MEGATRON) {
+			e->want_counts = true;
+			start_builder(fw);
+		}
+	} else if (e->state == READY && !e->used) {
+		fw->stats.ready_ahead++;
+	}
+	while (e->state == BUILDING)
+		pthread_cond_wait(&fw->cond, &fw->lock);
+	if (e->state == FAILED) {
+		if (!e->refs)
+			unlink_free(fw, e);
+		pthread_mutex_unlock(&fw->lock);
+		return NULL;
+	}
+	drop_kept(fw, e);
+	e->refs++;
+	e->used = true;
+	pthread_mutex_unlock(&fw->lock);
+	*ret_handle = e;
+	*ret_counts_ref = (const uint16_t *const *)&e->counts;
+	return e->list;
+}
+
+static void windows_put(void *ctx, void *handle, bool keep)
+{
+	struct feed_windows *fw = ctx;
+	struct entry *e = handle;
+	pthread_mutex_lock(&fw->lock);
+	if (--e->refs == 0)
+		release(fw, e, keep);
+	pthread_mutex_unlock(&fw->lock);
+}
+
+static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
+{
+	struct feed_windows *fw = ctx;
+	pthread_mutex_lock(&fw->lock);
+	unsigned waiting = 0;
+	for (struct entry *x = fw->head; x; x = x->next)
+		waiting += !x->used;
+	struct entry *e = NULL;
+	if (!find(fw, epoch, w) && waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
+		drop_kept(fw, NULL);
+		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
+		fw->head = e;
+		if (!start_builder(fw))
+			unlink_free(fw, e); /* no thread: walks build their own */
+	}
+	pthread_mutex_unlock(&fw->lock);
+}
+
+int feed_windows_new(struct feed *f)
+{
+	struct feed_windows *fw = calloc(1, sizeof(*fw));
+	if (!fw)
+		return -ENOMEM;
+	fw->feed = f;
+	fw->params = &f->params;
+	fw->iface = (struct order_windows){ .get = windows_get, .put = windows_put, .prefetch = windows_prefetch,
+					    .ctx = fw };
+	pthread_mutex_init(&fw->lock, NULL);
+	pthread_cond_init(&fw->cond, NULL);
+	f->windows = fw;
+	f->params.windows = &fw->iface;
+	return 0;
+}
+
+void feed_windows_free(struct feed *f)
+{
+	struct feed_windows *fw = f->windows;
+	if (!fw)
+		return;
+	pthread_mutex_lock(&fw->lock);
+	__atomic_store_n(&fw->stop, true, __ATOMIC_RELAXED);
+	pthread_cond_broadcast(&fw->cond);
+	pthread_mutex_unlock(&fw->lock);
+	if (fw->started)
+		pthread_join(fw->thread, NULL);
+	while (fw->head)
+		unlink_free(fw, fw->head);
+	order_epoch_clear(&fw->ep);
+	pthread_mutex_destroy(&fw->lock);
+	pthread_cond_destroy(&fw->cond);
+	free(fw);
+	f->windows = NULL;
+	f->params.windows = NULL;
+}
+
+void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
+{
+	struct feed_windows *fw = f->windows;
+	*ret = (struct feed_windows_stats){ 0 };
+	if (!fw)
+		return;
+	pthread_mutex_lock(&fw->lock);
+	*ret = fw->stats;
+	for (struct entry *e = fw->head; e; e = e->next) {
+		ret->held += e->state == READY && e->used;
+		ret->ahead += e->state == READY && !e->used;
+		ret->building += e->state == BUILDING || e->state == QUEUED;
+	}
+	pthread_mutex_unlock(&fw->lock);
+}
+
+/* Sums a feed's windows, and its mixture's sources'. */
+static void work_ahead(const struct feed *f, struct feed_windows_stats *w, uint32_t *pending)
+{
+	struct feed_windows_stats one;
+	feed_windows_stats(f, &one);
+	w->bytes += one.bytes;
+	w->builds += one.builds;
+	w->built_on_demand += one.built_on_demand;
+	w->ready_ahead += one.ready_ahead;
+	w->last_build_ns = MAX(w->last_build_ns, one.last_build_ns);
+	w->docs_built += one.docs_built;
+	w->held += one.held;
+	w->ahead += one.ahead;
+	w->building += one.building;
+	*pending += feed_scan_shards_left(f);
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		work_ahead(f->sources[i], w, pending);
+}
+
+void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending)
+{
+	*ret = (struct feed_windows_stats){ 0 };
+	*ret_index_pending = 0;
+	work_ahead(f, ret, ret_index_pending);
+}
+
+json_t *feed_work_ahead_json(const struct feed *f)
+{
+	struct feed_windows_stats w;
+	uint32_t pending;
+	feed_work_ahead(f, &w, &pending);
+	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:i}", "windows_held", (int)w.held, "windows_ahead",
+			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
+			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
+			 "windows_found_ready", (json_int_t)w.ready_ahead, "last_window_build_seconds",
+			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending);
+}

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: MIT
+"""Corpus-size independence (issue #22) with a real feedd: an index too large
+to validate at load is mapped, served at once and validated after load on the
+scanner thread; a fault found there fails the feed with the load's words;
+shuffled windows are built ahead and shared. The stream stays the contract's
+(tests/ref/feed_ref.py).
+
+Runs with Debian's /usr/bin/python3.
+"""
+
+import subprocess
+import time
+
+import numpy as np
+
+from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference
+
+# Above the daemon's FEED_SCAN_AT_LOAD (2^22 index entries, S + D): validated after load.
+BIG_DOCS = 2_200_000
+
+
+def write_shard(prefix, lengths, tokens_seed=1, bin_bytes=None, pointers=None):
+    """A u16 Megatron shard, one sequence per document, written with numpy."""
+    n = len(lengths)
+    lengths = np.asarray(lengths, dtype="<i4")
+    if pointers is None:
+        pointers = np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64))) * 2
+    total = int(lengths.sum())
+    rng = np.random.default_rng(tokens_seed)
+    with open(f"{prefix}.bin", "wb") as f:
+        f.write(rng.integers(0, 50000, total, dtype="<u2").tobytes())
+        if bin_bytes is not None:
+            f.truncate(bin_bytes)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + np.array([1], "<u8").tobytes() + bytes([8]))
+        f.write(np.array([n, n + 1], "<u8").tobytes())
+        f.write(lengths.tobytes())
+        f.write(np.asarray(pointers, dtype="<i8").tobytes())
+        f.write(np.arange(n + 1, dtype="<i8").tobytes())
+
+
+def wait_for(pred, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_large_index_is_served_at_once_and_validated_after_load(daemon, tmp_path):
+    data = tmp_path / "big"
+    data.mkdir()
+    lengths = np.random.default_rng(5).integers(0, 4, BIG_DOCS)  # a quarter empty
+    write_shard(data / "a", lengths)
+    write_shard(data / "b", [3, 0, 5, 2], tokens_seed=2)
+    glob = f"{data}/*.idx"
+    d = daemon(feed_conf("big", glob, shuffle="false", window=1, eos=50256))
+    st = d.status()["feeds"][0]
+    assert st["state"] == "ready" and st["documents"] == BIG_DOCS + 4
+    # The big index is validated on the scanner thread; then its counts are in.
+    st = wait_for(lambda: (lambda f: f["work_ahead"]["index_shards_pending"] == 0 and
+                           f["tokens"] == int(lengths.sum()) + 10 and f)(d.status()["feeds"][0]))
+    assert st["nonempty_documents"] == int((lengths > 0).sum()) + 3
+    # The stream is the contract's, lazily validated or not.
+    got = d.dump("big", tmp_path / "out", rank=1, world=2, batches=6)
+    exp = reference(glob, 1, 2, 6, shuffle=False, window=1, eos=50256)
+    assert_batches_equal(got, exp)
+
+
+def test_fault_found_after_load_fails_the_feed_with_the_load_message(daemon, tmp_path):
+    data = tmp_path / "bad"
+    data.mkdir()
+    lengths = np.full(BIG_DOCS, 2)
+    pointers = np.arange(BIG_DOCS, dtype=np.int64) * 4
+    pointers[-1] += 8  # the last sequence ends past the .bin
+    write_shard(data / "s", lengths, pointers=pointers)
+    d = daemon(feed_conf("bad", f"{data}/*.idx", shuffle="false", window=1))
+    want = (f"{data}/s.idx: sequence {BIG_DOCS - 1} (pointer {int(pointers[-1])}, length 2) ends at byte "
+            f"{int(pointers[-1]) + 4}, past the end of {data}/s.bin ({BIG_DOCS * 4} bytes)")
+    st = wait_for(lambda: (lambda f: f["state"] == "failed" and f)(d.status()["feeds"][0]))
+    assert st["error"] == want
+    # Attaching is refused with that reason (test-megatron checks that a load-time check says the same words).
+    p = d.ctl("dump", "bad", "--rank", "0", "--world", "1", "--batches", "1", "--out", str(tmp_path / "o"),
+              check=False)
+    assert p.returncode != 0 and want in p.stderr
+    # feedd --check validates every index whole before it answers.
+    conf = tmp_path / "check.conf"
+    conf.write_text(feed_conf("bad", f"{data}/*.idx", shuffle="false", window=1))
+    r = subprocess.run([str(FEEDD), "--check", "-c", str(conf)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and want in r.stderr, r.stderr
+
+
+def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
+    data = tmp_path / "small"
+    gen_megatron.main([str(data), "--shards", "8", "--docs-per-shard", "20", "--mean-len", "40",
+                       "--empty-frac", "0.1", "--seed", "4"])
+    glob = f"{data}/shard_*.idx"
+    d = daemon(feed_conf("web", glob, window=1, seq_len=128, batch_size=4))
+    # Two ranks walk the same windows; each crossing finds its window built ahead.
+    got = [d.dump("web", tmp_path / f"out{r}", rank=r, world=2, batches=60) for r in (0, 1)]
+    for r in (0, 1):
+        assert_batches_equal(got[r], reference(glob, r, 2, 60, seq_len=128, batch_size=4, window=1))
+    wa = d.status()["feeds"][0]["work_ahead"]
+    assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
+    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
+    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 2, wa
