@@ -86,8 +86,15 @@ static void plan(struct shard **sh, size_t n_sh, bool text, struct list *out)
 			format_doc_read(s, d, &q);
 			if (q.len)
 				push(out, q);
-		} else if (s->doc_tokens[d]) {
-			format_doc_ranges(s, d, 0, s->doc_tokens[d], emit, out);
+		} else {
+			uint64_t tokens = 0;
+			char err[256];
+			if (format_doc_tokens(s, d, &tokens, err, sizeof(err)) < 0) {
+				fprintf(stderr, "sumsread: %s\n", err);
+				exit(1);
+			}
+			if (tokens)
+				format_doc_ranges(s, d, 0, tokens, emit, out);
 		}
 	}
 	free(docs.v);
