@@ -23,6 +23,8 @@ struct feed_watch {
 	struct feed **owner; /* by watch id; NULL: free */
 	uint32_t cap;
 	unsigned leased; /* files put under a read lease so far (for the log line) */
+	unsigned unwatched; /* ... that could be watched neither way (ditto) */
+	bool told_enospc, told_emfile; /* the daemon-wide warnings, logged once each */
 	feed_changed_fn changed;
 	void *userdata;
 };
@@ -136,9 +138,20 @@ static int watch_file(struct feed_watch *w, struct feed *owner, struct feed *f, 
 	uint32_t id;
 	int lease_err = 0;
 	int r = source_watch_add(w->sw, path, &id, &lease_err);
+	if (lease_err == -EMFILE && !w->told_emfile) {
+		w->told_emfile = true;
+		log_warning("feed %s: %s and files past it are watched with inotify instead of read leases: out of file "
+			    "descriptors or past the watch's share (a quarter of RLIMIT_NOFILE)", owner->name, path);
+	}
 	if (r < 0) {
-		log_warning("feed %s: cannot watch %s for changes (%s); it is checked once a second only", owner->name,
-			    path, strerror(-r));
+		w->unwatched++;
+		if (r == -ENOSPC && w->told_enospc)
+			return 0;
+		w->told_enospc |= r == -ENOSPC;
+		log_warning("feed %s: cannot watch %s for changes (%s)%s; checked after each read and once a second only",
+			    owner->name, path, strerror(-r),
+			    r == -ENOSPC ? ": out of inotify watches (fs.inotify.max_user_watches), and so are the files "
+					   "after it" : "");
 		return 0;
 	}
 	if (id >= w->cap) {
@@ -194,15 +207,16 @@ int feed_watch_add(struct feed_watch *w, struct feed *f)
 {
 	if (!w || f->state != FEED_READY || f->watch)
 		return 0;
-	unsigned leased = w->leased;
+	unsigned leased = w->leased, unwatched = w->unwatched;
 	int n = add_feed(w, f, f);
 	if (n < 0) {
 		log_warning("feed %s: out of memory while watching its files; they are checked once a second only",
 			    f->name);
 		return n;
 	}
-	log_info("feed %s: %d files watched for changes, %u under read leases, %u with inotify", f->name, n,
-		 w->leased - leased, (unsigned)n - (w->leased - leased));
+	log_info("feed %s: %d files watched for changes, %u under read leases, %u with inotify, %u not watched "
+		 "(%u distinct files watched by the daemon)", f->name, n, w->leased - leased,
+		 (unsigned)n - (w->leased - leased), w->unwatched - unwatched, source_watch_files(w->sw));
 	return n;
 }
 

@@ -11,6 +11,7 @@
  * The table is process-wide, guarded by a mutex: sources are opened by the
  * loading threads and closed wherever their last shard goes.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -53,6 +54,20 @@ int fdshare_take(int fd, const struct source_id *id)
 	}
 	pthread_mutex_unlock(&lock);
 	return fd; /* out of memory: this source keeps its own fd, fdshare_drop closes it */
+}
+
+int fdshare_ref(const struct source_id *id)
+{
+	int fd = -ENOENT;
+	pthread_mutex_lock(&lock);
+	for (struct shared *e = *bucket(id); e; e = e->next)
+		if (source_id_equal(&e->id, id)) {
+			e->refs++;
+			fd = e->fd;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return fd;
 }
 
 void fdshare_drop(int fd, const struct source_id *id)

@@ -1,9 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Change watches over local files: read leases where the kernel grants them,
- * inotify otherwise (watch.h says what each sees). An entry is one add; two
- * entries on one inode share its inotify watch descriptor, which is removed
- * with the last of them.
+ * inotify otherwise (watch.h says what each sees).
+ *
+ * One watch per file (device + inode) per daemon, however many feeds serve
+ * it: a node holds the lease or the inotify descriptor, a reference count
+ * and the list of watchers (the ids source_watch_add hands out) to tell. The
+ * last watcher's removal drops the lease or the inotify watch.
+ *
+ * A lease is taken on the daemon's one open file description of that file
+ * (fdshare.c: the source's own, when a source holds the file open), so
+ * watching costs no descriptor for a file a source keeps open, and one for a
+ * file only read at load (a Megatron .idx). Those are limited to a quarter
+ * of RLIMIT_NOFILE; past it, or when open fails with EMFILE/ENFILE, the file
+ * is watched with inotify, which needs no descriptor.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,28 +21,50 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/source/fdshare.h"
 #include "daemon/source/watch.h"
 #include "proto/macro.h"
 
 #define WATCH_MASK (IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF)
+#define NONE UINT32_MAX
 
-struct watch_entry {
-	char *path;       /* NULL: a free entry */
-	int lease_fd;     /* >= 0: watched by this fd's read lease */
+struct watch_node {
+	uint64_t dev, ino;
+	uint32_t refs;    /* watchers; 0: a free node (next free in hnext) */
+	uint32_t hnext;   /* the next node in its hash bucket */
+	uint32_t first;   /* the first of its watchers */
+	int lease_fd;     /* >= 0: watched by a read lease on this fdshare descriptor */
+	struct source_id lease_id; /* ... taken from fdshare under this identity */
+	bool own_fd;      /* ... opened by the watch (counted against the budget) */
 	int wd;           /* >= 0: watched by this inotify descriptor */
 	const char *what; /* seen, not yet reported */
-	bool spent;       /* reported: a file is reported once */
+	bool fired;       /* reported in this dispatch: the lease is released after the callbacks */
+};
+
+struct watcher {
+	char *path;       /* NULL: a free id (next free in `next`) */
+	uint32_t node;
+	uint32_t prev, next;
+	const char *what; /* to report in this dispatch */
+	bool spent;       /* reported: a watcher is told once */
 };
 
 struct source_watch {
 	int ifd;
 	int signo;
 	pid_t tid; /* leases are signalled to this thread */
-	struct watch_entry *e;
-	uint32_t n, cap;
-	uint32_t n_inotify; /* entries watched by inotify: none, no ioctl in source_watch_pending */
+	struct watcher *e;
+	uint32_t n, cap, free_e;
+	struct watch_node *nodes;
+	uint32_t n_nodes, cap_nodes, free_nodes, used_nodes;
+	uint32_t *bucket; /* heads of hash chains; n_bucket is a power of two */
+	uint32_t n_bucket;
+	uint32_t n_inotify; /* nodes watched by inotify: none, no ioctl in source_watch_pending */
+	uint32_t own_fds;   /* descriptors the watch opened itself */
 };
 
 int source_watch_new(int signo, struct source_watch **ret)
@@ -48,26 +80,111 @@ int source_watch_new(int signo, struct source_watch **ret)
 	}
 	w->signo = signo;
 	w->tid = gettid();
+	w->free_e = w->free_nodes = NONE;
 	*ret = w;
 	return 0;
 }
 
-static void entry_clear(struct source_watch *w, struct watch_entry *x)
+static uint32_t hash(const struct source_watch *w, uint64_t dev, uint64_t ino)
 {
-	if (x->lease_fd >= 0) {
-		(void)fcntl(x->lease_fd, F_SETLEASE, F_UNLCK);
-		close(x->lease_fd);
+	uint64_t h = (dev * UINT64_C(0x9e3779b97f4a7c15)) ^ (ino * UINT64_C(0xbf58476d1ce4e5b9));
+	return (uint32_t)(h ^ (h >> 31)) & (w->n_bucket - 1);
+}
+
+static uint32_t node_find(const struct source_watch *w, uint64_t dev, uint64_t ino)
+{
+	if (!w->n_bucket)
+		return NONE;
+	for (uint32_t i = w->bucket[hash(w, dev, ino)]; i != NONE; i = w->nodes[i].hnext)
+		if (w->nodes[i].dev == dev && w->nodes[i].ino == ino)
+			return i;
+	return NONE;
+}
+
+static void lease_drop(struct source_watch *w, struct watch_node *x)
+{
+	if (x->lease_fd < 0)
+		return;
+	/* The description may be a source's too: only our lease goes, the descriptor stays theirs. */
+	(void)fcntl(x->lease_fd, F_SETLEASE, F_UNLCK);
+	fdshare_drop(x->lease_fd, &x->lease_id);
+	w->own_fds -= x->own_fd;
+	x->lease_fd = -1;
+	x->own_fd = false;
+}
+
+static void inotify_drop(struct source_watch *w, struct watch_node *x)
+{
+	if (x->wd < 0)
+		return;
+	(void)inotify_rm_watch(w->ifd, x->wd);
+	x->wd = -1;
+	w->n_inotify--;
+}
+
+/* Hash chains are rebuilt when the buckets are outnumbered. */
+static int rehash(struct source_watch *w, uint32_t want)
+{
+	if (want <= w->n_bucket)
+		return 0;
+	uint32_t nb = MAX(w->n_bucket * 2, 64u);
+	while (nb < want)
+		nb *= 2;
+	uint32_t *b = malloc(nb * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	free(w->bucket);
+	w->bucket = b;
+	w->n_bucket = nb;
+	for (uint32_t i = 0; i < nb; i++)
+		b[i] = NONE;
+	for (uint32_t i = 0; i < w->n_nodes; i++)
+		if (w->nodes[i].refs) {
+			uint32_t h = hash(w, w->nodes[i].dev, w->nodes[i].ino);
+			w->nodes[i].hnext = b[h];
+			b[h] = i;
+		}
+	return 0;
+}
+
+static uint32_t node_new(struct source_watch *w, uint64_t dev, uint64_t ino)
+{
+	if (rehash(w, w->used_nodes + 1) < 0)
+		return NONE;
+	uint32_t i = w->free_nodes;
+	if (i != NONE) {
+		w->free_nodes = w->nodes[i].hnext;
+	} else {
+		if (w->n_nodes == w->cap_nodes) {
+			uint32_t cap = MAX(16u, w->cap_nodes * 2);
+			struct watch_node *n = realloc(w->nodes, cap * sizeof(*n));
+			if (!n)
+				return NONE;
+			w->nodes = n;
+			w->cap_nodes = cap;
+		}
+		i = w->n_nodes++;
 	}
-	if (x->wd >= 0) {
-		w->n_inotify--;
-		bool shared = false;
-		for (uint32_t i = 0; i < w->n && !shared; i++)
-			shared = &w->e[i] != x && w->e[i].path && w->e[i].wd == x->wd;
-		if (!shared)
-			(void)inotify_rm_watch(w->ifd, x->wd);
-	}
-	free(x->path);
-	*x = (struct watch_entry){ .lease_fd = -1, .wd = -1 };
+	uint32_t h = hash(w, dev, ino);
+	w->nodes[i] = (struct watch_node){ .dev = dev, .ino = ino, .hnext = w->bucket[h], .first = NONE,
+					   .lease_fd = -1, .wd = -1 };
+	w->bucket[h] = i;
+	w->used_nodes++;
+	return i;
+}
+
+static void node_free(struct source_watch *w, uint32_t i)
+{
+	struct watch_node *x = &w->nodes[i];
+	lease_drop(w, x);
+	inotify_drop(w, x);
+	uint32_t *p = &w->bucket[hash(w, x->dev, x->ino)];
+	while (*p != i)
+		p = &w->nodes[*p].hnext;
+	*p = x->hnext;
+	*x = (struct watch_node){ .hnext = w->free_nodes, .lease_fd = -1, .wd = -1 };
+	w->free_nodes = i;
+	w->used_nodes--;
 }
 
 struct source_watch *source_watch_free(struct source_watch *w)
@@ -75,10 +192,16 @@ struct source_watch *source_watch_free(struct source_watch *w)
 	if (!w)
 		return NULL;
 	for (uint32_t i = 0; i < w->n; i++)
-		if (w->e[i].path)
-			entry_clear(w, &w->e[i]);
+		free(w->e[i].path);
+	for (uint32_t i = 0; i < w->n_nodes; i++)
+		if (w->nodes[i].refs) {
+			lease_drop(w, &w->nodes[i]);
+			inotify_drop(w, &w->nodes[i]);
+		}
 	close(w->ifd);
 	free(w->e);
+	free(w->nodes);
+	free(w->bucket);
 	free(w);
 	return NULL;
 }
@@ -88,61 +211,171 @@ int source_watch_fd(const struct source_watch *w)
 	return w->ifd;
 }
 
-/* A read lease on a read-only fd of our own, broken towards this thread's signal. */
-static int lease_open(const struct source_watch *w, const char *path)
+unsigned source_watch_files(const struct source_watch *w)
+{
+	return w->used_nodes;
+}
+
+static void id_of(const struct stat *st, struct source_id *id)
+{
+	*id = (struct source_id){ .dev = st->st_dev, .ino = st->st_ino, .size = (uint64_t)st->st_size,
+				  .mtime = st->st_mtim, .ctime = st->st_ctim };
+}
+
+/* Whether the watch may open one more descriptor of its own: a quarter of RLIMIT_NOFILE at most. */
+static bool fd_budget(const struct source_watch *w)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return true;
+	return w->own_fds < rl.rlim_cur / 4;
+}
+
+/*
+ * A read lease on x's file, broken towards this thread's signal: on the
+ * descriptor a source already holds when there is one, else on one of our
+ * own (shared with sources opened later). -EMFILE: out of descriptors, or
+ * of the watch's share of them.
+ */
+static int lease_take(struct source_watch *w, struct watch_node *x, const char *path, const struct stat *st)
 {
 	if (!w->signo)
 		return -EOPNOTSUPP;
-	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
+	struct source_id id;
+	id_of(st, &id);
+	bool own = false;
+	int fd = fdshare_ref(&id);
+	if (fd < 0) {
+		if (!fd_budget(w))
+			return -EMFILE;
+		/* O_NONBLOCK: the name may have become a FIFO since it was loaded. */
+		_cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		struct stat now;
+		if (nfd < 0 || fstat(nfd, &now) < 0)
+			return -errno;
+		if (!S_ISREG(now.st_mode) || (uint64_t)now.st_dev != x->dev || (uint64_t)now.st_ino != x->ino)
+			return -ESTALE; /* replaced in between: inotify on the name's file, the checks see the rest */
+		int fl = fcntl(nfd, F_GETFL);
+		if (fl < 0 || fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+			return -errno;
+		id_of(&now, &id);
+		int ofd = nfd;
+		fd = fdshare_take(TAKE_FD(nfd), &id);
+		own = fd == ofd;
+	}
 	struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = w->tid };
-	if (fcntl(fd, F_SETSIG, w->signo) < 0 || fcntl(fd, F_SETOWN_EX, &owner) < 0 || fcntl(fd, F_SETLEASE, F_RDLCK) < 0)
+	if (fcntl(fd, F_SETSIG, w->signo) < 0 || fcntl(fd, F_SETOWN_EX, &owner) < 0 ||
+	    fcntl(fd, F_SETLEASE, F_RDLCK) < 0) {
+		int r = -errno;
+		fdshare_drop(fd, &id);
+		return r;
+	}
+	x->lease_fd = fd;
+	x->lease_id = id;
+	x->own_fd = own;
+	w->own_fds += own;
+	return 0;
+}
+
+/* Puts x under a lease, else inotify. Returns 0, or -ENOSPC etc. when neither. */
+static int node_arm(struct source_watch *w, struct watch_node *x, const char *path, const struct stat *st,
+		    int *ret_lease_err)
+{
+	int r = lease_take(w, x, path, st);
+	if (ret_lease_err)
+		*ret_lease_err = r;
+	if (r == 0)
+		return 0;
+	x->wd = inotify_add_watch(w->ifd, path, WATCH_MASK);
+	if (x->wd < 0)
 		return -errno;
-	return TAKE_FD(fd);
+	w->n_inotify++;
+	return 0;
+}
+
+static uint32_t watcher_new(struct source_watch *w)
+{
+	if (w->free_e != NONE) {
+		uint32_t id = w->free_e;
+		w->free_e = w->e[id].next;
+		return id;
+	}
+	if (w->n == w->cap) {
+		uint32_t cap = MAX(16u, w->cap * 2);
+		struct watcher *e = realloc(w->e, cap * sizeof(*e));
+		if (!e)
+			return NONE;
+		w->e = e;
+		w->cap = cap;
+	}
+	return w->n++;
+}
+
+static void watcher_put(struct source_watch *w, uint32_t id)
+{
+	w->e[id] = (struct watcher){ .next = w->free_e };
+	w->free_e = id;
 }
 
 int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err)
 {
-	uint32_t id = 0;
-	while (id < w->n && w->e[id].path)
-		id++;
-	if (id == w->cap) {
-		uint32_t cap = MAX(16u, w->cap * 2);
-		struct watch_entry *e = realloc(w->e, cap * sizeof(*e));
-		if (!e)
-			return -ENOMEM;
-		w->e = e;
-		w->cap = cap;
-	}
-	struct watch_entry x = { .lease_fd = -1, .wd = -1, .path = strdup(path) };
-	if (!x.path)
-		return -ENOMEM;
-	int r = lease_open(w, path);
+	struct stat st;
 	if (ret_lease_err)
-		*ret_lease_err = r < 0 ? r : 0;
-	if (r >= 0) {
-		x.lease_fd = r;
-	} else {
-		x.wd = inotify_add_watch(w->ifd, path, WATCH_MASK);
-		if (x.wd < 0) {
-			r = -errno;
-			free(x.path);
+		*ret_lease_err = 0;
+	if (stat(path, &st) < 0)
+		return -errno;
+	uint32_t id = watcher_new(w);
+	if (id == NONE)
+		return -ENOMEM;
+	char *p = strdup(path);
+	if (!p) {
+		watcher_put(w, id);
+		return -ENOMEM;
+	}
+	uint32_t ni = node_find(w, st.st_dev, st.st_ino);
+	bool fresh = ni == NONE;
+	if (fresh && (ni = node_new(w, st.st_dev, st.st_ino)) == NONE) {
+		free(p);
+		watcher_put(w, id);
+		return -ENOMEM;
+	}
+	struct watch_node *x = &w->nodes[ni];
+	/* New, or its lease went with a change reported before: watched again for this watcher. */
+	if (x->lease_fd < 0 && x->wd < 0) {
+		int r = node_arm(w, x, path, &st, ret_lease_err);
+		if (r < 0) {
+			if (fresh)
+				node_free(w, ni);
+			free(p);
+			watcher_put(w, id);
 			return r;
 		}
 	}
-	w->e[id] = x;
-	w->n_inotify += x.wd >= 0;
-	if (id == w->n)
-		w->n++;
+	w->e[id] = (struct watcher){ .path = p, .node = ni, .prev = NONE, .next = x->first };
+	if (x->first != NONE)
+		w->e[x->first].prev = id;
+	x->first = id;
+	x->refs++;
 	*ret_id = id;
-	return x.lease_fd >= 0 ? SOURCE_WATCH_LEASE : SOURCE_WATCH_INOTIFY;
+	return x->lease_fd >= 0 ? SOURCE_WATCH_LEASE : SOURCE_WATCH_INOTIFY;
 }
 
 void source_watch_remove(struct source_watch *w, uint32_t id)
 {
-	if (id < w->n && w->e[id].path)
-		entry_clear(w, &w->e[id]);
+	if (id >= w->n || !w->e[id].path)
+		return;
+	struct watcher *e = &w->e[id];
+	struct watch_node *x = &w->nodes[e->node];
+	if (e->prev != NONE)
+		w->e[e->prev].next = e->next;
+	else
+		x->first = e->next;
+	if (e->next != NONE)
+		w->e[e->next].prev = e->prev;
+	if (--x->refs == 0)
+		node_free(w, e->node);
+	free(e->path);
+	watcher_put(w, id);
 }
 
 bool source_watch_pending(const struct source_watch *w)
@@ -175,21 +408,22 @@ static void read_events(struct source_watch *w)
 			const struct inotify_event *ev = (const struct inotify_event *)p;
 			p += sizeof(*ev) + ev->len;
 			const char *what = event_what(ev->mask);
-			for (uint32_t i = 0; i < w->n; i++) {
-				struct watch_entry *x = &w->e[i];
-				if (!x->path || x->wd != ev->wd)
+			for (uint32_t i = 0; ev->wd >= 0 && i < w->n_nodes; i++) {
+				struct watch_node *x = &w->nodes[i];
+				if (!x->refs || x->wd != ev->wd)
 					continue;
-				if (what && !x->what && !x->spent)
+				if (what && !x->what)
 					x->what = what;
-				if ((ev->mask & IN_IGNORED) && x->wd >= 0) {
+				if (ev->mask & IN_IGNORED) {
 					x->wd = -1; /* the kernel dropped the watch (the inode is gone) */
 					w->n_inotify--;
 				}
+				break; /* one node per inode, so per descriptor */
 			}
 			if (ev->mask & IN_Q_OVERFLOW) /* events were lost: every inotify-watched file is suspect */
-				for (uint32_t i = 0; i < w->n; i++)
-					if (w->e[i].path && w->e[i].wd >= 0 && !w->e[i].what && !w->e[i].spent)
-						w->e[i].what = "possibly written (inotify queue overflowed)";
+				for (uint32_t i = 0; i < w->n_nodes; i++)
+					if (w->nodes[i].refs && w->nodes[i].wd >= 0 && !w->nodes[i].what)
+						w->nodes[i].what = "possibly written (inotify queue overflowed)";
 		}
 	}
 }
@@ -199,30 +433,39 @@ int source_watch_dispatch(struct source_watch *w, void (*fn)(void *ctx, uint32_t
 {
 	read_events(w);
 	/* A lease being broken reads back as the type it is broken to: F_UNLCK for a writer's open. */
-	for (uint32_t i = 0; i < w->n; i++) {
-		struct watch_entry *x = &w->e[i];
-		if (x->path && x->lease_fd >= 0 && !x->spent && !x->what && fcntl(x->lease_fd, F_GETLEASE) == F_UNLCK)
+	for (uint32_t i = 0; i < w->n_nodes; i++) {
+		struct watch_node *x = &w->nodes[i];
+		if (x->refs && x->lease_fd >= 0 && !x->what && fcntl(x->lease_fd, F_GETLEASE) == F_UNLCK)
 			x->what = "opened for writing or truncated (read lease broken)";
+	}
+	/* Every watcher of a changed file is told, once; fn may remove watchers, so the list is walked first. */
+	for (uint32_t i = 0; i < w->n_nodes; i++) {
+		struct watch_node *x = &w->nodes[i];
+		if (!x->refs || !x->what)
+			continue;
+		for (uint32_t k = x->first; k != NONE; k = w->e[k].next)
+			if (!w->e[k].spent)
+				w->e[k].what = x->what;
+		x->what = NULL;
+		x->fired = true;
 	}
 	int n = 0;
 	for (uint32_t i = 0; i < w->n; i++) {
-		struct watch_entry *x = &w->e[i];
-		if (!x->path || !x->what)
+		struct watcher *e = &w->e[i];
+		if (!e->path || !e->what)
 			continue;
-		const char *what = x->what;
-		x->what = NULL;
-		x->spent = true;
-		fn(ctx, i, x->path, what);
+		const char *what = e->what;
+		e->what = NULL;
+		e->spent = true;
+		fn(ctx, i, e->path, what);
 		n++;
 	}
 	/* Only now may the writers go on. */
-	for (uint32_t i = 0; i < w->n; i++) {
-		struct watch_entry *x = &w->e[i];
-		if (x->path && x->spent && x->lease_fd >= 0) {
-			(void)fcntl(x->lease_fd, F_SETLEASE, F_UNLCK);
-			close(x->lease_fd);
-			x->lease_fd = -1;
-		}
+	for (uint32_t i = 0; i < w->n_nodes; i++) {
+		struct watch_node *x = &w->nodes[i];
+		if (x->refs && x->fired)
+			lease_drop(w, x);
+		x->fired = false;
 	}
 	return n;
 }

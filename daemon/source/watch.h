@@ -22,6 +22,14 @@
  *                before the event; and writes through a shared mmap make
  *                no event at all.
  *
+ * One watch per file (device + inode) per daemon: every add of a file
+ * already watched, under any name, joins its watch (a reference and a
+ * watcher id); the last source_watch_remove() drops the lease or inotify
+ * watch. The lease is taken on fdshare's descriptor of the file, the one its
+ * source reads through, so a file a source holds open costs no descriptor;
+ * one only read at load costs one, and the watch opens at most a quarter of
+ * RLIMIT_NOFILE so: past that, or out of descriptors, inotify.
+ *
  * Neither sees writes made by other machines on a network file system; the
  * periodic identity check (source_check) and, when present, checksums are
  * the guard there.
@@ -54,13 +62,18 @@ struct source_watch *source_watch_free(struct source_watch *w);
 int source_watch_fd(const struct source_watch *w);
 
 /*
- * Watches `path`. Returns SOURCE_WATCH_LEASE or SOURCE_WATCH_INOTIFY with
+ * Watches `path`. Returns SOURCE_WATCH_LEASE or SOURCE_WATCH_INOTIFY (how
+ * its file is watched, perhaps since an earlier add of the same file) with
  * an id in *ret_id (for source_watch_remove and the dispatch callback); or
- * a negative errno when neither works (-ENOSPC: the inotify watch limit;
- * *ret_lease_err tells why no lease, when not NULL).
+ * a negative errno when neither works (-ENOSPC: the inotify watch limit).
+ * *ret_lease_err, when not NULL, tells why this add took no lease (0: it
+ * took one, or joined a watch already there; -EMFILE: out of descriptors or
+ * of the watch's share of them).
  */
 int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err);
 void source_watch_remove(struct source_watch *w, uint32_t id);
+/* Distinct files (inodes) watched: one lease or inotify watch each. */
+unsigned source_watch_files(const struct source_watch *w);
 
 /*
  * Whether inotify events wait to be dispatched (one ioctl, none when no file
@@ -70,11 +83,11 @@ bool source_watch_pending(const struct source_watch *w);
 
 /*
  * Reads every queued inotify event and looks for leases being broken, and
- * calls fn once per watched file seen written or opened for writing, with
+ * calls fn once per watcher of each file seen written or opened for writing, with
  * what happened ("opened for writing", "written", ...). Only then are the
  * broken leases released, letting the writers' open(2) return: whatever fn
  * does to stop serving the file is done before the first byte is written.
- * Returns the number of files reported.
+ * Returns the number of watchers told.
  */
 int source_watch_dispatch(struct source_watch *w, void (*fn)(void *ctx, uint32_t id, const char *path, const char *what),
 			  void *ctx);

@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The change watch (daemon/source/watch.h): one watch per file per daemon.
+ * Several adds of one file, under one name or a hard link, share one lease
+ * (on the descriptor its source holds: no descriptor more) or one inotify
+ * watch; a change tells every watcher once; the last removal drops the
+ * watch; past the watch's share of RLIMIT_NOFILE files go to inotify and
+ * no add fails. Leases are broken by a real writer (a child's open(2) for
+ * writing, held by the kernel until dispatch lets it go).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/source/source.h"
+#include "daemon/source/watch.h"
+#include "unit.h"
+
+static char dir[64];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	return remove(path);
+}
+
+static void make_file(const char *name, char *path, size_t n)
+{
+	snprintf(path, n, "%s/%s", dir, name);
+	FILE *f = fopen(path, "we");
+	REQUIRE(f && fputs("0123456789", f) >= 0 && fclose(f) == 0, "cannot write %s", path);
+}
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	REQUIRE(d, "opendir /proc/self/fd");
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n - 3; /* ., .. and the DIR's own */
+}
+
+/* inotify watches the kernel holds on the watch's instance (/proc/self/fdinfo). */
+static int inotify_watches(const struct source_watch *w)
+{
+	char p[64], line[512];
+	snprintf(p, sizeof(p), "/proc/self/fdinfo/%d", source_watch_fd(w));
+	FILE *f = fopen(p, "re");
+	REQUIRE(f, "%s", p);
+	int n = 0;
+	while (fgets(line, sizeof(line), f))
+		n += strncmp(line, "inotify wd:", 11) == 0;
+	fclose(f);
+	return n;
+}
+
+struct told {
+	uint32_t ids[16];
+	int n;
+};
+
+static void on_change(void *ctx, uint32_t id, const char *path, const char *what)
+{
+	struct told *t = ctx;
+	if (t->n < 16)
+		t->ids[t->n++] = id;
+}
+
+static bool told_of(const struct told *t, uint32_t id)
+{
+	for (int i = 0; i < t->n; i++)
+		if (t->ids[i] == id)
+			return true;
+	return false;
+}
+
+static void write_byte(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	REQUIRE(fd >= 0 && pwrite(fd, "x", 1, 0) == 1 && close(fd) == 0, "cannot write %s", path);
+}
+
+/* inotify only (no signal: leases are not tried). */
+static void test_inotify(void)
+{
+	char c[128], ln[128];
+	make_file("c", c, sizeof(c));
+	snprintf(ln, sizeof(ln), "%s/c-link", dir);
+	REQUIRE(link(c, ln) == 0, "link");
+	struct source_watch *w;
+	REQUIRE(source_watch_new(0, &w) == 0, "source_watch_new");
+	int fds0 = open_fds();
+	uint32_t id[4];
+	CHECK_INT(source_watch_add(w, c, &id[0], NULL), SOURCE_WATCH_INOTIFY);
+	CHECK_INT(source_watch_add(w, c, &id[1], NULL), SOURCE_WATCH_INOTIFY);
+	CHECK_INT(source_watch_add(w, ln, &id[2], NULL), SOURCE_WATCH_INOTIFY);
+	CHECK_INT(source_watch_files(w), 1);
+	CHECK_INT(inotify_watches(w), 1);
+	CHECK_INT(open_fds(), fds0);
+
+	write_byte(ln);
+	CHECK(source_watch_pending(w), "a write through the link is pending");
+	struct told t = { 0 };
+	CHECK_INT(source_watch_dispatch(w, on_change, &t), 3);
+	CHECK(told_of(&t, id[0]) && told_of(&t, id[1]) && told_of(&t, id[2]), "every watcher of c is told");
+	/* Told once: a second write tells nobody already told, but a watcher added since. */
+	CHECK_INT(source_watch_add(w, c, &id[3], NULL), SOURCE_WATCH_INOTIFY);
+	write_byte(c);
+	t = (struct told){ 0 };
+	CHECK_INT(source_watch_dispatch(w, on_change, &t), 1);
+	CHECK(told_of(&t, id[3]), "the watcher added after the first change is told of the second");
+
+	source_watch_remove(w, id[0]);
+	source_watch_remove(w, id[2]);
+	source_watch_remove(w, id[3]);
+	CHECK_INT(inotify_watches(w), 1);
+	source_watch_remove(w, id[1]);
+	CHECK_INT(source_watch_files(w), 0);
+	CHECK_INT(inotify_watches(w), 0);
+	source_watch_remove(w, id[1]); /* twice: nothing */
+	write_byte(c);
+	t = (struct told){ 0 };
+	CHECK_INT(source_watch_dispatch(w, on_change, &t), 0);
+	source_watch_free(w);
+}
+
+/* A child writes `path`: its open(2) waits for the lease to be released. */
+static pid_t writer(const char *path)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		alarm(60);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		_exit(fd >= 0 && pwrite(fd, "y", 1, 1) == 1 ? 0 : 1);
+	}
+	return pid;
+}
+
+static void test_leases(void)
+{
+	int signo = SIGRTMIN + 1;
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, signo);
+	REQUIRE(sigprocmask(SIG_BLOCK, &set, NULL) == 0, "sigprocmask");
+	char a[128], a2[128], b[128], err[256];
+	make_file("a", a, sizeof(a));
+	make_file("b", b, sizeof(b));
+	snprintf(a2, sizeof(a2), "%s/a-link", dir);
+	REQUIRE(link(a, a2) == 0, "link");
+	struct source *src;
+	REQUIRE(source_open(a, &src, err, sizeof(err)) == 0, "%s", err);
+	struct source_watch *w;
+	REQUIRE(source_watch_new(signo, &w) == 0, "source_watch_new");
+	int fds0 = open_fds();
+	uint32_t ia[3], ib[2];
+	int lease_err = 0;
+	int r = source_watch_add(w, a, &ia[0], &lease_err);
+	if (r == SOURCE_WATCH_INOTIFY) {
+		printf("leases not granted here (%s): lease checks skipped\n", strerror(-lease_err));
+		source_watch_free(w);
+		source_close(src);
+		return;
+	}
+	CHECK_INT(r, SOURCE_WATCH_LEASE);
+	CHECK_INT(source_watch_add(w, a, &ia[1], NULL), SOURCE_WATCH_LEASE);
+	CHECK_INT(source_watch_add(w, a2, &ia[2], NULL), SOURCE_WATCH_LEASE);
+	/* a: leased on its source's descriptor; no descriptor more however many watch it. */
+	CHECK_INT(open_fds(), fds0);
+	CHECK_INT(source_watch_add(w, b, &ib[0], NULL), SOURCE_WATCH_LEASE);
+	CHECK_INT(source_watch_add(w, b, &ib[1], NULL), SOURCE_WATCH_LEASE);
+	/* b: no source holds it open: one descriptor of the watch's, for both. */
+	CHECK_INT(open_fds(), fds0 + 1);
+	CHECK_INT(source_watch_files(w), 2);
+	CHECK_INT(inotify_watches(w), 0);
+
+	pid_t pid = writer(a);
+	struct timespec ts = { .tv_sec = 10 };
+	CHECK_INT(sigtimedwait(&set, NULL, &ts), signo);
+	int st;
+	CHECK_INT(waitpid(pid, &st, WNOHANG), 0); /* held until dispatch */
+	struct told t = { 0 };
+	CHECK_INT(source_watch_dispatch(w, on_change, &t), 3);
+	CHECK(told_of(&t, ia[0]) && told_of(&t, ia[1]) && told_of(&t, ia[2]), "every watcher of a is told");
+	CHECK(!told_of(&t, ib[0]) && !told_of(&t, ib[1]), "b's watchers are not");
+	CHECK_INT(waitpid(pid, &st, 0), pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the writer went on after dispatch");
+
+	/* The last of b's watchers drops its lease and closes the watch's descriptor. */
+	source_watch_remove(w, ib[0]);
+	CHECK_INT(open_fds(), fds0 + 1);
+	source_watch_remove(w, ib[1]);
+	CHECK_INT(open_fds(), fds0);
+	pid = writer(b);
+	CHECK_INT(waitpid(pid, &st, 0), pid); /* no lease left to hold it */
+	t = (struct told){ 0 };
+	CHECK_INT(source_watch_dispatch(w, on_change, &t), 0);
+	for (int i = 0; i < 3; i++)
+		source_watch_remove(w, ia[i]);
+	CHECK_INT(source_watch_files(w), 0);
+	/* The source's descriptor outlives the lease taken on it: still open, closed by the source. */
+	CHECK_INT(open_fds(), fds0);
+	source_watch_free(w);
+	source_close(src);
+	CHECK_INT(open_fds(), fds0 - 2); /* the source's and the inotify instance */
+	while (sigtimedwait(&set, NULL, &(struct timespec){ 0 }) > 0)
+		;
+}
+
+/* More files than the watch's share of descriptors: the rest go to inotify, no add fails. */
+static void test_out_of_fds(void)
+{
+	int signo = SIGRTMIN + 1;
+	struct rlimit was, rl;
+	REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0, "getrlimit");
+	rl = was;
+	rl.rlim_cur = 40; /* the watch's share: 10 */
+	REQUIRE(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit");
+	struct source_watch *w;
+	REQUIRE(source_watch_new(signo, &w) == 0, "source_watch_new");
+	int fds0 = open_fds();
+	uint32_t id[30];
+	int leases = 0, inotify = 0, emfile = 0;
+	for (int i = 0; i < 30; i++) {
+		char name[32], path[128];
+		snprintf(name, sizeof(name), "many-%d", i);
+		make_file(name, path, sizeof(path));
+		int lease_err = 0;
+		int r = source_watch_add(w, path, &id[i], &lease_err);
+		CHECK(r > 0, "add %d: %s", i, strerror(-r));
+		leases += r == SOURCE_WATCH_LEASE;
+		inotify += r == SOURCE_WATCH_INOTIFY;
+		emfile += lease_err == -EMFILE;
+	}
+	if (leases) {
+		CHECK_INT(leases, 10);
+		CHECK_INT(emfile, 20);
+	}
+	CHECK_INT(leases + inotify, 30);
+	CHECK(open_fds() <= fds0 + 10, "%d descriptors, %d before", open_fds(), fds0);
+	for (int i = 0; i < 30; i++)
+		source_watch_remove(w, id[i]);
+	CHECK_INT(open_fds(), fds0);
+	CHECK_INT(inotify_watches(w), 0);
+	source_watch_free(w);
+	REQUIRE(setrlimit(RLIMIT_NOFILE, &was) == 0, "setrlimit");
+}
+
+int main(void)
+{
+	char tmpl[] = "/tmp/feedd-watch-XXXXXX";
+	REQUIRE(mkdtemp(tmpl), "mkdtemp");
+	snprintf(dir, sizeof(dir), "%s", tmpl);
+
+	test_inotify();
+	test_leases();
+	test_out_of_fds();
+
+	nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	return unit_exit("test-watch");
+}
