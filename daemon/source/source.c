@@ -1,11 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The source layer's one implementation today: local files, read by the
- * thread's io_reader (io_uring, else pread). A URL scheme that no
- * implementation serves is refused at open, so a config naming s3:// fails
- * with a clear message until issue #24 adds that implementation here: its
- * own struct source_impl, its per-thread state in struct source_reader, and
- * its reads split out of the batch in source_submit().
+ * The source layer: local files, read by the thread's io_reader (io_uring,
+ * else pread), and URLs (s3://, http(s)://), read through the process's one
+ * fetcher (remote.h). A source is one or the other (remote != NULL); a
+ * reader's batch may mix both: source_submit() splits it, source_complete()
+ * runs the local part on the io_uring and waits for the remote part.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/source/remote.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
 
@@ -24,12 +24,17 @@ struct source {
 	char *name;
 	struct source_id id;
 	int fd;
+	struct remote_object *remote; /* a URL's object; NULL: a local file */
 };
 
 struct source_reader {
 	struct io_reader *io;
-	struct io_req *reqs; /* queued reads, in submission order */
+	struct io_req *reqs; /* queued local reads */
+	size_t *lidx;        /* their index in submission order */
 	size_t n, cap;
+	struct remote_read *rreads; /* queued remote reads */
+	size_t *ridx;
+	size_t rn, rcap;
 };
 
 static void id_of(const struct stat *st, struct source_id *id)
@@ -41,21 +46,34 @@ static void id_of(const struct stat *st, struct source_id *id)
 /* "scheme://..." names an object store; anything else is a path. */
 static bool is_url(const char *name)
 {
-	const char *p = strstr(name, "://");
-	if (!p || p == name)
-		return false;
-	for (const char *q = name; q < p; q++)
-		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
-			return false;
-	return true;
+	return remote_is_url(name);
+}
+
+static int open_remote(const char *name, struct source **ret, char *err, size_t errlen)
+{
+	struct source *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	s->fd = -1;
+	/* Identity: size, ETag (as a hash, in ino) and Last-Modified (mtime). */
+	int r = remote_open(name, &s->remote, &s->id.size, &s->id.ino, &s->id.mtime, err, errlen);
+	if (r < 0) {
+		free(s->name);
+		free(s);
+		return r;
+	}
+	s->id.ctime = s->id.mtime;
+	*ret = s;
+	return 0;
 }
 
 int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 {
-	if (is_url(name)) {
-		snprintf(err, errlen, "%s: no source implementation serves this URL scheme", name);
-		return -EPROTONOSUPPORT;
-	}
+	if (is_url(name))
+		return open_remote(name, ret, err, errlen);
 	_cleanup_close_ int fd = open(name, O_RDONLY | O_CLOEXEC);
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) < 0) {
@@ -85,6 +103,7 @@ struct source *source_close(struct source *s)
 		return NULL;
 	if (s->fd >= 0)
 		close(s->fd);
+	remote_unref(s->remote);
 	free(s->name);
 	free(s);
 	return NULL;
@@ -125,6 +144,9 @@ bool source_id_equal(const struct source_id *a, const struct source_id *b)
 
 int source_check(const char *name, const struct source_id *was, char *err, size_t errlen)
 {
+	/* An object: what its reads found (If-Match), without blocking the caller on a request. */
+	if (is_url(name))
+		return remote_check(name, was->ino, err, errlen);
 	struct source_id now;
 	int r = source_identify(name, &now);
 	if (r < 0) {
@@ -144,12 +166,46 @@ static int cmp_path(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A URL pattern's objects, appended to *paths (sorted by key bytes, each once). */
+static int glob_remote(const char *pattern, char ***paths, size_t *n, char *err, size_t errlen)
+{
+	char **names = NULL;
+	size_t k = 0;
+	int r = remote_list(pattern, &names, &k, err, errlen);
+	if (r < 0)
+		return r;
+	char **grown = realloc(*paths, (*n + k) * sizeof(**paths));
+	if (!grown)
+		r = -ENOMEM;
+	else
+		*paths = grown;
+	for (size_t i = 0; i < k; i++) {
+		for (size_t j = 0; r == 0 && j < *n; j++)
+			if (strcmp((*paths)[j], names[i]) == 0) {
+				snprintf(err, errlen, "shards: %s is listed twice", names[i]);
+				r = -EINVAL;
+			}
+		if (r < 0)
+			free(names[i]);
+		else
+			(*paths)[(*n)++] = names[i];
+	}
+	free(names);
+	return r;
+}
+
 int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen)
 {
 	char **paths = NULL;
 	size_t n = 0;
 	int r = 0;
 	for (size_t g = 0; g < n_patterns; g++) {
+		if (is_url(patterns[g])) {
+			r = glob_remote(patterns[g], &paths, &n, err, errlen);
+			if (r < 0)
+				goto fail;
+			continue;
+		}
 		glob_t gl = { 0 };
 		int e = glob(patterns[g], GLOB_NOSORT, NULL, &gl);
 		if (e == GLOB_NOMATCH) {
@@ -223,6 +279,9 @@ struct source_reader *source_reader_free(struct source_reader *r)
 		return NULL;
 	io_reader_free(r->io);
 	free(r->reqs);
+	free(r->lidx);
+	free(r->rreads);
+	free(r->ridx);
 	free(r);
 	return NULL;
 }
@@ -244,27 +303,64 @@ const struct io_stats *source_reader_stats(const struct source_reader *r)
 
 int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
 {
+	size_t base = r->n + r->rn;
 	if (r->n + n > r->cap) {
 		size_t cap = MAX(r->n + n, MAX(r->cap * 2, (size_t)16));
 		struct io_req *q = realloc(r->reqs, cap * sizeof(*q));
-		if (!q)
+		if (q)
+			r->reqs = q;
+		size_t *x = realloc(r->lidx, cap * sizeof(*x));
+		if (x)
+			r->lidx = x;
+		if (!q || !x)
 			return -ENOMEM;
-		r->reqs = q;
 		r->cap = cap;
 	}
+	size_t remote = 0;
 	for (size_t i = 0; i < n; i++)
-		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
-						     .len = reads[i].len, .dst = reads[i].dst };
-	r->n += n;
+		remote += reads[i].src->remote != NULL;
+	if (remote && r->rn + remote > r->rcap) {
+		size_t cap = MAX(r->rn + remote, MAX(r->rcap * 2, (size_t)16));
+		struct remote_read *q = realloc(r->rreads, cap * sizeof(*q));
+		if (q)
+			r->rreads = q;
+		size_t *x = realloc(r->ridx, cap * sizeof(*x));
+		if (x)
+			r->ridx = x;
+		if (!q || !x)
+			return -ENOMEM;
+		r->rcap = cap;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (reads[i].src->remote) {
+			r->ridx[r->rn] = base + i;
+			r->rreads[r->rn++] = (struct remote_read){ .obj = reads[i].src->remote, .offset = reads[i].offset,
+								   .len = reads[i].len, .dst = reads[i].dst };
+			continue;
+		}
+		r->lidx[r->n] = base + i;
+		r->reqs[r->n++] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
+						   .len = reads[i].len, .dst = reads[i].dst };
+	}
 	return 0;
 }
 
 int source_complete(struct source_reader *r, size_t *ret_failed)
 {
 	/* Local files: the whole batch in flight at once on the thread's io_uring. */
-	size_t n = r->n;
-	r->n = 0;
-	return io_reader_run(r->io, r->reqs, n, ret_failed);
+	size_t n = r->n, rn = r->rn, failed = 0;
+	r->n = r->rn = 0;
+	int e = n ? io_reader_run(r->io, r->reqs, n, &failed) : 0;
+	if (e < 0) {
+		if (ret_failed)
+			*ret_failed = r->lidx[failed];
+		return e;
+	}
+	/* Objects: the fetcher has them in flight, many at once, shared with every other reader. */
+	e = rn ? remote_read_many(r->rreads, rn, &failed) : 0;
+	if (e < 0 && ret_failed)
+		*ret_failed = r->ridx[failed];
+	return e;
 }
 
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed)
@@ -275,6 +371,19 @@ int source_read(struct source_reader *r, const struct source_read *reads, size_t
 
 int source_read_all(struct source_reader *r, struct source *s, void **ret)
 {
+	if (s->remote) {
+		void *buf = malloc(MAX(s->id.size, 1u));
+		if (!buf)
+			return -ENOMEM;
+		struct remote_read q = { .obj = s->remote, .offset = 0, .len = (size_t)s->id.size, .dst = buf };
+		int e = remote_read_many(&q, 1, NULL);
+		if (e < 0) {
+			free(buf);
+			return e;
+		}
+		*ret = buf;
+		return 0;
+	}
 	return io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
 }
 
@@ -284,6 +393,9 @@ void source_read_error(char *err, size_t errlen, int r, const char *name, const 
 	if (r == -ENODATA)
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",
 			 name, offset + len, index);
+	else if (r == -ESTALE)
+		snprintf(err, errlen, "%s: changed while serving (its ETag no longer matches, read at byte %" PRIu64 ")",
+			 name, offset);
 	else
 		snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", name, offset, strerror(-r));
 }

@@ -1,0 +1,756 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fetcher (remote.h): one per process. Objects are interned by URL and
+ * ETag, so every feed, rank and worker of the node that reads an object
+ * shares its blocks: a byte is fetched once per node. Blocks are 1 MiB,
+ * aligned; a block is WANTED (a GET for it queued or in flight), READY (in
+ * memory, on the LRU unless pinned by a reader) or FAILED. Neighbouring
+ * wanted blocks go out as one range GET (up to JOB_MAX_BLOCKS), demand before
+ * read-ahead; read-ahead follows each read by the measured bandwidth-delay
+ * product. Fetched blocks are also written to cache_dir/s3/ (bounded), so a
+ * restart or a second daemon does not fetch them again.
+ *
+ * Locking: one mutex (F.lock) over everything here; the engine thread drops
+ * it around curl calls, readers around their memcpy (their blocks pinned).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/source/s3.h"
+#include "proto/macro.h"
+
+#define BLOCK_SHIFT 20
+#define BLOCK ((uint64_t)1 << BLOCK_SHIFT)
+#define JOB_MAX_BLOCKS 8
+#define DISK_FILES_MAX 65536
+
+enum { B_WANTED, B_READY, B_FAILED };
+
+struct block {
+	struct remote_object *obj;
+	uint64_t idx;
+	int state, err;
+	uint8_t *data;
+	size_t len;
+	unsigned pins;
+	struct block *prev, *next; /* the LRU, READY blocks only */
+};
+
+struct remote_object {
+	char *name;
+	struct s3_target t;
+	char etag[160];
+	uint64_t size, n_blocks;
+	struct block **blocks;
+	unsigned refs;
+	bool stale;
+	char *disk_prefix; /* cache_dir/s3/HASH-TAG; NULL: no disk cache */
+	struct remote_object *next;
+};
+
+struct job {
+	struct remote_object *obj; /* a reference */
+	uint64_t b0, n, off, want, got;
+	uint8_t *buf;
+	unsigned attempt;
+	bool demand;
+	uint64_t not_before;
+	CURL *easy;
+	struct curl_slist *hdrs;
+	struct job *next;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	bool started, stop;
+	CURLM *multi;
+	struct job *demand, *ahead; /* queued, not started */
+	struct remote_object *objects;
+	struct block lru;
+	uint64_t win_start, win_bytes;
+	char *disk_files[DISK_FILES_MAX]; /* written by us, oldest first (ring) */
+	size_t disk_head, disk_n;
+	struct remote_stats st;
+} F = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static uint64_t hash_str(const char *s)
+{
+	uint64_t h = UINT64_C(1469598103934665603);
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
+	return h;
+}
+
+void fetch_count_request(bool retry, bool throttled, bool failed)
+{
+	pthread_mutex_lock(&F.lock);
+	F.st.requests++;
+	F.st.retries += retry;
+	F.st.throttled += throttled;
+	F.st.errors += failed;
+	pthread_mutex_unlock(&F.lock);
+}
+
+/* ---- blocks and the LRU ---------------------------------------------------- */
+
+static void lru_unlink(struct block *b)
+{
+	if (b->prev) {
+		b->prev->next = b->next;
+		b->next->prev = b->prev;
+		b->prev = b->next = NULL;
+	}
+}
+
+static void lru_push(struct block *b)
+{
+	lru_unlink(b);
+	b->prev = F.lru.prev;
+	b->next = &F.lru;
+	F.lru.prev->next = b;
+	F.lru.prev = b;
+}
+
+static void block_free(struct block *b)
+{
+	lru_unlink(b);
+	if (b->state == B_READY)
+		F.st.memory_bytes -= b->len;
+	b->obj->blocks[b->idx] = NULL;
+	free(b->data);
+	free(b);
+}
+
+static void evict(void)
+{
+	struct s3_settings s;
+	s3_settings(&s);
+	for (struct block *b = F.lru.next; b != &F.lru && F.st.memory_bytes > s.memory_bytes;) {
+		struct block *next = b->next;
+		if (!b->pins)
+			block_free(b);
+		b = next;
+	}
+}
+
+static size_t block_len(const struct remote_object *o, uint64_t idx)
+{
+	return (size_t)MIN(BLOCK, o->size - idx * BLOCK);
+}
+
+static void disk_name(const struct remote_object *o, uint64_t idx, char *out, size_t n)
+{
+	snprintf(out, n, "%s.%" PRIu64, o->disk_prefix, idx);
+}
+
+/* A block from the disk cache, if it is there whole. */
+static bool disk_load(struct block *b)
+{
+	if (!b->obj->disk_prefix)
+		return false;
+	char path[4096];
+	disk_name(b->obj, b->idx, path, sizeof(path));
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	uint8_t *data = malloc(b->len);
+	ssize_t got = data ? pread(fd, data, b->len, 0) : -1;
+	struct stat st;
+	bool ok = got == (ssize_t)b->len && fstat(fd, &st) == 0 && (uint64_t)st.st_size == b->len;
+	close(fd);
+	if (!ok) {
+		free(data);
+		return false;
+	}
+	b->data = data;
+	return true;
+}
+
+static void disk_store(const struct block *b)
+{
+	if (!b->obj->disk_prefix)
+		return;
+	struct s3_settings s;
+	s3_settings(&s);
+	char path[4096], tmp[4200];
+	disk_name(b->obj, b->idx, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.tmp-%d", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return;
+	bool ok = write(fd, b->data, b->len) == (ssize_t)b->len;
+	close(fd);
+	if (!ok || rename(tmp, path) < 0) {
+		unlink(tmp);
+		return;
+	}
+	/* The bound: what this process wrote, oldest removed first. */
+	while (F.disk_n && (F.st.disk_bytes + b->len > s.cache_max_bytes || F.disk_n == DISK_FILES_MAX)) {
+		char *old = F.disk_files[F.disk_head];
+		struct stat st;
+		if (stat(old, &st) == 0) {
+			F.st.disk_bytes -= MIN(F.st.disk_bytes, (uint64_t)st.st_size);
+			unlink(old);
+		}
+		free(old);
+		F.disk_head = (F.disk_head + 1) % DISK_FILES_MAX;
+		F.disk_n--;
+	}
+	char *keep = strdup(path);
+	if (keep) {
+		F.disk_files[(F.disk_head + F.disk_n) % DISK_FILES_MAX] = keep;
+		F.disk_n++;
+		F.st.disk_bytes += b->len;
+	}
+}
+
+/* ---- the engine thread ----------------------------------------------------- */
+
+static size_t job_write(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+	struct job *j = ud;
+	size_t n = size * nmemb;
+	if (j->got + n > j->want)
+		return 0; /* more than asked for: the range was ignored */
+	memcpy(j->buf + j->got, ptr, n);
+	j->got += n;
+	return n;
+}
+
+static void enqueue(struct job *j)
+{
+	struct job **pp = j->demand ? &F.demand : &F.ahead;
+	while (*pp)
+		pp = &(*pp)->next;
+	j->next = NULL;
+	*pp = j;
+}
+
+static void unref_locked(struct remote_object *o);
+static void job_free(struct job *j)
+{
+	if (j->easy)
+		curl_easy_cleanup(j->easy);
+	curl_slist_free_all(j->hdrs);
+	free(j->buf);
+	unref_locked(j->obj);
+	free(j);
+}
+
+static void fail_blocks(struct job *j, int err)
+{
+	for (uint64_t i = 0; i < j->n; i++) {
+		struct block *b = j->obj->blocks[j->b0 + i];
+		b->state = B_FAILED;
+		b->err = err;
+	}
+	pthread_cond_broadcast(&F.cond);
+}
+
+/* Starts j on the multi handle; F.lock held. */
+static void job_start(struct job *j)
+{
+	char range[64];
+	snprintf(range, sizeof(range), "bytes=%" PRIu64 "-%" PRIu64, j->off, j->off + j->want - 1);
+	j->got = 0;
+	curl_slist_free_all(j->hdrs);
+	j->hdrs = s3_headers(&j->obj->t, "GET", NULL, range, j->obj->etag[0] ? j->obj->etag : NULL);
+	if (!j->easy)
+		j->easy = s3_easy();
+	if (!j->hdrs || !j->easy) {
+		F.st.errors++;
+		fail_blocks(j, j->hdrs ? -ENOMEM : -ENOKEY);
+		job_free(j);
+		return;
+	}
+	curl_easy_setopt(j->easy, CURLOPT_URL, j->obj->t.url);
+	curl_easy_setopt(j->easy, CURLOPT_HTTPHEADER, j->hdrs);
+	curl_easy_setopt(j->easy, CURLOPT_WRITEFUNCTION, job_write);
+	curl_easy_setopt(j->easy, CURLOPT_WRITEDATA, j);
+	curl_easy_setopt(j->easy, CURLOPT_PRIVATE, j);
+	F.st.requests++;
+	F.st.retries += j->attempt > 0;
+	F.st.inflight++;
+	curl_multi_add_handle(F.multi, j->easy);
+}
+
+static void measure(struct job *j)
+{
+	curl_off_t ttfb = 0;
+	curl_easy_getinfo(j->easy, CURLINFO_STARTTRANSFER_TIME_T, &ttfb);
+	double lat = (double)ttfb / 1e6;
+	F.st.latency_s = F.st.latency_s ? 0.8 * F.st.latency_s + 0.2 * lat : lat;
+	uint64_t now = now_ns();
+	F.win_bytes += j->want;
+	if (!F.win_start)
+		F.win_start = now;
+	if (now - F.win_start >= 500000000u) {
+		double bw = (double)F.win_bytes * 1e9 / (double)(now - F.win_start);
+		F.st.bandwidth = F.st.bandwidth ? 0.5 * F.st.bandwidth + 0.5 * bw : bw;
+		F.win_start = now;
+		F.win_bytes = 0;
+	}
+	/* Enough bytes ahead to cover one round trip at the rate seen, twice over. */
+	struct s3_settings s;
+	s3_settings(&s);
+	double bdp = 2.0 * F.st.bandwidth * F.st.latency_s;
+	uint64_t ra = (uint64_t)bdp;
+	ra = MAX(ra, 2 * BLOCK);
+	ra = MIN(ra, MIN(UINT64_C(64) << 20, s.memory_bytes / 4));
+	F.st.readahead_bytes = ra;
+}
+
+/* A transfer ended; F.lock held. */
+static void job_done(struct job *j, CURLcode res)
+{
+	long status = 0;
+	curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
+	curl_multi_remove_handle(F.multi, j->easy);
+	F.st.inflight--;
+	bool whole = status == 200 && j->off == 0 && j->want == j->obj->size;
+	if (res == CURLE_OK && (status == 206 || whole) && j->got == j->want) {
+		F.st.bytes += j->want;
+		measure(j);
+		for (uint64_t i = 0; i < j->n; i++) {
+			struct block *b = j->obj->blocks[j->b0 + i];
+			b->data = malloc(b->len);
+			if (!b->data) {
+				b->state = B_FAILED;
+				b->err = -ENOMEM;
+				continue;
+			}
+			memcpy(b->data, j->buf + i * BLOCK, b->len);
+			b->state = B_READY;
+			F.st.memory_bytes += b->len;
+			lru_push(b);
+			disk_store(b);
+		}
+		pthread_cond_broadcast(&F.cond);
+		job_free(j);
+		evict();
+		return;
+	}
+	if (res == CURLE_OK && status >= 200 && status < 300)
+		res = CURLE_PARTIAL_FILE; /* a short body: retried like a reset */
+	F.st.throttled += res == CURLE_OK && (status == 429 || status == 503);
+	if (s3_retryable(res, status) && j->attempt + 1 < S3_MAX_ATTEMPTS) {
+		j->attempt++;
+		j->not_before = now_ns() + s3_backoff_ns(j->attempt);
+		/* A fresh connection after a reset; the handle keeps none of the old request. */
+		curl_easy_cleanup(j->easy);
+		j->easy = NULL;
+		enqueue(j);
+		return;
+	}
+	F.st.errors++;
+	int err = res != CURLE_OK ? -EIO :
+		  status == 412	  ? -ESTALE :
+		  status == 416	  ? -ENODATA :
+		  status == 404	  ? -ENOENT :
+		  status == 403	  ? -EACCES :
+				    -EIO;
+	if (err == -ESTALE)
+		j->obj->stale = true;
+	fail_blocks(j, err);
+	job_free(j);
+}
+
+static void *engine(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&F.lock);
+	while (!F.stop) {
+		struct s3_settings s;
+		s3_settings(&s);
+		uint64_t now = now_ns(), wake = now + 200000000u;
+		for (struct job **q = &F.demand; q; q = q == &F.demand ? &F.ahead : NULL) {
+			for (struct job **pp = q; *pp && F.st.inflight < s.max_requests;) {
+				struct job *j = *pp;
+				if (j->not_before > now) {
+					wake = MIN(wake, j->not_before);
+					pp = &j->next;
+					continue;
+				}
+				*pp = j->next;
+				job_start(j);
+			}
+		}
+		pthread_mutex_unlock(&F.lock);
+		int running = 0;
+		curl_multi_perform(F.multi, &running);
+		CURLMsg *m;
+		int left;
+		while ((m = curl_multi_info_read(F.multi, &left))) {
+			if (m->msg != CURLMSG_DONE)
+				continue;
+			struct job *j = NULL;
+			CURL *e = m->easy_handle;
+			CURLcode res = m->data.result;
+			curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&j);
+			pthread_mutex_lock(&F.lock);
+			job_done(j, res);
+			pthread_mutex_unlock(&F.lock);
+		}
+		int ms = (int)MIN((wake - MIN(wake, now_ns())) / 1000000u + 1, 200u);
+		curl_multi_poll(F.multi, NULL, 0, ms, NULL);
+		pthread_mutex_lock(&F.lock);
+	}
+	pthread_mutex_unlock(&F.lock);
+	return NULL;
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init(void)
+{
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* F.lock held. */
+static int engine_start(void)
+{
+	if (F.started)
+		return 0;
+	F.lru.prev = F.lru.next = &F.lru;
+	F.multi = curl_multi_init();
+	if (!F.multi)
+		return -ENOMEM;
+	struct s3_settings s;
+	s3_settings(&s);
+	curl_multi_setopt(F.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)s.max_requests);
+	F.stop = false;
+	if (pthread_create(&F.thread, NULL, engine, NULL) != 0) {
+		curl_multi_cleanup(F.multi);
+		F.multi = NULL;
+		return -EAGAIN;
+	}
+	F.started = true;
+	return 0;
+}
+
+void remote_shutdown(void)
+{
+	pthread_mutex_lock(&F.lock);
+	if (!F.started) {
+		pthread_mutex_unlock(&F.lock);
+		return;
+	}
+	F.stop = true;
+	curl_multi_wakeup(F.multi);
+	pthread_mutex_unlock(&F.lock);
+	pthread_join(F.thread, NULL);
+	pthread_mutex_lock(&F.lock);
+	for (struct job **q = &F.demand; q; q = q == &F.demand ? &F.ahead : NULL)
+		while (*q) {
+			struct job *j = *q;
+			*q = j->next;
+			fail_blocks(j, -ECANCELED);
+			job_free(j);
+		}
+	curl_multi_cleanup(F.multi);
+	F.multi = NULL;
+	F.started = false;
+	while (F.disk_n) {
+		free(F.disk_files[F.disk_head]);
+		F.disk_head = (F.disk_head + 1) % DISK_FILES_MAX;
+		F.disk_n--;
+	}
+	pthread_mutex_unlock(&F.lock);
+}
+
+/* ---- objects ---------------------------------------------------------------- */
+
+bool remote_is_url(const char *name)
+{
+	const char *p = strstr(name, "://");
+	if (!p || p == name)
+		return false;
+	for (const char *q = name; q < p; q++)
+		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
+			return false;
+	return true;
+}
+
+int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size, uint64_t *ret_tag,
+		struct timespec *ret_mtime, char *err, size_t errlen)
+{
+	pthread_once(&curl_once, curl_init);
+	if (strncmp(url, "s3://", 5) != 0 && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+		snprintf(err, errlen, "%s: no source implementation serves this URL scheme (s3://, http://, https://)", url);
+		return -EPROTONOSUPPORT;
+	}
+	char etag[160];
+	uint64_t size;
+	struct timespec mtime;
+	int r = s3_head(url, &size, etag, sizeof(etag), &mtime, err, errlen);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&F.lock);
+	r = engine_start();
+	struct remote_object *o = NULL;
+	for (o = F.objects; r == 0 && o; o = o->next)
+		if (!o->stale && o->size == size && strcmp(o->name, url) == 0 && strcmp(o->etag, etag) == 0)
+			break;
+	if (r == 0 && o) {
+		o->refs++;
+	} else if (r == 0) {
+		o = calloc(1, sizeof(*o));
+		r = -ENOMEM;
+		if (o && (o->name = strdup(url)) && s3_target_of(url, &o->t) == 0) {
+			o->size = size;
+			o->n_blocks = (size + BLOCK - 1) / BLOCK;
+			o->blocks = calloc(MAX(o->n_blocks, 1u), sizeof(*o->blocks));
+			snprintf(o->etag, sizeof(o->etag), "%s", etag);
+			o->refs = 1;
+			struct s3_settings s;
+			s3_settings(&s);
+			char dir[4096];
+			if (s.cache_dir && snprintf(dir, sizeof(dir), "%s/s3", s.cache_dir) < (int)sizeof(dir) &&
+			    (mkdir(dir, 0755) == 0 || errno == EEXIST) &&
+			    asprintf(&o->disk_prefix, "%s/%016" PRIx64 "-%016" PRIx64, dir, hash_str(url), hash_str(etag)) < 0)
+				o->disk_prefix = NULL;
+			if (o->blocks) {
+				o->next = F.objects;
+				F.objects = o;
+				r = 0;
+			}
+		}
+		if (r < 0 && o) {
+			s3_target_done(&o->t);
+			free(o->name);
+			free(o->blocks);
+			free(o);
+		}
+	}
+	pthread_mutex_unlock(&F.lock);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: cannot open: %s", url, strerror(-r));
+		return r;
+	}
+	*ret = o;
+	*ret_size = size;
+	*ret_tag = hash_str(etag);
+	*ret_mtime = mtime;
+	return 0;
+}
+
+/* F.lock held. */
+static void unref_locked(struct remote_object *o)
+{
+	if (--o->refs)
+		return;
+	for (uint64_t i = 0; i < o->n_blocks; i++)
+		if (o->blocks[i])
+			block_free(o->blocks[i]);
+	for (struct remote_object **pp = &F.objects; *pp; pp = &(*pp)->next)
+		if (*pp == o) {
+			*pp = o->next;
+			break;
+		}
+	s3_target_done(&o->t);
+	free(o->disk_prefix);
+	free(o->blocks);
+	free(o->name);
+	free(o);
+}
+
+struct remote_object *remote_unref(struct remote_object *o)
+{
+	if (!o)
+		return NULL;
+	pthread_mutex_lock(&F.lock);
+	unref_locked(o);
+	pthread_mutex_unlock(&F.lock);
+	return NULL;
+}
+
+int remote_check(const char *url, uint64_t tag, char *err, size_t errlen)
+{
+	int r = 0;
+	pthread_mutex_lock(&F.lock);
+	for (struct remote_object *o = F.objects; o; o = o->next)
+		if (o->stale && hash_str(o->etag) == tag && strcmp(o->name, url) == 0) {
+			snprintf(err, errlen, "%s: changed while serving (its ETag %s no longer matches)", url, o->etag);
+			r = -ESTALE;
+			break;
+		}
+	pthread_mutex_unlock(&F.lock);
+	return r;
+}
+
+void remote_stats(struct remote_stats *ret)
+{
+	pthread_mutex_lock(&F.lock);
+	*ret = F.st;
+	pthread_mutex_unlock(&F.lock);
+}
+
+/* ---- reads -------------------------------------------------------------------- */
+
+static int flush(struct job **jp)
+{
+	struct job *j = *jp;
+	if (!j)
+		return 0;
+	*jp = NULL;
+	j->buf = malloc(j->want);
+	if (!j->buf) {
+		fail_blocks(j, -ENOMEM);
+		job_free(j);
+		return -ENOMEM;
+	}
+	enqueue(j);
+	return 0;
+}
+
+/* Block idx of o, wanted: created (from disk, else queued into *jp) if missing. F.lock held. */
+static struct block *want(struct remote_object *o, uint64_t idx, bool demand, struct job **jp)
+{
+	struct block *b = o->blocks[idx];
+	if (b) {
+		if (demand && b->state == B_READY) {
+			F.st.hits++;
+			lru_push(b);
+		}
+		return b;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	*b = (struct block){ .obj = o, .idx = idx, .state = B_WANTED, .len = block_len(o, idx) };
+	o->blocks[idx] = b;
+	if (disk_load(b)) {
+		b->state = B_READY;
+		F.st.memory_bytes += b->len;
+		F.st.hits += demand;
+		F.st.disk_hits++;
+		lru_push(b);
+		return b;
+	}
+	F.st.misses += demand;
+	struct job *j = *jp;
+	if (j && j->obj == o && j->b0 + j->n == idx && j->n < JOB_MAX_BLOCKS) {
+		j->n++;
+		j->want += b->len;
+		return b;
+	}
+	flush(jp);
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		o->blocks[idx] = NULL;
+		free(b);
+		return NULL;
+	}
+	*j = (struct job){ .obj = o, .b0 = idx, .n = 1, .off = idx * BLOCK, .want = b->len, .demand = demand };
+	o->refs++;
+	*jp = j;
+	return b;
+}
+
+int remote_read_many(const struct remote_read *reads, size_t n, size_t *ret_failed)
+{
+	int r = 0;
+	size_t failed = 0;
+	struct job *j = NULL;
+	pthread_mutex_lock(&F.lock);
+	/* Pin every block the reads need, and queue those missing. */
+	size_t pinned = 0;
+	for (; pinned < n; pinned++) {
+		const struct remote_read *q = &reads[pinned];
+		if (q->offset + q->len > q->obj->size) {
+			r = -ENODATA;
+			break;
+		}
+		if (!q->len)
+			continue;
+		uint64_t b0 = q->offset >> BLOCK_SHIFT, b1 = (q->offset + q->len - 1) >> BLOCK_SHIFT;
+		uint64_t b;
+		for (b = b0; b <= b1; b++) {
+			struct block *blk = want(q->obj, b, true, &j);
+			if (!blk)
+				break;
+			blk->pins++;
+		}
+		if (b <= b1) {
+			/* Unpin what this read pinned, then the earlier reads below. */
+			for (uint64_t c = b0; c < b; c++)
+				q->obj->blocks[c]->pins--;
+			r = -ENOMEM;
+			break;
+		}
+	}
+	if (r < 0)
+		failed = pinned;
+	flush(&j);
+	/* Read ahead of the last read of each object, by the bandwidth-delay product. */
+	uint64_t ra = MAX(F.st.readahead_bytes, 2 * BLOCK) >> BLOCK_SHIFT;
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		const struct remote_read *q = &reads[i];
+		if (i + 1 < n && reads[i + 1].obj == q->obj)
+			continue;
+		if (!q->len)
+			continue;
+		uint64_t last = (q->offset + q->len - 1) >> BLOCK_SHIFT;
+		for (uint64_t b = last + 1; b <= last + ra && b < q->obj->n_blocks; b++)
+			if (!q->obj->blocks[b] && !want(q->obj, b, false, &j))
+				break;
+		flush(&j);
+	}
+	curl_multi_wakeup(F.multi);
+
+	/* Wait, then copy with the lock dropped (the blocks stay pinned). */
+	for (size_t i = 0; r == 0 && i < pinned; i++) {
+		const struct remote_read *q = &reads[i];
+		if (!q->len)
+			continue;
+		for (uint64_t b = q->offset >> BLOCK_SHIFT; b <= (q->offset + q->len - 1) >> BLOCK_SHIFT; b++) {
+			struct block *blk = q->obj->blocks[b];
+			while (blk->state == B_WANTED)
+				pthread_cond_wait(&F.cond, &F.lock);
+			if (blk->state == B_FAILED && r == 0) {
+				r = blk->err;
+				failed = i;
+			}
+		}
+	}
+	pthread_mutex_unlock(&F.lock);
+	for (size_t i = 0; r == 0 && i < pinned; i++) {
+		const struct remote_read *q = &reads[i];
+		uint64_t at = q->offset, end = q->offset + q->len;
+		uint8_t *dst = q->dst;
+		while (at < end) {
+			struct block *blk = q->obj->blocks[at >> BLOCK_SHIFT];
+			uint64_t in = at & (BLOCK - 1), k = MIN(end - at, blk->len - in);
+			memcpy(dst, blk->data + in, k);
+			dst += k;
+			at += k;
+		}
+	}
+	pthread_mutex_lock(&F.lock);
+	for (size_t i = 0; i < pinned; i++) {
+		const struct remote_read *q = &reads[i];
+		if (!q->len)
+			continue;
+		for (uint64_t b = q->offset >> BLOCK_SHIFT; b <= (q->offset + q->len - 1) >> BLOCK_SHIFT; b++) {
+			struct block *blk = q->obj->blocks[b];
+			blk->pins--;
+			/* A failure is not kept: a later read asks again (a stale object fails again anyway). */
+			if (!blk->pins && blk->state == B_FAILED)
+				block_free(blk);
+		}
+	}
+	evict();
+	pthread_mutex_unlock(&F.lock);
+	if (r < 0 && ret_failed)
+		*ret_failed = failed;
+	return r;
+}
