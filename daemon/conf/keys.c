@@ -185,7 +185,8 @@ static bool valid_feed_name(const char *n)
 static char *resolve(const char *dir, const char *path)
 {
 	char *out;
-	if (path[0] == '/' || !dir)
+	/* A URL (s3://bucket/key, https://...) is not relative to anything. */
+	if (path[0] == '/' || !dir || strstr(path, "://"))
 		return strdup(path);
 	return asprintf(&out, "%s/%s", dir, path) < 0 ? NULL : out;
 }
