@@ -35,7 +35,35 @@ struct source_reader {
 	struct remote_read *rreads; /* queued remote reads */
 	size_t *ridx;
 	size_t rn, rcap;
+	struct io_stats remote;  /* what the remote reads added */
+	struct io_stats stats;   /* the io_reader's and those: what source_reader_stats() shows */
 };
+
+/* The reader's stats: its io_reader's, plus its remote reads (a batch in flight at once: its depth). */
+static void refresh(struct source_reader *r)
+{
+	const struct io_stats *l = io_reader_stats(r->io);
+	r->stats = (struct io_stats){ .reads = l->reads + r->remote.reads, .submits = l->submits + r->remote.submits,
+				      .bytes = l->bytes + r->remote.bytes, .wait_ns = l->wait_ns + r->remote.wait_ns,
+				      .max_inflight = MAX(l->max_inflight, r->remote.max_inflight),
+				      .depth_sum = l->depth_sum + r->remote.depth_sum,
+				      .depth_n = l->depth_n + r->remote.depth_n };
+}
+
+static void count_remote(struct source_reader *r, const struct remote_read *q, size_t n, uint64_t t0)
+{
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < n; i++)
+		bytes += q[i].len;
+	r->remote.reads += n;
+	r->remote.submits++;
+	r->remote.bytes += bytes;
+	r->remote.wait_ns += now_ns() - t0;
+	r->remote.max_inflight = MAX(r->remote.max_inflight, (uint64_t)n);
+	r->remote.depth_sum += n;
+	r->remote.depth_n++;
+	refresh(r);
+}
 
 static void id_of(const struct stat *st, struct source_id *id)
 {
@@ -269,6 +297,7 @@ int source_reader_new(enum io_engine engine, unsigned depth, struct source_reade
 		free(r);
 		return e;
 	}
+	refresh(r);
 	*ret = r;
 	return 0;
 }
@@ -298,7 +327,7 @@ int source_reader_fallback(const struct source_reader *r)
 
 const struct io_stats *source_reader_stats(const struct source_reader *r)
 {
-	return io_reader_stats(r->io);
+	return &r->stats;
 }
 
 int source_submit(struct source_reader *r, const struct source_read *reads, size_t n)
@@ -351,13 +380,17 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	size_t n = r->n, rn = r->rn, failed = 0;
 	r->n = r->rn = 0;
 	int e = n ? io_reader_run(r->io, r->reqs, n, &failed) : 0;
+	refresh(r);
 	if (e < 0) {
 		if (ret_failed)
 			*ret_failed = r->lidx[failed];
 		return e;
 	}
 	/* Objects: the fetcher has them in flight, many at once, shared with every other reader. */
+	uint64_t t0 = now_ns();
 	e = rn ? remote_read_many(r->rreads, rn, &failed) : 0;
+	if (rn)
+		count_remote(r, r->rreads, rn, t0);
 	if (e < 0 && ret_failed)
 		*ret_failed = r->ridx[failed];
 	return e;
@@ -376,7 +409,9 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 		if (!buf)
 			return -ENOMEM;
 		struct remote_read q = { .obj = s->remote, .offset = 0, .len = (size_t)s->id.size, .dst = buf };
+		uint64_t t0 = now_ns();
 		int e = remote_read_many(&q, 1, NULL);
+		count_remote(r, &q, 1, t0);
 		if (e < 0) {
 			free(buf);
 			return e;
@@ -384,7 +419,9 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 		*ret = buf;
 		return 0;
 	}
-	return io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
+	int e = io_reader_read_file(r->io, s->fd, (size_t)s->id.size, ret);
+	refresh(r);
+	return e;
 }
 
 void source_read_error(char *err, size_t errlen, int r, const char *name, const char *index, uint64_t offset,
