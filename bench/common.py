@@ -52,6 +52,7 @@ EXPERIMENTS = [
     ("spine", "print", None, True),
     ("restart", "text", None, True),
     ("tok", "tok", None, False),
+    ("s3", "json", None, True),
 ]
 
 

@@ -294,7 +294,7 @@ static void measure(struct job *j)
 	F.win_bytes += j->want;
 	if (!F.win_start)
 		F.win_start = now;
-	if (now - F.win_start >= 500000000u) {
+	if (now - F.win_start >= 100000000u) {
 		double bw = (double)F.win_bytes * 1e9 / (double)(now - F.win_start);
 		F.st.bandwidth = F.st.bandwidth ? 0.5 * F.st.bandwidth + 0.5 * bw : bw;
 		F.win_start = now;
