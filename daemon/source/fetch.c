@@ -52,6 +52,7 @@ struct remote_object {
 	struct block **blocks;
 	unsigned refs;
 	bool stale;
+	bool whole; /* read ahead to its end already */
 	char *disk_prefix; /* cache_dir/s3/HASH-TAG; NULL: no disk cache */
 	struct remote_object *next;
 };
@@ -77,7 +78,6 @@ static struct {
 	struct job *demand, *ahead; /* queued, not started */
 	struct remote_object *objects;
 	struct block lru;
-	uint64_t win_start, win_bytes;
 	char *disk_files[DISK_FILES_MAX]; /* written by us, oldest first (ring) */
 	size_t disk_head, disk_n;
 	struct remote_stats st;
@@ -286,20 +286,16 @@ static void job_start(struct job *j)
 
 static void measure(struct job *j)
 {
-	curl_off_t ttfb = 0;
+	curl_off_t ttfb = 0, total = 0;
 	curl_easy_getinfo(j->easy, CURLINFO_STARTTRANSFER_TIME_T, &ttfb);
+	curl_easy_getinfo(j->easy, CURLINFO_TOTAL_TIME_T, &total);
 	double lat = (double)ttfb / 1e6;
-	F.st.latency_s = F.st.latency_s ? 0.8 * F.st.latency_s + 0.2 * lat : lat;
-	uint64_t now = now_ns();
-	F.win_bytes += j->want;
-	if (!F.win_start)
-		F.win_start = now;
-	if (now - F.win_start >= 100000000u) {
-		double bw = (double)F.win_bytes * 1e9 / (double)(now - F.win_start);
-		F.st.bandwidth = F.st.bandwidth ? 0.5 * F.st.bandwidth + 0.5 * bw : bw;
-		F.win_start = now;
-		F.win_bytes = 0;
+	/* One connection's rate once the bytes flow: what a request in flight delivers. */
+	if (total > ttfb && j->want >= BLOCK) {
+		double rate = (double)j->want * 1e6 / (double)(total - ttfb);
+		F.st.bandwidth = F.st.bandwidth ? 0.8 * F.st.bandwidth + 0.2 * rate : rate;
 	}
+	F.st.latency_s = F.st.latency_s ? 0.8 * F.st.latency_s + 0.2 * lat : lat;
 	/* Enough bytes ahead to cover one round trip at the rate seen, twice over. */
 	struct s3_settings s;
 	s3_settings(&s);
@@ -691,16 +687,28 @@ int remote_read_many(const struct remote_read *reads, size_t n, size_t *ret_fail
 	if (r < 0)
 		failed = pinned;
 	flush(&j);
-	/* Read ahead of the last read of each object, by the bandwidth-delay product. */
+	/*
+	 * Read ahead. The plan says what comes: documents are shuffled among the
+	 * shards of one window, and a window's shards are read to the end before
+	 * the next (docs/sample-order.md), so a shard touched is a shard wholly
+	 * needed soon: one that fits a quarter of the memory bound is fetched
+	 * whole from its first read. A larger one is read ahead of each read by
+	 * the bandwidth-delay product.
+	 */
+	struct s3_settings set;
+	s3_settings(&set);
 	uint64_t ra = MAX(F.st.readahead_bytes, 2 * BLOCK) >> BLOCK_SHIFT;
 	for (size_t i = 0; r == 0 && i < n; i++) {
 		const struct remote_read *q = &reads[i];
-		if (i + 1 < n && reads[i + 1].obj == q->obj)
+		if ((i + 1 < n && reads[i + 1].obj == q->obj) || !q->len)
 			continue;
-		if (!q->len)
-			continue;
-		uint64_t last = (q->offset + q->len - 1) >> BLOCK_SHIFT;
-		for (uint64_t b = last + 1; b <= last + ra && b < q->obj->n_blocks; b++)
+		uint64_t last = (q->offset + q->len - 1) >> BLOCK_SHIFT, from = last + 1, to = last + ra;
+		if (q->obj->size <= set.memory_bytes / 4 && !q->obj->whole) {
+			q->obj->whole = true;
+			from = 0;
+			to = q->obj->n_blocks;
+		}
+		for (uint64_t b = from; b <= to && b < q->obj->n_blocks; b++)
 			if (!q->obj->blocks[b] && !want(q->obj, b, false, &j))
 				break;
 		flush(&j);
