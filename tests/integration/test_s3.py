@@ -296,3 +296,37 @@ if __name__ == "__main__":
         print("SKIP: " + WHY)
         sys.exit(77)
     sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", __file__, *sys.argv[1:]]))
+
+
+def test_throttling_store_is_diagnosed(daemon, s3, tmp_path):
+    """A store answering 429/503 to half the GETs, 30 ms away: a starved client is storage-bound, and says why."""
+    data = tmp_path / "big"
+    gen_megatron.main([str(data), "--shards", "4", "--docs-per-shard", "3000", "--mean-len", "1000", "--seed", "9"])
+    upload_dir(s3, data, "big")
+    s3.faults(p503=0.3, p429=0.2, latency_ms=30)
+    # host_pct = 100: on a loaded test machine the host rule (checked first) must not hide the store.
+    d = daemon(head(s3, extra="s3_memory_max = 8M\nthreads = 2\n")
+               + "[diagnosis]\nwindow_s = 4\nmin_batches = 3\nhost_pct = 100\n\n"
+               + feed("s3", "s3://feedd/big/*.idx"))
+    p = d.client("s3", 0, 1, 1000000)
+    try:
+        deadline, seen, verdict = time.time() + 60, set(), None
+        while time.time() < deadline and not verdict:
+            time.sleep(0.5)
+            st = d.status()
+            c = next((c for c in st["clients"] if c["rank"] == 0), None)
+            if c and c.get("diagnosis"):
+                seen.add(c["diagnosis"]["text"][:140])
+                if "object store throttling" in c["diagnosis"]["text"]:
+                    verdict = (st, c)
+        assert verdict, f"no throttling verdict in 60 s; saw: {seen}"
+        st, c = verdict
+        dg = c["diagnosis"]
+        assert dg["kind"] == "starved" and dg["cause"] == "storage", dg
+        assert "storage-bound: object store throttling:" in dg["text"], dg["text"]
+        assert st["fetch"]["throttled"] > 0 and st["fetch"]["retries"] > 0, st["fetch"]
+        assert s3.stats()["injected_503"] + s3.stats()["injected_429"] > 0
+        # The metrics endpoint is not on here; the counters are in the status document.
+    finally:
+        p.kill()
+        p.wait()
