@@ -185,6 +185,21 @@ static inline void format_doc_read(const struct shard *s, uint32_t doc, struct s
 	s->format->doc_read(s, doc, ret);
 }
 
+/*
+ * The plan's hint that s's documents are read soon (its shuffle window is
+ * next): the source its documents are read from starts fetching, if it is
+ * an object in storage (source_prefetch). Never blocks.
+ */
+static inline void format_prefetch(const struct shard *s)
+{
+	if (!s->n_docs || !s->format || !s->format->doc_read)
+		return;
+	struct source_read q = { 0 };
+	s->format->doc_read(s, 0, &q);
+	if (q.src)
+		source_prefetch(q.src, 0, source_size(q.src));
+}
+
 static inline int format_doc_text(const struct shard *s, uint32_t doc, const uint8_t *bytes, size_t len,
 				  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
 {

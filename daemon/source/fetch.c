@@ -652,6 +652,27 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 	return b;
 }
 
+void remote_prefetch(struct remote_object *o, uint64_t offset, uint64_t len)
+{
+	struct s3_settings set;
+	s3_settings(&set);
+	if (offset >= o->size || !len)
+		return;
+	len = MIN(MIN(len, o->size - offset), set.memory_bytes / 8);
+	struct job *j = NULL;
+	pthread_mutex_lock(&F.lock);
+	uint64_t b1 = (offset + len - 1) >> BLOCK_SHIFT;
+	for (uint64_t b = offset >> BLOCK_SHIFT; b <= b1; b++)
+		if (!o->blocks[b] && !want(o, b, false, &j))
+			break;
+	flush(&j);
+	if (offset == 0 && len == o->size)
+		o->whole = true;
+	if (F.multi)
+		curl_multi_wakeup(F.multi);
+	pthread_mutex_unlock(&F.lock);
+}
+
 int remote_read_many(const struct remote_read *reads, size_t n, size_t *ret_failed)
 {
 	int r = 0;

@@ -93,6 +93,13 @@ struct remote_object *remote_unref(struct remote_object *o);
 int remote_read_many(const struct remote_read *reads, size_t n, size_t *ret_failed);
 
 /*
+ * Starts fetching [offset, offset + len) of o (at most an eighth of the
+ * memory bound) as read-ahead, without waiting: the plan's hint that the
+ * bytes come soon (the shards of the next shuffle window).
+ */
+void remote_prefetch(struct remote_object *o, uint64_t offset, uint64_t len);
+
+/*
  * Without I/O (the main loop calls it): -ESTALE with a message when a read of
  * url as opened with ETag hash tag found it changed (If-Match failed), else 0.
  */

@@ -396,6 +396,12 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	return e;
 }
 
+void source_prefetch(struct source *s, uint64_t offset, uint64_t len)
+{
+	if (s->remote)
+		remote_prefetch(s->remote, offset, len);
+}
+
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed)
 {
 	int e = source_submit(r, reads, n);
