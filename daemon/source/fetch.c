@@ -76,6 +76,7 @@ static struct {
 	bool started, stop;
 	CURLM *multi;
 	struct job *demand, *ahead; /* queued, not started */
+	uint64_t ahead_bytes;       /* read-ahead bytes in flight */
 	struct remote_object *objects;
 	struct block lru;
 	char *disk_files[DISK_FILES_MAX]; /* written by us, oldest first (ring) */
@@ -268,6 +269,7 @@ static void job_start(struct job *j)
 	if (!j->easy)
 		j->easy = s3_easy();
 	if (!j->hdrs || !j->easy) {
+		F.ahead_bytes -= j->demand ? 0 : j->want;
 		F.st.errors++;
 		fail_blocks(j, j->hdrs ? -ENOMEM : -ENOKEY);
 		job_free(j);
@@ -313,6 +315,7 @@ static void job_done(struct job *j, CURLcode res)
 	curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
 	curl_multi_remove_handle(F.multi, j->easy);
 	F.st.inflight--;
+	F.ahead_bytes -= j->demand ? 0 : j->want;
 	bool whole = status == 200 && j->off == 0 && j->want == j->obj->size;
 	if (res == CURLE_OK && (status == 206 || whole) && j->got == j->want) {
 		F.st.bytes += j->want;
@@ -369,15 +372,24 @@ static void *engine(void *arg)
 		struct s3_settings s;
 		s3_settings(&s);
 		uint64_t now = now_ns(), wake = now + 200000000u;
+		/*
+		 * Demand first; read-ahead in order (the plan's: this window, then
+		 * the next) with at most a few bandwidth-delay products in flight,
+		 * so the bytes needed first are not slowed by those needed later.
+		 */
+		uint64_t ahead_cap = MAX(4 * F.st.readahead_bytes, UINT64_C(16) << 20);
 		for (struct job **q = &F.demand; q; q = q == &F.demand ? &F.ahead : NULL) {
 			for (struct job **pp = q; *pp && F.st.inflight < s.max_requests;) {
 				struct job *j = *pp;
+				if (!j->demand && F.ahead_bytes >= ahead_cap)
+					break;
 				if (j->not_before > now) {
 					wake = MIN(wake, j->not_before);
 					pp = &j->next;
 					continue;
 				}
 				*pp = j->next;
+				F.ahead_bytes += j->demand ? 0 : j->want;
 				job_start(j);
 			}
 		}

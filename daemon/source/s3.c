@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -284,6 +285,14 @@ struct curl_slist *s3_headers(const struct s3_target *t, const char *method, con
 	return l;
 }
 
+/* libcurl's sockets, close-on-exec like every fd of feedd. */
+static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	(void)clientp;
+	(void)purpose;
+	return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 CURL *s3_easy(void)
 {
 	CURL *e = curl_easy_init();
@@ -296,6 +305,7 @@ CURL *s3_easy(void)
 	curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 20L);
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
 	return e;
 }
 
