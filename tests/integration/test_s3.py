@@ -330,3 +330,25 @@ def test_throttling_store_is_diagnosed(daemon, s3, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_session_token_is_signed(daemon, megatron, tmp_path, monkeypatch):
+    s = S3(tmp_path, extra=["--require-signature", "--session-token", "FwoGZXIvYXdzEtoken/+="])
+    try:
+        upload_dir(s, megatron, "meg")
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEtoken/+=")
+        d = daemon(head(s) + feed("s3", "s3://feedd/meg/*.idx") + feed("local", f"{megatron}/*.idx"))
+        compare(d, tmp_path, "s3", "local", batches=10, worlds=((1, 0),))
+        st = s.stats()
+        assert st["sig_bad"] == 0 and st["sig_ok"] > 0, st
+        assert "FwoGZXIvYXdzEtoken" not in d.log_text() + json.dumps(d.status())
+    finally:
+        s.stop()
+
+
+def test_plain_http_range_reads(daemon, s3, megatron, tmp_path):
+    """An http(s):// URL: one object, read with unsigned range GETs (here s3rver itself, which needs no signature)."""
+    upload_dir(s3, megatron, "meg")
+    d = daemon(head(s3) + feed("url", f"{s3.direct}/feedd/meg/shard_001.idx")
+               + feed("local", f"{megatron}/shard_001.idx"))
+    compare(d, tmp_path, "url", "local", batches=10, worlds=((1, 0),))
