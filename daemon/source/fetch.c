@@ -522,7 +522,8 @@ int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size,
 			struct s3_settings s;
 			s3_settings(&s);
 			char dir[4096];
-			if (s.cache_dir && snprintf(dir, sizeof(dir), "%s/s3", s.cache_dir) < (int)sizeof(dir) &&
+			if (s.cache_dir && (mkdir(s.cache_dir, 0755) == 0 || errno == EEXIST) &&
+			    snprintf(dir, sizeof(dir), "%s/s3", s.cache_dir) < (int)sizeof(dir) &&
 			    (mkdir(dir, 0755) == 0 || errno == EEXIST) &&
 			    asprintf(&o->disk_prefix, "%s/%016" PRIx64 "-%016" PRIx64, dir, hash_str(url), hash_str(etag)) < 0)
 				o->disk_prefix = NULL;

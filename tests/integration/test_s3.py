@@ -352,3 +352,27 @@ def test_plain_http_range_reads(daemon, s3, megatron, tmp_path):
     d = daemon(head(s3) + feed("url", f"{s3.direct}/feedd/meg/shard_001.idx")
                + feed("local", f"{megatron}/shard_001.idx"))
     compare(d, tmp_path, "url", "local", batches=10, worlds=((1, 0),))
+
+
+def test_disk_cache_spares_a_restart_and_is_bounded(daemon, s3, megatron, tmp_path):
+    upload_dir(s3, megatron, "meg")
+    cache = tmp_path / "cache"
+    conf = head(s3, cache=cache) + feed("s3", "s3://feedd/meg/*.idx")
+    d = daemon(conf)
+    first = d.dump("s3", tmp_path / "a", batches=300)
+    assert d.status()["fetch"]["disk_bytes"] > 0
+    assert d.stop() == 0
+    gets = s3.stats()["gets"]
+    # A second feedd on the same cache_dir: the same batches, and no object byte fetched again.
+    d2 = daemon(conf)
+    second = d2.dump("s3", tmp_path / "b", batches=300)
+    assert np.array_equal(first["input_ids"], second["input_ids"])
+    assert s3.stats()["gets"] == gets, (s3.stats()["gets"], gets)
+    assert d2.status()["fetch"]["disk_hits"] > 0
+    # A bound below the data: what this process wrote stays under it.
+    d3 = daemon(head(s3, cache=tmp_path / "cache2", extra="s3_cache_max_bytes = 2M\n") + feed("s3", "s3://feedd/meg/*.idx"))
+    d3.dump("s3", tmp_path / "c", batches=300)
+    f = d3.status()["fetch"]
+    assert 0 < f["disk_bytes"] <= 2 << 20, f
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "cache2" / "s3").iterdir())
+    assert on_disk <= 2 << 20, on_disk
