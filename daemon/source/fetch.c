@@ -24,13 +24,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/source/diskcache.h"
 #include "daemon/source/s3.h"
 #include "proto/macro.h"
 
 #define BLOCK_SHIFT 20
 #define BLOCK ((uint64_t)1 << BLOCK_SHIFT)
 #define JOB_MAX_BLOCKS 8
-#define DISK_FILES_MAX 65536
 
 enum { B_WANTED, B_READY, B_FAILED };
 
@@ -53,7 +53,7 @@ struct remote_object {
 	unsigned refs;
 	bool stale;
 	bool whole; /* read ahead to its end already */
-	char *disk_prefix; /* cache_dir/s3/HASH-TAG; NULL: no disk cache */
+	char *disk_key;    /* HASH(URL)-HASH(ETag): its blocks' names in the disk cache */
 	struct remote_object *next;
 };
 
@@ -79,8 +79,8 @@ static struct {
 	uint64_t ahead_bytes;       /* read-ahead bytes in flight */
 	struct remote_object *objects;
 	struct block lru;
-	char *disk_files[DISK_FILES_MAX]; /* written by us, oldest first (ring) */
-	size_t disk_head, disk_n;
+	struct diskcache *disk; /* cache_dir/s3; NULL: none */
+	char *disk_dir;         /* the cache_dir it is over */
 	struct remote_stats st;
 } F = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
@@ -149,69 +149,23 @@ static size_t block_len(const struct remote_object *o, uint64_t idx)
 	return (size_t)MIN(BLOCK, o->size - idx * BLOCK);
 }
 
-static void disk_name(const struct remote_object *o, uint64_t idx, char *out, size_t n)
-{
-	snprintf(out, n, "%s.%" PRIu64, o->disk_prefix, idx);
-}
-
 /* A block from the disk cache, if it is there whole. */
 static bool disk_load(struct block *b)
 {
-	if (!b->obj->disk_prefix)
+	if (!F.disk || !b->obj->disk_key || !(b->data = malloc(b->len)))
 		return false;
-	char path[4096];
-	disk_name(b->obj, b->idx, path, sizeof(path));
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	uint8_t *data = malloc(b->len);
-	ssize_t got = data ? pread(fd, data, b->len, 0) : -1;
-	struct stat st;
-	bool ok = got == (ssize_t)b->len && fstat(fd, &st) == 0 && (uint64_t)st.st_size == b->len;
-	close(fd);
-	if (!ok) {
-		free(data);
-		return false;
-	}
-	b->data = data;
-	return true;
+	if (diskcache_load(F.disk, b->obj->disk_key, b->idx, b->data, b->len))
+		return true;
+	free(b->data);
+	b->data = NULL;
+	return false;
 }
 
 static void disk_store(const struct block *b)
 {
-	if (!b->obj->disk_prefix)
-		return;
-	struct s3_settings s;
-	s3_settings(&s);
-	char path[4096], tmp[4200];
-	disk_name(b->obj, b->idx, path, sizeof(path));
-	snprintf(tmp, sizeof(tmp), "%s.tmp-%d", path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return;
-	bool ok = write(fd, b->data, b->len) == (ssize_t)b->len;
-	close(fd);
-	if (!ok || rename(tmp, path) < 0) {
-		unlink(tmp);
-		return;
-	}
-	/* The bound: what this process wrote, oldest removed first. */
-	while (F.disk_n && (F.st.disk_bytes + b->len > s.cache_max_bytes || F.disk_n == DISK_FILES_MAX)) {
-		char *old = F.disk_files[F.disk_head];
-		struct stat st;
-		if (stat(old, &st) == 0) {
-			F.st.disk_bytes -= MIN(F.st.disk_bytes, (uint64_t)st.st_size);
-			unlink(old);
-		}
-		free(old);
-		F.disk_head = (F.disk_head + 1) % DISK_FILES_MAX;
-		F.disk_n--;
-	}
-	char *keep = strdup(path);
-	if (keep) {
-		F.disk_files[(F.disk_head + F.disk_n) % DISK_FILES_MAX] = keep;
-		F.disk_n++;
-		F.st.disk_bytes += b->len;
+	if (F.disk && b->obj->disk_key) {
+		diskcache_store(F.disk, b->obj->disk_key, b->idx, b->data, b->len);
+		F.st.disk_bytes = diskcache_bytes(F.disk);
 	}
 }
 
@@ -467,11 +421,9 @@ void remote_shutdown(void)
 	curl_multi_cleanup(F.multi);
 	F.multi = NULL;
 	F.started = false;
-	while (F.disk_n) {
-		free(F.disk_files[F.disk_head]);
-		F.disk_head = (F.disk_head + 1) % DISK_FILES_MAX;
-		F.disk_n--;
-	}
+	F.disk = diskcache_free(F.disk);
+	free(F.disk_dir);
+	F.disk_dir = NULL;
 	pthread_mutex_unlock(&F.lock);
 }
 
@@ -521,12 +473,15 @@ int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size,
 			o->refs = 1;
 			struct s3_settings s;
 			s3_settings(&s);
-			char dir[4096];
-			if (s.cache_dir && (mkdir(s.cache_dir, 0755) == 0 || errno == EEXIST) &&
-			    snprintf(dir, sizeof(dir), "%s/s3", s.cache_dir) < (int)sizeof(dir) &&
-			    (mkdir(dir, 0755) == 0 || errno == EEXIST) &&
-			    asprintf(&o->disk_prefix, "%s/%016" PRIx64 "-%016" PRIx64, dir, hash_str(url), hash_str(etag)) < 0)
-				o->disk_prefix = NULL;
+			/* The disk tier follows cache_dir (a reload may move it). */
+			if (s.cache_dir && (!F.disk_dir || strcmp(F.disk_dir, s.cache_dir) != 0)) {
+				F.disk = diskcache_free(F.disk);
+				free(F.disk_dir);
+				F.disk_dir = strdup(s.cache_dir);
+				F.disk = F.disk_dir ? diskcache_new(s.cache_dir, s.cache_max_bytes) : NULL;
+			}
+			if (s.cache_dir && asprintf(&o->disk_key, "%016" PRIx64 "-%016" PRIx64, hash_str(url), hash_str(etag)) < 0)
+				o->disk_key = NULL;
 			if (o->blocks) {
 				o->next = F.objects;
 				F.objects = o;
@@ -566,7 +521,7 @@ static void unref_locked(struct remote_object *o)
 			break;
 		}
 	s3_target_done(&o->t);
-	free(o->disk_prefix);
+	free(o->disk_key);
 	free(o->blocks);
 	free(o->name);
 	free(o);
