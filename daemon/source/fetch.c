@@ -451,7 +451,10 @@ int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size,
 	char etag[160];
 	uint64_t size;
 	struct timespec mtime;
-	int r = s3_head(url, &size, etag, sizeof(etag), &mtime, err, errlen);
+	/* A listing just said what the object is (one LIST per 1000 keys); else ask. */
+	int r = s3_listed(url, &size, etag, sizeof(etag), &mtime);
+	if (r < 0)
+		r = s3_head(url, &size, etag, sizeof(etag), &mtime, err, errlen);
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&F.lock);

@@ -22,6 +22,7 @@
 #include "proto/macro.h"
 
 static pthread_mutex_t conf_lock = PTHREAD_MUTEX_INITIALIZER;
+static void listed_clear(void);
 static struct s3_settings settings;
 static struct {
 	char *access_key, *secret_key, *session_token;
@@ -101,6 +102,7 @@ int remote_configure(const struct remote_conf *c)
 {
 	pthread_mutex_lock(&conf_lock);
 	settings_clear();
+	listed_clear();
 	const char *env_ep = getenv("AWS_ENDPOINT_URL_S3") ? "AWS_ENDPOINT_URL_S3" : "AWS_ENDPOINT_URL";
 	settings.endpoint = dup_or(c->endpoint, env_ep, NULL);
 	settings.region = dup_or(c->region, getenv("AWS_REGION") ? "AWS_REGION" : "AWS_DEFAULT_REGION", "us-east-1");
@@ -513,6 +515,76 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/*
+ * What a listing said of each object (size, ETag, Last-Modified), kept until
+ * remote_open() takes it: a feed of N shards costs one LIST per 1000 keys
+ * rather than N HEADs. Cleared at each remote_configure() (each load).
+ */
+struct listed {
+	char *url;
+	uint64_t size;
+	char etag[160];
+	time_t mtime;
+	struct listed *next;
+};
+static struct listed *listed;
+
+static void listed_clear(void)
+{
+	while (listed) {
+		struct listed *l = listed;
+		listed = l->next;
+		free(l->url);
+		free(l);
+	}
+}
+
+static void remember(const char *bucket, const char *key, const char *item)
+{
+	const char *at = item;
+	_cleanup_free_ char *etag = xml_next(item, &at, "ETag");
+	at = item;
+	_cleanup_free_ char *size = xml_next(item, &at, "Size");
+	at = item;
+	_cleanup_free_ char *lm = xml_next(item, &at, "LastModified");
+	struct tm tm = { 0 };
+	if (!etag || !size || !lm || !strptime(lm, "%Y-%m-%dT%H:%M:%S", &tm))
+		return;
+	struct listed *l = calloc(1, sizeof(*l));
+	if (!l || asprintf(&l->url, "s3://%s/%s", bucket, key) < 0) {
+		free(l);
+		return;
+	}
+	l->size = strtoull(size, NULL, 10);
+	snprintf(l->etag, sizeof(l->etag), "%s", etag);
+	l->mtime = timegm(&tm);
+	pthread_mutex_lock(&conf_lock);
+	l->next = listed;
+	listed = l;
+	pthread_mutex_unlock(&conf_lock);
+}
+
+int s3_listed(const char *url, uint64_t *ret_size, char *etag, size_t etaglen, struct timespec *ret_mtime)
+{
+	int r = -ENOENT;
+	pthread_mutex_lock(&conf_lock);
+	for (struct listed **pp = &listed; *pp; pp = &(*pp)->next) {
+		struct listed *l = *pp;
+		if (strcmp(l->url, url) != 0)
+			continue;
+		*ret_size = l->size;
+		snprintf(etag, etaglen, "%s", l->etag);
+		*ret_mtime = (struct timespec){ .tv_sec = l->mtime };
+		*pp = l->next;
+		free(l->url);
+		free(l);
+		r = 0;
+		break;
+	}
+	pthread_mutex_unlock(&conf_lock);
+	return r;
+}
+
 int remote_list(const char *pattern, char ***ret, size_t *ret_n, char *err, size_t errlen)
 {
 	bool glob = strpbrk(pattern, "*?[") != NULL;
@@ -572,9 +644,14 @@ int remote_list(const char *pattern, char ***ret, size_t *ret_n, char *err, size
 			break;
 		curl_easy_cleanup(e);
 		const char *at = body.p ? body.p : "";
-		char *key;
-		while ((key = xml_next(body.p, &at, "Key"))) {
-			if (fnmatch(keypat, key, FNM_PATHNAME) != 0) {
+		char *item;
+		while ((item = xml_next(body.p, &at, "Contents"))) {
+			const char *in = item;
+			char *key = xml_next(item, &in, "Key");
+			if (key)
+				remember(bucket, key, item);
+			free(item);
+			if (!key || fnmatch(keypat, key, FNM_PATHNAME) != 0) {
 				free(key);
 				continue;
 			}

@@ -60,5 +60,11 @@ int s3_status_error(long status, const char *url, char *err, size_t errlen);
 int s3_head(const char *url, uint64_t *ret_size, char *etag, size_t etaglen, struct timespec *ret_mtime, char *err,
 	    size_t errlen);
 
+/*
+ * What the last listing (remote_list) said of url, taken (given once):
+ * 0, or -ENOENT when no listing named it (then HEAD it).
+ */
+int s3_listed(const char *url, uint64_t *ret_size, char *etag, size_t etaglen, struct timespec *ret_mtime);
+
 /* Counted by the fetcher (fetch.c). */
 void fetch_count_request(bool retry, bool throttled, bool failed);

@@ -166,6 +166,8 @@ def test_megatron_over_s3_equals_local(daemon, s3, megatron, tmp_path, mode):
         assert fetch["throttled"] >= st["injected_503"] + st["injected_429"] - 1, (st, fetch)
     # One fetch per byte per node: each .bin block was fetched once, whatever ranks and feeds read it.
     if mode == "clean":
+        # The listing said each object's size and ETag: no HEAD per shard.
+        assert st["heads"] == 0 and st["lists"] == 1, st
         for key, n in st["by_key"].items():
             if key.endswith(".bin"):
                 size = (megatron / Path(key).name).stat().st_size
