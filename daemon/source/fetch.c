@@ -377,13 +377,34 @@ static void curl_init(void)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
+/*
+ * libcurl makes its multi handle's wake-up socket pair without
+ * SOCK_CLOEXEC: the fds that appear across curl_multi_init() are made
+ * close-on-exec, like every fd of feedd (its other sockets come from
+ * s3_easy()'s open function).
+ */
+static CURLM *multi_init_cloexec(void)
+{
+	uint64_t before[16] = { 0 };
+	for (int fd = 0; fd < 1024; fd++)
+		if (fcntl(fd, F_GETFD) >= 0)
+			before[fd / 64] |= UINT64_C(1) << (fd % 64);
+	CURLM *m = curl_multi_init();
+	for (int fd = 0; m && fd < 1024; fd++) {
+		int fl = fcntl(fd, F_GETFD);
+		if (fl >= 0 && !(before[fd / 64] & (UINT64_C(1) << (fd % 64))) && !(fl & FD_CLOEXEC))
+			fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+	}
+	return m;
+}
+
 /* F.lock held. */
 static int engine_start(void)
 {
 	if (F.started)
 		return 0;
 	F.lru.prev = F.lru.next = &F.lru;
-	F.multi = curl_multi_init();
+	F.multi = multi_init_cloexec();
 	if (!F.multi)
 		return -ENOMEM;
 	struct s3_settings s;

@@ -173,6 +173,17 @@ def test_megatron_over_s3_equals_local(daemon, s3, megatron, tmp_path, mode):
                 size = (megatron / Path(key).name).stat().st_size
                 assert n <= (size + (1 << 20) - 1) >> 20, (key, n, size)
     assert "feeddtestsecret" not in d.log_text() and KEY not in json.dumps(status)
+    # Every fd of feedd, the fetcher's sockets included, is close-on-exec.
+    bad = []
+    for fd in os.listdir(f"/proc/{d.proc.pid}/fdinfo"):
+        try:
+            info = open(f"/proc/{d.proc.pid}/fdinfo/{fd}").read()
+        except FileNotFoundError:
+            continue
+        flags = int(next(l.split()[1] for l in info.splitlines() if l.startswith("flags:")), 8)
+        target = os.readlink(f"/proc/{d.proc.pid}/fd/{fd}") if os.path.exists(f"/proc/{d.proc.pid}/fd/{fd}") else "?"
+        bad.append((fd, target)) if int(fd) > 2 and not flags & 0o2000000 else None
+    assert not bad, f"not close-on-exec: {bad}"
 
 
 def text_docs(n, seed):
