@@ -171,8 +171,8 @@ def main():
             for p, _ in procs:
                 common.stop(p)
             store.stop()
-        req_rows.append([label, st["gets"], st["gets"] + st["heads"] + st["lists"], st["bytes"] / 1e6,
-                         st["bytes"] / size])
+        req_rows.append([label, st["gets"], st["gets"] + st["heads"] + st["lists"], st["connections"],
+                         st["bytes"] / 1e6, st["bytes"] / size])
     res = {
         "title": "Object storage: a feed over s3:// from a local S3 server",
         "command": "bench/s3/run.py" + (" --full" if a.full else ""),
@@ -186,7 +186,7 @@ def main():
             {"caption": f"Throughput, MB/s of object bytes (best of {a.rounds}); {C} requests in flight on both sides",
              "columns": ["reader", "MB/s", "/ boto3"], "rows": tput},
             {"caption": f"Requests the store sees: 8 ranks (world 8) reading {per_rank} batches each",
-             "columns": ["readers", "object GETs", "all requests", "MB fetched", "x data size"],
+             "columns": ["readers", "object GETs", "all requests", "TCP connections", "MB fetched", "x data size"],
              "rows": req_rows},
         ],
         "notes": [f"feedd's fetcher at the end of its last throughput run: {json.dumps(fetched)}"],

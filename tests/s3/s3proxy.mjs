@@ -29,7 +29,7 @@ if (opt('session-token')) creds.sessionToken = opt('session-token');
 const region = opt('region', 'us-east-1');
 const requireSig = args.includes('--require-signature');
 let faults = { p503: 0, p429: 0, preset: 0, ptrunc: 0, latency_ms: 0 };
-const stats = { requests: 0, gets: 0, heads: 0, lists: 0, puts: 0, bytes: 0, sig_ok: 0, sig_bad: 0, unsigned: 0,
+const stats = { connections: 0, requests: 0, gets: 0, heads: 0, lists: 0, puts: 0, bytes: 0, sig_ok: 0, sig_bad: 0, unsigned: 0,
 	injected_503: 0, injected_429: 0, injected_reset: 0, injected_trunc: 0, precondition_failed: 0,
 	by_key: {} };
 
@@ -151,6 +151,7 @@ const proxy = http.createServer(async (req, res) => {
 	res.end(req.method === 'HEAD' ? undefined : up.body);
 });
 proxy.keepAliveTimeout = 30000;
+proxy.on('connection', () => { stats.connections++; });
 proxy.listen(0, '127.0.0.1', () => {
 	console.log(JSON.stringify({ s3rver: s3port, proxy: proxy.address().port }));
 });
