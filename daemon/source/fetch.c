@@ -41,6 +41,7 @@ struct block {
 	uint8_t *data;
 	size_t len;
 	unsigned pins;
+	struct job *job;           /* WANTED: the GET that brings it */
 	struct block *prev, *next; /* the LRU, READY blocks only */
 };
 
@@ -63,6 +64,7 @@ struct job {
 	uint8_t *buf;
 	unsigned attempt;
 	bool demand;
+	bool started;              /* on the multi handle (else queued) */
 	uint64_t not_before;
 	CURL *easy;
 	struct curl_slist *hdrs;
@@ -208,6 +210,7 @@ static void fail_blocks(struct job *j, int err)
 		struct block *b = j->obj->blocks[j->b0 + i];
 		b->state = B_FAILED;
 		b->err = err;
+		b->job = NULL;
 	}
 	pthread_cond_broadcast(&F.cond);
 }
@@ -237,6 +240,7 @@ static void job_start(struct job *j)
 	F.st.requests++;
 	F.st.retries += j->attempt > 0;
 	F.st.inflight++;
+	j->started = true;
 	curl_multi_add_handle(F.multi, j->easy);
 }
 
@@ -284,6 +288,7 @@ static void job_done(struct job *j, CURLcode res)
 			}
 			memcpy(b->data, j->buf + i * BLOCK, b->len);
 			b->state = B_READY;
+			b->job = NULL;
 			F.st.memory_bytes += b->len;
 			lru_push(b);
 			disk_store(b);
@@ -302,6 +307,7 @@ static void job_done(struct job *j, CURLcode res)
 		/* A fresh connection after a reset; the handle keeps none of the old request. */
 		curl_easy_cleanup(j->easy);
 		j->easy = NULL;
+		j->started = false;
 		enqueue(j);
 		return;
 	}
@@ -608,6 +614,16 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 		if (demand && b->state == B_READY) {
 			F.st.hits++;
 			lru_push(b);
+		} else if (demand && b->job && !b->job->started && !b->job->demand) {
+			/* Read-ahead still queued is needed now: it goes with the demand. */
+			struct job **pp = &F.ahead;
+			while (*pp && *pp != b->job)
+				pp = &(*pp)->next;
+			if (*pp) {
+				*pp = b->job->next;
+				b->job->demand = true;
+				enqueue(b->job);
+			}
 		}
 		return b;
 	}
@@ -629,6 +645,7 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 	if (j && j->obj == o && j->b0 + j->n == idx && j->n < JOB_MAX_BLOCKS) {
 		j->n++;
 		j->want += b->len;
+		b->job = j;
 		return b;
 	}
 	flush(jp);
@@ -639,6 +656,7 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 		return NULL;
 	}
 	*j = (struct job){ .obj = o, .b0 = idx, .n = 1, .off = idx * BLOCK, .want = b->len, .demand = demand };
+	b->job = j;
 	o->refs++;
 	*jp = j;
 	return b;
