@@ -78,6 +78,7 @@ static struct {
 	bool started, stop;
 	CURLM *multi;
 	struct job *demand, *ahead; /* queued, not started */
+	struct job *running;        /* on the multi handle */
 	uint64_t ahead_bytes;       /* read-ahead bytes in flight */
 	struct remote_object *objects;
 	struct block lru;
@@ -241,6 +242,8 @@ static void job_start(struct job *j)
 	F.st.retries += j->attempt > 0;
 	F.st.inflight++;
 	j->started = true;
+	j->next = F.running;
+	F.running = j;
 	curl_multi_add_handle(F.multi, j->easy);
 }
 
@@ -272,6 +275,11 @@ static void job_done(struct job *j, CURLcode res)
 	long status = 0;
 	curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
 	curl_multi_remove_handle(F.multi, j->easy);
+	for (struct job **pp = &F.running; *pp; pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			break;
+		}
 	F.st.inflight--;
 	F.ahead_bytes -= j->demand ? 0 : j->want;
 	bool whole = status == 200 && j->off == 0 && j->want == j->obj->size;
@@ -438,10 +446,13 @@ void remote_shutdown(void)
 	pthread_mutex_unlock(&F.lock);
 	pthread_join(F.thread, NULL);
 	pthread_mutex_lock(&F.lock);
-	for (struct job **q = &F.demand; q; q = q == &F.demand ? &F.ahead : NULL)
+	/* Queued and running transfers end here (an exit, with nobody waiting). */
+	for (struct job **q = &F.demand; q; q = q == &F.demand ? &F.ahead : q == &F.ahead ? &F.running : NULL)
 		while (*q) {
 			struct job *j = *q;
 			*q = j->next;
+			if (j->started)
+				curl_multi_remove_handle(F.multi, j->easy);
 			fail_blocks(j, -ECANCELED);
 			job_free(j);
 		}
@@ -455,17 +466,6 @@ void remote_shutdown(void)
 }
 
 /* ---- objects ---------------------------------------------------------------- */
-
-bool remote_is_url(const char *name)
-{
-	const char *p = strstr(name, "://");
-	if (!p || p == name)
-		return false;
-	for (const char *q = name; q < p; q++)
-		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
-			return false;
-	return true;
-}
 
 int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size, uint64_t *ret_tag,
 		struct timespec *ret_mtime, char *err, size_t errlen)

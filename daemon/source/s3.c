@@ -98,6 +98,17 @@ static void load_profile(const char *path, const char *profile)
 	fclose(f);
 }
 
+bool remote_is_url(const char *name)
+{
+	const char *p = strstr(name, "://");
+	if (!p || p == name)
+		return false;
+	for (const char *q = name; q < p; q++)
+		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
+			return false;
+	return true;
+}
+
 int remote_configure(const struct remote_conf *c)
 {
 	pthread_mutex_lock(&conf_lock);
