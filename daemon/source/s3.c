@@ -23,6 +23,7 @@
 
 static pthread_mutex_t conf_lock = PTHREAD_MUTEX_INITIALIZER;
 static void listed_clear(void);
+static bool configured;
 static struct s3_settings settings;
 static struct {
 	char *access_key, *secret_key, *session_token;
@@ -138,8 +139,19 @@ int remote_configure(const struct remote_conf *c)
 		load_profile(settings.credentials_file, settings.profile);
 	}
 	bool ok = settings.region && settings.profile && settings.max_requests;
+	configured = ok;
 	pthread_mutex_unlock(&conf_lock);
 	return ok ? 0 : -ENOMEM;
+}
+
+/* A program that never called remote_configure() (feedctl, a test) gets the environment's settings. */
+static void ensure_configured(void)
+{
+	pthread_mutex_lock(&conf_lock);
+	bool done = configured;
+	pthread_mutex_unlock(&conf_lock);
+	if (!done)
+		remote_configure(&(struct remote_conf){ 0 });
 }
 
 void s3_settings(struct s3_settings *ret)
@@ -179,6 +191,7 @@ void s3_target_done(struct s3_target *t)
 int s3_target_of(const char *url, struct s3_target *ret)
 {
 	struct s3_target t = { 0 };
+	ensure_configured();
 	if (strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0) {
 		const char *h = strstr(url, "://") + 3, *slash = strchr(h, '/');
 		t.url = strdup(url);
