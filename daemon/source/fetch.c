@@ -83,17 +83,11 @@ static struct {
 	struct remote_object *objects;
 	struct block lru;
 	struct diskcache *disk; /* cache_dir/s3; NULL: none */
+	pthread_mutex_t disk_lock; /* held while writing to it (F.lock dropped) or replacing it */
+	struct job *to_disk;    /* done, their blocks still to write */
 	char *disk_dir;         /* the cache_dir it is over */
 	struct remote_stats st;
-} F = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
-
-static uint64_t hash_str(const char *s)
-{
-	uint64_t h = UINT64_C(1469598103934665603);
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
-	return h;
-}
+} F = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .disk_lock = PTHREAD_MUTEX_INITIALIZER };
 
 void fetch_count_request(bool retry, bool throttled, bool failed)
 {
@@ -162,14 +156,6 @@ static bool disk_load(struct block *b)
 	free(b->data);
 	b->data = NULL;
 	return false;
-}
-
-static void disk_store(const struct block *b)
-{
-	if (F.disk && b->obj->disk_key) {
-		diskcache_store(F.disk, b->obj->disk_key, b->idx, b->data, b->len);
-		F.st.disk_bytes = diskcache_bytes(F.disk);
-	}
 }
 
 /* ---- the engine thread ----------------------------------------------------- */
@@ -299,10 +285,14 @@ static void job_done(struct job *j, CURLcode res)
 			b->job = NULL;
 			F.st.memory_bytes += b->len;
 			lru_push(b);
-			disk_store(b);
 		}
 		pthread_cond_broadcast(&F.cond);
-		job_free(j);
+		if (F.disk && j->obj->disk_key) {
+			j->next = F.to_disk;
+			F.to_disk = j;
+		} else {
+			job_free(j);
+		}
 		evict();
 		return;
 	}
@@ -330,6 +320,32 @@ static void job_done(struct job *j, CURLcode res)
 		j->obj->stale = true;
 	fail_blocks(j, err);
 	job_free(j);
+}
+
+/*
+ * Writes the blocks of finished transfers to the disk tier with F.lock
+ * dropped (the main loop takes it for status and checks), then frees them.
+ * Engine thread only; F.disk_lock keeps the tier from being replaced meanwhile.
+ */
+static void disk_flush(void)
+{
+	pthread_mutex_lock(&F.lock);
+	struct job *w = F.to_disk;
+	F.to_disk = NULL;
+	pthread_mutex_unlock(&F.lock);
+	while (w) {
+		struct job *next = w->next;
+		pthread_mutex_lock(&F.disk_lock);
+		for (uint64_t i = 0; F.disk && i < w->n; i++)
+			diskcache_store(F.disk, w->obj->disk_key, w->b0 + i, w->buf + i * BLOCK, block_len(w->obj, w->b0 + i));
+		uint64_t bytes = diskcache_bytes(F.disk);
+		pthread_mutex_unlock(&F.disk_lock);
+		pthread_mutex_lock(&F.lock);
+		F.st.disk_bytes = bytes;
+		job_free(w);
+		pthread_mutex_unlock(&F.lock);
+		w = next;
+	}
 }
 
 static void *engine(void *arg)
@@ -377,6 +393,7 @@ static void *engine(void *arg)
 			job_done(j, res);
 			pthread_mutex_unlock(&F.lock);
 		}
+		disk_flush();
 		int ms = (int)MIN((wake - MIN(wake, now_ns())) / 1000000u + 1, 200u);
 		curl_multi_poll(F.multi, NULL, 0, ms, NULL);
 		pthread_mutex_lock(&F.lock);
@@ -391,34 +408,13 @@ static void curl_init(void)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-/*
- * libcurl makes its multi handle's wake-up socket pair without
- * SOCK_CLOEXEC: the fds that appear across curl_multi_init() are made
- * close-on-exec, like every fd of feedd (its other sockets come from
- * s3_easy()'s open function).
- */
-static CURLM *multi_init_cloexec(void)
-{
-	uint64_t before[16] = { 0 };
-	for (int fd = 0; fd < 1024; fd++)
-		if (fcntl(fd, F_GETFD) >= 0)
-			before[fd / 64] |= UINT64_C(1) << (fd % 64);
-	CURLM *m = curl_multi_init();
-	for (int fd = 0; m && fd < 1024; fd++) {
-		int fl = fcntl(fd, F_GETFD);
-		if (fl >= 0 && !(before[fd / 64] & (UINT64_C(1) << (fd % 64))) && !(fl & FD_CLOEXEC))
-			fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-	}
-	return m;
-}
-
 /* F.lock held. */
 static int engine_start(void)
 {
 	if (F.started)
 		return 0;
 	F.lru.prev = F.lru.next = &F.lru;
-	F.multi = multi_init_cloexec();
+	F.multi = s3_multi_init();
 	if (!F.multi)
 		return -ENOMEM;
 	struct s3_settings s;
@@ -456,6 +452,11 @@ void remote_shutdown(void)
 			fail_blocks(j, -ECANCELED);
 			job_free(j);
 		}
+	while (F.to_disk) {
+		struct job *j = F.to_disk;
+		F.to_disk = j->next;
+		job_free(j);
+	}
 	curl_multi_cleanup(F.multi);
 	F.multi = NULL;
 	F.started = false;
@@ -505,12 +506,14 @@ int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size,
 			s3_settings(&s);
 			/* The disk tier follows cache_dir (a reload may move it). */
 			if (s.cache_dir && (!F.disk_dir || strcmp(F.disk_dir, s.cache_dir) != 0)) {
+				pthread_mutex_lock(&F.disk_lock);
 				F.disk = diskcache_free(F.disk);
 				free(F.disk_dir);
 				F.disk_dir = strdup(s.cache_dir);
 				F.disk = F.disk_dir ? diskcache_new(s.cache_dir, s.cache_max_bytes) : NULL;
+				pthread_mutex_unlock(&F.disk_lock);
 			}
-			if (s.cache_dir && asprintf(&o->disk_key, "%016" PRIx64 "-%016" PRIx64, hash_str(url), hash_str(etag)) < 0)
+			if (s.cache_dir && asprintf(&o->disk_key, "%016" PRIx64 "-%016" PRIx64, s3_hash(url), s3_hash(etag)) < 0)
 				o->disk_key = NULL;
 			if (o->blocks) {
 				o->next = F.objects;
@@ -532,7 +535,7 @@ int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size,
 	}
 	*ret = o;
 	*ret_size = size;
-	*ret_tag = hash_str(etag);
+	*ret_tag = s3_hash(etag);
 	*ret_mtime = mtime;
 	return 0;
 }
@@ -572,7 +575,7 @@ int remote_check(const char *url, uint64_t tag, char *err, size_t errlen)
 	int r = 0;
 	pthread_mutex_lock(&F.lock);
 	for (struct remote_object *o = F.objects; o; o = o->next)
-		if (o->stale && hash_str(o->etag) == tag && strcmp(o->name, url) == 0) {
+		if (o->stale && s3_hash(o->etag) == tag && strcmp(o->name, url) == 0) {
 			snprintf(err, errlen, "%s: changed while serving (its ETag %s no longer matches)", url, o->etag);
 			r = -ESTALE;
 			break;

@@ -7,6 +7,7 @@
  * signatures only, never into a message, a log line or the status.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -333,6 +334,35 @@ CURL *s3_easy(void)
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
 	return e;
+}
+
+/*
+ * libcurl makes its multi handle's wake-up socket pair without
+ * SOCK_CLOEXEC: the fds that appear across curl_multi_init() are made
+ * close-on-exec, like every fd of feedd (its other sockets come from
+ * s3_easy()'s open function).
+ */
+CURLM *s3_multi_init(void)
+{
+	uint64_t before[16] = { 0 };
+	for (int fd = 0; fd < 1024; fd++)
+		if (fcntl(fd, F_GETFD) >= 0)
+			before[fd / 64] |= UINT64_C(1) << (fd % 64);
+	CURLM *m = curl_multi_init();
+	for (int fd = 0; m && fd < 1024; fd++) {
+		int fl = fcntl(fd, F_GETFD);
+		if (fl >= 0 && !(before[fd / 64] & (UINT64_C(1) << (fd % 64))) && !(fl & FD_CLOEXEC))
+			fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+	}
+	return m;
+}
+
+uint64_t s3_hash(const char *s)
+{
+	uint64_t h = UINT64_C(1469598103934665603);
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
+	return h;
 }
 
 bool s3_retryable(CURLcode res, long status)

@@ -39,8 +39,12 @@ void s3_target_done(struct s3_target *t);
  */
 struct curl_slist *s3_headers(const struct s3_target *t, const char *method, const char *query, const char *range,
 			      const char *if_match);
-/* An easy handle set up the way every request is (timeouts, no signals). */
+/* An easy handle set up the way every request is (timeouts, no signals, close-on-exec sockets). */
 CURL *s3_easy(void);
+/* FNV-1a of a string: names in the disk cache, ETag tags in identities. */
+uint64_t s3_hash(const char *s);
+/* curl_multi_init(), its wake-up sockets made close-on-exec. */
+CURLM *s3_multi_init(void);
 
 /* The settings (copied under the lock into *ret, strings borrowed until the next remote_configure). */
 void s3_settings(struct s3_settings *ret);
