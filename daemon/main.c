@@ -455,6 +455,7 @@ out:
 	d.metrics = metrics_free(d.metrics); /* it reads the server's snapshot */
 	free(d.metrics_listen);
 	d.server = server_free(d.server);
+	remote_cancel(); /* workers waiting on object storage stop waiting */
 	producer = producer_free(producer);
 	gpu = gpu_free(gpu); /* after the sessions' stagings, which the producer's last completions free */
 	free_feeds(feeds, n_feeds);

@@ -6,23 +6,20 @@
  * aligned; a block is WANTED (a GET for it queued or in flight), READY (in
  * memory, on the LRU unless pinned by a reader) or FAILED. Neighbouring
  * wanted blocks go out as one range GET (up to JOB_MAX_BLOCKS), demand before
- * read-ahead; read-ahead follows each read by the measured bandwidth-delay
- * product. Fetched blocks are also written to cache_dir/s3/ (bounded), so a
- * restart or a second daemon does not fetch them again.
+ * read-ahead (the plan's, remote_prefetch, and the bandwidth-delay product's
+ * after each read). Fetched blocks also go to cache_dir/s3/ (diskcache.h).
  *
  * Locking: one mutex (F.lock) over everything here; the engine thread drops
- * it around curl calls, readers around their memcpy (their blocks pinned).
+ * it around curl calls and disk writes, readers around their memcpy (their
+ * blocks pinned).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "daemon/source/diskcache.h"
 #include "daemon/source/s3.h"
@@ -54,6 +51,7 @@ struct remote_object {
 	unsigned refs;
 	bool stale;
 	bool whole; /* read ahead to its end already */
+	uint64_t probed_ns; /* its last If-Match probe (remote_prefetch) */
 	char *disk_key;    /* HASH(URL)-HASH(ETag): its blocks' names in the disk cache */
 	struct remote_object *next;
 };
@@ -76,6 +74,7 @@ static struct {
 	pthread_cond_t cond;
 	pthread_t thread;
 	bool started, stop;
+	bool cancelled; /* remote_cancel(): nobody waits for a block any more */
 	CURLM *multi;
 	struct job *demand, *ahead; /* queued, not started */
 	struct job *running;        /* on the multi handle */
@@ -144,18 +143,6 @@ static void evict(void)
 static size_t block_len(const struct remote_object *o, uint64_t idx)
 {
 	return (size_t)MIN(BLOCK, o->size - idx * BLOCK);
-}
-
-/* A block from the disk cache, if it is there whole. */
-static bool disk_load(struct block *b)
-{
-	if (!F.disk || !b->obj->disk_key || !(b->data = malloc(b->len)))
-		return false;
-	if (diskcache_load(F.disk, b->obj->disk_key, b->idx, b->data, b->len))
-		return true;
-	free(b->data);
-	b->data = NULL;
-	return false;
 }
 
 /* ---- the engine thread ----------------------------------------------------- */
@@ -316,7 +303,7 @@ static void job_done(struct job *j, CURLcode res)
 		  status == 404	  ? -ENOENT :
 		  status == 403	  ? -EACCES :
 				    -EIO;
-	if (err == -ESTALE)
+	if (err == -ESTALE || err == -ENOENT) /* a new ETag, or deleted */
 		j->obj->stale = true;
 	fail_blocks(j, err);
 	job_free(j);
@@ -402,12 +389,6 @@ static void *engine(void *arg)
 	return NULL;
 }
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static void curl_init(void)
-{
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 /* F.lock held. */
 static int engine_start(void)
 {
@@ -428,6 +409,14 @@ static int engine_start(void)
 	}
 	F.started = true;
 	return 0;
+}
+
+void remote_cancel(void)
+{
+	pthread_mutex_lock(&F.lock);
+	F.cancelled = true;
+	pthread_cond_broadcast(&F.cond);
+	pthread_mutex_unlock(&F.lock);
 }
 
 void remote_shutdown(void)
@@ -471,7 +460,6 @@ void remote_shutdown(void)
 int remote_open(const char *url, struct remote_object **ret, uint64_t *ret_size, uint64_t *ret_tag,
 		struct timespec *ret_mtime, char *err, size_t errlen)
 {
-	pthread_once(&curl_once, curl_init);
 	if (strncmp(url, "s3://", 5) != 0 && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
 		snprintf(err, errlen, "%s: no source implementation serves this URL scheme (s3://, http://, https://)", url);
 		return -EPROTONOSUPPORT;
@@ -635,7 +623,9 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 		return NULL;
 	*b = (struct block){ .obj = o, .idx = idx, .state = B_WANTED, .len = block_len(o, idx) };
 	o->blocks[idx] = b;
-	if (disk_load(b)) {
+	/* From the disk tier when it holds the block whole. */
+	if (F.disk && o->disk_key && (b->data = malloc(b->len)) &&
+	    diskcache_load(F.disk, o->disk_key, idx, b->data, b->len)) {
 		b->state = B_READY;
 		F.st.memory_bytes += b->len;
 		F.st.hits += demand;
@@ -643,6 +633,8 @@ static struct block *want(struct remote_object *o, uint64_t idx, bool demand, st
 		lru_push(b);
 		return b;
 	}
+	free(b->data);
+	b->data = NULL;
 	F.st.misses += demand;
 	struct job *j = *jp;
 	if (j && j->obj == o && j->b0 + j->n == idx && j->n < JOB_MAX_BLOCKS) {
@@ -678,6 +670,15 @@ void remote_prefetch(struct remote_object *o, uint64_t offset, uint64_t len)
 	for (uint64_t b = offset >> BLOCK_SHIFT; b <= b1; b++)
 		if (!o->blocks[b] && !want(o, b, false, &j))
 			break;
+	/*
+	 * Blocks held already are not fetched again, so a 1-byte GET with
+	 * If-Match (at most every 30 s) tells whether the object changed since.
+	 */
+	if (!j && o->etag[0] && now_ns() - o->probed_ns > UINT64_C(30000000000) && (j = calloc(1, sizeof(*j)))) {
+		*j = (struct job){ .obj = o, .want = 1, .demand = false };
+		o->refs++;
+		o->probed_ns = now_ns();
+	}
 	flush(&j);
 	if (offset == 0 && len == o->size)
 		o->whole = true;
@@ -756,10 +757,10 @@ int remote_read_many(const struct remote_read *reads, size_t n, size_t *ret_fail
 			continue;
 		for (uint64_t b = q->offset >> BLOCK_SHIFT; b <= (q->offset + q->len - 1) >> BLOCK_SHIFT; b++) {
 			struct block *blk = q->obj->blocks[b];
-			while (blk->state == B_WANTED)
+			while (blk->state == B_WANTED && !F.cancelled)
 				pthread_cond_wait(&F.cond, &F.lock);
-			if (blk->state == B_FAILED && r == 0) {
-				r = blk->err;
+			if ((blk->state == B_FAILED || F.cancelled) && r == 0) {
+				r = blk->state == B_FAILED ? blk->err : -ECANCELED;
 				failed = i;
 			}
 		}

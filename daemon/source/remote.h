@@ -72,7 +72,12 @@ bool remote_is_url(const char *name);
  * settings. Returns 0 or -ENOMEM.
  */
 int remote_configure(const struct remote_conf *conf);
-/* Stops the fetcher's thread and frees everything (at exit). */
+/*
+ * At exit, before the workers are joined: reads waiting for blocks return
+ * -ECANCELED now rather than after the store's retries. Then
+ * remote_shutdown() stops the fetcher's thread and frees everything.
+ */
+void remote_cancel(void);
 void remote_shutdown(void);
 
 /*

@@ -111,8 +111,15 @@ bool remote_is_url(const char *name)
 	return true;
 }
 
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init(void)
+{
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
 int remote_configure(const struct remote_conf *c)
 {
+	pthread_once(&curl_once, curl_init);
 	pthread_mutex_lock(&conf_lock);
 	settings_clear();
 	listed_clear();
