@@ -381,6 +381,8 @@ int session_plan(struct session *s, struct session_job *j, uint64_t batch, struc
 		r = pack_plan(&s->stream, f->conf.batch_size, f->conf.seq_len, batch, &j->plan);
 	if (r < 0)
 		return plan_error(s, r, batch, msg, msglen);
+	if (s->n_srcs)
+		prefetch_windows(&s->srcs[0]); /* where the stream stands after this batch */
 	cur->pos = j->plan.next;
 	count_concat(&j->plan, &j->counts);
 	return 0;

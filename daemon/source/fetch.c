@@ -91,10 +91,7 @@ static struct {
 void fetch_count_request(bool retry, bool throttled, bool failed)
 {
 	pthread_mutex_lock(&F.lock);
-	F.st.requests++;
-	F.st.retries += retry;
-	F.st.throttled += throttled;
-	F.st.errors += failed;
+	F.st.requests++, F.st.retries += retry, F.st.throttled += throttled, F.st.errors += failed;
 	pthread_mutex_unlock(&F.lock);
 }
 
@@ -151,6 +148,10 @@ static size_t job_write(char *ptr, size_t size, size_t nmemb, void *ud)
 {
 	struct job *j = ud;
 	size_t n = size * nmemb;
+	long status = 0;
+	curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
+	if (status < 200 || status >= 300)
+		return n; /* an error's body (403, 412, 503...): not the object's bytes */
 	if (j->got + n > j->want)
 		return 0; /* more than asked for: the range was ignored */
 	memcpy(j->buf + j->got, ptr, n);
@@ -242,7 +243,7 @@ static void measure(struct job *j)
 	F.st.readahead_bytes = ra;
 }
 
-/* A transfer ended; F.lock held. */
+/* A transfer ended (F.lock held): its blocks ready, or retried, or failed. */
 static void job_done(struct job *j, CURLcode res)
 {
 	long status = 0;
@@ -289,8 +290,7 @@ static void job_done(struct job *j, CURLcode res)
 	if (s3_retryable(res, status) && j->attempt + 1 < S3_MAX_ATTEMPTS) {
 		j->attempt++;
 		j->not_before = now_ns() + s3_backoff_ns(j->attempt);
-		/* A fresh connection after a reset; the handle keeps none of the old request. */
-		curl_easy_cleanup(j->easy);
+		curl_easy_cleanup(j->easy); /* a fresh handle: nothing of the old request */
 		j->easy = NULL;
 		j->started = false;
 		enqueue(j);
@@ -335,9 +335,8 @@ static void disk_flush(void)
 	}
 }
 
-static void *engine(void *arg)
+static void *engine(void *arg _unused_)
 {
-	(void)arg;
 	pthread_mutex_lock(&F.lock);
 	while (!F.stop) {
 		struct s3_settings s;
@@ -550,10 +549,9 @@ static void unref_locked(struct remote_object *o)
 
 struct remote_object *remote_unref(struct remote_object *o)
 {
-	if (!o)
-		return NULL;
 	pthread_mutex_lock(&F.lock);
-	unref_locked(o);
+	if (o)
+		unref_locked(o);
 	pthread_mutex_unlock(&F.lock);
 	return NULL;
 }
