@@ -174,6 +174,9 @@ def test_megatron_over_s3_equals_local(daemon, s3, megatron, tmp_path, mode):
     if mode == "clean":
         # The listing said each object's size and ETag: no HEAD per shard.
         assert st["heads"] == 0 and st["lists"] == 1, st
+        # No fault, no retry; and the store sent no more than the data set (probes are 1 byte).
+        assert fetch["retries"] == 0, fetch
+        assert st["bytes"] <= sum(p.stat().st_size for p in megatron.iterdir()) + 64 * 1024, st
         for key, n in st["by_key"].items():
             if key.endswith(".bin"):
                 size = (megatron / Path(key).name).stat().st_size
