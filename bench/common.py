@@ -56,6 +56,7 @@ EXPERIMENTS = [
     ("elastic", "text", None, True),
     ("tok", "tok", None, False),
     ("scale", "json", None, True),
+    ("s3", "json", None, True),
 ]
 
 

@@ -34,6 +34,7 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server.h"
+#include "daemon/source/remote.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
 
@@ -91,9 +92,17 @@ static void usage(FILE *out)
  */
 static int load_feeds(const struct conf *conf, struct feed ***ret, size_t *ret_n, size_t *ret_failed)
 {
+	/* Objects named by URL are reached as [feedd] s3_* says (docs/storage.md). */
+	int r = remote_configure(&(struct remote_conf){
+		.endpoint = conf->s3_endpoint, .region = conf->s3_region, .path_style = conf->s3_path_style,
+		.credentials_file = conf->s3_credentials_file, .profile = conf->s3_profile,
+		.max_requests = conf->s3_max_requests, .memory_bytes = conf->s3_memory_max,
+		.cache_dir = conf->cache_dir, .cache_max_bytes = conf->s3_cache_max_bytes });
+	if (r < 0)
+		return r;
 	/* Feeds load on the main thread with a reader of their own; workers get theirs. */
 	struct source_reader *io = NULL;
-	int r = source_reader_new(conf->io_engine, conf->io_depth, &io);
+	r = source_reader_new(conf->io_engine, conf->io_depth, &io);
 	if (r < 0)
 		return log_error_errno(r, "io_engine = io_uring was asked for, but io_uring cannot be set up");
 	if (source_reader_fallback(io) < 0)
@@ -599,9 +608,11 @@ out:
 	d.metrics = metrics_free(d.metrics); /* it reads the server's snapshot */
 	free(d.metrics_listen);
 	d.server = server_free(d.server);
+	remote_cancel(); /* workers waiting on object storage stop waiting */
 	producer = producer_free(producer);
 	gpu = gpu_free(gpu); /* after the sessions' stagings, which the producer's last completions free */
 	free_feeds(feeds, n_feeds);
+	remote_shutdown(); /* the fetcher's thread, after every source is closed */
 	for (size_t i = 0; i < ARRAY_SIZE(sigs); i++)
 		if (sigs[i])
 			event_free(sigs[i]);

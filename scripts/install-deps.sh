@@ -7,6 +7,7 @@ set -eu
 PKGS="build-essential meson ninja-build pkg-config
 liburing-dev libevent-dev libinih-dev libjansson-dev libsystemd-dev
 libpcre2-dev libzstd-dev zlib1g-dev libunistring-dev libsnappy-dev libxxhash-dev
+libcurl4-openssl-dev libssl-dev python3-boto3
 python3 python3-numpy python3-pytest python3-torch python3-prometheus-client
 python3-mesonpy python3-venv python3-pip
 systemd util-linux

@@ -183,6 +183,10 @@ struct conf *conf_free(struct conf *c)
 	conf_ids_done(&c->admin);
 	free(c->socket);
 	free(c->metrics_listen);
+	free(c->s3_endpoint);
+	free(c->s3_region);
+	free(c->s3_credentials_file);
+	free(c->s3_profile);
 	free(c->path);
 	free(c);
 	return NULL;

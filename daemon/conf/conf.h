@@ -133,6 +133,16 @@ struct conf {
 	struct conf_diagnosis diagnosis; /* [diagnosis] */
 	unsigned socket_line;          /* where socket was set (0: not set) */
 	unsigned load_timeout_s;       /* a load (start, reload, --check) that touches no new file this long fails */
+
+	/* object storage (docs/storage.md): NULL/0 leaves it to the environment or the default */
+	char *s3_endpoint;             /* "http://host:port" of an S3-compatible store */
+	char *s3_region;
+	bool s3_path_style;            /* endpoint/bucket/key addressing */
+	char *s3_credentials_file;     /* an ~/.aws/credentials-style file */
+	char *s3_profile;              /* its section */
+	unsigned s3_max_requests;      /* range GETs in flight, all feeds together */
+	uint64_t s3_memory_max;        /* fetched blocks held in memory */
+	uint64_t s3_cache_max_bytes;   /* fetched blocks kept in cache_dir/s3 */
 };
 
 /* The [diagnosis] defaults (docs/telemetry.md), an initializer. */

@@ -185,7 +185,8 @@ static bool valid_feed_name(const char *n)
 static char *resolve(const char *dir, const char *path)
 {
 	char *out;
-	if (path[0] == '/' || !dir)
+	/* A URL (s3://bucket/key, https://...) is not relative to anything. */
+	if (path[0] == '/' || !dir || strstr(path, "://"))
 		return strdup(path);
 	return asprintf(&out, "%s/%s", dir, path) < 0 ? NULL : out;
 }
@@ -446,6 +447,12 @@ static int set_metrics_listen_key(struct parse *p, void *obj, const struct conf_
 	return set_metrics_listen(p, value);
 }
 
+/* A plain string (an endpoint, a region, a profile name), as written. */
+static int set_plain_string(struct parse *p, void *obj, const struct conf_key *k, const char *value)
+{
+	return set_string(p, (char **)((char *)obj + k->off), value);
+}
+
 /* ---- the tables ---- */
 
 /* The field's offset, refused at compile time when its size is not the key type's. */
@@ -543,6 +550,14 @@ static const struct conf_key daemon_keys[] = {
 	U32(C, admin_connections, 0, 1024, "an integer in 0..1024"),
 	U32(C, handshake_timeout_s, 1, 3600, "an integer in 1..3600"),
 	U32(C, load_timeout_s, 1, 86400, "an integer in 1..86400 (seconds)"),
+	{ .name = "s3_endpoint", .type = KEY_CUSTOM, .set = set_plain_string, .off = FIELD(C, s3_endpoint, sizeof(char *)) },
+	{ .name = "s3_region", .type = KEY_CUSTOM, .set = set_plain_string, .off = FIELD(C, s3_region, sizeof(char *)) },
+	BOOL(C, s3_path_style),
+	PATH(C, s3_credentials_file),
+	{ .name = "s3_profile", .type = KEY_CUSTOM, .set = set_plain_string, .off = FIELD(C, s3_profile, sizeof(char *)) },
+	U32(C, s3_max_requests, 1, 4096, "an integer in 1..4096"),
+	SIZE(C, s3_memory_max, UINT64_C(8) << 20, UINT64_MAX, "a size of at least 8M (suffix K, M, G or T)"),
+	SIZE(C, s3_cache_max_bytes, 0, UINT64_MAX, "a size in bytes (suffix K, M, G or T; 0 = 4G)"),
 };
 #undef C
 #undef NO_LIMIT

@@ -18,6 +18,27 @@ static struct pack_doc *queue_at(struct session_src *x, size_t i)
 }
 
 /*
+ * Read-ahead from the plan (docs/storage.md): when the stream enters a
+ * window, the shards of that window and of the next are named to the source
+ * layer, so an object store fetches the next window's bytes while this one
+ * is served. Local files ignore the hint.
+ */
+static void prefetch_windows(struct session_src *x)
+{
+	const struct doc_walk *w = &x->stream->walk;
+	const struct order_params *p = w->params;
+	if (!p || !w->ep.perm || (x->prefetch_epoch == w->ep.epoch && x->prefetch_window == (uint64_t)w->window + 1))
+		return;
+	x->prefetch_epoch = w->ep.epoch;
+	x->prefetch_window = (uint64_t)w->window + 1;
+	const struct feed *f = x->feed;
+	for (uint64_t win = w->window; win <= (uint64_t)w->window + 1 && win < w->ep.n_windows; win++)
+		for (uint64_t i = win * p->window; i < MIN((win + 1) * p->window, (uint64_t)p->n_shards); i++)
+			if (w->ep.perm[i] < f->n_shards)
+				format_prefetch(f->shards[w->ep.perm[i]]);
+}
+
+/*
  * Takes documents from stream x into its queue until it holds `want`.
  * Returns 0; -EAGAIN when a count is not known yet (tokenized text);
  * -ENODATA (the rank gets no tokens); -ENOMEM.
@@ -29,6 +50,7 @@ static int queue_fill(struct session_src *x, size_t want)
 		int r = stream_settle(st);
 		if (r < 0)
 			return r;
+		prefetch_windows(x);
 		if (x->q_n == x->q_cap) {
 			size_t cap = MAX(x->q_cap * 2, (size_t)64);
 			struct pack_doc *q = malloc(cap * sizeof(*q));
@@ -384,6 +406,8 @@ int session_plan(struct session *s, struct session_job *j, uint64_t batch, struc
 		r = pack_plan(&s->stream, s->batch_size, f->conf.seq_len, batch, &j->plan);
 	if (r < 0)
 		return plan_error(s, r, batch, msg, msglen);
+	if (s->n_srcs)
+		prefetch_windows(&s->srcs[0]); /* where the stream stands after this batch */
 	cur->pos = j->plan.next;
 	count_concat(&j->plan, &j->counts);
 	return 0;

@@ -215,6 +215,37 @@ static inline void format_doc_read(const struct shard *s, uint32_t doc, struct s
 	s->format->doc_read(s, doc, ret);
 }
 
+static inline int format_prefetch_emit(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens)
+{
+	(void)byte_offset;
+	(void)n_tokens;
+	*(struct source **)ctx = src;
+	return -1; /* the source is all we wanted */
+}
+
+/*
+ * The plan's hint that s's documents are read soon (its shuffle window is
+ * next): the source its documents are read from (Megatron: the .bin) starts
+ * fetching, if it is an object in storage (source_prefetch). Never blocks.
+ */
+static inline void format_prefetch(const struct shard *s)
+{
+	struct source *src = NULL;
+	if (!s->format || !s->n_docs)
+		return;
+	if (s->format->doc_ranges && s->doc_tokens) {
+		for (uint32_t d = 0; d < s->n_docs && d < 64 && !src; d++)
+			if (s->doc_tokens[d])
+				s->format->doc_ranges(s, d, 0, 1, format_prefetch_emit, &src);
+	} else if (s->format->doc_read) {
+		struct source_read q = { 0 };
+		s->format->doc_read(s, 0, &q);
+		src = q.src;
+	}
+	if (src)
+		source_prefetch(src, 0, source_size(src));
+}
+
 static inline int format_doc_text(const struct shard *s, uint32_t doc, const uint8_t *bytes, size_t len,
 				  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
 {

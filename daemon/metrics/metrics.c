@@ -188,6 +188,24 @@ static void render_daemon(struct out *o, const struct status_input *in, const st
 	family(o, "feedd_metrics_scrape_duration_seconds", "gauge",
 	       "Time the previous scrape took to take the snapshot and render it.");
 	put(o, "feedd_metrics_scrape_duration_seconds %s\n", secs(self->scrape_ns, a));
+	const struct remote_stats *x = &in->fetch;
+	family(o, "feedd_fetch_bytes_total", "counter", "Bytes fetched from object storage (all feeds: one fetcher per node)");
+	put(o, "feedd_fetch_bytes_total %" PRIu64 "\n", x->bytes);
+	family(o, "feedd_fetch_requests_total", "counter", "HTTP requests sent to object storage, retries included");
+	put(o, "feedd_fetch_requests_total %" PRIu64 "\n", x->requests);
+	family(o, "feedd_fetch_retries_total", "counter", "Requests retried (5xx, 429, resets, timeouts, short bodies)");
+	put(o, "feedd_fetch_retries_total %" PRIu64 "\n", x->retries);
+	family(o, "feedd_fetch_throttled_total", "counter", "Answers 429 or 503 from object storage");
+	put(o, "feedd_fetch_throttled_total %" PRIu64 "\n", x->throttled);
+	family(o, "feedd_fetch_errors_total", "counter", "Requests that failed for good");
+	put(o, "feedd_fetch_errors_total %" PRIu64 "\n", x->errors);
+	family(o, "feedd_fetch_in_flight", "gauge", "Requests to object storage in flight");
+	put(o, "feedd_fetch_in_flight %u\n", x->inflight);
+	family(o, "feedd_fetch_readahead_bytes", "gauge", "Read-ahead: the measured bandwidth-delay product");
+	put(o, "feedd_fetch_readahead_bytes %" PRIu64 "\n", x->readahead_bytes);
+	family(o, "feedd_fetch_cache_bytes", "gauge", "Fetched blocks held, by tier");
+	put(o, "feedd_fetch_cache_bytes{tier=\"memory\"} %" PRIu64 "\n", x->memory_bytes);
+	put(o, "feedd_fetch_cache_bytes{tier=\"disk\"} %" PRIu64 "\n", x->disk_bytes);
 }
 
 /* A per-feed family with an integer value per feed. */

@@ -24,6 +24,7 @@
 #include "daemon/feed/integrity.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
+#include "daemon/source/remote.h"
 
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining)
@@ -470,6 +471,7 @@ int server_snapshot(struct server *s, struct status_input *ret)
 		.counters = s->n,
 	};
 	telemetry_daemon_view(s->tm, &in.telemetry);
+	remote_stats(&in.fetch);
 	if (!in.feeds || !in.feed_info || !in.clients) {
 		status_input_clear(&in);
 		return -ENOMEM;

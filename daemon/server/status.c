@@ -326,6 +326,27 @@ static void counters_json(json_t *d, const struct status_input *in)
 						    "error", in->metrics_error ? json_string(in->metrics_error) : json_null()));
 }
 
+/* The object-storage fetcher: one per node, shared by every feed (docs/storage.md). */
+static json_t *fetch_json(const struct remote_stats *f)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "bytes", json_integer((json_int_t)f->bytes));
+	json_object_set_new(o, "requests", json_integer((json_int_t)f->requests));
+	json_object_set_new(o, "in_flight", json_integer((json_int_t)f->inflight));
+	json_object_set_new(o, "retries", json_integer((json_int_t)f->retries));
+	json_object_set_new(o, "throttled", json_integer((json_int_t)f->throttled));
+	json_object_set_new(o, "errors", json_integer((json_int_t)f->errors));
+	json_object_set_new(o, "block_hits", json_integer((json_int_t)f->hits));
+	json_object_set_new(o, "block_misses", json_integer((json_int_t)f->misses));
+	json_object_set_new(o, "disk_hits", json_integer((json_int_t)f->disk_hits));
+	json_object_set_new(o, "memory_bytes", json_integer((json_int_t)f->memory_bytes));
+	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)f->disk_bytes));
+	json_object_set_new(o, "readahead_bytes", json_integer((json_int_t)f->readahead_bytes));
+	json_object_set_new(o, "bandwidth_bytes_per_s", json_real(f->bandwidth));
+	json_object_set_new(o, "latency_s", json_real(f->latency_s));
+	return o;
+}
+
 char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest)
 {
 	int fallback = in->io_fallback;
@@ -351,6 +372,7 @@ char *status_json(const struct status_input *in, unsigned history_max, unsigned 
 	json_object_set_new(root, "feeds", feeds);
 	json_object_set_new(root, "clients", clients);
 	json_object_set_new(root, "telemetry", daemon_telemetry_json(&in->telemetry));
+	json_object_set_new(root, "fetch", fetch_json(&in->fetch));
 	char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
 	return text;

@@ -25,6 +25,7 @@
 #include "daemon/pool/pool.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/ring_abi.h"
+#include "daemon/source/remote.h"
 
 /* Why connections were refused or dropped (status: daemon.refused / daemon.dropped). */
 struct server_counters {
@@ -105,6 +106,7 @@ struct status_input {
 	size_t connections;         /* open connections, attached or not */
 	uint64_t ring_memory;       /* ring bytes of all sessions */
 	struct server_counters counters;
+	struct remote_stats fetch;  /* object storage: the node's fetcher (zero when no shard is a URL) */
 };
 
 /* Frees what a snapshot allocated (server_snapshot) and zeroes it. */

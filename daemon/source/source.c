@@ -1,11 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The source layer's one implementation today: local files, read by the
- * thread's io_reader (io_uring, else pread). A URL scheme that no
- * implementation serves is refused at open, so a config naming s3:// fails
- * with a clear message until issue #24 adds that implementation here: its
- * own struct source_impl, its per-thread state in struct source_reader, and
- * its reads split out of the batch in source_submit().
+ * The source layer: local files, read by the thread's io_reader (io_uring,
+ * else pread), and URLs (s3://, http(s)://), read through the process's one
+ * fetcher (remote.h). A source is one or the other (remote != NULL); a
+ * reader's batch may mix both: source_submit() splits it, source_complete()
+ * runs the local part on the io_uring and waits for the remote part.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +19,7 @@
 
 #include "daemon/io/sums.h"
 #include "daemon/source/fdshare.h"
+#include "daemon/source/remote.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
 
@@ -28,6 +28,7 @@ struct source {
 	struct source_id id;
 	int fd;
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
+	struct remote_object *remote; /* a URL's object; NULL: a local file */
 };
 
 /* A read of a checksummed source: its covering blocks [lo, lo + span), verified at completion. */
@@ -44,9 +45,15 @@ struct verify_rec {
 
 struct source_reader {
 	struct io_reader *io;
-	struct io_req *reqs; /* queued reads, in submission order */
+	struct io_req *reqs; /* queued local reads */
+	size_t *lidx;        /* their index in submission order */
 	struct source **srcs; /* ... and the source each one reads (checked after the reads, source_complete) */
 	size_t n, cap;
+	struct remote_read *rreads; /* queued remote reads */
+	size_t *ridx;
+	size_t rn, rcap;
+	struct io_stats remote;  /* what the remote reads added */
+	struct io_stats stats;   /* the io_reader's and those: what source_reader_stats() shows */
 	size_t n_sub;        /* reads submitted since the last completion */
 	struct verify_rec *vr; /* reads of checksummed sources, queued */
 	size_t n_vr, cap_vr;
@@ -57,6 +64,32 @@ struct source_reader {
 	size_t wide_cap;
 	char why[320];       /* the last checksum failure */
 };
+
+/* The reader's stats: its io_reader's, plus its remote reads (a batch in flight at once: its depth). */
+static void refresh(struct source_reader *r)
+{
+	const struct io_stats *l = io_reader_stats(r->io);
+	r->stats = (struct io_stats){ .reads = l->reads + r->remote.reads, .submits = l->submits + r->remote.submits,
+				      .bytes = l->bytes + r->remote.bytes, .wait_ns = l->wait_ns + r->remote.wait_ns,
+				      .max_inflight = MAX(l->max_inflight, r->remote.max_inflight),
+				      .depth_sum = l->depth_sum + r->remote.depth_sum,
+				      .depth_n = l->depth_n + r->remote.depth_n };
+}
+
+static void count_remote(struct source_reader *r, const struct remote_read *q, size_t n, uint64_t t0)
+{
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < n; i++)
+		bytes += q[i].len;
+	r->remote.reads += n;
+	r->remote.submits++;
+	r->remote.bytes += bytes;
+	r->remote.wait_ns += now_ns() - t0;
+	r->remote.max_inflight = MAX(r->remote.max_inflight, (uint64_t)n);
+	r->remote.depth_sum += n;
+	r->remote.depth_n++;
+	refresh(r);
+}
 
 static void id_of(const struct stat *st, struct source_id *id)
 {
@@ -82,22 +115,35 @@ static void progress(const char *name)
 /* "scheme://..." names an object store; anything else is a path. */
 static bool is_url(const char *name)
 {
-	const char *p = strstr(name, "://");
-	if (!p || p == name)
-		return false;
-	for (const char *q = name; q < p; q++)
-		if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '+' || *q == '-' || *q == '.'))
-			return false;
-	return true;
+	return remote_is_url(name);
+}
+
+static int open_remote(const char *name, struct source **ret, char *err, size_t errlen)
+{
+	struct source *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	s->fd = -1;
+	/* Identity: size, ETag (as a hash, in ino) and Last-Modified (mtime). */
+	int r = remote_open(name, &s->remote, &s->id.size, &s->id.ino, &s->id.mtime, err, errlen);
+	if (r < 0) {
+		free(s->name);
+		free(s);
+		return r;
+	}
+	s->id.ctime = s->id.mtime;
+	*ret = s;
+	return 0;
 }
 
 int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 {
-	if (is_url(name)) {
-		snprintf(err, errlen, "%s: no source implementation serves this URL scheme", name);
-		return -EPROTONOSUPPORT;
-	}
 	progress(name);
+	if (is_url(name))
+		return open_remote(name, ret, err, errlen);
 	/* O_NONBLOCK: a FIFO opened for reading would wait for a writer, forever. */
 	_cleanup_close_ int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0 && errno == EWOULDBLOCK)
@@ -141,6 +187,7 @@ struct source *source_close(struct source *s)
 	if (s->fd >= 0)
 		fdshare_drop(s->fd, &s->id);
 	sums_free(s->sums);
+	remote_unref(s->remote);
 	free(s->name);
 	free(s);
 	return NULL;
@@ -202,6 +249,9 @@ void source_unmap(const void *p, size_t len)
 
 int source_check(const char *name, const struct source_id *was, char *err, size_t errlen)
 {
+	/* An object: what its reads found (If-Match), without blocking the caller on a request. */
+	if (is_url(name))
+		return remote_check(name, was->ino, err, errlen);
 	struct source_id now;
 	int r = source_identify(name, &now);
 	if (r < 0) {
@@ -221,12 +271,46 @@ static int cmp_path(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A URL pattern's objects, appended to *paths (sorted by key bytes, each once). */
+static int glob_remote(const char *pattern, char ***paths, size_t *n, char *err, size_t errlen)
+{
+	char **names = NULL;
+	size_t k = 0;
+	int r = remote_list(pattern, &names, &k, err, errlen);
+	if (r < 0)
+		return r;
+	char **grown = realloc(*paths, (*n + k) * sizeof(**paths));
+	if (!grown)
+		r = -ENOMEM;
+	else
+		*paths = grown;
+	for (size_t i = 0; i < k; i++) {
+		for (size_t j = 0; r == 0 && j < *n; j++)
+			if (strcmp((*paths)[j], names[i]) == 0) {
+				snprintf(err, errlen, "shards: %s is listed twice", names[i]);
+				r = -EINVAL;
+			}
+		if (r < 0)
+			free(names[i]);
+		else
+			(*paths)[(*n)++] = names[i];
+	}
+	free(names);
+	return r;
+}
+
 int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, size_t *ret_n, char *err, size_t errlen)
 {
 	char **paths = NULL;
 	size_t n = 0;
 	int r = 0;
 	for (size_t g = 0; g < n_patterns; g++) {
+		if (is_url(patterns[g])) {
+			r = glob_remote(patterns[g], &paths, &n, err, errlen);
+			if (r < 0)
+				goto fail;
+			continue;
+		}
 		glob_t gl = { 0 };
 		progress(patterns[g]);
 		int e = glob(patterns[g], GLOB_NOSORT, NULL, &gl);
@@ -292,6 +376,7 @@ int source_reader_new(enum io_engine engine, unsigned depth, struct source_reade
 		free(r);
 		return e;
 	}
+	refresh(r);
 	*ret = r;
 	return 0;
 }
@@ -309,6 +394,9 @@ struct source_reader *source_reader_free(struct source_reader *r)
 	free(r->bounce);
 	free(r->spare.p);
 	free(r->wide);
+	free(r->lidx);
+	free(r->rreads);
+	free(r->ridx);
 	free(r);
 	return NULL;
 }
@@ -325,7 +413,7 @@ int source_reader_fallback(const struct source_reader *r)
 
 const struct io_stats *source_reader_stats(const struct source_reader *r)
 {
-	return io_reader_stats(r->io);
+	return &r->stats;
 }
 
 /* ---- checksummed sources (daemon/io/sums.h) ------------------------------ */
@@ -500,40 +588,66 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		return -ENOMEM;
 	if (widened)
 		reads = widened;
+	size_t base = r->n_sub;
 	if (r->n + n > r->cap) {
 		size_t cap = MAX(r->n + n, MAX(r->cap * 2, (size_t)16));
 		struct io_req *q = realloc(r->reqs, cap * sizeof(*q));
-		if (!q) {
+		if (q)
+			r->reqs = q;
+		size_t *x = realloc(r->lidx, cap * sizeof(*x));
+		if (x)
+			r->lidx = x;
+		struct source **o = realloc(r->srcs, cap * sizeof(*o));
+		if (o)
+			r->srcs = o;
+		if (!q || !x || !o) {
 			r->n_vr = n_vr; /* nothing queued: the plan is undone (its buffer goes at completion) */
 			return -ENOMEM;
 		}
-		r->reqs = q;
-		struct source **s = realloc(r->srcs, cap * sizeof(*s));
-		if (!s) {
+		r->cap = cap;
+	}
+	size_t remote = 0;
+	for (size_t i = 0; i < n; i++)
+		remote += reads[i].src->remote != NULL;
+	if (remote && r->rn + remote > r->rcap) {
+		size_t cap = MAX(r->rn + remote, MAX(r->rcap * 2, (size_t)16));
+		struct remote_read *q = realloc(r->rreads, cap * sizeof(*q));
+		if (q)
+			r->rreads = q;
+		size_t *x = realloc(r->ridx, cap * sizeof(*x));
+		if (x)
+			r->ridx = x;
+		if (!q || !x) {
 			r->n_vr = n_vr;
 			return -ENOMEM;
 		}
-		r->srcs = s;
-		r->cap = cap;
+		r->rcap = cap;
 	}
 	if (n)
 		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
-		r->reqs[r->n + i] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
-						     .len = reads[i].len, .dst = reads[i].dst };
-		r->srcs[r->n + i] = reads[i].src;
+		if (reads[i].src->remote) {
+			r->ridx[r->rn] = base + i;
+			r->rreads[r->rn++] = (struct remote_read){ .obj = reads[i].src->remote, .offset = reads[i].offset,
+								   .len = reads[i].len, .dst = reads[i].dst };
+			continue;
+		}
+		r->lidx[r->n] = base + i;
+		r->srcs[r->n] = reads[i].src;
+		r->reqs[r->n++] = (struct io_req){ .fd = reads[i].src->fd, .offset = reads[i].offset,
+						   .len = reads[i].len, .dst = reads[i].dst };
 	}
-	r->n += n;
 	r->n_sub += n;
 	return 0;
 }
 
 /*
- * After the reads: is each file still the one opened? A write moves the
- * inode's ctime before it copies its first byte into the page cache, so
+ * After the local reads: is each file still the one opened? A write moves
+ * the inode's ctime before it copies its first byte into the page cache, so
  * bytes read from a write in progress are caught here, synchronously,
  * whatever the change watch has seen yet (docs/reliability.md). Sources
  * with checksums are checked by them instead (same file, same size here).
+ * Objects in storage are pinned by their ETag instead (fetch.c).
  */
 static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 {
@@ -556,7 +670,7 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 					     : source_id_equal(&now, was);
 		if (!same) {
 			if (ret_failed)
-				*ret_failed = i;
+				*ret_failed = r->lidx[i];
 			return -ESTALE;
 		}
 	}
@@ -566,16 +680,33 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 int source_complete(struct source_reader *r, size_t *ret_failed)
 {
 	/* Local files: the whole batch in flight at once on the thread's io_uring. */
-	size_t n = r->n;
-	r->n = 0;
-	int e = io_reader_run(r->io, r->reqs, n, ret_failed);
+	size_t n = r->n, rn = r->rn, failed = 0;
+	r->n = r->rn = 0;
+	int e = n ? io_reader_run(r->io, r->reqs, n, &failed) : 0;
+	refresh(r);
+	if (e < 0 && ret_failed)
+		*ret_failed = r->lidx[failed];
 	/* A file written while it was read is -ESTALE, before its sums could call it damaged. */
-	if (e == 0)
+	if (e == 0 && n)
 		e = recheck(r, n, ret_failed);
+	if (e == 0 && rn) {
+		/* Objects: the fetcher has them in flight, many at once, shared with every other reader. */
+		uint64_t t0 = now_ns();
+		e = remote_read_many(r->rreads, rn, &failed);
+		count_remote(r, r->rreads, rn, t0);
+		if (e < 0 && ret_failed)
+			*ret_failed = r->ridx[failed];
+	}
 	if (e == 0)
 		e = verify_finish(r, ret_failed);
 	verify_clear(r);
 	return e;
+}
+
+void source_prefetch(struct source *s, uint64_t offset, uint64_t len)
+{
+	if (s->remote)
+		remote_prefetch(s->remote, offset, len);
 }
 
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed)
@@ -588,9 +719,22 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret)
 {
 	progress(s->name);
 	void *buf = NULL;
-	int e = io_reader_read_file(r->io, s->fd, (size_t)s->id.size, &buf);
-	if (e < 0)
+	int e;
+	if (s->remote) {
+		if (!(buf = malloc(MAX(s->id.size, 1u))))
+			return -ENOMEM;
+		struct remote_read q = { .obj = s->remote, .offset = 0, .len = (size_t)s->id.size, .dst = buf };
+		uint64_t t0 = now_ns();
+		e = remote_read_many(&q, 1, NULL);
+		count_remote(r, &q, 1, t0);
+	} else {
+		e = io_reader_read_file(r->io, s->fd, (size_t)s->id.size, &buf);
+		refresh(r);
+	}
+	if (e < 0) {
+		free(buf);
 		return e;
+	}
 	uint64_t bad = 0;
 	if (s->sums && sums_verify(s->sums, 0, buf, (size_t)s->sums->data_size, &bad) < 0) {
 		snprintf(r->why, sizeof(r->why), "%s: block at byte %" PRIu64 " does not match its checksum: the file is damaged or changed",
@@ -611,8 +755,10 @@ void source_read_error(char *err, size_t errlen, int r, const char *name, const 
 		snprintf(err, errlen, "%s: ends before byte %" PRIu64 " that its %s points to: the file changed while serving",
 			 name, offset + len, index);
 	else if (r == -ESTALE)
-		snprintf(err, errlen, "%s: changed while serving: written while bytes %" PRIu64 "..%" PRIu64
-			 " were read (its ctime moved); batches read from it are withdrawn", name, offset, offset + len);
+		snprintf(err, errlen, is_url(name) ? "%s: changed while serving (its ETag no longer matches, read at byte %" PRIu64 ")"
+						   : "%s: changed while serving: written while bytes %" PRIu64 "..%" PRIu64
+						     " were read (its ctime moved); batches read from it are withdrawn",
+			 name, offset, offset + len);
 	else
 		snprintf(err, errlen, "%s: read at byte %" PRIu64 " failed: %s", name, offset, strerror(-r));
 }

@@ -141,6 +141,12 @@ int source_complete(struct source_reader *r, size_t *ret_failed);
 
 /* The message of the reader's last checksum failure ("NAME: block at byte N ... does not match its checksum"). */
 const char *source_reader_error(const struct source_reader *r);
+/*
+ * A hint that [offset, offset + len) of s will be read soon: an object in
+ * storage starts fetching it (bounded by the fetcher's memory), without
+ * waiting; a local file ignores it. Never blocks on I/O.
+ */
+void source_prefetch(struct source *s, uint64_t offset, uint64_t len);
 
 /* source_submit() then source_complete(). */
 int source_read(struct source_reader *r, const struct source_read *reads, size_t n, size_t *ret_failed);

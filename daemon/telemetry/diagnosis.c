@@ -114,6 +114,14 @@ static const char *explain(const struct telemetry *tm, const struct tfeed *t, do
 	 * off-CPU waits on something else.
 	 */
 	double offcpu = telemetry_pct(MIN(rd->offcpu_ns, rd->busy_ns), MAX(worker_ns, rd->busy_ns));
+	if (rd->bytes > 0 && offcpu >= k->storage_pct && tm->fetch_throttled_win > 0) {
+		snprintf(cause, cause_len, "storage");
+		snprintf(out, len,
+			 "object store throttling: %" PRIu64 " answers 429/503 and %" PRIu64 " retries in the last %.0f s; "
+			 "workers wait on storage %s %% of their time; ask the store for more request rate or spread the keys",
+			 tm->fetch_throttled_win, tm->fetch_retries_win, span, fmt_pct(offcpu, a));
+		return "storage-bound";
+	}
 	if (rd->bytes > 0 && offcpu >= k->storage_pct) {
 		snprintf(cause, cause_len, "storage");
 		snprintf(out, len,

@@ -75,6 +75,11 @@ struct telemetry {
 	uint64_t now;         /* the current tick's time */
 	unsigned n_slots;     /* the current window geometry (window_geometry) */
 	uint64_t step_ns;
+	/* object storage: 429/503 answers and retries per tick (a ring), and over the window */
+	uint64_t fetch_last_throttled, fetch_last_retries;
+	uint64_t fetch_throttled[64], fetch_retries[64];
+	unsigned fetch_i;
+	uint64_t fetch_throttled_win, fetch_retries_win;
 };
 
 /* A client-written counter's progress since *prev (none if it went backwards), at most cap. */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon/telemetry/telemetry-internal.h"
+#include "daemon/source/remote.h"
 #include "proto/macro.h"
 
 /* Sub-window length and count for the configured window: at most WINDOW_SLOTS of whole seconds. */
@@ -303,6 +304,24 @@ void telemetry_tick_feed(struct telemetry *tm, const struct feed *f)
 	t->text = f->kind == FEED_TEXT;
 }
 
+/* The object store's throttling over the last window's ticks (at most 64). */
+static void fetch_sample(struct telemetry *tm)
+{
+	struct remote_stats f;
+	remote_stats(&f);
+	unsigned n = MIN(MAX(tm->n_slots, 1u), (unsigned)ARRAY_SIZE(tm->fetch_throttled));
+	tm->fetch_i = (tm->fetch_i + 1) % n;
+	tm->fetch_throttled[tm->fetch_i] = f.throttled - MIN(f.throttled, tm->fetch_last_throttled);
+	tm->fetch_retries[tm->fetch_i] = f.retries - MIN(f.retries, tm->fetch_last_retries);
+	tm->fetch_last_throttled = f.throttled;
+	tm->fetch_last_retries = f.retries;
+	tm->fetch_throttled_win = tm->fetch_retries_win = 0;
+	for (unsigned i = 0; i < n; i++) {
+		tm->fetch_throttled_win += tm->fetch_throttled[i];
+		tm->fetch_retries_win += tm->fetch_retries[i];
+	}
+}
+
 void telemetry_tick_end(struct telemetry *tm, struct pool *pool)
 {
 	/* Forget feeds no longer served (removed by a reload: they may be freed now). */
@@ -325,6 +344,7 @@ void telemetry_tick_end(struct telemetry *tm, struct pool *pool)
 	}
 	tm->threads = pool ? pool_threads(pool) : 1;
 	tm->pool_busy_pct = span ? MIN(100.0, 100.0 * (double)job / ((double)span * tm->threads)) : 0.0;
+	fetch_sample(tm);
 
 	diagnose_all(tm);
 }

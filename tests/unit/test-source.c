@@ -57,8 +57,8 @@ static void test_open(void)
 	CHECK_CONTAINS(err, "/nonexistent/x: cannot open");
 	CHECK_INT(source_open(dir, &s, err, sizeof(err)), -EINVAL);
 	CHECK_CONTAINS(err, "not a regular file");
-	CHECK_INT(source_open("s3://bucket/key.jsonl", &s, err, sizeof(err)), -EPROTONOSUPPORT);
-	CHECK_CONTAINS(err, "s3://bucket/key.jsonl");
+	CHECK_INT(source_open("gs://bucket/key.jsonl", &s, err, sizeof(err)), -EPROTONOSUPPORT);
+	CHECK_CONTAINS(err, "gs://bucket/key.jsonl");
 }
 
 static void test_check(void)
