@@ -14,6 +14,7 @@
 #include "daemon/feed/feed.h"
 #include "daemon/feed/integrity.h"
 #include "daemon/log/log.h"
+#include "daemon/source/source.h"
 #include "daemon/source/watch.h"
 #include "proto/macro.h"
 
@@ -137,6 +138,9 @@ static int watch_file(struct feed_watch *w, struct feed *owner, struct feed *f, 
 {
 	uint32_t id;
 	int lease_err = 0;
+	/* An object in storage is pinned by its ETag instead (If-Match on every read: docs/storage.md). */
+	if (source_is_remote(path))
+		return 0;
 	int r = source_watch_add(w->sw, path, &id, &lease_err);
 	if (lease_err == -EMFILE && !w->told_emfile) {
 		w->told_emfile = true;

@@ -139,6 +139,11 @@ static int open_remote(const char *name, struct source **ret, char *err, size_t 
 	return 0;
 }
 
+bool source_is_remote(const char *name)
+{
+	return is_url(name);
+}
+
 int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 {
 	progress(name);

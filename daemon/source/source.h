@@ -60,6 +60,8 @@ struct source_read {
  * opened O_NONBLOCK and checked before anything reads it.
  */
 int source_open(const char *name, struct source **ret, char *err, size_t errlen);
+/* Whether name is a URL served by object storage (s3://, http(s)://) rather than a local path. */
+bool source_is_remote(const char *name);
 struct source *source_close(struct source *s);
 
 const char *source_name(const struct source *s);
