@@ -233,10 +233,13 @@ static inline void format_prefetch(const struct shard *s)
 	struct source *src = NULL;
 	if (!s->format || !s->n_docs)
 		return;
-	if (s->format->doc_ranges && s->doc_tokens) {
-		for (uint32_t d = 0; d < s->n_docs && d < 64 && !src; d++)
-			if (s->doc_tokens[d])
+	if (s->format->doc_ranges && s->format->doc_tokens) {
+		for (uint32_t d = 0; d < s->n_docs && d < 64 && !src; d++) {
+			uint64_t tokens = 0;
+			char err[128];
+			if (s->format->doc_tokens(s, d, &tokens, err, sizeof(err)) == 0 && tokens)
 				s->format->doc_ranges(s, d, 0, 1, format_prefetch_emit, &src);
+		}
 	} else if (s->format->doc_read) {
 		struct source_read q = { 0 };
 		s->format->doc_read(s, 0, &q);
