@@ -46,6 +46,8 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 	}
 	r = source_open(data_path, &s->data, err, errlen);
 	if (r == 0)
+		source_set_cache_entry(s->data);
+	if (r == 0)
 		r = sums_load(cache_pin_fd(s->pin), source_size(s->data), false, data_path, &sums, err, errlen);
 	if (r == -ENODATA)
 		snprintf(err, errlen, "%s: no checksum trailer", data_path);

@@ -28,6 +28,7 @@ struct source {
 	struct source_id id;
 	int fd;
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
+	bool cache_entry;    /* feedd's own cache copy (source_set_cache_entry) */
 	struct remote_object *remote; /* a URL's object; NULL: a local file */
 };
 
@@ -438,6 +439,11 @@ int source_set_sums(struct source *s, struct sums *sums)
 	return 0;
 }
 
+void source_set_cache_entry(struct source *s)
+{
+	s->cache_entry = true;
+}
+
 const struct sums *source_sums(const struct source *s)
 {
 	return s->sums;
@@ -650,8 +656,8 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  * After the local reads: is each file still the one opened? A write moves
  * the inode's ctime before it copies its first byte into the page cache, so
  * bytes read from a write in progress are caught here, synchronously,
- * whatever the change watch has seen yet (docs/reliability.md). Sources
- * with checksums are checked by them instead (same file, same size here).
+ * whatever the change watch has seen yet (docs/reliability.md). Cache
+ * entries are checked by their sums instead (same file, same size here).
  * Objects in storage are pinned by their ETag instead (fetch.c).
  */
 static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
@@ -665,14 +671,14 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 			continue; /* cannot fail on an open fd; the periodic check has the last word */
 		id_of(&st, &now);
 		/*
-		 * A checksummed source is checked block by block on every read
-		 * (verify_finish), which catches changed bytes whatever the
-		 * timestamps say; its mtime and ctime may move for other reasons
-		 * (the cache dates an entry's last use by its mtime, cache.c).
+		 * A cache entry of feedd's own is checked block by block on every
+		 * read (verify_finish), which catches changed bytes whatever the
+		 * timestamps say, and its mtime moves with each use (cache.c).
 		 */
 		const struct source_id *was = &r->srcs[i]->id;
-		bool same = r->srcs[i]->sums ? now.dev == was->dev && now.ino == was->ino && now.size == was->size
-					     : source_id_equal(&now, was);
+		bool same = r->srcs[i]->cache_entry && r->srcs[i]->sums
+				    ? now.dev == was->dev && now.ino == was->ino && now.size == was->size
+				    : source_id_equal(&now, was);
 		if (!same) {
 			if (ret_failed)
 				*ret_failed = r->lidx[i];

@@ -79,6 +79,14 @@ const struct source_id *source_identity(const struct source *s);
 int source_set_sums(struct source *s, struct sums *sums);
 /* The checksums attached to s, or NULL. */
 const struct sums *source_sums(const struct source *s);
+/*
+ * Marks s as a cache entry of feedd's own (cache_dir), checked by its sums on
+ * every read: the check after reads then compares only file and size, since
+ * the cache dates an entry's last use by its mtime (cache.c). A user's file,
+ * sums or not, keeps the whole identity, ctime included: a write is a change
+ * (-ESTALE, batches withdrawn), not damage.
+ */
+void source_set_cache_entry(struct source *s);
 
 /* The identity `name` has now. Returns 0 or a negative errno. */
 int source_identify(const char *name, struct source_id *ret);
