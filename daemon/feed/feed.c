@@ -564,6 +564,22 @@ int feed_check(struct feed *f)
 	return 0;
 }
 
+int feed_poll(struct feed *f)
+{
+	if (f->state != FEED_READY)
+		return f->error_code;
+	for (uint32_t i = 0; f->sources && i < f->n_sources; i++)
+		if (feed_poll(f->sources[i]) < 0) {
+			char err[512];
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			feed_fail(f, f->sources[i]->error_code, err);
+			return f->error_code;
+		}
+	if (!f->sources)
+		feed_scan_poll(f);
+	return f->state == FEED_READY ? 0 : f->error_code;
+}
+
 int feed_check_some(struct feed *f, uint32_t *budget)
 {
 	if (f->state != FEED_READY)

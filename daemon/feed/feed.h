@@ -173,6 +173,12 @@ int feed_check_some(struct feed *f, uint32_t *budget);
 #define FEED_SCAN_AT_LOAD (UINT64_C(1) << 22)
 int feed_scan_start(struct feed *f);
 void feed_scan_poll(struct feed *f);
+/*
+ * Main thread, once a tick for every feed: applies what the feed's threads
+ * finished (feed_scan_poll for the feed or each source of a mixture); no
+ * file system access. Returns 0, or the feed's error code once it failed.
+ */
+int feed_poll(struct feed *f);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);

@@ -156,6 +156,12 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	 * (A read that comes up short checks the whole feed at once: session.c.)
 	 */
 	uint32_t budget = CHECK_PER_TICK;
+	/* Work the feeds' own threads finished (an index validated after load) is applied for every feed: no I/O. */
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		struct feed *f = s->feeds[i].feed;
+		if (f->state == FEED_READY && feed_poll(f) < 0)
+			fail_sessions(s, f);
+	}
 	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
 		size_t i = (s->check_first + k) % s->n_feeds;
 		struct feed *f = s->feeds[i].feed;
