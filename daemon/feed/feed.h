@@ -110,7 +110,7 @@ struct feed {
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
-	uint32_t check_next;        /* feed_check_some(): the shard (or source) its next call starts at */
+	uint32_t check_next;        /* checker_add() (main thread): the shard (or source) the next sweep starts at */
 };
 
 /*
@@ -156,12 +156,7 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);
-/*
- * feed_check() in slices, for the periodic check: checks at most *budget
- * shards, from where the last call stopped, and takes what it checked off
- * *budget. Returns 0 or -ESTALE (the feed is then FAILED).
- */
-int feed_check_some(struct feed *f, uint32_t *budget);
+/* The periodic check (once a second, in slices, off the main loop) is daemon/feed/checker.h. */
 
 /*
  * Stored tokens, index work after load (daemon/feed/feed-scan.c). Shards
