@@ -174,6 +174,8 @@ static void check_shards(struct server *s)
 		}
 		return;
 	}
+	if (s->check_reported_ns)
+		log_notice("the shard check stuck before has answered; shard checks go on");
 	s->check_reported_ns = 0;
 	uint32_t budget = CHECK_PER_TICK;
 	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {

@@ -4,7 +4,8 @@
  * file. While the file $STALL_TRIGGER exists, every stat() of $STALL_PATH
  * (stat, stat64, fstatat, statx and glibc's old __xstat) first sleeps
  * $STALL_S seconds, as a stat() on an NFS mount whose server went away
- * would, and appends a line to $STALL_LOG (how many stalls began). Other
+ * would, and appends a line to $STALL_LOG for each stall that begins:
+ * "stall main" on the process's main thread, else "stall thread". Other
  * paths, and all paths without the trigger, are stat'd at once.
  * (Exported by hand: the project builds with -fvisibility=hidden.)
  */
@@ -30,7 +31,9 @@ static void maybe_stall(const char *path)
 	if (log) {
 		int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 		if (fd >= 0) {
-			ssize_t _unused = write(fd, "stall\n", 6);
+			char line[64];
+			int n = snprintf(line, sizeof(line), "stall %s\n", gettid() == getpid() ? "main" : "thread");
+			ssize_t _unused = write(fd, line, (size_t)n);
 			(void)_unused;
 			close(fd);
 		}
