@@ -168,6 +168,12 @@ int feed_check(struct feed *f);
 #define FEED_SCAN_AT_LOAD (UINT64_C(1) << 22)
 int feed_scan_start(struct feed *f);
 void feed_scan_poll(struct feed *f);
+/*
+ * feed_scan_poll() for f and a mixture's sources (main thread, touches no
+ * file; the tick calls it for every feed, read or not): 0, or the feed's
+ * error code once FAILED (a mixture fails with its source).
+ */
+int feed_scan_fold(struct feed *f);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);

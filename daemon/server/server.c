@@ -162,6 +162,12 @@ static void on_check_failed(void *userdata, struct feed *f)
  */
 static void check_shards(struct server *s)
 {
+	/* Index validation that finished on its scan thread (feed/feed-scan.c) is folded in, read or not: no file is touched. */
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		struct feed *f = s->feeds[i].feed;
+		if (f->state == FEED_READY && feed_scan_fold(f) < 0)
+			fail_sessions(s, f);
+	}
 	if (!s->checker)
 		return;
 	if (checker_busy(s->checker)) {
