@@ -118,6 +118,19 @@ void feed_scan_poll(struct feed *f)
 	log_info("feed %s: index validated: %" PRIu64 " documents, %" PRIu64 " tokens", f->name, f->n_docs, f->n_tokens);
 }
 
+int feed_scan_fold(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
+		if (feed_scan_fold(f->sources[i]) < 0) {
+			char err[512];
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			feed_fail(f, f->sources[i]->error_code, err);
+		}
+	if (f->state == FEED_READY)
+		feed_scan_poll(f);
+	return f->state == FEED_READY ? 0 : f->error_code;
+}
+
 int feed_scan_wait(struct feed *f)
 {
 	for (uint32_t i = 0; i < f->n_sources; i++)

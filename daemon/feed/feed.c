@@ -564,52 +564,6 @@ int feed_check(struct feed *f)
 	return 0;
 }
 
-int feed_poll(struct feed *f)
-{
-	if (f->state != FEED_READY)
-		return f->error_code;
-	for (uint32_t i = 0; f->sources && i < f->n_sources; i++)
-		if (feed_poll(f->sources[i]) < 0) {
-			char err[512];
-			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
-			feed_fail(f, f->sources[i]->error_code, err);
-			return f->error_code;
-		}
-	if (!f->sources)
-		feed_scan_poll(f);
-	return f->state == FEED_READY ? 0 : f->error_code;
-}
-
-int feed_check_some(struct feed *f, uint32_t *budget)
-{
-	if (f->state != FEED_READY)
-		return f->error_code;
-	char err[512];
-	if (f->sources) {
-		/* Each source sweeps its own shards; the first to go with the budget turns round. */
-		uint32_t first = f->check_next++;
-		for (uint32_t k = 0; k < f->n_sources && *budget > 0; k++) {
-			uint32_t i = (first + k) % f->n_sources;
-			int r = feed_check_some(f->sources[i], budget);
-			if (r < 0) {
-				snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
-				feed_fail(f, r, err);
-				return r;
-			}
-		}
-		return 0;
-	}
-	for (uint32_t k = 0; k < f->n_shards && *budget > 0; k++, (*budget)--) {
-		uint32_t i = f->check_next++ % f->n_shards;
-		int r = format_check(f->shards[i], err, sizeof(err));
-		if (r < 0) {
-			feed_fail(f, r, err);
-			return r;
-		}
-	}
-	return 0;
-}
-
 json_t *feed_packing_json(const struct feed *f)
 {
 	const struct pack_counters *c = &f->counters.packed;

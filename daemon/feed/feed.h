@@ -110,7 +110,7 @@ struct feed {
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
 	bool stages_borrowed;       /* a mixture's source counts into its mixture's stages */
-	uint32_t check_next;        /* feed_check_some(): the shard (or source) its next call starts at */
+	uint32_t check_next;        /* checker_add() (main thread): the shard (or source) the next sweep starts at */
 };
 
 /*
@@ -156,12 +156,7 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens);
 
 /* Re-checks that no shard changed on disk. Returns 0 or -ESTALE (the feed is then FAILED). */
 int feed_check(struct feed *f);
-/*
- * feed_check() in slices, for the periodic check: checks at most *budget
- * shards, from where the last call stopped, and takes what it checked off
- * *budget. Returns 0 or -ESTALE (the feed is then FAILED).
- */
-int feed_check_some(struct feed *f, uint32_t *budget);
+/* The periodic check (once a second, in slices, off the main loop) is daemon/feed/checker.h. */
 
 /*
  * Stored tokens, index work after load (daemon/feed/feed-scan.c). Shards
@@ -174,11 +169,11 @@ int feed_check_some(struct feed *f, uint32_t *budget);
 int feed_scan_start(struct feed *f);
 void feed_scan_poll(struct feed *f);
 /*
- * Main thread, once a tick for every feed: applies what the feed's threads
- * finished (feed_scan_poll for the feed or each source of a mixture); no
- * file system access. Returns 0, or the feed's error code once it failed.
+ * feed_scan_poll() for f and a mixture's sources (main thread, touches no
+ * file; the tick calls it for every feed, read or not): 0, or the feed's
+ * error code once FAILED (a mixture fails with its source).
  */
-int feed_poll(struct feed *f);
+int feed_scan_fold(struct feed *f);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);

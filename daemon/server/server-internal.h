@@ -118,6 +118,8 @@ struct server {
 	struct served *feeds;
 	size_t n_feeds;
 	size_t check_first; /* the feed the tick's shard check starts at */
+	struct checker *checker;    /* the tick's shard check, on a thread (feed/checker.h); NULL: none */
+	uint64_t check_reported_ns; /* a stuck sweep is logged again once stuck this long */
 	unsigned departed;  /* sessions closed since the tick last trimmed the heap */
 	struct conn *conns;
 	size_t n_conns;
@@ -139,6 +141,7 @@ struct server {
 	struct conf_ids allow, admin;
 	unsigned max_connections, max_connections_per_uid, admin_connections;
 	unsigned handshake_timeout_s;
+	unsigned load_timeout_s; /* a shard check stuck this long is reported */
 	uint64_t client_memory_max, uid_memory_max, memory_max;
 	unsigned stuck_client_s;
 };

@@ -21,6 +21,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/feed/checker.h"
 #include "daemon/feed/integrity.h"
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
@@ -145,31 +146,64 @@ static void expire_handshakes(struct server *s, uint64_t now)
 	}
 }
 
+/* A sweep of the shard checker failed f (main loop): so does every session on it. */
+static void on_check_failed(void *userdata, struct feed *f)
+{
+	fail_sessions(userdata, f);
+}
+
+/*
+ * Shards unchanged? Only feeds someone reads, and at most CHECK_PER_TICK
+ * shards a tick in all: an idle daemon stats nothing, a busy one with 10,000
+ * shards sweeps them in seconds, not every tick. The stat()s run on the
+ * checker's thread (feed/checker.h), never here: a hung mount holds up that
+ * sweep only, and no second one starts while it hangs; it is logged once it
+ * has hung load_timeout_s, and again each time that doubles.
+ * (A read that comes up short checks the whole feed at once: session.c.)
+ */
+static void check_shards(struct server *s)
+{
+	/* Index validation that finished on its scan thread (feed/feed-scan.c) is folded in, read or not: no file is touched. */
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		struct feed *f = s->feeds[i].feed;
+		if (f->state == FEED_READY && feed_scan_fold(f) < 0)
+			fail_sessions(s, f);
+	}
+	if (!s->checker)
+		return;
+	if (checker_busy(s->checker)) {
+		char what[512];
+		uint64_t ns, limit = (uint64_t)MAX(s->load_timeout_s, 1u) * NSEC_PER_SEC;
+		if (checker_stuck(s->checker, limit, what, sizeof(what), &ns) && ns >= s->check_reported_ns) {
+			log_warning("shard check stuck on %s for %" PRIu64 " s (a hung mount or a stuck device?); no other "
+				    "shard check starts until it answers", what, ns / NSEC_PER_SEC);
+			s->check_reported_ns = 2 * ns;
+		}
+		return;
+	}
+	if (s->check_reported_ns)
+		log_notice("the shard check stuck before has answered; shard checks go on");
+	s->check_reported_ns = 0;
+	uint32_t budget = CHECK_PER_TICK;
+	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
+		size_t i = (s->check_first + k) % s->n_feeds;
+		struct feed *f = s->feeds[i].feed;
+		if (f->state != FEED_READY || !s->feeds[i].clients)
+			continue;
+		if (checker_add(s->checker, f, &budget) < 0)
+			break;
+	}
+	s->check_first++;
+	int r = checker_start(s->checker);
+	if (r < 0)
+		log_warning("cannot start the shard check: %s", strerror(-r));
+}
+
 /* Once a second: shards still unchanged? delivery rates, stuck clients, the service manager's status line. */
 static void on_tick(evutil_socket_t fd, short what, void *userdata)
 {
 	struct server *s = userdata;
-	/*
-	 * Shards unchanged? Only feeds someone reads, and at most
-	 * CHECK_PER_TICK shards a tick in all: an idle daemon stats nothing, a
-	 * busy one with 10,000 shards sweeps them in seconds, not every tick.
-	 * (A read that comes up short checks the whole feed at once: session.c.)
-	 */
-	uint32_t budget = CHECK_PER_TICK;
-	/* Work the feeds' own threads finished (an index validated after load) is applied for every feed: no I/O. */
-	for (size_t i = 0; i < s->n_feeds; i++) {
-		struct feed *f = s->feeds[i].feed;
-		if (f->state == FEED_READY && feed_poll(f) < 0)
-			fail_sessions(s, f);
-	}
-	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
-		size_t i = (s->check_first + k) % s->n_feeds;
-		struct feed *f = s->feeds[i].feed;
-		if (f->state != FEED_READY || !s->feeds[i].clients || feed_check_some(f, &budget) == 0)
-			continue;
-		fail_sessions(s, f);
-	}
-	s->check_first++;
+	check_shards(s);
 	/*
 	 * Sessions allocate on the workers' malloc arenas, and glibc gives back
 	 * little of a freed arena by itself: after many clients came and went
@@ -244,6 +278,7 @@ int server_configure(struct server *s, const struct conf *conf)
 	s->max_connections_per_uid = conf->max_connections_per_uid;
 	s->admin_connections = conf->admin_connections;
 	s->handshake_timeout_s = conf->handshake_timeout_s;
+	s->load_timeout_s = conf->load_timeout_s;
 	s->client_memory_max = conf->client_memory_max;
 	s->uid_memory_max = conf->uid_memory_max;
 	s->memory_max = conf->memory_max;
@@ -280,6 +315,10 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		log_warning("cannot watch shards for changes as they happen: %s; they are checked once a second only",
 			    strerror(-wr));
 	producer_set_watch(producer, s->watch);
+	int cr = checker_new(base, on_check_failed, s, &s->checker);
+	if (cr < 0)
+		log_warning("cannot start the shard checker: %s; shards are checked only when a read comes up short",
+			    strerror(-cr));
 	for (size_t i = 0; i < n_feeds; i++) {
 		s->feeds[s->n_feeds++] = (struct served){ .feed = feed_ref(feeds[i]) };
 		feed_watch_add(s->watch, feeds[i]);
@@ -412,6 +451,7 @@ struct server *server_free(struct server *s)
 		event_free(s->listen_ev);
 	if (s->tick_ev)
 		event_free(s->tick_ev);
+	s->checker = checker_free(s->checker); /* a sweep stuck meanwhile is left to its thread */
 	if (s->listen_fd >= 0) {
 		close(s->listen_fd);
 		if (s->own_path)

@@ -12,10 +12,15 @@
   NUL byte in a value, a too-long socket path, a missing tokenizer: each is
   refused with the file and line.
 
+- The once-a-second check that shards are unchanged stat()s them on a
+  thread of its own: a stat() that hangs holds up that sweep only, starts
+  no second one, and is reported after load_timeout_s.
+
 The "slow file system" is a file lease (fcntl F_SETLEASE) held by the test:
 opening the leased shard blocks until the lease is given up or the kernel's
 lease-break-time (45 s by default) passes, as an open on a hung network
-mount would.
+mount would. A lease does not hold up stat(): for the periodic check an
+LD_PRELOAD shim (stall-stat.c) makes stat() of one shard file sleep.
 """
 
 import fcntl
@@ -28,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FEEDCTL, FEEDD, feed_conf, gen_megatron, with_io_engine
+from conftest import BUILD, DAEMON_WRAPPER, FEEDCTL, FEEDD, feed_conf, gen_megatron, with_io_engine
 
 
 def small_data(tmp, name, shards=2, seed=3):
@@ -66,6 +71,11 @@ class Timed:
         ts = [t for t in self.times if t0 <= t <= t1]
         assert len(ts) >= 10, f"only {len(ts)} batches between the reload's start and end"
         return max(b - a for a, b in zip(ts, ts[1:]))
+
+    def max_gap_until(self, t0, t1):
+        """max_gap, counting too the wait from the last batch to t1 (a client that got none since)."""
+        last = max((t for t in self.times if t <= t1), default=t0)
+        return max(self.max_gap(t0, t1), t1 - last)
 
     def stop(self):
         self.proc.kill()
@@ -200,6 +210,75 @@ def test_fifo_in_a_shard_glob_is_refused_not_waited_on(daemon, tmp_path):
     assert [f["name"] for f in d.status()["feeds"]] == ["web"]
     time.sleep(0.3)
     assert c.max_gap(t0 - 0.2, time.monotonic()) < 1.0
+    c.stop()
+
+
+STALL_SHIM = BUILD / "tests" / "integration" / "stall-stat.so"
+
+
+def test_a_shard_whose_stat_hangs_stalls_no_client(daemon, tmp_path, monkeypatch):
+    """The periodic shard check meets a stat() that hangs (a hung network mount): clients stream on, no second
+    sweep starts while it hangs, and the log names the file it is stuck on after load_timeout_s."""
+    if not STALL_SHIM.exists():
+        pytest.skip(f"{STALL_SHIM} is not built")
+    if DAEMON_WRAPPER or "libasan" in subprocess.run(["ldd", str(FEEDD)], capture_output=True, text=True).stdout:
+        pytest.skip("the stat() shim is preloaded into feedd, which a wrapper or a sanitizer runtime forbids")
+    a = small_data(tmp_path, "a")
+    hung = os.path.realpath(a / "shard_000.bin")
+    trigger, stalls = tmp_path / "mount-hangs", tmp_path / "stalls"
+    for k, v in {"LD_PRELOAD": str(STALL_SHIM), "STALL_PATH": hung, "STALL_TRIGGER": str(trigger),
+                 "STALL_LOG": str(stalls), "STALL_S": "8"}.items():
+        monkeypatch.setenv(k, v)
+    d = daemon(conf_with(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2), timeout_s=2))
+    monkeypatch.delenv("LD_PRELOAD")  # the clients and feedctl stat as they like
+    c = streaming(d, "web")
+    trigger.touch()
+    t0 = time.monotonic()
+    deadline = time.time() + 10
+    while not stalls.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert stalls.exists(), "the periodic check never stat'd " + hung
+    time.sleep(4.5)  # well past load_timeout_s (2 s), still inside the 8 s stall
+    t1 = time.monotonic()
+    gap = c.max_gap_until(t0, t1)
+    assert gap < 1.0, f"a client waited {gap:.2f} s for a batch while a shard's stat() hung"
+    # One sweep hangs, off the main thread; none started beside it.
+    assert stalls.read_text() == "stall thread\n", stalls.read_text()
+    assert f"shard check stuck on {hung} for " in d.log_text(), d.log_text()
+    assert [(f["name"], f["state"]) for f in d.status()["feeds"]] == [("web", "ready")]
+    # The mount answers again: checks go on, the feed stays ready, and the client streamed throughout.
+    trigger.unlink()
+    time.sleep(5)
+    assert "the shard check stuck before has answered" in d.log_text(), d.log_text()
+    assert [(f["name"], f["state"]) for f in d.status()["feeds"]] == [("web", "ready")]
+    assert c.proc.poll() is None
+    assert c.max_gap_until(t0, time.monotonic()) < 1.0
+    c.stop()
+
+
+def test_stopping_while_a_shard_check_hangs(daemon, tmp_path, monkeypatch):
+    if not STALL_SHIM.exists():
+        pytest.skip(f"{STALL_SHIM} is not built")
+    if DAEMON_WRAPPER or "libasan" in subprocess.run(["ldd", str(FEEDD)], capture_output=True, text=True).stdout:
+        pytest.skip("the stat() shim is preloaded into feedd, which a wrapper or a sanitizer runtime forbids")
+    a = small_data(tmp_path, "a")
+    trigger, stalls = tmp_path / "mount-hangs", tmp_path / "stalls"
+    for k, v in {"LD_PRELOAD": str(STALL_SHIM), "STALL_PATH": os.path.realpath(a / "shard_001.idx"),
+                 "STALL_TRIGGER": str(trigger), "STALL_LOG": str(stalls), "STALL_S": "30"}.items():
+        monkeypatch.setenv(k, v)
+    d = daemon(conf_with(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2), timeout_s=2))
+    monkeypatch.delenv("LD_PRELOAD")
+    c = streaming(d, "web")
+    trigger.touch()
+    deadline = time.time() + 10
+    while not stalls.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert stalls.exists()
+    time.sleep(0.5)
+    # SIGTERM with the checker's thread asleep in stat(): feedd stops at once, and cleanly.
+    t0 = time.monotonic()
+    assert d.stop() == 0, d.log_text()
+    assert time.monotonic() - t0 < 5
     c.stop()
 
 
