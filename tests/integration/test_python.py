@@ -204,7 +204,7 @@ def test_daemon_gone_raises_within_a_second(dataset, tmp_path, how):
     try:
         loader = feed.Loader("web", socket=d.socket, timeout=30, reconnect_timeout=0)  # reconnect disabled
         for _ in range(3):
-            next(loader)
+            b = next(loader)  # batch 2; the loop below may take more, or none if the ring was empty at the kill
         kill_at = [None]
 
         def kill():
@@ -229,7 +229,7 @@ def test_daemon_gone_raises_within_a_second(dataset, tmp_path, how):
         with pytest.raises(feed.DaemonGoneError):  # and stays raised
             next(loader)
         if how != "SIGKILL while waiting":
-            assert b.index >= 3 and int(b["input_ids"].sum()) >= 0  # batches already taken stay readable
+            assert b.index >= 2 and int(b["input_ids"].sum()) >= 0  # batches already taken stay readable
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
