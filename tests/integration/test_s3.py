@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BUILD, SRC, assert_batches_equal, gen_megatron, load_dump  # noqa: F401
+from conftest import BUILD, FEEDCTL, SRC, assert_batches_equal, gen_megatron, load_dump  # noqa: F401
 
 TOOLS = Path(os.environ.get("FEEDD_S3TOOLS") or BUILD / "s3tools")
 PQDATA = Path(os.environ.get("FEEDD_PQDATA") or next((p for p in (BUILD / "pqdata", SRC / "build" / "pqdata")
@@ -424,13 +424,19 @@ def test_object_changed_with_all_its_blocks_held_is_found_by_the_probe(daemon, s
         b[0] ^= 0xFF
         s3.put(f"meg/{p.name}", bytes(b))
     time.sleep(31)
-    d.ctl("dump", "s3", "--batches", "50", "--out", str(tmp_path / "after"), check=False)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        f = next(f for f in d.status()["feeds"] if f["name"] == "s3")
-        if f["state"] == "failed":
-            break
-        time.sleep(0.2)
+    # A client stays attached: the once-a-second check looks at the shards of feeds someone reads (#18).
+    reader = subprocess.Popen([str(FEEDCTL), "--socket", d.socket, "dump", "s3", "--batches", "1000000", "--out",
+                               str(tmp_path / "after")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            f = next(f for f in d.status()["feeds"] if f["name"] == "s3")
+            if f["state"] == "failed":
+                break
+            time.sleep(0.2)
+    finally:
+        reader.kill()
+        reader.wait()
     st = s3.stats()
     assert f["state"] == "failed" and "changed while serving" in f["error"], json.dumps({k: v for k, v in st.items() if k != "by_key"})
     assert st["precondition_failed"] > 0 and st["gets"] - gets <= 10, st
