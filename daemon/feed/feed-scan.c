@@ -139,6 +139,18 @@ static void wait_reporting(const struct feed_scan *sc)
 	}
 }
 
+/* A mixture fails with its first failed source. Returns 0, or the feed's error code once FAILED. */
+static int sources_failed(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
+		if (f->sources[i]->state != FEED_READY) {
+			char err[512];
+			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
+			feed_fail(f, f->sources[i]->error_code, err);
+		}
+	return f->state == FEED_READY ? 0 : f->error_code;
+}
+
 int feed_scan_wait(struct feed *f)
 {
 	for (uint32_t i = 0; i < f->n_sources; i++)
@@ -152,13 +164,17 @@ int feed_scan_wait(struct feed *f)
 		__atomic_store_n(&f->scan->done, 1, __ATOMIC_RELEASE);
 		feed_scan_poll(f);
 	}
-	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
-		if (f->sources[i]->state != FEED_READY) {
-			char err[512];
-			snprintf(err, sizeof(err), "source %s: %.400s", f->conf.mix->names[i], f->sources[i]->error);
-			feed_fail(f, f->sources[i]->error_code, err);
-		}
-	return f->state == FEED_READY ? 0 : f->error_code;
+	return sources_failed(f);
+}
+
+int feed_scan_check(struct feed *f)
+{
+	if (f->state != FEED_READY)
+		return f->error_code;
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		feed_scan_check(f->sources[i]);
+	feed_scan_poll(f);
+	return sources_failed(f);
 }
 
 bool feed_scan_pending(const struct feed *f)

@@ -175,6 +175,8 @@ int feed_scan_start(struct feed *f);
 void feed_scan_poll(struct feed *f);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
+/* Folds a finished scan (a mixture's sources' too) without waiting; 0, or the feed's error code once FAILED. Main thread. */
+int feed_scan_check(struct feed *f);
 bool feed_scan_pending(const struct feed *f);
 uint32_t feed_scan_shards_left(const struct feed *f);
 void feed_scan_free(struct feed *f);

@@ -156,6 +156,10 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	 * (A read that comes up short checks the whole feed at once: session.c.)
 	 */
 	uint32_t budget = CHECK_PER_TICK;
+	/* Index scans that finished (cheap: one atomic load each), read or not: their counts, or their fault. */
+	for (size_t i = 0; i < s->n_feeds; i++)
+		if (s->feeds[i].feed->state == FEED_READY && feed_scan_check(s->feeds[i].feed) < 0)
+			fail_sessions(s, s->feeds[i].feed);
 	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
 		size_t i = (s->check_first + k) % s->n_feeds;
 		struct feed *f = s->feeds[i].feed;
