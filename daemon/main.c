@@ -152,9 +152,20 @@ static int load_run(void *arg, char *err, size_t errlen)
 		j->own_conf = true;
 	}
 	int r = load_feeds(j->conf, &j->feeds, &j->n, &j->failed);
-	if (r < 0)
+	if (r < 0) {
 		snprintf(err, errlen, "cannot load feeds: %s", strerror(-r));
-	return r;
+		return r;
+	}
+	/*
+	 * A reload is all or nothing: the index validation a first start leaves
+	 * to the scanner thread (READY at once) is waited for here, off the main
+	 * loop, so that a damaged index refuses the reload while the old feed
+	 * keeps serving (each shard scanned is progress for load_timeout_s).
+	 */
+	for (size_t i = 0; j->path && i < j->n; i++)
+		if (j->feeds[i]->state == FEED_READY && feed_scan_wait(j->feeds[i]) < 0)
+			j->failed++;
+	return 0;
 }
 
 static void load_job_free(void *arg)

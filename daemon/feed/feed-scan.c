@@ -23,8 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/feed/feed.h"
+#include "daemon/source/source.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
 
@@ -131,17 +133,28 @@ int feed_scan_fold(struct feed *f)
 	return f->state == FEED_READY ? 0 : f->error_code;
 }
 
-int feed_scan_wait(struct feed *f)
+/*
+ * Waits for the scanner thread to finish, reporting progress to the calling
+ * thread's hook (source_set_progress: the loader's) each time a shard is
+ * done, so that a reload waiting for a long, healthy scan is told from a
+ * stuck one by load_timeout_s (per shard: one shard's scan must fit in it).
+ */
+static void wait_reporting(const struct feed_scan *sc)
 {
-	for (uint32_t i = 0; i < f->n_sources; i++)
-		feed_scan_wait(f->sources[i]);
-	if (f->scan && !f->scan->folded) {
-		if (f->scan->started)
-			pthread_join(f->scan->thread, NULL);
-		f->scan->started = false;
-		__atomic_store_n(&f->scan->done, 1, __ATOMIC_RELEASE);
-		feed_scan_poll(f);
+	uint32_t seen = UINT32_MAX;
+	while (!__atomic_load_n(&sc->done, __ATOMIC_ACQUIRE)) {
+		uint32_t at = __atomic_load_n(&sc->shards_done, __ATOMIC_RELAXED);
+		if (at != seen && at < sc->n_shards) {
+			seen = at;
+			source_progress(sc->shards[at]->name);
+		}
+		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
 	}
+}
+
+/* A mixture fails with its first failed source. Returns 0, or the feed's error code once FAILED. */
+static int sources_failed(struct feed *f)
+{
 	for (uint32_t i = 0; i < f->n_sources && f->state == FEED_READY; i++)
 		if (f->sources[i]->state != FEED_READY) {
 			char err[512];
@@ -149,6 +162,22 @@ int feed_scan_wait(struct feed *f)
 			feed_fail(f, f->sources[i]->error_code, err);
 		}
 	return f->state == FEED_READY ? 0 : f->error_code;
+}
+
+int feed_scan_wait(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		feed_scan_wait(f->sources[i]);
+	if (f->scan && !f->scan->folded) {
+		if (f->scan->started) {
+			wait_reporting(f->scan);
+			pthread_join(f->scan->thread, NULL);
+		}
+		f->scan->started = false;
+		__atomic_store_n(&f->scan->done, 1, __ATOMIC_RELEASE);
+		feed_scan_poll(f);
+	}
+	return sources_failed(f);
 }
 
 bool feed_scan_pending(const struct feed *f)

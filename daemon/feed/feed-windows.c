@@ -13,8 +13,9 @@
  * ahead, for its first walk; it is freed when its last walk leaves it
  * (kept only while the feed holds no other window, for a client that
  * reattaches where it left). At most MAX_AHEAD entries wait unused (one in
- * steady state), so memory is bounded by the windows walked now plus
- * MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
+ * steady state; a prefetch makes room by dropping the oldest built one no
+ * walk took, and those older than every window walked now), so memory is
+ * bounded by the windows walked now plus MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
  * tokens. get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
@@ -321,15 +322,58 @@ static void windows_put(void *ctx, void *handle, bool keep)
 	pthread_mutex_unlock(&fw->lock);
 }
 
+static bool before(const struct entry *a, const struct entry *b)
+{
+	return a->epoch < b->epoch || (a->epoch == b->epoch && a->w < b->w);
+}
+
+/* A window built ahead (or failed) that no walk took and none holds: it may go. */
+static bool evictable(const struct entry *x)
+{
+	return !x->used && !x->refs && (x->state == READY || x->state == FAILED);
+}
+
+/*
+ * Makes room for a window ahead (lock held): the unused windows older than
+ * every window a walk holds now are dropped (walks go forward: none takes
+ * them), then, while MAX_AHEAD wait unused, the oldest built one (a client
+ * that detached right after its prefetch leaves one behind each time: kept,
+ * they would fill MAX_AHEAD and stop prefetch for good). Never one QUEUED or
+ * BUILDING. Returns how many wait unused.
+ */
+static unsigned make_room(struct feed_windows *fw)
+{
+	const struct entry *oldest_held = NULL;
+	for (struct entry *x = fw->head; x; x = x->next)
+		if (x->refs && (!oldest_held || before(x, oldest_held)))
+			oldest_held = x;
+	for (struct entry *x = fw->head, *next; x && oldest_held; x = next) {
+		next = x->next;
+		if (evictable(x) && before(x, oldest_held))
+			unlink_free(fw, x);
+	}
+	for (;;) {
+		unsigned waiting = 0;
+		struct entry *victim = NULL;
+		for (struct entry *x = fw->head; x; x = x->next) {
+			waiting += !x->used;
+			if (evictable(x)) /* the list is newest first: the last one found is the oldest */
+				victim = x;
+		}
+		if (waiting < MAX_AHEAD || !victim)
+			return waiting;
+		fw->stats.evicted++;
+		unlink_free(fw, victim);
+	}
+}
+
 static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
-	unsigned waiting = 0;
-	for (struct entry *x = fw->head; x; x = x->next)
-		waiting += !x->used;
+	unsigned waiting = find(fw, epoch, w) ? MAX_AHEAD : make_room(fw);
 	struct entry *e = NULL;
-	if (!find(fw, epoch, w) && waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
+	if (waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
 		drop_kept(fw, NULL);
 		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
 		fw->head = e;
@@ -406,6 +450,7 @@ static void work_ahead(const struct feed *f, struct feed_windows_stats *w, uint3
 	w->held += one.held;
 	w->ahead += one.ahead;
 	w->building += one.building;
+	w->evicted += one.evicted;
 	*pending += feed_scan_shards_left(f);
 	for (uint32_t i = 0; i < f->n_sources; i++)
 		work_ahead(f->sources[i], w, pending);
@@ -423,9 +468,9 @@ json_t *feed_work_ahead_json(const struct feed *f)
 	struct feed_windows_stats w;
 	uint32_t pending;
 	feed_work_ahead(f, &w, &pending);
-	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:i}", "windows_held", (int)w.held, "windows_ahead",
+	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
 			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
-			 "windows_found_ready", (json_int_t)w.ready_ahead, "last_window_build_seconds",
+			 "windows_found_ready", (json_int_t)w.ready_ahead, "windows_evicted", (json_int_t)w.evicted, "last_window_build_seconds",
 			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending);
 }

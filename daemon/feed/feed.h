@@ -202,6 +202,7 @@ struct feed_windows_stats {
 	uint64_t ready_ahead;      /* walks that found their next window built ahead */
 	uint64_t last_build_ns;    /* how long the latest took */
 	uint64_t docs_built;       /* documents of the windows shuffled */
+	uint64_t evicted;          /* built ahead, then dropped unused to make room for the next */
 	unsigned held, ahead, building; /* windows walked now; built ahead, not walked yet; being built */
 };
 int feed_windows_new(struct feed *f);

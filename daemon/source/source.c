@@ -107,10 +107,15 @@ void source_set_progress(void (*fn)(void *userdata, const char *name), void *use
 	progress_userdata = userdata;
 }
 
-static void progress(const char *name)
+void source_progress(const char *name)
 {
 	if (progress_fn)
 		progress_fn(progress_userdata, name);
+}
+
+static void progress(const char *name)
+{
+	source_progress(name);
 }
 
 /* "scheme://..." names an object store; anything else is a path. */

@@ -170,6 +170,8 @@ int source_read_all(struct source_reader *r, struct source *s, void **ret);
  * a FIFO or a hung mount can be told from a slow one, and named. NULL: off.
  */
 void source_set_progress(void (*fn)(void *userdata, const char *name), void *userdata);
+/* Reports progress on name to this thread's hook (a long computation over a source's bytes). */
+void source_progress(const char *name);
 
 /*
  * The message for a failed read of `name` at [offset, offset + len) into err:

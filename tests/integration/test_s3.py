@@ -440,3 +440,30 @@ def test_object_changed_with_all_its_blocks_held_is_found_by_the_probe(daemon, s
     st = s3.stats()
     assert f["state"] == "failed" and "changed while serving" in f["error"], json.dumps({k: v for k, v in st.items() if k != "by_key"})
     assert st["precondition_failed"] > 0 and st["gets"] - gets <= 10, st
+
+
+def test_megatron_sidecar_in_the_store_is_checked(daemon, s3, megatron, tmp_path):
+    """X.bin.sums next to an s3:// shard is fetched through the source layer and checked like a local one: an
+    index that does not match it fails the feed at load, naming both URLs; no sidecar (404) serves unchecked."""
+    local = tmp_path / "summed"
+    shutil.copytree(megatron, local)
+    r = subprocess.run([str(FEEDCTL), "verify", "--write-sums", *map(str, sorted(local.glob("*.idx")))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    idx = sorted(local.glob("*.idx"))[1]
+    upload_dir(s3, local, "good")
+    # The same shard with its .idx changed (sequence 0 one token shorter, still valid) under the old sidecar.
+    data = bytearray(idx.read_bytes())
+    data[34:38] = (int.from_bytes(data[34:38], "little") - 1).to_bytes(4, "little")
+    idx.write_bytes(bytes(data))
+    upload_dir(s3, local, "bad")
+    for p in local.glob("*.sums"):
+        p.unlink()
+    upload_dir(s3, local, "none")
+    d = daemon(head(s3) + feed("good", "s3://feedd/good/*.idx") + feed("bad", "s3://feedd/bad/*.idx")
+               + feed("none", "s3://feedd/none/*.idx"))
+    st = {f["name"]: f for f in d.status()["feeds"]}
+    assert st["good"]["state"] == "ready" and st["none"]["state"] == "ready", st
+    want = f"s3://feedd/bad/{idx.name}: does not match the checksum in s3://feedd/bad/{idx.stem}.bin.sums"
+    assert st["bad"]["state"] == "failed" and want in st["bad"]["error"], st["bad"]
+    d.dump("good", tmp_path / "g", batches=5)

@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference
+from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference, with_io_engine
+from test_reload_conf import Timed
 
 # Above the daemon's FEED_SCAN_AT_LOAD (2^22 index entries, S + D): validated after load.
 BIG_DOCS = 2_200_000
@@ -106,3 +107,69 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
     assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
     # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
     assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 2, wa
+
+
+def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path):
+    """A client that detaches right after its walk prefetched the next window leaves that window built and
+    untaken. Kept, two such would fill what may wait ahead and switch prefetch off for good; the oldest is
+    dropped instead, so what is held stays bounded and every client still finds windows built ahead."""
+    data = tmp_path / "many"
+    gen_megatron.main([str(data), "--shards", "40", "--docs-per-shard", "20", "--mean-len", "40",
+                       "--seed", "6"])
+    d = daemon(feed_conf("web", f"{data}/shard_*.idx", window=1, seq_len=128, batch_size=4))
+
+    def work_ahead():
+        return d.status()["feeds"][0]["work_ahead"]
+
+    ahead_builds = []
+    # Each client stops short of the window the one before left built ahead: none takes it.
+    for i, n in enumerate([23, 20, 17, 14, 11, 8, 5, 3]):
+        d.dump("web", tmp_path / f"out{i}", rank=0, world=1, batches=n)
+        wa = wait_for(lambda: (lambda w: w["windows_building"] == 0 and w)(work_ahead()))
+        assert wa["windows_ahead"] <= 2 and wa["windows_held"] <= 1, wa
+        ahead_builds.append(wa["windows_built"] - wa["windows_built_on_demand"])
+    # Prefetch went on: the last clients still had windows built ahead for them, and the untaken ones went.
+    assert all(b > a for a, b in zip(ahead_builds, ahead_builds[1:])), ahead_builds
+    assert wa["windows_evicted"] >= 4, wa
+
+
+def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
+    """A reload waits for the index validation a first start leaves to the scanner thread: a damaged large
+    index refuses the reload whole, naming the file, and the old feed serves on."""
+    small = tmp_path / "small"
+    gen_megatron.main([str(small), "--shards", "2", "--docs-per-shard", "200", "--mean-len", "300",
+                       "--seed", "3"])
+    good = feed_conf("web", f"{small}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(good)
+    before = d.status()["feeds"][0]["fingerprint"]
+    c = Timed(d.client("web", 0, 1, 100000, sleep_ms=10))
+    try:
+        c.wait_batches(20)
+        bad = tmp_path / "bad"
+        bad.mkdir()
+        lengths = np.full(BIG_DOCS, 2)
+        pointers = np.arange(BIG_DOCS, dtype=np.int64) * 4
+        pointers[-1] += 8  # the last sequence ends past the .bin: found only by the whole scan
+        write_shard(bad / "s", lengths, pointers=pointers)
+        d.conf.write_text(with_io_engine(good + feed_conf("big", f"{bad}/*.idx", shuffle="false", window=1)))
+        p = d.ctl("reload", check=False, timeout=120)
+        assert p.returncode != 0, p.stdout
+        assert "running configuration stays" in p.stderr and f"{bad}/s.idx" in p.stderr, p.stderr
+        st = d.status()["feeds"]
+        assert [f["name"] for f in st] == ["web"] and st[0]["state"] == "ready", st
+        assert st[0]["fingerprint"] == before
+        # The client streamed through it and still does.
+        n = len(c.times)
+        c.wait_batches(n + 20)
+        # A reload adding a healthy large index is accepted once its scan passed.
+        fine = tmp_path / "fine"
+        fine.mkdir()
+        write_shard(fine / "s", lengths)
+        d.conf.write_text(with_io_engine(good + feed_conf("big", f"{fine}/*.idx", shuffle="false", window=1)))
+        p = d.ctl("reload", check=False, timeout=120)
+        assert p.returncode == 0, p.stderr
+        big = [f for f in d.status()["feeds"] if f["name"] == "big"][0]
+        assert big["state"] == "ready" and big["work_ahead"]["index_shards_pending"] == 0, big
+        c.wait_batches(len(c.times) + 20)
+    finally:
+        c.stop()
