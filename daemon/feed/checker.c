@@ -67,13 +67,19 @@ static struct sweep *sweep_new(int efd)
 }
 
 /* Frees what the sweep holds but the feeds' references (unref_feeds: main thread only). */
+static void sweep_free(struct sweep *w, bool unref_feeds);
+
 static void sweep_unref(struct sweep *w, bool unref_feeds)
 {
 	pthread_mutex_lock(&w->lock);
 	bool last = --w->refs == 0;
 	pthread_mutex_unlock(&w->lock);
-	if (!last)
-		return;
+	if (last)
+		sweep_free(w, unref_feeds);
+}
+
+static void sweep_free(struct sweep *w, bool unref_feeds)
+{
 	for (size_t i = 0; i < w->n_items; i++)
 		free(w->items[i].err);
 	for (size_t i = 0; unref_feeds && i < w->n_feeds; i++)
@@ -105,16 +111,24 @@ static void *sweep_main(void *userdata)
 			it->err = strdup(err);
 	}
 	source_set_progress(NULL, NULL);
+	/*
+	 * The thread lets go of the sweep in the same step that marks it
+	 * finished: the main loop, which sees `finished` only after this, is
+	 * then the last holder and drops the feeds' references on its thread
+	 * (on_done). Abandoned: the daemon stops, and the feeds are left to
+	 * exit (their references are not ours to drop here).
+	 */
 	pthread_mutex_lock(&w->lock);
 	w->finished = true;
 	bool abandoned = w->abandoned;
+	bool last = --w->refs == 0;
 	if (!abandoned) {
 		uint64_t one = 1;
 		ssize_t _unused_ n = write(w->efd, &one, sizeof(one));
 	}
 	pthread_mutex_unlock(&w->lock);
-	/* Abandoned: the daemon stops, and the feeds are left to exit (their references are not ours to drop here). */
-	sweep_unref(w, false);
+	if (last)
+		sweep_free(w, false);
 	return NULL;
 }
 
