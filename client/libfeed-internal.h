@@ -106,6 +106,13 @@ struct feed_client {
  */
 int client_connect(const char *socket_path, bool intr, int reply_ms, char *err, size_t errlen, feed_client **ret);
 /*
+ * Sends msg (n bytes; n < 0: its encoding failed, that error) and waits for
+ * a reply of reply_type, returned NUL-terminated in *ret (caller frees).
+ * STATUS and EXPLAIN. Returns 0 or a negative errno (reported; `what` names
+ * the request in the message about an unexpected reply).
+ */
+int client_request_text(feed_client *c, const uint8_t *msg, int n, int reply_type, const char *what, char **ret);
+/*
  * state.c: puts `cursor` (NULL: none) into a request's cursor field, or,
  * when it is longer, sends it first as STATE parts and puts
  * FEED_CURSOR_IN_STATE_AREA there. Returns 0 or a negative errno (reported).

@@ -633,14 +633,10 @@ FEED_EXPORT uint32_t feed_client_slots(const feed_client *c)
 	return c->slot_count;
 }
 
-FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
+int client_request_text(feed_client *c, const uint8_t *msg, int n, int reply_type, const char *what, char **ret)
 {
-	assert_return(c && ret_json, -EINVAL);
 	int saved = errno;
-	struct wire_status st = { 0 };
-	uint8_t buf[WIRE_HEADER_SIZE + WIRE_STATUS_SIZE];
-	int n = wire_encode_status(buf, sizeof(buf), &st);
-	int r = n < 0 ? n : client_send(c, buf, (size_t)n);
+	int r = n < 0 ? n : client_send(c, msg, (size_t)n);
 	if (r < 0) {
 		errno = saved;
 		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
@@ -651,18 +647,27 @@ FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
 	errno = saved;
 	if (type < 0)
 		return type;
-	if (type != WIRE_STATUS_REPLY) {
+	if (type != reply_type) {
 		free(p);
-		return client_fail(c, -EPROTO, "feedd sent an unexpected reply to status");
+		return client_fail(c, -EPROTO, "feedd sent an unexpected reply to %s", what);
 	}
-	char *json = realloc(p, len + 1);
-	if (!json) {
+	char *text = realloc(p, len + 1);
+	if (!text) {
 		free(p);
 		return client_fail(c, -ENOMEM, "out of memory");
 	}
-	json[len] = 0;
-	*ret_json = json;
+	text[len] = 0;
+	*ret = text;
 	return 0;
+}
+
+FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
+{
+	assert_return(c && ret_json, -EINVAL);
+	struct wire_status st = { 0 };
+	uint8_t buf[WIRE_HEADER_SIZE + WIRE_STATUS_SIZE];
+	int n = wire_encode_status(buf, sizeof(buf), &st);
+	return client_request_text(c, buf, n, WIRE_STATUS_REPLY, "status", ret_json);
 }
 
 /*

@@ -127,27 +127,6 @@ FEED_EXPORT int feed_client_explain(feed_client *c, const char *feed, uint32_t r
 	}
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EXPLAIN_SIZE];
 	int n = wire_encode_explain(buf, sizeof(buf), &m);
-	r = n < 0 ? n : client_send(c, buf, (size_t)n);
-	if (r < 0) {
-		errno = saved;
-		return client_fail(c, r, "sending to feedd: %s", feed_strerror(r));
-	}
-	void *p;
-	size_t len;
-	int type = client_recv_msg(c, REPLY_TIMEOUT_MS, &p, &len, NULL, 0, NULL);
 	errno = saved;
-	if (type < 0)
-		return type;
-	if (type != WIRE_EXPLAIN_REPLY) {
-		free(p);
-		return client_fail(c, -EPROTO, "feedd sent an unexpected reply to EXPLAIN");
-	}
-	char *text = realloc(p, len + 1);
-	if (!text) {
-		free(p);
-		return client_fail(c, -ENOMEM, "out of memory");
-	}
-	text[len] = 0;
-	*ret_text = text;
-	return 0;
+	return client_request_text(c, buf, n, WIRE_EXPLAIN_REPLY, "EXPLAIN", ret_text);
 }

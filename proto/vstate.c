@@ -157,8 +157,7 @@ int vstate_format(const struct vstate *st, char **ret)
 	return (int)MIN(b.n, (size_t)INT32_MAX);
 }
 
-/* One '-'-led lower-case hex field of 1 to 16 digits. */
-static int field(const char **p, uint64_t *ret)
+int vstate_hex_field(const char **p, uint64_t *ret)
 {
 	const char *s = *p;
 	if (*s != '-')
@@ -185,7 +184,7 @@ int vstate_parse(const char *text, struct vstate *ret)
 	const char *p = text + 3, *start = p;
 	uint64_t h[6];
 	for (int i = 0; i < 6; i++)
-		if (field(&p, &h[i]) < 0)
+		if (vstate_hex_field(&p, &h[i]) < 0)
 			return -EINVAL;
 	if (strspn(start + 1, "0123456789abcdef") != 16)
 		return -EINVAL;
@@ -203,18 +202,18 @@ int vstate_parse(const char *text, struct vstate *ret)
 	for (size_t i = 0; i < st.n; i++) {
 		struct vstate_stream *e = &st.s[i];
 		uint64_t v, ns;
-		if (field(&p, &v) < 0 || field(&p, &ns) < 0 || v >= st.vranks || ns > VSTATE_MAX_SOURCES ||
+		if (vstate_hex_field(&p, &v) < 0 || vstate_hex_field(&p, &ns) < 0 || v >= st.vranks || ns > VSTATE_MAX_SOURCES ||
 		    (i > 0 && v <= st.s[i - 1].v) || (st.world && v % st.world != st.rank))
 			goto bad;
 		e->v = (uint32_t)v;
 		e->n_sources = (uint32_t)ns;
 		for (unsigned k = 0; k < vstate_fields(e->n_sources); k++)
-			if (field(&p, &e->f[k]) < 0)
+			if (vstate_hex_field(&p, &e->f[k]) < 0)
 				goto bad;
 	}
 	size_t body = (size_t)(p - text);
 	uint64_t check;
-	if (field(&p, &check) < 0 || *p != 0 || (size_t)(p - text) - body != 9 || check != check_of(text, body))
+	if (vstate_hex_field(&p, &check) < 0 || *p != 0 || (size_t)(p - text) - body != 9 || check != check_of(text, body))
 		goto bad;
 	*ret = st;
 	return 0;

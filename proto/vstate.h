@@ -73,6 +73,12 @@ int vstate_format_entry(const struct vstate_stream *e, char *buf, size_t cap);
 int vstate_format_check(char *text, size_t n, size_t cap);
 
 /* Parses a state. Returns 0, -EINVAL (malformed or damaged), -ENOMEM. */
+/*
+ * Parses one '-'-led lower-case hex field of 1 to 16 digits at *p (the
+ * fields of fv1 states and of fc1/fc2 cursors, docs/sample-order.md 7.1),
+ * moving *p past it. Returns 0, or -EINVAL.
+ */
+int vstate_hex_field(const char **p, uint64_t *ret);
 int vstate_parse(const char *text, struct vstate *ret);
 
 /*

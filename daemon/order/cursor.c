@@ -9,6 +9,7 @@
 
 #include "daemon/order/cursor.h"
 #include "proto/macro.h"
+#include "proto/vstate.h"
 
 static uint32_t check_of(const char *s, size_t n)
 {
@@ -64,27 +65,6 @@ int cursor_format(const struct cursor *c, char *buf, size_t cap)
 	return (int)n;
 }
 
-/* Parses one '-'-led lower-case hex field of at most 16 digits. */
-static int hex_field(const char **p, uint64_t *ret)
-{
-	const char *s = *p;
-	if (*s != '-')
-		return -EINVAL;
-	s++;
-	uint64_t v = 0;
-	int digits = 0;
-	for (; (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'); s++, digits++) {
-		if (digits == 16)
-			return -EINVAL;
-		v = v << 4 | (uint64_t)(*s <= '9' ? *s - '0' : *s - 'a' + 10);
-	}
-	if (digits == 0)
-		return -EINVAL;
-	*p = s;
-	*ret = v;
-	return 0;
-}
-
 int cursor_parse(const char *text, struct cursor *ret)
 {
 	bool mixed;
@@ -100,7 +80,7 @@ int cursor_parse(const char *text, struct cursor *ret)
 	size_t fields = 8;
 	for (size_t i = 0; i < fields; i++) {
 		const char *start = p;
-		if (hex_field(&p, &f[i]) < 0)
+		if (vstate_hex_field(&p, &f[i]) < 0)
 			return -EINVAL;
 		if (i == 0 && p - start != 17) /* '-' and exactly 16 digits */
 			return -EINVAL;
@@ -114,7 +94,7 @@ int cursor_parse(const char *text, struct cursor *ret)
 	uint64_t data = 0;
 	bool has_data = false;
 	const char *start = p;
-	if (hex_field(&p, &check) < 0)
+	if (vstate_hex_field(&p, &check) < 0)
 		return -EINVAL;
 	if (*p == '-') {
 		if (p - start != 17)
@@ -122,7 +102,7 @@ int cursor_parse(const char *text, struct cursor *ret)
 		data = check;
 		has_data = true;
 		start = p;
-		if (hex_field(&p, &check) < 0)
+		if (vstate_hex_field(&p, &check) < 0)
 			return -EINVAL;
 	}
 	size_t body = (size_t)(start - text);
