@@ -58,7 +58,7 @@ static void *scan_main(void *userdata)
 			continue;
 		uint64_t tokens;
 		uint32_t nonempty;
-		int r = s->format->scan(s, &tokens, &nonempty, sc->err, sizeof(sc->err));
+		int r = s->format->scan(s, &sc->stop, &tokens, &nonempty, sc->err, sizeof(sc->err));
 		if (r < 0) {
 			sc->error = r;
 			break;
