@@ -495,7 +495,7 @@ static int doc_ranges_mapped(const struct megatron_shard *s, uint32_t doc, uint6
 		count -= n;
 		offset = 0;
 	}
-	return count ? -ESTALE : 0;
+	return count ? -EINVAL : 0; /* more tokens asked for than the document has */
 }
 
 int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
