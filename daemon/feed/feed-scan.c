@@ -109,7 +109,8 @@ void feed_scan_poll(struct feed *f)
 		pthread_join(sc->thread, NULL);
 	sc->started = false;
 	if (sc->error < 0) {
-		feed_fail(f, -EBADMSG, sc->err);
+		/* A file changed under the scan (-ESTALE: truncated, rewritten) withdraws what was read from it. */
+		feed_fail(f, sc->error == -ESTALE ? -ESTALE : -EBADMSG, sc->err);
 		return;
 	}
 	f->n_tokens += sc->tokens;

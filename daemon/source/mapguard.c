@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* SIGBUS from a truncated file mapping as an error (mapguard.h). */
 #include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "daemon/source/mapguard.h"
 
 static __thread struct mapguard *current;
+static __thread bool unblocked; /* SIGBUS unblocked in this thread already */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static unsigned long caught;
 
@@ -46,6 +48,19 @@ void mapguard_prepare(struct mapguard *g, const void *base, size_t len)
 
 void mapguard_arm(struct mapguard *g)
 {
+	/*
+	 * A synchronous SIGBUS that is blocked kills the process whatever the
+	 * handler, and the daemon's threads start with every signal blocked
+	 * (they leave SIGTERM and the like to the main loop): unblock this one,
+	 * once per thread (one system call, then none).
+	 */
+	if (!unblocked) {
+		sigset_t bus;
+		sigemptyset(&bus);
+		sigaddset(&bus, SIGBUS);
+		pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+		unblocked = true;
+	}
 	g->prev = current;
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	current = g;

@@ -18,7 +18,11 @@
  * The code between arm and disarm must only read the mapping and local
  * state (no locks taken, no allocations), since a fault skips the rest of
  * it. Arming costs no system call (the signal mask is not saved: the
- * handler runs with SA_NODEFER). Guards nest per thread.
+ * handler runs with SA_NODEFER), but the first in a thread unblocks
+ * SIGBUS there: a blocked synchronous SIGBUS kills the process whatever
+ * the handler, and the daemon starts its threads with every signal
+ * blocked. A thread must not block SIGBUS again afterwards. Guards nest
+ * per thread.
  */
 #pragma once
 
