@@ -441,9 +441,18 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 			goto out;
 	}
 
-	/* Kept open: a rewrite of the .idx in place fails the .bin's reads after they complete (G). */
-	s->idx_src = TAKE_PTR(idx);
-	source_check_with(s->bin, s->idx_src);
+	/*
+	 * A mapped .idx (a local file) is kept open: a rewrite of it in place
+	 * fails the .bin's reads after they complete, as a change to the .bin
+	 * does. A copy (an object in storage, pinned by its ETag) needs no such
+	 * check, and its source is let go.
+	 */
+	if (s->idx_mapped) {
+		s->idx_src = TAKE_PTR(idx);
+		source_check_with(s->bin, s->idx_src);
+	} else {
+		source_close(idx);
+	}
 	*ret = TAKE_PTR(s);
 	return 0;
 out:

@@ -159,6 +159,14 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	for (size_t k = 0; k < s->n_feeds && budget > 0; k++) {
 		size_t i = (s->check_first + k) % s->n_feeds;
 		struct feed *f = s->feeds[i].feed;
+		/* A finished index scan is folded in (or fails the feed) whether or not anyone reads it yet. */
+		bool was_ready = f->state == FEED_READY;
+		feed_scan_poll(f);
+		if (was_ready && f->state != FEED_READY) {
+			if (s->feeds[i].clients)
+				fail_sessions(s, f);
+			continue;
+		}
 		if (f->state != FEED_READY || !s->feeds[i].clients || feed_check_some(f, &budget) == 0)
 			continue;
 		fail_sessions(s, f);
