@@ -4,7 +4,8 @@
  * or rewrite it under the daemon. Every read of the mapping must then end
  * in -ESTALE naming the file, never SIGBUS (truncated: the guard,
  * daemon/source/mapguard.h) nor a read past the index or the .bin
- * (rewritten in place: each entry bounded where it is used). A SIGBUS
+ * (rewritten in place: each entry bounded where it is used), and the
+ * .bin's reads fail once the .idx changed. A SIGBUS
  * outside a guard keeps its default action. The scan stops on its flag.
  * Each case runs in a child, so a crash is reported, not fatal.
  */
@@ -14,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "daemon/format/megatron.h"
 #include "daemon/io/reader.h"
@@ -166,6 +168,25 @@ static void stopped(void *ctx)
 	megatron_free(s);
 }
 
+/* The .bin's reads check the .idx too: a rewrite of the index in place (no lease, no watch) fails them. */
+static void idx_checked_after_reads(void *ctx)
+{
+	(void)ctx;
+	write_shard();
+	struct megatron_shard *s = open_shard(false);
+	struct source_reader *io;
+	REQUIRE(source_reader_new(IO_ENGINE_AUTO, 8, &io) == 0, "source_reader_new failed");
+	uint8_t buf[2];
+	struct source_read req = { .src = s->bin, .offset = 0, .len = 2, .dst = buf };
+	CHECK_INT(source_read(io, &req, 1, NULL), 0);
+	struct timespec ms20 = { 0, 20 * 1000 * 1000 };
+	nanosleep(&ms20, NULL); /* past the coarse clock's tick: the write moves ctime */
+	put64(34 + 12 * (uint64_t)S, 0); /* the same bytes again: only the identity moves */
+	CHECK_INT(source_read(io, &req, 1, NULL), -ESTALE);
+	source_reader_free(io);
+	megatron_free(s);
+}
+
 /* A SIGBUS outside any guard (or outside its range) still kills, as it did before the handler. */
 static void unguarded(void)
 {
@@ -201,6 +222,7 @@ int main(void)
 	unit_in_child("a validated .idx truncated while mapped", truncated, NULL, 10);
 	unit_in_child("a validated .idx rewritten in place (same size)", rewritten, NULL, 10);
 	unit_in_child("the scan stops on its flag", stopped, NULL, 10);
+	unit_in_child("a rewrite of the .idx fails the .bin's reads", idx_checked_after_reads, NULL, 10);
 	unguarded();
 
 	unlink(idx_path);
