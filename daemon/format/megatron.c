@@ -489,7 +489,8 @@ static int doc_ranges_mapped(const struct megatron_shard *s, uint32_t doc, uint6
 		int32_t l;
 		int64_t ptr;
 		megatron_seq(s, (uint64_t)q, &l, &ptr);
-		if (l < 0 || ptr < 0 || (uint64_t)ptr > s->bin_size || (uint64_t)l > (s->bin_size - (uint64_t)ptr) / s->itemsize)
+		if (l < 0 || ptr < 0 || (uint64_t)ptr > s->bin_size ||
+		    (uint64_t)l > (s->bin_size - (uint64_t)ptr) / s->itemsize)
 			return -ESTALE;
 		uint64_t len = (uint64_t)l;
 		if (offset >= len) {

@@ -7,9 +7,11 @@
  * i64[D] document indices; optionally S mode bytes. .bin: bare tokens.
  * Document d = sequences doc_idx[d] .. doc_idx[d+1]-1.
  *
- * A shard owns its .bin source and a read-only mapping of the .idx (read
- * through the source layer); both are immutable after open, so any thread
- * may read them. Nothing proportional to the shard's documents is copied
+ * A shard owns its .bin source, its .idx source (kept open while mapped:
+ * the .bin's reads check it too) and a read-only mapping of the .idx;
+ * any thread may read them. The file under the mapping may still change:
+ * every read of it runs under a map guard (a truncation is -ESTALE, not
+ * SIGBUS) and every entry is bounded where it is used. Nothing proportional to the shard's documents is copied
  * or allocated: a document's token count is computed, and its index
  * entries checked, when it is asked for (issue #22). The
  * identity of both files is recorded; megatron_check() tells whether they
