@@ -60,7 +60,7 @@ static void *scan_main(void *userdata)
 			continue;
 		uint64_t tokens;
 		uint32_t nonempty;
-		int r = s->format->scan(s, &tokens, &nonempty, sc->err, sizeof(sc->err));
+		int r = s->format->scan(s, &sc->stop, &tokens, &nonempty, sc->err, sizeof(sc->err));
 		if (r < 0) {
 			sc->error = r;
 			break;
@@ -111,7 +111,8 @@ void feed_scan_poll(struct feed *f)
 		pthread_join(sc->thread, NULL);
 	sc->started = false;
 	if (sc->error < 0) {
-		feed_fail(f, -EBADMSG, sc->err);
+		/* A file changed under the scan (-ESTALE: truncated, rewritten) withdraws what was read from it. */
+		feed_fail(f, sc->error == -ESTALE ? -ESTALE : -EBADMSG, sc->err);
 		return;
 	}
 	f->n_tokens += sc->tokens;

@@ -198,9 +198,9 @@ static const char *no_tokens_why(const struct session *s, char *buf, size_t len)
 static int plan_error(const struct session *s, int r, uint64_t batch, char *msg, size_t msglen)
 {
 	char why[160];
-	for (uint32_t i = 0; r == -EBADMSG && i < s->n_srcs; i++)
+	for (uint32_t i = 0; (r == -EBADMSG || r == -ESTALE) && i < s->n_srcs; i++)
 		if (s->srcs[i].feed->state == FEED_FAILED) {
-			/* A damaged index entry met on the way (stored tokens): the feed's error names it. */
+			/* A damaged or changed index entry met on the way (stored tokens): the feed's error names it. */
 			snprintf(msg, msglen, "cannot plan batch %" PRIu64 ": %s", batch, s->srcs[i].feed->error);
 			return r;
 		}

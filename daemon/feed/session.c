@@ -284,7 +284,7 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 		session_cursor_not_here(err, errlen, s->rank, f);
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s", s->rank, s->world, f->name);
-	else if (r == -EBADMSG && f->state == FEED_FAILED)
+	else if ((r == -EBADMSG || r == -ESTALE) && f->state == FEED_FAILED)
 		snprintf(err, errlen, "%s", f->error);
 	else if (r < 0)
 		snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));

@@ -141,6 +141,11 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 		c->shard = sf->shards[s];
 		c->pos = pos + (lo - offset);
 		int r = format_doc_ranges(c->shard, d, lo - bos, hi - lo, emit_range, c);
+		if (r == -ESTALE) {
+			snprintf(err, errlen, "%s: changed while serving (document %" PRIu32 "'s index entries no longer hold)",
+				 c->shard->name, d);
+			return r;
+		}
 		if (r < 0) {
 			snprintf(err, errlen, "%s: document %" PRIu32 ": cannot map tokens %" PRIu64 "..%" PRIu64,
 				 c->shard->name, d, lo - bos, hi - bos);

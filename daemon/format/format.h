@@ -143,9 +143,12 @@ struct format {
 	/*
 	 * FORMAT_TOKENS: validates the whole shard in one streaming pass and
 	 * counts its tokens and non-empty documents (what open left undone when
-	 * !s->counted). Any thread. 0, or -EBADMSG with the fault in err.
+	 * !s->counted). Any thread. *stop (NULL: never), looked at often, cuts
+	 * it short with -ECANCELED. 0, or -EBADMSG with the fault in err, or
+	 * -ESTALE where the file changed under it.
 	 */
-	int (*scan)(const struct shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err, size_t errlen);
+	int (*scan)(const struct shard *s, const int *stop, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
+		    size_t errlen);
 	/* Widens n stored ids at src to dst. 0, or -ERANGE with *ret_bad the first id outside 0..INT32_MAX. */
 	int (*widen)(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad);
 

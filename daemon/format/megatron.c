@@ -21,6 +21,7 @@
 
 #include "daemon/format/format.h"
 #include "daemon/format/megatron.h"
+#include "daemon/source/mapguard.h"
 #include "proto/macro.h"
 
 #define IDX_MAGIC "MMIDIDX\0\0"
@@ -63,6 +64,7 @@ struct megatron_shard *megatron_free(struct megatron_shard *s)
 	if (!s)
 		return NULL;
 	source_close(s->bin);
+	source_close(s->idx_src);
 	if (s->idx_mapped)
 		source_unmap(s->idx, s->idx_len);
 	else
@@ -121,7 +123,8 @@ static int check_header(struct megatron_shard *s, const uint8_t *p, uint64_t idx
  * that one ends; the caller keeps it). The same checks, in the same words,
  * whether the whole index is scanned or one document is checked before use.
  */
-static int check_seq(const struct megatron_shard *s, uint64_t q, uint64_t *end, char *err, size_t errlen)
+static int check_seq(const struct megatron_shard *s, uint64_t q, uint64_t *end, uint64_t *ret_len, char *err,
+		     size_t errlen)
 {
 	const char *path = s->idx_path;
 	int32_t len;
@@ -143,6 +146,8 @@ static int check_seq(const struct megatron_shard *s, uint64_t q, uint64_t *end, 
 			    "%s: sequence %" PRIu64 " (pointer %" PRId64 ", length %" PRId32 ") ends at byte %" PRIu64
 			    ", past the end of %s (%" PRIu64 " bytes)",
 			    path, q, ptr, len, *end, s->bin_path, s->bin_size);
+	if (ret_len)
+		*ret_len = (uint64_t)len;
 	return 0;
 }
 
@@ -175,12 +180,34 @@ static int doc_too_long(const struct megatron_shard *s, uint64_t d, uint64_t tok
 		    s->idx_path, d, tokens, UINT32_MAX);
 }
 
-int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
-		  size_t errlen)
+/* A mapping read after the file was truncated (SIGBUS, caught by the guard), or entries changed after validation. */
+static int stale(const struct megatron_shard *s, char *err, size_t errlen)
+{
+	return fail(err, errlen, -ESTALE, "%s: changed while serving (truncated or rewritten under the daemon)",
+		    s->idx_path);
+}
+
+/* Sequences a .. b - 1 of a document: a range of the index (re-read entries are never trusted). */
+static bool doc_in_range(const struct megatron_shard *s, int64_t a, int64_t b)
+{
+	return a >= 0 && a <= b && (uint64_t)b <= s->n_seqs;
+}
+
+#define STOP_EVERY 65536 /* entries between looks at the stop flag: well under a millisecond */
+
+static bool stopped(const int *stop, uint64_t i)
+{
+	return stop && (i % STOP_EVERY) == 0 && __atomic_load_n(stop, __ATOMIC_RELAXED);
+}
+
+static int scan_mapped(const struct megatron_shard *s, const int *stop, uint64_t *ret_tokens, uint32_t *ret_nonempty,
+		       char *err, size_t errlen)
 {
 	uint64_t end = 0;
 	for (uint64_t q = 0; q < s->n_seqs; q++) {
-		int r = check_seq(s, q, &end, err, errlen);
+		if (stopped(stop, q))
+			return -ECANCELED;
+		int r = check_seq(s, q, &end, NULL, err, errlen);
 		if (r < 0)
 			return r;
 	}
@@ -190,6 +217,8 @@ int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t
 	/* Bounds before use: every entry is a sequence index, so it must lie in 0..S and never decrease. */
 	int64_t a = 0;
 	for (uint64_t d = 0; d < s->n_docs; d++) {
+		if (stopped(stop, d))
+			return -ECANCELED;
 		int64_t b = megatron_doc_start(s, d + 1);
 		if ((r = check_doc_entry(s, d, a, b, err, errlen)) < 0)
 			return r;
@@ -199,12 +228,19 @@ int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t
 	uint32_t nonempty = 0;
 	a = 0;
 	for (uint64_t d = 0; d < s->n_docs; d++) {
+		if (stopped(stop, d))
+			return -ECANCELED;
+		/* Read again: the file may have been rewritten in place since the pass above. */
 		int64_t b = megatron_doc_start(s, d + 1);
+		if (!doc_in_range(s, a, b))
+			return stale(s, err, errlen);
 		uint64_t tokens = 0;
 		for (int64_t q = a; q < b; q++) {
 			int32_t len;
 			int64_t ptr;
 			megatron_seq(s, (uint64_t)q, &len, &ptr);
+			if (len < 0)
+				return stale(s, err, errlen);
 			tokens += (uint64_t)len;
 		}
 		if (tokens > UINT32_MAX)
@@ -218,18 +254,37 @@ int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t
 	return 0;
 }
 
-int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
+int megatron_scan(const struct megatron_shard *s, const int *stop, uint64_t *ret_tokens, uint32_t *ret_nonempty,
+		  char *err, size_t errlen)
+{
+	struct mapguard g;
+	mapguard_prepare(&g, s->idx, s->idx_len);
+	if (sigsetjmp(g.env, 0) != 0)
+		return stale(s, err, errlen);
+	mapguard_arm(&g);
+	int r = scan_mapped(s, stop, ret_tokens, ret_nonempty, err, errlen);
+	mapguard_disarm(&g);
+	return r;
+}
+
+static int doc_tokens_mapped(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
 {
 	int64_t a = megatron_doc_start(s, doc), b = megatron_doc_start(s, (uint64_t)doc + 1);
 	if (__atomic_load_n(&s->validated, __ATOMIC_ACQUIRE)) {
-		/* Checked whole already: the count alone (the common case once the scan is done). */
+		/* Checked whole already: the count alone, each entry used still bounded (a rewrite in place). */
+		if (!doc_in_range(s, a, b))
+			return stale(s, err, errlen);
 		uint64_t tokens = 0;
 		for (int64_t q = a; q < b; q++) {
 			int32_t len;
 			int64_t ptr;
 			megatron_seq(s, (uint64_t)q, &len, &ptr);
+			if (len < 0)
+				return stale(s, err, errlen);
 			tokens += (uint64_t)len;
 		}
+		if (tokens > UINT32_MAX)
+			return stale(s, err, errlen);
 		*ret = tokens;
 		return 0;
 	}
@@ -244,20 +299,42 @@ int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *
 	}
 	/* The overlap check needs where the sequence before ends: check that one on its own first. */
 	uint64_t end = 0, tokens = 0;
-	if (a > 0 && (r = check_seq(s, (uint64_t)a - 1, &end, err, errlen)) < 0)
+	if (a > 0 && (r = check_seq(s, (uint64_t)a - 1, &end, NULL, err, errlen)) < 0)
 		return r;
 	for (int64_t q = a; q < b; q++) {
-		if ((r = check_seq(s, (uint64_t)q, &end, err, errlen)) < 0)
+		uint64_t len;
+		if ((r = check_seq(s, (uint64_t)q, &end, &len, err, errlen)) < 0)
 			return r;
-		int32_t len;
-		int64_t ptr;
-		megatron_seq(s, (uint64_t)q, &len, &ptr);
-		tokens += (uint64_t)len;
+		tokens += len; /* the checked read's length, never a second read of the entry */
 	}
 	if (tokens > UINT32_MAX)
 		return doc_too_long(s, doc, tokens, err, errlen);
 	*ret = tokens;
 	return 0;
+}
+
+int megatron_doc_tokens(const struct megatron_shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
+{
+	struct mapguard g;
+	mapguard_prepare(&g, s->idx, s->idx_len);
+	if (sigsetjmp(g.env, 0) != 0)
+		return stale(s, err, errlen);
+	mapguard_arm(&g);
+	int r = doc_tokens_mapped(s, doc, ret, err, errlen);
+	mapguard_disarm(&g);
+	return r;
+}
+
+static int doc_ends_guarded(const struct megatron_shard *s, char *err, size_t errlen)
+{
+	struct mapguard g;
+	mapguard_prepare(&g, s->idx, s->idx_len);
+	if (sigsetjmp(g.env, 0) != 0)
+		return stale(s, err, errlen);
+	mapguard_arm(&g);
+	int r = check_doc_ends(s, err, errlen);
+	mapguard_disarm(&g);
+	return r;
 }
 
 /* The .idx's bytes: mapped, or read into one buffer where the source cannot map. */
@@ -351,7 +428,7 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 	uint64_t entries = s->n_seqs + D;
 	if (!scan_budget || *scan_budget >= entries) {
 		/* Small enough to validate whole now: faults are then load errors, as they always were. */
-		r = megatron_scan(s, &s->n_tokens, &s->n_nonempty, err, errlen);
+		r = megatron_scan(s, NULL, &s->n_tokens, &s->n_nonempty, err, errlen);
 		if (r < 0)
 			goto out;
 		s->scanned = true;
@@ -359,12 +436,23 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 		if (scan_budget)
 			*scan_budget -= entries;
 	} else {
-		r = check_doc_ends(s, err, errlen);
+		r = doc_ends_guarded(s, err, errlen);
 		if (r < 0)
 			goto out;
 	}
 
-	source_close(idx);
+	/*
+	 * A mapped .idx (a local file) is kept open: a rewrite of it in place
+	 * fails the .bin's reads after they complete, as a change to the .bin
+	 * does. A copy (an object in storage, pinned by its ETag) needs no such
+	 * check, and its source is let go.
+	 */
+	if (s->idx_mapped) {
+		s->idx_src = TAKE_PTR(idx);
+		source_check_with(s->bin, s->idx_src);
+	} else {
+		source_close(idx);
+	}
 	*ret = TAKE_PTR(s);
 	return 0;
 out:
@@ -385,28 +473,52 @@ int megatron_check(const struct megatron_shard *s, char *err, size_t errlen)
 	return r < 0 ? r : source_check(s->bin_path, &s->bin_id, err, errlen);
 }
 
-int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
-			int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
+static int doc_ranges_mapped(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+			     int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
 {
-	/* The document's entries were checked when its count was asked for (megatron_doc_tokens). */
-	int64_t end = megatron_doc_start(s, (uint64_t)doc + 1);
-	for (int64_t q = megatron_doc_start(s, doc); q < end && count > 0; q++) {
+	/*
+	 * The document's entries were checked when its count was asked for
+	 * (megatron_doc_tokens), but they are read again here: each is bounded
+	 * where it is used, so a file rewritten in place since is -ESTALE,
+	 * never a read outside the index or the .bin.
+	 */
+	int64_t a = megatron_doc_start(s, doc), end = megatron_doc_start(s, (uint64_t)doc + 1);
+	if (!doc_in_range(s, a, end))
+		return -ESTALE;
+	for (int64_t q = a; q < end && count > 0; q++) {
 		int32_t l;
 		int64_t ptr;
 		megatron_seq(s, (uint64_t)q, &l, &ptr);
+		if (l < 0 || ptr < 0 || (uint64_t)ptr > s->bin_size ||
+		    (uint64_t)l > (s->bin_size - (uint64_t)ptr) / s->itemsize)
+			return -ESTALE;
 		uint64_t len = (uint64_t)l;
 		if (offset >= len) {
 			offset -= len;
 			continue;
 		}
 		uint64_t n = MIN(len - offset, count);
+		/* emit never reads the mapping, so a fault (only ever in megatron_seq above) cannot cut it short. */
 		int r = emit(ctx, (uint64_t)ptr + offset * s->itemsize, n);
 		if (r < 0)
 			return r;
 		count -= n;
 		offset = 0;
 	}
-	return count ? -EINVAL : 0;
+	return count ? -EINVAL : 0; /* more tokens asked for than the document has */
+}
+
+int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
+			int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx)
+{
+	struct mapguard g;
+	mapguard_prepare(&g, s->idx, s->idx_len);
+	if (sigsetjmp(g.env, 0) != 0)
+		return -ESTALE;
+	mapguard_arm(&g);
+	int r = doc_ranges_mapped(s, doc, offset, count, emit, ctx);
+	mapguard_disarm(&g);
+	return r;
 }
 
 /*
@@ -510,10 +622,11 @@ static int fmt_doc_tokens(const struct shard *sh, uint32_t doc, uint64_t *ret, c
 	return megatron_doc_tokens(sh->impl, doc, ret, err, errlen);
 }
 
-static int fmt_scan(const struct shard *sh, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err, size_t errlen)
+static int fmt_scan(const struct shard *sh, const int *stop, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
+		    size_t errlen)
 {
 	struct megatron_shard *s = sh->impl;
-	int r = megatron_scan(s, ret_tokens, ret_nonempty, err, errlen);
+	int r = megatron_scan(s, stop, ret_tokens, ret_nonempty, err, errlen);
 	if (r == 0)
 		__atomic_store_n(&s->validated, true, __ATOMIC_RELEASE); /* from now on a count needs no check */
 	return r;

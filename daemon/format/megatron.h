@@ -7,9 +7,11 @@
  * i64[D] document indices; optionally S mode bytes. .bin: bare tokens.
  * Document d = sequences doc_idx[d] .. doc_idx[d+1]-1.
  *
- * A shard owns its .bin source and a read-only mapping of the .idx (read
- * through the source layer); both are immutable after open, so any thread
- * may read them. Nothing proportional to the shard's documents is copied
+ * A shard owns its .bin source, its .idx source (kept open while mapped:
+ * the .bin's reads check it too) and a read-only mapping of the .idx;
+ * any thread may read them. The file under the mapping may still change:
+ * every read of it runs under a map guard (a truncation is -ESTALE, not
+ * SIGBUS) and every entry is bounded where it is used. Nothing proportional to the shard's documents is copied
  * or allocated: a document's token count is computed, and its index
  * entries checked, when it is asked for (issue #22). The
  * identity of both files is recorded; megatron_check() tells whether they
@@ -31,6 +33,7 @@ struct megatron_shard {
 	char *idx_path;
 	char *bin_path;
 	struct source *bin;
+	struct source *idx_src; /* kept open: the reads of the .bin check it too (source_check_with) */
 	struct source_id idx_id, bin_id;
 
 	uint8_t dtype;       /* Megatron dtype code */
@@ -101,10 +104,13 @@ int megatron_open(const char *idx_path, struct source_reader *io, struct megatro
  * copy): every sequence's length, pointer (aligned, in order without
  * overlap, inside the .bin), the document index (from 0, monotone, up to
  * S) and every document's token count; counts the tokens and non-empty
- * documents. Any thread. Returns 0, or -EBADMSG with the first fault in err.
+ * documents. Any thread. *stop (NULL: never) is looked at every 64K
+ * entries: -ECANCELED once set. Returns 0, or -EBADMSG with the first
+ * fault in err, or -ESTALE where the mapped .idx was truncated or
+ * rewritten meanwhile (the SIGBUS caught, mapguard.h).
  */
-int megatron_scan(const struct megatron_shard *s, uint64_t *ret_tokens, uint32_t *ret_nonempty, char *err,
-		  size_t errlen);
+int megatron_scan(const struct megatron_shard *s, const int *stop, uint64_t *ret_tokens, uint32_t *ret_nonempty,
+		  char *err, size_t errlen);
 
 /*
  * Document doc's token count, after checking the index entries it uses:
@@ -128,7 +134,10 @@ const char *megatron_dtype_name(uint8_t dtype);
 /*
  * Byte ranges in .bin holding `count` tokens of document `doc` starting at
  * token `offset`. Calls emit(ctx, byte_offset, n_tokens) per contiguous run,
- * in order; stops and returns its first negative result.
+ * in order; stops and returns its first negative result. Every index entry
+ * used is bounded again here: -ESTALE where they no longer describe the
+ * document (the .idx rewritten in place since its count was asked for) or
+ * the mapped .idx was truncated (the SIGBUS caught, mapguard.h).
  */
 int megatron_doc_ranges(const struct megatron_shard *s, uint32_t doc, uint64_t offset, uint64_t count,
 			int (*emit)(void *ctx, uint64_t byte_offset, uint64_t n_tokens), void *ctx);

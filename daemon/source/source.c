@@ -30,6 +30,7 @@ struct source {
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
 	bool cache_entry;    /* feedd's own cache copy (source_set_cache_entry) */
 	struct remote_object *remote; /* a URL's object; NULL: a local file */
+	const struct source *with;    /* checked after every read of this one too (source_check_with); NULL: none */
 };
 
 /* A read of a checksummed source: its covering blocks [lo, lo + span), verified at completion. */
@@ -202,6 +203,24 @@ struct source *source_close(struct source *s)
 	free(s->name);
 	free(s);
 	return NULL;
+}
+
+void source_check_with(struct source *s, const struct source *also)
+{
+	s->with = also && also->fd >= 0 ? also : NULL;
+}
+
+static bool unchanged(const struct source *s, const struct source_id *now)
+{
+	/*
+	 * A cache entry of feedd's own is checked block by block on every
+	 * read (verify_finish), which catches changed bytes whatever the
+	 * timestamps say, and its mtime moves with each use (cache.c). A
+	 * user's file, sums or not, keeps its whole identity.
+	 */
+	const struct source_id *was = &s->id;
+	return s->cache_entry && s->sums ? now->dev == was->dev && now->ino == was->ino && now->size == was->size
+					 : source_id_equal(now, was);
 }
 
 const char *source_name(const struct source *s)
@@ -675,15 +694,13 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 		if (fstat(r->srcs[i]->fd, &st) < 0)
 			continue; /* cannot fail on an open fd; the periodic check has the last word */
 		id_of(&st, &now);
-		/*
-		 * A cache entry of feedd's own is checked block by block on every
-		 * read (verify_finish), which catches changed bytes whatever the
-		 * timestamps say, and its mtime moves with each use (cache.c).
-		 */
-		const struct source_id *was = &r->srcs[i]->id;
-		bool same = r->srcs[i]->cache_entry && r->srcs[i]->sums
-				    ? now.dev == was->dev && now.ino == was->ino && now.size == was->size
-				    : source_id_equal(&now, was);
+		bool same = unchanged(r->srcs[i], &now);
+		/* The file that says where these bytes are (a Megatron .idx, mapped): the same check. */
+		const struct source *w = r->srcs[i]->with;
+		if (same && w && fstat(w->fd, &st) == 0) {
+			id_of(&st, &now);
+			same = unchanged(w, &now);
+		}
 		if (!same) {
 			if (ret_failed)
 				*ret_failed = r->lidx[i];

@@ -104,6 +104,14 @@ int source_check(const char *name, const struct source_id *was, char *err, size_
  * length (unmap with source_unmap); -EOPNOTSUPP where the implementation
  * cannot map (the caller then reads a copy); -EINVAL for an empty object.
  */
+/*
+ * After every read of s, `also` (kept open by the caller for as long as s)
+ * is checked as s is: a change to either fails the read with -ESTALE. For
+ * a file whose reads are addressed by another (a Megatron .bin by its
+ * mapped .idx).
+ */
+void source_check_with(struct source *s, const struct source *also);
+
 int source_map(const struct source *s, const void **ret, size_t *ret_len);
 void source_unmap(const void *p, size_t len);
 

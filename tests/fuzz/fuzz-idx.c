@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		uint64_t tokens;
 		uint32_t nonempty;
-		assert(!doc_fault || megatron_scan(s, &tokens, &nonempty, err, sizeof(err)) == -EBADMSG);
+		assert(!doc_fault || megatron_scan(s, NULL, &tokens, &nonempty, err, sizeof(err)) == -EBADMSG);
 		s = megatron_free(s);
 	}
 

@@ -247,3 +247,75 @@ def test_a_text_index_is_not_reused_for_a_shard_rewritten_with_its_old_mtime(dae
         assert np.array_equal(got[k], want[k]), k
     live = next(f for f in d.status()["feeds"] if f["name"] == "live")
     assert live["text"]["bad_records"] == 0, live
+
+
+# ---- the .idx is mapped (MAP_SHARED): truncated or rewritten in place while served ----
+
+BIG_DOCS = 2_200_000  # above FEED_SCAN_AT_LOAD (2^22 index entries, S + D): validated on the scanner thread
+
+
+def write_u16_shard(prefix, lengths, seed=1):
+    """A u16 Megatron shard, one sequence per document (as test_scale.py writes them)."""
+    n = len(lengths)
+    lengths = np.asarray(lengths, dtype="<i4")
+    pointers = np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64))) * 2
+    with open(f"{prefix}.bin", "wb") as f:
+        f.write(np.random.default_rng(seed).integers(0, 50000, int(lengths.sum()), dtype="<u2").tobytes())
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + np.array([1], "<u8").tobytes() + bytes([8]))
+        f.write(np.array([n, n + 1], "<u8").tobytes())
+        f.write(lengths.tobytes())
+        f.write(pointers.astype("<i8").tobytes())
+        f.write(np.arange(n + 1, dtype="<i8").tobytes())
+
+
+@pytest.mark.parametrize("watch", ["auto", "inotify"])
+@pytest.mark.parametrize("size", ["small", "big"])
+def test_mapped_idx_truncated_while_served(daemon, megatron_data, tmp_path, size, watch):
+    """feedd stays up: the client gets an error naming the .idx, the other feed keeps serving (no SIGBUS)."""
+    live, other = tmp_path / "live", tmp_path / "other"
+    live.mkdir()
+    n = BIG_DOCS if size == "big" else 4000
+    write_u16_shard(live / "s", np.random.default_rng(3).integers(1, 300 if size == "small" else 8, n))
+    shutil.copytree(megatron_data, other)
+    d = daemon(f"[feedd]\nwatch_changes = {watch}\n"
+               + feed_conf("live", f"{live}/*.idx", seq_len=128, batch_size=2, window=1)
+               + feed_conf("other", f"{other}/shard_*.idx", seq_len=128, batch_size=2, window=1))
+    idx = live / "s.idx"
+    r = Reader(d.client("live", 0, 1, N, sleep_ms=2))
+    r.wait_batches(5)
+    os.truncate(idx, 4096)  # the header page stays; every entry past it is gone
+    out, err = r.finish()
+    assert r.proc.returncode == 1, f"the change was never reported:\n{out[-2000:]}\n{err}"
+    error = next(l for l in out.splitlines() if l.startswith("error"))
+    assert str(idx) in error and "changed while serving" in error, error
+    assert d.proc.poll() is None, f"feedd died ({d.proc.returncode}):\n{d.log_text()[-3000:]}"
+    st = {f["name"]: f for f in d.status()["feeds"]}
+    assert st["live"]["state"] == "failed" and str(idx) in st["live"]["error"], st["live"]
+    assert st["other"]["state"] == "ready", st["other"]
+    got = d.dump("other", tmp_path / "out", batches=20)
+    assert got["input_ids"].shape[0] == 20
+
+
+def test_idx_rewritten_in_place_under_inotify_delivers_no_wrong_batch(daemon, megatron_data, tmp_path):
+    """No lease: the .idx rewritten in place (same size, valid, other document boundaries) is caught by the
+    check after the .bin's reads (the .idx's identity with it), before a batch laid out by it is delivered."""
+    live, ref_dir = tmp_path / "live", tmp_path / "ref"
+    shutil.copytree(megatron_data, live)
+    shutil.copytree(megatron_data, ref_dir)
+    d = daemon("[feedd]\nwatch_changes = inotify\n"
+               + feed_conf("live", f"{live}/shard_*.idx", seq_len=128, batch_size=2, window=1)
+               + feed_conf("ref", f"{ref_dir}/shard_*.idx", seq_len=128, batch_size=2, window=1))
+    ref = reference_hashes(d, "ref", N)
+    idx = next(live.glob("*.idx"))
+    raw = bytearray(idx.read_bytes())
+    S = int(np.frombuffer(raw, "<u8", 1, 18)[0])
+    lengths = np.frombuffer(raw, "<i4", S, 34)
+    new_len = np.roll(lengths, 1).astype("<i4")  # a valid index: the same tokens, cut elsewhere
+    pointers = np.concatenate(([0], np.cumsum(new_len[:-1], dtype=np.int64))) * 2
+    raw[34:34 + 4 * S] = new_len.tobytes()
+    raw[34 + 4 * S:34 + 12 * S] = pointers.astype("<i8").tobytes()
+    assert bytes(raw) != idx.read_bytes()
+    run_overwrite(d, "live", idx, bytes(raw), ref, 20, 0, keep_mtime=True)
+    assert d.proc.poll() is None
+    assert next(f for f in d.status()["feeds"] if f["name"] == "ref")["state"] == "ready"

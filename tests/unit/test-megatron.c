@@ -280,7 +280,7 @@ static void open_bad(const char *what, const struct idx_spec *spec, int code, co
 		return;
 	}
 	CHECK(!s->scanned, "%s: scanned at open with no budget", what);
-	r = megatron_scan(s, &tokens, &nonempty, lazy, sizeof(lazy));
+	r = megatron_scan(s, NULL, &tokens, &nonempty, lazy, sizeof(lazy));
 	CHECK(r == code && strcmp(lazy, err) == 0, "%s: megatron_scan: %d \"%s\", expected \"%s\"", what, r, lazy, err);
 	bool found = false;
 	for (uint32_t d = 0; d < s->n_docs && !found; d++)
