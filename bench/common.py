@@ -57,6 +57,7 @@ EXPERIMENTS = [
     ("tok", "tok", None, False),
     ("scale", "json", None, True),
     ("s3", "json", None, True),
+    ("watch", "text", None, True),
 ]
 
 

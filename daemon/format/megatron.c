@@ -64,7 +64,6 @@ struct megatron_shard *megatron_free(struct megatron_shard *s)
 	if (!s)
 		return NULL;
 	source_close(s->bin);
-	source_close(s->idx_src);
 	if (s->idx_mapped)
 		source_unmap(s->idx, s->idx_len);
 	else
@@ -442,17 +441,18 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 	}
 
 	/*
-	 * A mapped .idx (a local file) is kept open: a rewrite of it in place
-	 * fails the .bin's reads after they complete, as a change to the .bin
-	 * does. A copy (an object in storage, pinned by its ETag) needs no such
-	 * check, and its source is let go.
+	 * A mapped .idx (a local file) is checked by name after every read of
+	 * the .bin: a rewrite of it in place fails those reads, as a change to
+	 * the .bin does. Its descriptor is let go (the mapping stays): a shard
+	 * holds one, for 10,000s of shards under RLIMIT_NOFILE. A copy (an
+	 * object in storage, pinned by its ETag) needs no such check.
 	 */
-	if (s->idx_mapped) {
-		s->idx_src = TAKE_PTR(idx);
-		source_check_with(s->bin, s->idx_src);
-	} else {
-		source_close(idx);
+	if (s->idx_mapped && source_check_with(s->bin, idx) < 0) {
+		snprintf(err, errlen, "%s: out of memory", s->idx_path);
+		r = -ENOMEM;
+		goto out;
 	}
+	source_close(idx);
 	*ret = TAKE_PTR(s);
 	return 0;
 out:

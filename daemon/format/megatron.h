@@ -33,7 +33,6 @@ struct megatron_shard {
 	char *idx_path;
 	char *bin_path;
 	struct source *bin;
-	struct source *idx_src; /* kept open: the reads of the .bin check it too (source_check_with) */
 	struct source_id idx_id, bin_id;
 
 	uint8_t dtype;       /* Megatron dtype code */

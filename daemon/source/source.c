@@ -30,7 +30,8 @@ struct source {
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
 	bool cache_entry;    /* feedd's own cache copy (source_set_cache_entry) */
 	struct remote_object *remote; /* a URL's object; NULL: a local file */
-	const struct source *with;    /* checked after every read of this one too (source_check_with); NULL: none */
+	char *with_name;     /* a file checked by name after every read of this one too (source_check_with); NULL: none */
+	struct source_id with_id; /* ... and its identity when it was opened */
 };
 
 /* A read of a checksummed source: its covering blocks [lo, lo + span), verified at completion. */
@@ -200,14 +201,22 @@ struct source *source_close(struct source *s)
 		fdshare_drop(s->fd, &s->id);
 	sums_free(s->sums);
 	remote_unref(s->remote);
+	free(s->with_name);
 	free(s->name);
 	free(s);
 	return NULL;
 }
 
-void source_check_with(struct source *s, const struct source *also)
+int source_check_with(struct source *s, const struct source *also)
 {
-	s->with = also && also->fd >= 0 ? also : NULL;
+	free(s->with_name);
+	s->with_name = NULL;
+	if (!also || also->fd < 0)
+		return 0;
+	if (!(s->with_name = strdup(also->name)))
+		return -ENOMEM;
+	s->with_id = also->id;
+	return 0;
 }
 
 static bool unchanged(const struct source *s, const struct source_id *now)
@@ -695,11 +704,18 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 			continue; /* cannot fail on an open fd; the periodic check has the last word */
 		id_of(&st, &now);
 		bool same = unchanged(r->srcs[i], &now);
-		/* The file that says where these bytes are (a Megatron .idx, mapped): the same check. */
-		const struct source *w = r->srcs[i]->with;
-		if (same && w && fstat(w->fd, &st) == 0) {
-			id_of(&st, &now);
-			same = unchanged(w, &now);
+		/*
+		 * The file that says where these bytes are (a Megatron .idx,
+		 * mapped and closed: a shard costs one descriptor): the same
+		 * check, by its name. Gone or replaced counts as changed.
+		 */
+		const struct source *x = r->srcs[i];
+		if (same && x->with_name) {
+			same = stat(x->with_name, &st) == 0;
+			if (same) {
+				id_of(&st, &now);
+				same = source_id_equal(&now, &x->with_id);
+			}
 		}
 		if (!same) {
 			if (ret_failed)
