@@ -74,6 +74,9 @@ static int open_local(const char *path, int *ret_fd, uint64_t *ret_size, char *e
  */
 static int fetch_remote(const char *url, int *ret_fd, uint64_t *ret_size, char *err, size_t errlen)
 {
+	/* The listing that found the shard says whether its sidecar is there: no request when it is not. */
+	if (source_known_absent(url))
+		return -ENOENT;
 	struct source *src = NULL;
 	int r = source_open(url, &src, err, errlen);
 	if (r < 0)

@@ -112,5 +112,12 @@ int remote_check(const char *url, uint64_t tag, char *err, size_t errlen);
 
 /* Like source_glob for one URL pattern (globs only in the key). */
 int remote_list(const char *pattern, char ***ret, size_t *ret_n, char *err, size_t errlen);
+/*
+ * Whether url is known not to exist without asking: a listing of this load
+ * (remote_list) covered its prefix and did not return it. False when
+ * unknown. For optional companions (a shard's X.bin.sums): no request, no
+ * 404 counted as an error.
+ */
+bool remote_known_absent(const char *url);
 
 void remote_stats(struct remote_stats *ret);

@@ -589,9 +589,17 @@ struct listed {
 	struct listed *next;
 };
 static struct listed *listed;
+/* The URL prefixes ("s3://bucket/prefix") whose every key a listing of this load returned. */
+static char **covered;
+static size_t n_covered;
 
 static void listed_clear(void)
 {
+	for (size_t i = 0; i < n_covered; i++)
+		free(covered[i]);
+	free(covered);
+	covered = NULL;
+	n_covered = 0;
 	while (listed) {
 		struct listed *l = listed;
 		listed = l->next;
@@ -633,17 +641,44 @@ int s3_listed(const char *url, uint64_t *ret_size, char *etag, size_t etaglen, s
 		struct listed *l = *pp;
 		if (strcmp(l->url, url) != 0)
 			continue;
+		/* Kept (until the next load): another feed of this load may open the same object. */
 		*ret_size = l->size;
 		snprintf(etag, etaglen, "%s", l->etag);
 		*ret_mtime = (struct timespec){ .tv_sec = l->mtime };
-		*pp = l->next;
-		free(l->url);
-		free(l);
 		r = 0;
 		break;
 	}
 	pthread_mutex_unlock(&conf_lock);
 	return r;
+}
+
+bool remote_known_absent(const char *url)
+{
+	bool absent = false;
+	pthread_mutex_lock(&conf_lock);
+	for (size_t i = 0; i < n_covered && !absent; i++)
+		absent = strncmp(url, covered[i], strlen(covered[i])) == 0;
+	for (struct listed *l = listed; l && absent; l = l->next)
+		absent = strcmp(l->url, url) != 0;
+	pthread_mutex_unlock(&conf_lock);
+	return absent;
+}
+
+/* Every key under url_prefix is in `listed` now. */
+static void cover(const char *bucket, const char *prefix)
+{
+	char *u = NULL;
+	if (asprintf(&u, "s3://%s/%s", bucket, prefix) < 0)
+		return;
+	pthread_mutex_lock(&conf_lock);
+	char **g = realloc(covered, (n_covered + 1) * sizeof(*g));
+	if (g) {
+		covered = g;
+		covered[n_covered++] = u;
+		u = NULL;
+	}
+	pthread_mutex_unlock(&conf_lock);
+	free(u);
 }
 
 int remote_list(const char *pattern, char ***ret, size_t *ret_n, char *err, size_t errlen)
@@ -756,6 +791,7 @@ done:
 		free(names);
 		return r;
 	}
+	cover(bucket, prefix);
 	/* The contract's order: names sorted by bytes (docs/sample-order.md §1.1). */
 	qsort(names, n, sizeof(*names), cmp_str);
 	*ret = names;

@@ -152,6 +152,11 @@ bool source_is_remote(const char *name)
 	return is_url(name);
 }
 
+bool source_known_absent(const char *name)
+{
+	return is_url(name) && remote_known_absent(name);
+}
+
 int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 {
 	progress(name);

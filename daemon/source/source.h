@@ -62,6 +62,8 @@ struct source_read {
 int source_open(const char *name, struct source **ret, char *err, size_t errlen);
 /* Whether name is a URL served by object storage (s3://, http(s)://) rather than a local path. */
 bool source_is_remote(const char *name);
+/* Whether name (an object in storage) is known not to exist without a request (a listing of this load left it out). */
+bool source_known_absent(const char *name);
 struct source *source_close(struct source *s);
 
 const char *source_name(const struct source *s);
