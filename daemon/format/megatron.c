@@ -441,16 +441,18 @@ int megatron_open_budget(const char *idx_path, struct source_reader *io, uint64_
 	}
 
 	/*
-	 * A mapped .idx (a local file) is checked by name after every read of
-	 * the .bin: a rewrite of it in place fails those reads, as a change to
-	 * the .bin does. Its descriptor is let go (the mapping stays): a shard
-	 * holds one, for 10,000s of shards under RLIMIT_NOFILE. A copy (an
-	 * object in storage, pinned by its ETag) needs no such check.
+	 * A mapped .idx (a local file) is checked after every read of the
+	 * .bin: a rewrite of it in place fails those reads, as a change to the
+	 * .bin does (source_check_with: on its descriptor while the daemon holds
+	 * few files, else by name). A copy (an object in storage, pinned by its
+	 * ETag) needs no such check.
 	 */
-	if (s->idx_mapped && source_check_with(s->bin, idx) < 0) {
-		snprintf(err, errlen, "%s: out of memory", s->idx_path);
-		r = -ENOMEM;
-		goto out;
+	if (s->idx_mapped) {
+		r = source_check_with(s->bin, TAKE_PTR(idx));
+		if (r < 0) {
+			snprintf(err, errlen, "%s: out of memory", s->idx_path);
+			goto out;
+		}
 	}
 	source_close(idx);
 	*ret = TAKE_PTR(s);

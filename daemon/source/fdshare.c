@@ -28,6 +28,7 @@ struct shared {
 #define BUCKETS 4096 /* a power of two */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t n_shared; /* descriptors in the table */
 static struct shared *table[BUCKETS];
 
 static struct shared **bucket(const struct source_id *id)
@@ -51,6 +52,7 @@ int fdshare_take(int fd, const struct source_id *id)
 	if (e) {
 		*e = (struct shared){ .next = *b, .id = *id, .fd = fd, .refs = 1 };
 		*b = e;
+		n_shared++;
 	}
 	pthread_mutex_unlock(&lock);
 	return fd; /* out of memory: this source keeps its own fd, fdshare_drop closes it */
@@ -80,6 +82,7 @@ void fdshare_drop(int fd, const struct source_id *id)
 		if (--e->refs == 0) {
 			*p = e->next;
 			free(e);
+			n_shared--;
 			pthread_mutex_unlock(&lock);
 			close(fd);
 			return;
@@ -89,4 +92,12 @@ void fdshare_drop(int fd, const struct source_id *id)
 	}
 	pthread_mutex_unlock(&lock);
 	close(fd); /* never shared */
+}
+
+size_t fdshare_count(void)
+{
+	pthread_mutex_lock(&lock);
+	size_t n = n_shared;
+	pthread_mutex_unlock(&lock);
+	return n;
 }

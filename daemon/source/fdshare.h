@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include <stddef.h>
+
 #include "daemon/source/source.h"
 
 /*
@@ -21,3 +23,5 @@ int fdshare_take(int fd, const struct source_id *id);
 int fdshare_ref(const struct source_id *id);
 /* Lets go of a descriptor fdshare_take() returned; the last user closes it. */
 void fdshare_drop(int fd, const struct source_id *id);
+/* How many files the table holds open now. */
+size_t fdshare_count(void);

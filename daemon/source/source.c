@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -164,21 +165,35 @@ struct source *source_close(struct source *s)
 	sums_free(s->sums);
 	remote_unref(s->remote);
 	free(s->with_name);
+	source_close(s->with);
 	free(s->name);
 	free(s);
 	return NULL;
 }
 
-int source_check_with(struct source *s, const struct source *also)
+int source_check_with(struct source *s, struct source *also)
 {
 	free(s->with_name);
 	s->with_name = NULL;
-	if (!also || also->fd < 0)
+	s->with = source_close(s->with);
+	if (!also || also->fd < 0) {
+		source_close(also);
 		return 0;
-	if (!(s->with_name = strdup(also->name)))
-		return -ENOMEM;
+	}
+	/*
+	 * Kept open (an fstat per check, as for s itself) while the daemon holds
+	 * few files; past a quarter of RLIMIT_NOFILE, let go and checked by
+	 * name, so that 10,000s of shards hold one descriptor each.
+	 */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && fdshare_count() < rl.rlim_cur / 4) {
+		s->with = also;
+		return 0;
+	}
+	s->with_name = strdup(also->name);
 	s->with_id = also->id;
-	return 0;
+	source_close(also);
+	return s->with_name ? 0 : -ENOMEM;
 }
 
 static bool unchanged(const struct source *s, const struct source_id *now)
@@ -499,11 +514,15 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 		bool same = unchanged(r->srcs[i], &now);
 		/*
 		 * The file that says where these bytes are (a Megatron .idx,
-		 * mapped and closed: a shard costs one descriptor): the same
-		 * check, by its name. Gone or replaced counts as changed.
+		 * mapped): the same check, on its descriptor, or by its name
+		 * when it was let go (source_check_with). Gone or replaced
+		 * counts as changed.
 		 */
 		const struct source *x = r->srcs[i];
-		if (same && x->with_name) {
+		if (same && x->with && fstat(x->with->fd, &st) == 0) {
+			id_of(&st, &now);
+			same = unchanged(x->with, &now);
+		} else if (same && x->with_name) {
 			same = stat(x->with_name, &st) == 0;
 			if (same) {
 				id_of(&st, &now);

@@ -107,14 +107,14 @@ int source_check(const char *name, const struct source_id *was, char *err, size_
  * cannot map (the caller then reads a copy); -EINVAL for an empty object.
  */
 /*
- * After every read of s, the file `also` names (a local file; its name and
- * identity are copied: `also` may be closed then) is checked by name as s
- * is: a change to either, or `also` gone, fails the read with -ESTALE. For
- * a file whose reads are addressed by another (a Megatron .bin by its
- * mapped .idx), without keeping a second descriptor per shard. Returns 0
- * or -ENOMEM.
+ * After every read of s, `also` (taken: closed with s) is checked as s is:
+ * a change to either, or `also` gone, fails the read with -ESTALE. For a
+ * file whose reads are addressed by another (a Megatron .bin by its mapped
+ * .idx). `also` stays open while the daemon holds few files; past a quarter
+ * of RLIMIT_NOFILE it is closed and checked by name, so that a shard holds
+ * one descriptor. Returns 0 or -ENOMEM.
  */
-int source_check_with(struct source *s, const struct source *also);
+int source_check_with(struct source *s, struct source *also);
 
 int source_map(const struct source *s, const void **ret, size_t *ret_len);
 void source_unmap(const void *p, size_t len);

@@ -521,6 +521,11 @@ def test_a_client_cannot_write_its_ring(daemon, dataset, tmp_path):
 
     ro = mmap.mmap(ring_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     wait_for(lambda: struct.unpack_from("<Q", ro, 64)[0] >= 2, what="two published batches")
+    # The daemon fills every slot the client has not taken: the snapshot is taken once the ring is full.
+    prev = -1
+    while (cur := struct.unpack_from("<Q", ro, 64)[0]) != prev:
+        prev = cur
+        time.sleep(0.5)
     before = bytes(ro[:])
 
     with pytest.raises(PermissionError):
