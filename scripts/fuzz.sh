@@ -14,7 +14,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 	CC=clang meson setup "$BUILD" -Dfuzz=true --buildtype=debugoptimized >/dev/null
 fi
 targets=""
-for t in wire idx rankfile hf ring jsonl parquet; do
+for t in wire idx rankfile hf ring jsonl parquet sums; do
 	targets="$targets tests/fuzz/fuzz-$t tests/fuzz/seeds-$t"
 done
 # shellcheck disable=SC2086
