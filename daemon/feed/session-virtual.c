@@ -34,9 +34,8 @@ struct session_virtual {
 	size_t stride;
 	char *text;             /* the state being written */
 	size_t text_cap;
-	/* per source: the order its streams walk, sharing one cache of shuffled windows */
+	/* per source: the order its streams walk (the feed's: its shuffled windows are shared, feed-windows.c) */
 	struct order_params params[MIX_MAX_SOURCES];
-	struct order_window_cache cache[MIX_MAX_SOURCES];
 };
 
 void session_virtual_free(struct session *s)
@@ -55,8 +54,6 @@ void session_virtual_free(struct session *s)
 	free(x->entry);
 	free(x->entry_len);
 	free(x->text);
-	for (uint32_t i = 0; i < MIX_MAX_SOURCES; i++)
-		order_window_cache_clear(&x->cache[i]);
 	free(x);
 	s->virt = NULL;
 }
@@ -198,7 +195,6 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	}
 	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
 		x->params[i] = (f->n_sources ? f->sources[i] : f)->params;
-		x->params[i].cache = &x->cache[i];
 	}
 	s->first_batch = st ? st->batch : 0;
 	size_t e = 0;

@@ -96,40 +96,6 @@ int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epo
 	return 0;
 }
 
-void order_window_cache_clear(struct order_window_cache *c)
-{
-	for (unsigned i = 0; i < ORDER_WINDOW_CACHE; i++)
-		free(c->e[i].all);
-	*c = (struct order_window_cache){ 0 };
-}
-
-/* The cached shuffled list of window w of the epoch with key `key`, or NULL. */
-static const uint64_t *cache_find(struct order_window_cache *c, uint64_t key, uint32_t w)
-{
-	for (unsigned i = 0; c && i < ORDER_WINDOW_CACHE; i++) {
-		if (c->e[i].all && c->e[i].key == key && c->e[i].w == w) {
-			c->e[i].used = ++c->tick;
-			return c->e[i].all;
-		}
-	}
-	return NULL;
-}
-
-/* Keeps `all` (taken) in the cache, in place of its least recently used entry. */
-static void cache_put(struct order_window_cache *c, uint64_t key, uint32_t w, uint64_t *all, uint64_t n)
-{
-	unsigned lru = 0;
-	for (unsigned i = 1; i < ORDER_WINDOW_CACHE; i++)
-		if (c->e[i].used < c->e[lru].used)
-			lru = i;
-	free(c->e[lru].all);
-	c->e[lru].key = key;
-	c->e[lru].w = w;
-	c->e[lru].all = all;
-	c->e[lru].n = n;
-	c->e[lru].used = ++c->tick;
-}
-
 int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,
 			   uint32_t rank, uint32_t world, uint64_t **ret_docs, size_t *ret_n,
 			   uint64_t *ret_first_index, uint64_t *ret_window_docs)
@@ -141,27 +107,7 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 	size_t mine = first < n ? (size_t)((n - first + world - 1) / world) : 0;
 
 	_cleanup_free_ uint64_t *docs = NULL;
-	if (p->shuffle && p->cache) {
-		/* Shared: shuffle the window once for every stream of the cache's owner. */
-		const uint64_t *src = cache_find(p->cache, ep->key, w);
-		if (!src) {
-			struct order_params own = *p;
-			own.cache = NULL;
-			uint64_t *all, first0, n0;
-			size_t mine0;
-			/* The whole shuffled window: rank 0 of world 1. */
-			int r = order_window_rank_docs(&own, ep, w, 0, 1, &all, &mine0, &first0, &n0);
-			if (r < 0)
-				return r;
-			cache_put(p->cache, ep->key, w, all, n0);
-			src = all;
-		}
-		docs = malloc(MAX(mine, 1u) * sizeof(*docs));
-		if (!docs)
-			return -ENOMEM;
-		for (size_t m = 0; m < mine; m++)
-			docs[m] = src[first + m * world];
-	} else if (p->shuffle) {
+	if (p->shuffle) {
 		/* The whole window must be shuffled before it is dealt out. */
 		_cleanup_free_ uint64_t *all = malloc(MAX(n, 1u) * sizeof(*all));
 		if (!all)

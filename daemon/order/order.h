@@ -47,23 +47,6 @@ static inline uint64_t order_rng_next(struct order_rng *r)
 void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng);
 void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng);
 
-/*
- * Shuffled windows kept for reuse by the many streams of one owner (the
- * virtual streams a rank serves, docs/sample-order.md section 17, each deal
- * their share of the same window): without it each would shuffle the whole
- * window itself. Used from one thread only.
- */
-#define ORDER_WINDOW_CACHE 4
-struct order_window_cache {
-	struct {
-		uint64_t key;  /* the epoch's key */
-		uint32_t w;
-		uint64_t *all; /* the window's shuffled list, NULL: empty entry */
-		uint64_t n, used;
-	} e[ORDER_WINDOW_CACHE];
-	uint64_t tick;
-};
-void order_window_cache_clear(struct order_window_cache *c);
 struct order_windows;
 
 /* What the order depends on. shard_docs[s] = documents in shard s. */
@@ -73,7 +56,6 @@ struct order_params {
 	uint32_t window; /* shards per shuffle window, >= 1 */
 	uint32_t n_shards;
 	const uint32_t *shard_docs;
-	struct order_window_cache *cache; /* NULL, or shuffled windows shared by streams of one thread */
 	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
 };
 
