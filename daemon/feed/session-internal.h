@@ -83,7 +83,7 @@ struct session_job {
 	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
 	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
 	struct session_vrow *vrows;     /* elastic sessions: the batch's B rows, each a virtual stream's one-row plan */
-	char *long_cursor;              /* elastic sessions: a state longer than `cursor` (which then says so), or NULL */
+	char *long_cursor;              /* elastic sessions: a state longer than `cursor` (which then says so); "" or NULL: none */
 };
 
 /*

@@ -28,6 +28,16 @@ struct session_virtual {
 	struct session **sub;   /* their sessions (no ring; one row per batch); NULL: it has no token at all */
 	bool *dead;             /* ran dry (section 17.4): left out of the rotation */
 	uint64_t *rows;         /* rows each has delivered (planned) */
+	/*
+	 * The live streams as a binary min-heap by (rows, v): its top is the
+	 * stream the next row comes from (section 17.3) in O(log m), not a scan
+	 * of every served stream per row. Dead streams leave it.
+	 */
+	uint32_t *heap;
+	uint32_t heap_n;
+	bool has_text;          /* a served stream tokenizes text on the way (batch_ready, session_virtual_text) */
+	uint64_t *sim_rows;     /* batch_ready's scratch: m counts */
+	uint32_t *sim_need;     /* and m rows needed */
 	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
 	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
 	uint16_t *entry_len;
@@ -50,6 +60,9 @@ void session_virtual_free(struct session *s)
 	free(x->sub);
 	free(x->dead);
 	free(x->rows);
+	free(x->heap);
+	free(x->sim_rows);
+	free(x->sim_need);
 	free(x->cur);
 	free(x->entry);
 	free(x->entry_len);
@@ -152,6 +165,42 @@ static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct curs
 	return 0;
 }
 
+/* Heap order: fewer rows first, then the smaller v (the served streams' indices ascend with v). */
+static bool heap_less(const struct session_virtual *x, uint32_t a, uint32_t b)
+{
+	return x->rows[a] != x->rows[b] ? x->rows[a] < x->rows[b] : a < b;
+}
+
+static void heap_down(struct session_virtual *x, uint32_t at)
+{
+	uint32_t *h = x->heap;
+	for (;;) {
+		uint32_t l = 2 * at + 1, best = at;
+		if (l < x->heap_n && heap_less(x, h[l], h[best]))
+			best = l;
+		if (l + 1 < x->heap_n && heap_less(x, h[l + 1], h[best]))
+			best = l + 1;
+		if (best == at)
+			return;
+		uint32_t t = h[at];
+		h[at] = h[best];
+		h[best] = t;
+		at = best;
+	}
+}
+
+static void heap_push(struct session_virtual *x, uint32_t i)
+{
+	uint32_t *h = x->heap, at = x->heap_n++;
+	h[at] = i;
+	while (at > 0 && heap_less(x, h[at], h[(at - 1) / 2])) {
+		uint32_t up = (at - 1) / 2, t = h[at];
+		h[at] = h[up];
+		h[up] = t;
+		at = up;
+	}
+}
+
 int session_virtual_open(struct session *s, const struct vstate *st, char *err, size_t errlen)
 {
 	const struct feed *f = s->feed;
@@ -184,12 +233,13 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	x->rows = calloc(x->m, sizeof(*x->rows));
 	x->cur = calloc(x->m, sizeof(*x->cur));
 	x->dead = calloc(x->m, sizeof(*x->dead));
+	x->heap = calloc(x->m, sizeof(*x->heap));
 	x->stride = VSTATE_ENTRY_MAX(f->n_sources);
 	x->entry = malloc(x->m * x->stride);
 	x->entry_len = calloc(x->m, sizeof(*x->entry_len));
 	x->text_cap = VSTATE_HEAD_MAX + x->m * x->stride + VSTATE_CHECK_LEN + 1;
 	x->text = malloc(x->text_cap);
-	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->entry || !x->entry_len || !x->text) {
+	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->heap || !x->entry || !x->entry_len || !x->text) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -224,8 +274,20 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);
 			return r;
 		}
+		x->has_text |= x->sub[i]->has_text;
 		live++;
 	}
+	if (x->has_text) {
+		x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
+		x->sim_need = calloc(x->m, sizeof(*x->sim_need));
+		if (!x->sim_rows || !x->sim_need) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	}
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i])
+			heap_push(x, i);
 	if (!live) {
 		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s (its %u virtual streams have none)",
 			 s->rank, s->world, f->name, x->m);
@@ -247,11 +309,30 @@ uint64_t session_virtual_epoch(const struct session *s)
 /* The live stream that has delivered the fewest rows, the smallest v on ties; UINT32_MAX: none. */
 static uint32_t next_stream(const struct session_virtual *x)
 {
-	uint32_t best = UINT32_MAX;
-	for (uint32_t i = 0; i < x->m; i++)
-		if (x->sub[i] && !x->dead[i] && (best == UINT32_MAX || x->rows[i] < x->rows[best]))
-			best = i;
-	return best;
+	return x->heap_n ? x->heap[0] : UINT32_MAX;
+}
+
+/* The top stream ran dry (section 17.4): it leaves the rotation. */
+static void heap_drop_top(struct session_virtual *x)
+{
+	x->dead[x->heap[0]] = true;
+	x->heap[0] = x->heap[--x->heap_n];
+	heap_down(x, 0);
+}
+
+/* Marks stream k dead wherever it is in the heap (rare: batch_ready finds it out). */
+static void heap_drop(struct session_virtual *x, uint32_t k)
+{
+	x->dead[k] = true;
+	for (uint32_t at = 0; at < x->heap_n; at++) {
+		if (x->heap[at] != k)
+			continue;
+		x->heap[at] = x->heap[--x->heap_n];
+		/* Rebuild: the moved element may belong above or below; m is small next to a text chunk's work. */
+		for (uint32_t p = x->heap_n / 2; p-- > 0;)
+			heap_down(x, p);
+		return;
+	}
 }
 
 /*
@@ -261,12 +342,13 @@ static uint32_t next_stream(const struct session_virtual *x)
  */
 static int batch_ready(struct session_virtual *x, uint32_t B)
 {
+	if (!x->has_text)
+		return 0; /* stored tokens: every row can be planned */
 	for (;;) {
-		_cleanup_free_ uint64_t *rows = malloc(x->m * sizeof(*rows));
-		_cleanup_free_ uint32_t *need = calloc(x->m, sizeof(*need));
-		if (!rows || !need)
-			return -ENOMEM;
+		uint64_t *rows = x->sim_rows;
+		uint32_t *need = x->sim_need;
 		memcpy(rows, x->rows, x->m * sizeof(*rows));
+		memset(need, 0, x->m * sizeof(*need));
 		for (uint32_t i = 0; i < B; i++) {
 			uint32_t best = UINT32_MAX;
 			for (uint32_t k = 0; k < x->m; k++)
@@ -283,7 +365,7 @@ static int batch_ready(struct session_virtual *x, uint32_t B)
 				continue;
 			int r = session_plan_ready(x->sub[k], need[k]);
 			if (r == -ENODATA) {
-				x->dead[k] = true; /* section 17.4; the rows go to other streams: check again */
+				heap_drop(x, k); /* section 17.4; the rows go to other streams: check again */
 				again = true;
 				break;
 			}
@@ -309,7 +391,7 @@ int session_virtual_published(struct session *s, const struct session_job *j)
 int session_virtual_text(struct session *s, bool submit)
 {
 	struct session_virtual *x = s->virt;
-	for (uint32_t k = 0; k < x->m; k++) {
+	for (uint32_t k = 0; x->has_text && k < x->m; k++) {
 		struct session *sub = x->sub[k];
 		if (!sub || !sub->has_text || x->dead[k])
 			continue;
@@ -365,7 +447,7 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			int r = session_plan(sub, &row->job, x->rows[k], &c, why, sizeof(why));
 			if (r == -ENODATA) {
 				/* Section 17.4: a stream that runs dry leaves the rotation (earlier rows may be in flight: keep it). */
-				x->dead[k] = true;
+				heap_drop_top(x);
 				continue;
 			}
 			if (r < 0) {
@@ -377,6 +459,7 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			sub->planned++;
 			x->cur[k] = c;
 			x->rows[k]++;
+			heap_down(x, 0); /* k is the top: one more row sends it down */
 			struct vstate_stream e;
 			entry_of_cursor(sub->rank, &c, &e);
 			r = vstate_format_entry(&e, x->entry + k * x->stride, x->stride);
@@ -411,8 +494,8 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		return n;
 	}
 	const char *text = x->text;
-	free(j->long_cursor);
-	j->long_cursor = NULL;
+	if (j->long_cursor)
+		j->long_cursor[0] = '\0'; /* kept for the job's next batch: no 20 KB allocation per batch */
 	if ((size_t)n < sizeof(j->cursor)) {
 		memcpy(j->cursor, text, (size_t)n + 1);
 		return 0;
@@ -424,11 +507,11 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		return -E2BIG;
 	}
 	snprintf(j->cursor, sizeof(j->cursor), "%s", FEED_CURSOR_IN_STATE_AREA);
-	j->long_cursor = strndup(text, (size_t)n);
-	if (!j->long_cursor) {
+	if (!j->long_cursor && !(j->long_cursor = malloc(x->text_cap))) {
 		snprintf(msg, msglen, "out of memory");
 		return -ENOMEM;
 	}
+	memcpy(j->long_cursor, text, (size_t)n + 1);
 	return 0;
 }
 
@@ -482,7 +565,7 @@ int session_virtual_produce(struct session *s, struct session_job *j, struct wor
 	h->n_cu_seqlens = n_cu;
 	h->n_docs = docs;
 	snprintf(h->cursor, sizeof(h->cursor), "%s", j->cursor);
-	if (j->long_cursor)
+	if (j->long_cursor && j->long_cursor[0])
 		memcpy(slot + feed_slot_state_offset(geom->off_cu_seqlens, geom->cu_capacity), j->long_cursor,
 		       strlen(j->long_cursor) + 1);
 	return 0;
