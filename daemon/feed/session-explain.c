@@ -2,9 +2,18 @@
 /*
  * Provenance (feedctl explain; docs/sample-order.md, section 17.9): the
  * batches a rank would receive from a cursor or state, planned on the side
- * by the very code that plans a session's batches (no ring, nothing read),
+ * by the very code that plans a session's batches (no ring, no batch read),
  * written as one line per piece of a row: which virtual stream, source,
  * shard, document and token range it holds.
+ *
+ * Stored tokens are planned at once. Text tokenized on the way is planned
+ * as a session plans it: a plan that needs counts not known yet (-EAGAIN)
+ * hands the stream's next documents to the pool (session-text.c, as far as
+ * the batches asked need), and the explanation goes on, on the main thread,
+ * each time a chunk comes back (session_pump() of a session with `explain`
+ * set lands in explain_step()). The side session owns nothing shared: its
+ * chunks hold references to it, so cancelling (the client left) only marks
+ * it closed and drops the explanation's reference.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +24,7 @@
 
 #include "daemon/feed/session-internal.h"
 #include "daemon/feed/session-plan.h"
+#include "daemon/feed/session-text.h"
 #include "proto/macro.h"
 
 struct text {
@@ -95,19 +105,132 @@ static void plan_pieces(struct text *t, const struct session *s, const struct se
 	}
 }
 
-int session_explain(struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c, const struct vstate *st,
-		    uint32_t batches, char **ret_text, char *err, size_t errlen)
+struct session_explain {
+	struct session *s;     /* the side session (s->explain points back) */
+	struct session_job j;
+	struct text t;
+	uint32_t b, batches;   /* batches explained, asked */
+	session_explain_fn done;
+	void *userdata;
+};
+
+static void explain_free(struct session_explain *e)
+{
+	if (!e)
+		return;
+	session_virtual_job_clear(&e->j);
+	pack_plan_clear(&e->j.plan);
+	pad_batch_clear(&e->j.rows);
+	if (e->s) {
+		e->s->explain = NULL;
+		e->s->closed = true; /* chunks still out come back to nothing */
+		session_unref(e->s);
+	}
+	free(e->t.p);
+	free(e);
+}
+
+/* Text chunks of the side session (and its virtual streams') out with the workers. */
+static unsigned explain_inflight(const struct session *s)
+{
+	unsigned n = s->virt ? session_virtual_inflight(s) : 0;
+	for (uint32_t i = 0; i < s->n_srcs; i++)
+		n += s->srcs[i].chunks_inflight;
+	return n;
+}
+
+/* A plan waits for text: hands the pool what it needs. Returns 0 (wait for a chunk), or -EIO/-ENOMEM with err. */
+static int explain_tokenize(struct session *s, char *err, size_t errlen)
+{
+	int r = s->virt ? session_virtual_text(s, true) : 0;
+	for (uint32_t i = 0; r == 0 && s->has_text && i < s->n_srcs; i++)
+		if (s->srcs[i].feed->kind == FEED_TEXT)
+			r = session_text_submit(s, &s->srcs[i]);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot queue documents to tokenize: %s", strerror(-r));
+		return r;
+	}
+	if (explain_inflight(s) == 0) {
+		snprintf(err, errlen, "internal error: a plan waits for text that nothing tokenizes");
+		return -EIO;
+	}
+	return 0;
+}
+
+/*
+ * Plans the batches not explained yet. Returns 1: all explained (or failed:
+ * e->t.error, with the message in err); 0: waiting for the pool.
+ */
+static int explain_plan(struct session_explain *e, int *ret_code, char *err, size_t errlen)
+{
+	struct session *s = e->s;
+	const struct feed *f = s->feed;
+	while (e->b < e->batches) {
+		uint64_t batch = s->first_batch + e->b;
+		struct cursor cur = { .fingerprint = f->fingerprint, .world = s->world, .rank = s->rank, .batch = batch + 1 };
+		int r = session_plan(s, &e->j, batch, &cur, err, errlen);
+		if (r == -EAGAIN && (r = explain_tokenize(s, err, errlen)) == 0)
+			return 0;
+		if (r < 0) {
+			*ret_code = r;
+			return 1;
+		}
+		if (!s->virt)
+			plan_pieces(&e->t, s, &e->j, batch, 0, -1);
+		for (uint32_t i = 0; s->virt && i < s->batch_size; i++)
+			plan_pieces(&e->t, e->j.vrows[i].sub, &e->j.vrows[i].job, batch, i, e->j.vrows[i].sub->rank);
+		e->b++;
+		s->planned = e->b;
+	}
+	*ret_code = e->t.error;
+	return 1;
+}
+
+/* The outcome for the caller: the text (taken) or the error. */
+static void explain_finish(struct session_explain *e, int code, const char *msg)
+{
+	char *text = NULL;
+	if (code == 0) {
+		text = e->t.p ? e->t.p : strdup("");
+		e->t.p = NULL;
+		if (!text) {
+			code = -ENOMEM;
+			msg = "out of memory";
+		}
+	}
+	session_explain_fn done = e->done;
+	void *userdata = e->userdata;
+	explain_free(e);
+	done(code, text, msg, userdata);
+}
+
+void session_explain_step(struct session_explain *e)
+{
+	char err[512] = "";
+	int code = 0;
+	if (explain_plan(e, &code, err, sizeof(err)))
+		explain_finish(e, code, err);
+}
+
+/* The side session failed (a chunk that could not be read or tokenized). */
+static void explain_failed(struct session *s, int code, const char *msg, void *userdata)
+{
+	explain_finish(userdata, code, msg);
+}
+
+struct session_explain *session_explain_cancel(struct session_explain *e)
+{
+	explain_free(e);
+	return NULL;
+}
+
+int session_explain(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
+		    const struct vstate *st, uint32_t batches, session_explain_fn done, void *userdata,
+		    struct session_explain **ret_pending, char **ret_text, char *err, size_t errlen)
 {
 	if (f->state != FEED_READY) {
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
 		return f->error_code < 0 ? f->error_code : -EIO;
-	}
-	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
-		if ((f->n_sources ? f->sources[i] : f)->kind == FEED_TEXT) {
-			snprintf(err, errlen, "feed %s tokenizes text on the way: explain plans from stored token counts only",
-				 f->name);
-			return -EOPNOTSUPP;
-		}
 	}
 	if (f->vranks ? world > f->vranks || c : !!st) {
 		snprintf(err, errlen, "%s",
@@ -116,39 +239,46 @@ int session_explain(struct feed *f, uint32_t rank, uint32_t world, const struct 
 				    : "the world is larger than the feed's virtual ranks");
 		return -EINVAL;
 	}
+	struct session_explain *e = calloc(1, sizeof(*e));
 	struct session *s = calloc(1, sizeof(*s));
-	if (!s)
+	if (!e || !s) {
+		free(e);
+		free(s);
 		return -ENOMEM;
+	}
+	e->s = s;
+	e->batches = batches;
+	e->done = done;
+	e->userdata = userdata;
 	s->refs = 1;
 	s->feed = feed_ref(f);
+	s->producer = p;
+	s->explain = e;
+	s->on_fail = explain_failed;
+	s->userdata = e;
 	s->rank = rank;
 	s->world = world;
-	s->batch_size = s->rows_ahead = f->conf.batch_size;
+	s->batch_size = f->conf.batch_size;
+	/* Text: tokenize what the batches asked need, at once (section 15.2's look-ahead, bounded by them). */
+	s->rows_ahead = (uint32_t)MIN((uint64_t)f->conf.batch_size * MAX(batches, 1u), (uint64_t)UINT32_MAX);
 	s->starved = UINT32_MAX;
-	struct text t = { 0 };
-	struct session_job j = { 0 };
+	s->started = true;
 	int r = f->vranks ? session_virtual_open(s, st, err, errlen) : session_open_streams(s, c, err, errlen);
-	for (uint32_t b = 0; r == 0 && b < batches; b++) {
-		uint64_t batch = s->first_batch + b;
-		struct cursor cur = { .fingerprint = f->fingerprint, .world = world, .rank = rank, .batch = batch + 1 };
-		r = session_plan(s, &j, batch, &cur, err, errlen);
-		if (r < 0)
-			break;
-		if (!s->virt)
-			plan_pieces(&t, s, &j, batch, 0, -1);
-		for (uint32_t i = 0; s->virt && i < s->batch_size; i++)
-			plan_pieces(&t, j.vrows[i].sub, &j.vrows[i].job, batch, i, j.vrows[i].sub->rank);
-	}
-	session_virtual_job_clear(&j);
-	pack_plan_clear(&j.plan);
-	pad_batch_clear(&j.rows);
-	session_unref(s);
-	if (r == 0 && t.error)
-		r = t.error;
 	if (r < 0) {
-		free(t.p);
+		explain_free(e);
 		return r;
 	}
-	*ret_text = t.p ? t.p : strdup("");
-	return *ret_text ? 0 : -ENOMEM;
+	int code = 0;
+	if (!explain_plan(e, &code, err, errlen)) {
+		*ret_pending = e;
+		return 0;
+	}
+	if (code < 0) {
+		explain_free(e);
+		return code;
+	}
+	*ret_text = e->t.p ? e->t.p : strdup("");
+	e->t.p = NULL;
+	explain_free(e);
+	return *ret_text ? 1 : -ENOMEM;
 }

@@ -121,6 +121,7 @@ struct session {
 	uint32_t batch_size;   /* rows per batch: the feed's, or 1 for a virtual stream (section 17) */
 	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
 	struct session *parent; /* a virtual stream's session: the rank's, which owns its ring and its failures */
+	struct session_explain *explain; /* a side session of feedctl explain (no ring): pumping it explains on */
 	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
 	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
 	struct producer *producer;
@@ -200,6 +201,10 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 int session_virtual_published(struct session *s, const struct session_job *j);
 /* Tokenizing ahead for the served text streams, and freeing what nothing reads. Returns 0 or -ENOMEM. */
 int session_virtual_text(struct session *s, bool submit);
+/* Text chunks of the served streams out with the workers (explain waits for them). */
+unsigned session_virtual_inflight(const struct session *s);
+/* session-explain.c: a chunk came back to an explanation's side session (from session_pump). */
+void session_explain_step(struct session_explain *e);
 /* The worker's half: fills the slot from the rows' plans. */
 int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot);
 

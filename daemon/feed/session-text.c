@@ -87,7 +87,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 	const struct session *root = session_root(s);
 	const uint64_t bl = (uint64_t)s->rows_ahead * top->conf.seq_len;
 	const unsigned threads = producer_threads(s->producer);
-	const uint64_t free_slots = root->ring->slot_count - (root->planned - root->ring->tail);
+	/* No ring: an explanation (session-explain.c), whose rows_ahead covers every batch it was asked for. */
+	const uint64_t free_slots = root->ring ? root->ring->slot_count - (root->planned - root->ring->tail) : 0;
 	uint64_t target = (free_slots + 1) * bl + 1;
 	if (top->conf.packing == CONF_PACKING_BESTFIT)
 		target += top->conf.pack_buffer;

@@ -152,7 +152,7 @@ static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct curs
 	sub->rank = v;
 	sub->world = s->feed->vranks;
 	sub->batch_size = 1;
-	sub->rows_ahead = (s->batch_size + m - 1) / m; /* its share of a batch, for tokenizing ahead */
+	sub->rows_ahead = (s->rows_ahead + m - 1) / m; /* its share of a batch (of an explanation's batches), for tokenizing ahead */
 	sub->parent = s;
 	sub->params = s->virt->params;
 	sub->attach_ns = s->attach_ns;
@@ -408,6 +408,16 @@ int session_virtual_text(struct session *s, bool submit)
 		}
 	}
 	return 0;
+}
+
+unsigned session_virtual_inflight(const struct session *s)
+{
+	const struct session_virtual *x = s->virt;
+	unsigned n = 0;
+	for (uint32_t k = 0; x->has_text && k < x->m; k++)
+		for (uint32_t i = 0; x->sub[k] && i < x->sub[k]->n_srcs; i++)
+			n += x->sub[k]->srcs[i].chunks_inflight;
+	return n;
 }
 
 int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batch, char *msg, size_t msglen)

@@ -28,7 +28,8 @@ void session_fail(struct session *s, int code, const char *msg)
 	s->failed = true;
 	log_error("feed %s rank %u/%u: %s", s->feed->name, s->rank, s->world, msg);
 	/* A shard changed: the batches published and not yet taken may hold its new bytes; withdraw them all. */
-	ring_set_state(s->ring, code == -ESTALE ? FEED_RING_WITHDRAWN : FEED_RING_FAILED, code);
+	if (s->ring) /* else an explanation's side session (session-explain.c) */
+		ring_set_state(s->ring, code == -ESTALE ? FEED_RING_WITHDRAWN : FEED_RING_FAILED, code);
 	if (s->on_fail)
 		s->on_fail(s, code, msg, s->userdata);
 }
@@ -123,6 +124,10 @@ void session_batch_done(struct session *s, struct session_job *j)
 void session_pump(struct session *s)
 {
 	char msg[512];
+	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
+		session_explain_step(s->explain);
+		return;
+	}
 	uint32_t n = s->ring->slot_count;
 	assert(s->started);
 	for (;;) {

@@ -71,12 +71,21 @@ struct session *session_close(struct session *s);
 /*
  * Provenance (feedctl explain): plans `batches` batches of rank/world of
  * feed f from cursor c or elastic state st (both NULL: the start) on the
- * side, nothing attached or read, and returns one line per piece of a row
- * (malloc'd text). Feeds of stored tokens only. Returns 0; -EINVAL,
- * -EOPNOTSUPP, -ENODATA, ... with the reason in err.
+ * side, nothing attached, and returns one line per piece of a row
+ * (malloc'd text). Stored tokens are planned at once: returns 1 with
+ * *ret_text. Text is tokenized first on p's workers: returns 0 with
+ * *ret_pending, and done() is called later on the main thread with the
+ * text (the callee takes it) or the error, unless cancelled first.
+ * Errors: -EINVAL, -ENODATA, ... with the reason in err.
  */
-int session_explain(struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c, const struct vstate *st,
-		    uint32_t batches, char **ret_text, char *err, size_t errlen);
+struct producer;
+struct session_explain;
+typedef void (*session_explain_fn)(int code, char *text, const char *msg, void *userdata);
+int session_explain(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
+		    const struct vstate *st, uint32_t batches, session_explain_fn done, void *userdata,
+		    struct session_explain **ret_pending, char **ret_text, char *err, size_t errlen);
+/* Stops a pending explanation (its done() is not called). Takes NULL; returns NULL. */
+struct session_explain *session_explain_cancel(struct session_explain *e);
 
 /* Ring fill as the client sees it: published and not yet released. */
 uint64_t session_fill(struct session *s);

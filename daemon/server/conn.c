@@ -106,6 +106,7 @@ void conn_free(struct conn *c)
 		c->next->prev = c->prev;
 	s->n_conns--;
 	s->n_reserved -= c->reserved;
+	c->explain = session_explain_cancel(c->explain);
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->feed->name, c->rank, c->world);

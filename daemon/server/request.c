@@ -460,6 +460,42 @@ static int handle_drain(struct conn *c, const uint8_t *p, size_t len)
 	return admin_reply(c, msg);
 }
 
+/* The explanation as one reply, or an error when it does not fit. */
+static int explain_reply(struct conn *c, const char *text, uint32_t batches)
+{
+	size_t tl = strlen(text);
+	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
+	if (tl > MIN(room, (size_t)WIRE_MAX_REPLY)) {
+		conn_send_error(c, -EMSGSIZE, "the explanation of %u batches does not fit in one reply: ask for fewer", batches);
+		return 0;
+	}
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + tl);
+	if (!buf) {
+		conn_send_error(c, -ENOMEM, "out of memory");
+		return 0;
+	}
+	int n = wire_encode_explain_reply_header(buf, WIRE_HEADER_SIZE, tl);
+	if (n < 0) {
+		conn_send_error(c, n, "cannot encode the explanation");
+		return 0;
+	}
+	memcpy(buf + WIRE_HEADER_SIZE, text, tl);
+	return conn_queue(c, buf, WIRE_HEADER_SIZE + tl, NULL, 0);
+}
+
+/* A text feed's explanation is done (the connection is still open: conn_free cancels it). */
+static void on_explain(int code, char *text, const char *msg, void *userdata)
+{
+	struct conn *c = userdata;
+	c->explain = NULL;
+	if (code < 0)
+		conn_send_error(c, code, "%s", msg);
+	else if (explain_reply(c, text, c->explain_batches) < 0)
+		conn_send_error(c, -ENOBUFS, "cannot queue the explanation");
+	free(text);
+	event_active(c->wev, EV_WRITE, 0);
+}
+
 /* EXPLAIN: provenance of a stream's next batches, planned on the side (feedctl explain). */
 static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 {
@@ -468,6 +504,10 @@ static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 		return -EBADMSG;
 	_cleanup_free_ char *owned = NULL;
 	const char *given = request_cursor(c, m.cursor, &owned); /* taken first, as ATTACH does */
+	if (c->explain) {
+		conn_send_error(c, -EBUSY, "an explanation is still being made on this connection");
+		return 0;
+	}
 	bool draining;
 	struct feed *f = server_find_feed(c->srv, m.feed, &draining);
 	if (!f) {
@@ -488,30 +528,14 @@ static int handle_explain(struct conn *c, const uint8_t *p, size_t len)
 	}
 	char err[512];
 	_cleanup_free_ char *text = NULL;
-	int r = session_explain(f, m.rank, m.world, given[0] && !elastic ? &cur : NULL, elastic ? &state : NULL,
-				m.batches, &text, err, sizeof(err));
+	c->explain_batches = m.batches;
+	int r = session_explain(c->srv->producer, f, m.rank, m.world, given[0] && !elastic ? &cur : NULL,
+				elastic ? &state : NULL, m.batches, on_explain, c, &c->explain, &text, err, sizeof(err));
 	if (r < 0) {
 		conn_send_error(c, r, "%s", err);
 		return 0;
 	}
-	size_t tl = strlen(text);
-	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
-	if (tl > MIN(room, (size_t)WIRE_MAX_REPLY)) {
-		conn_send_error(c, -EMSGSIZE, "the explanation of %u batches does not fit in one reply: ask for fewer", m.batches);
-		return 0;
-	}
-	_cleanup_free_ uint8_t *buf = malloc(WIRE_HEADER_SIZE + tl);
-	if (!buf) {
-		conn_send_error(c, -ENOMEM, "out of memory");
-		return 0;
-	}
-	int n = wire_encode_explain_reply_header(buf, WIRE_HEADER_SIZE, tl);
-	if (n < 0) {
-		conn_send_error(c, n, "cannot encode the explanation");
-		return 0;
-	}
-	memcpy(buf + WIRE_HEADER_SIZE, text, tl);
-	return conn_queue(c, buf, WIRE_HEADER_SIZE + tl, NULL, 0);
+	return r == 0 ? 0 : explain_reply(c, text, m.batches); /* 0: text to tokenize first, on_explain answers */
 }
 
 int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t *payload)

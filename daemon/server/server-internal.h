@@ -69,6 +69,8 @@ struct conn {
 	unsigned n_groups;
 	char name[32];
 	struct session *session;
+	struct session_explain *explain; /* an EXPLAIN waiting for text to be tokenized (feed/session-explain.c) */
+	uint32_t explain_batches;        /* the batches it asked for */
 	/* while attached: what it attached to (the session holds a reference on feed) */
 	struct feed *feed;
 	uint32_t rank, world;
