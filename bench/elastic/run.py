@@ -96,6 +96,8 @@ def first_batch(build, sock, rank, world, cursor=None, n=1):
 
 def main():
     ap = common.arg_parser()
+    ap.add_argument("--before", help="a build of an earlier feedd: section 1 adds its virtual_ranks = 1024 row, same run")
+    ap.add_argument("--sections", default="123", help="which sections to run (default 123)")
     args = ap.parse_args()
     build = args.build
     n_docs, n = (8000, 3000) if args.full else (2000, 1000)
@@ -107,6 +109,17 @@ def main():
         print(f"# data: 8 Megatron shards x {n_docs} documents (mean 500 tokens, u16), page cache warm; "
               f"seq_len {L}, batch_size {B}, shuffle")
         print()
+        if "1" in args.sections:
+            section1(args, build, tmp, shards, n)
+        if "2" in args.sections:
+            section2(build, tmp, shards)
+        if "3" in args.sections:
+            section3(build, tmp, shards)
+
+
+def section1(args, build, tmp, shards, n):
+    """Throughput and memory of the three configurations (and an earlier build's V = 1024: --before)."""
+    if True:
         print("## 1. Throughput and memory: R ranks, each taking", n, "batches")
         print()
         print("| R | configuration | feedd CPU ms per 100 batches | ratio | Mtokens/s, all ranks (wall) | "
@@ -114,14 +127,22 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
         for world in ((1, 2, 4, 8) if args.full else (1, 2, 4)):
             peer = None
-            for label, v in (("no virtual ranks (peer)", 0), ("virtual_ranks = R", world),
-                             ("virtual_ranks = 1024", 1024)):
-                tps, cpu, hwm, anon, state = throughput(build, tmp, shards, world, v, n)
+            rows = [("no virtual ranks (peer)", 0, build), ("virtual_ranks = R", world, build),
+                    ("virtual_ranks = 1024", 1024, build)]
+            if args.before:
+                rows.append(("virtual_ranks = 1024, before (--before)", 1024, args.before))
+            for label, v, b in rows:
+                tps, cpu, hwm, anon, state = throughput(b, tmp, shards, world, v, n)
                 per100 = cpu * 1e3 * 100 / (n * world)
                 peer = peer or per100
                 print(f"| {world} | {label} | {per100:.1f} | {per100 / peer:.2f} | {tps / 1e6:.1f} | {hwm:.1f} | "
                       f"{anon:.1f} | {state} |", flush=True)
         print()
+
+
+def section2(build, tmp, shards):
+    """Attach cost with virtual_ranks = 1024."""
+    if True:
         print("## 2. virtual_ranks = 1024: attaching and feedd's memory")
         print()
         print("| R | streams per rank | attach s | feedd anon MiB after | peer (no virtual ranks) attach s |")
@@ -138,6 +159,11 @@ def main():
                 common.stop(d)
                 common.stop(p)
         print()
+
+
+def section3(build, tmp, shards):
+    """Resume latency from a merged state."""
+    if True:
         print("## 3. Resume latency: a state merged from 4 ranks, attached as rank 0 of R' (virtual_ranks = 1024)")
         print()
         os.environ.setdefault("FEEDD_BUILD_DIR", str(build))
