@@ -11,24 +11,27 @@ ranks, from a cursor or a merged state, and for a mixture of a JSONL and a
 plain-text source. Every delivered position of "concat" batches is explained.
 
 Needs the tokenizer data of scripts/fetch-tok-data.sh (build/tokdata) and
-node; skips without. Runs with Debian's /usr/bin/python3.
+node; skips without (the Parquet cases without scripts/fetch-parquet-data.sh's
+DuckDB, which writes the files and reads them back). Runs with Debian's /usr/bin/python3.
 """
 
 import gzip
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import FEEDCTL, use_feed_package
+from conftest import BUILD, FEEDCTL, SRC, use_feed_package
 from test_text import EOT, RANKS, TOKDATA, paragraphs, record_text, shard_lines, tiktoken_ids
 
 pytestmark = pytest.mark.skipif(
     not RANKS.exists() or not (TOKDATA / "node_modules" / "tiktoken").exists() or not shutil.which("node"),
     reason="tokenizer data (scripts/fetch-tok-data.sh) or node missing")
 
+PQDATA = BUILD / "pqdata"  # scripts/fetch-parquet-data.sh: DuckDB, the Parquet writer and reference reader
 L, B = 128, 4
 BOS = 100258
 
@@ -47,12 +50,34 @@ def corpus(tmp_path_factory):
     books.mkdir()
     for i, t in enumerate(paras[200:212]):
         (books / f"p{i:02d}.txt").write_text(t * (1 + i % 3) + "\n")  # some longer than a row
+    if (PQDATA / "node_modules" / "@duckdb" / "node-api").exists():
+        # Parquet text columns: DuckDB's files of the same kind of documents, small row groups (several per file).
+        for name, part in (("q1", paras[220:300]), ("q2", paras[300:360])):
+            with open(d / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for i, t in enumerate(part):
+                    f.write(json.dumps({"id": i, "text": t, "null": False}) + "\n")
+        subprocess.run(["node", str(SRC / "tests" / "parquet" / "mkparquet.mjs"), str(PQDATA), str(d / "pq"),
+                        "zstd:dict:v2:16", "--", str(d / "q1.jsonl"), str(d / "q2.jsonl")], check=True, timeout=600)
     return d
+
+
+_pq_rows = {}
+
+
+def parquet_rows(path):
+    """The text column of a Parquet file as DuckDB (the reference reader) reads it."""
+    if path not in _pq_rows:
+        r = subprocess.run(["node", str(SRC / "tests" / "parquet" / "dumpparquet.mjs"), str(PQDATA), str(path), "text"],
+                           capture_output=True, check=True, timeout=120)
+        _pq_rows[path] = [json.loads(ln) for ln in r.stdout.decode("utf-8").splitlines()]
+    return _pq_rows[path]
 
 
 def read_doc(path, index):
     """The text of document `index` of a shard, read again from its file, the Python way."""
     path = Path(path)
+    if path.suffix == ".parquet":
+        return parquet_rows(path)[index]
     if path.suffix == ".txt":
         assert index == 0
         return path.read_bytes().decode("utf-8", errors="replace")
@@ -73,6 +98,11 @@ def conf(corpus, kind, packing, vranks, bos="none"):
         return head + web
     if kind == "text":
         return head + books
+    if kind == "parquet":
+        if not (corpus / "pq").exists():
+            pytest.skip("the Parquet test data (scripts/fetch-parquet-data.sh) is missing")
+        pq = sorted((corpus / "pq").glob("*/q*.parquet"))
+        return head + f"format = parquet\nshards = {shard_lines(pq)}\n{tok}"
     return head.replace("[feed.f]\n", "[feed.f]\nsources = web:3, books:1\n") + f"[feed.f.web]\n{web}[feed.f.books]\n{books}"
 
 
@@ -104,7 +134,8 @@ def check(explain, got, tmp, packing, world, rank, vstreams):
     return covered
 
 
-MODES = [(k, p) for k in ("jsonl", "mix") for p in ("concat", "pad", "bestfit")] + [("text", "concat")]
+MODES = ([(k, p) for k in ("jsonl", "mix") for p in ("concat", "pad", "bestfit")] + [("text", "concat")]
+         + [("parquet", p) for p in ("concat", "bestfit")])
 
 
 @pytest.mark.parametrize("kind,packing", MODES, ids=[f"{k}-{p}" for k, p in MODES])
@@ -141,7 +172,8 @@ def test_explain_of_a_text_feed_leaves_the_daemon_serving(daemon, corpus, tmp_pa
     """A client that leaves while its explanation waits for the tokenizer: feedd goes on (no leak, no crash)."""
     d = daemon(conf(corpus, "mix", "concat", 6))
     p = subprocess.Popen([str(FEEDCTL), "--socket", d.socket, "explain", "f", "--rank", "0", "--world", "1",
-                          "--batches", "50"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--batches", "200"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.2)  # sent, and (on a loaded machine, usually) still being tokenized
     p.kill()
     p.wait()
     got = d.dump("f", tmp_path / "a", rank=0, world=1, batches=2)
