@@ -8,7 +8,8 @@
    stream per rank, the peer), virtual_ranks = R (the elastic path with one
    stream per rank: the cost of composing rows) and virtual_ranks = 1024
    (1024 / R streams per rank: the cost of being able to resize to any
-   world up to 1024). feedd's CPU time per batch (the clients hash every
+   world up to 1024). feedd's CPU time per batch (all its threads, from
+   /proc/PID/task/*/schedstat; the clients hash every
    batch, so the wall-clock rate is theirs, and noisy on a shared VM),
    tokens/s over all ranks, feedd's peak and anonymous memory, and the
    state's length after the last batch.
@@ -57,10 +58,21 @@ def lines(p):
     return [ln.split() for ln in out.splitlines() if ln.startswith("batch ")]
 
 
+def cpu_ns(pid):
+    """CPU seconds of every thread of a live process, from /proc/PID/task/*/schedstat (ns, not 10 ms ticks)."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((t / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def throughput(build, tmp, shards, world, vranks, n):
     d, sock = common.start_feedd(build, conf(shards, vranks), tmp, name=f"t{world}-{vranks}")
     try:
-        cpu0 = common.proc_cpu(d.pid)
+        cpu0 = cpu_ns(d.pid)
         t0 = time.monotonic()
         ps = [client(build, sock, r, world, n) for r in range(world)]
         outs = [lines(p) for p in ps]
@@ -68,7 +80,7 @@ def throughput(build, tmp, shards, world, vranks, n):
         wall = time.monotonic() - t0
         mem = common.proc_mem(d.pid)
         state = len(outs[0][-1][4]) if outs[0][-1][4:] else 0
-        return got * B * L / wall, common.proc_cpu(d.pid) - cpu0, mem["VmHWM"], mem["RssAnon"], state
+        return got * B * L / wall, cpu_ns(d.pid) - cpu0, mem["VmHWM"], mem["RssAnon"], state
     finally:
         common.stop(d)
 
@@ -135,7 +147,7 @@ def section1(args, build, tmp, shards, n):
                 tps, cpu, hwm, anon, state = throughput(b, tmp, shards, world, v, n)
                 per100 = cpu * 1e3 * 100 / (n * world)
                 peer = peer or per100
-                print(f"| {world} | {label} | {per100:.1f} | {per100 / peer:.2f} | {tps / 1e6:.1f} | {hwm:.1f} | "
+                print(f"| {world} | {label} | {per100:.2f} | {per100 / peer:.2f} | {tps / 1e6:.1f} | {hwm:.1f} | "
                       f"{anon:.1f} | {state} |", flush=True)
         print()
 
