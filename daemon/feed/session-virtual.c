@@ -525,10 +525,47 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 	return 0;
 }
 
+/* The state text after the batch, and the header: what every way of filling a slot ends with. */
+static void produce_header(struct session *s, struct session_job *j, uint8_t *slot, uint32_t n_cu, uint32_t docs,
+			   uint64_t epoch)
+{
+	const struct feed_ring_header *geom = s->ring->hdr;
+	struct feed_slot_header *h = (struct feed_slot_header *)slot;
+	h->batch_index = j->plan.batch_index;
+	h->epoch = epoch;
+	h->rank = s->rank;
+	h->world = s->world;
+	h->batch_size = j->plan.batch_size;
+	h->seq_len = j->plan.seq_len;
+	h->n_cu_seqlens = n_cu;
+	h->n_docs = docs;
+	snprintf(h->cursor, sizeof(h->cursor), "%s", j->cursor);
+	if (j->long_cursor && j->long_cursor[0])
+		memcpy(slot + feed_slot_state_offset(geom->off_cu_seqlens, geom->cu_capacity), j->long_cursor,
+		       strlen(j->long_cursor) + 1);
+}
+
 int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot)
 {
 	const struct feed_ring_header *geom = s->ring->hdr;
 	const uint32_t B = j->plan.batch_size, L = j->plan.seq_len;
+	if (!j->vrows[0].sub->by_docs) {
+		/* Plain "concat" streams (every served stream packs alike): the rows' reads go out together. */
+		_cleanup_free_ const struct batch_plan **plans = malloc(B * sizeof(*plans));
+		if (!plans) {
+			snprintf(j->error, sizeof(j->error), "out of memory");
+			return -ENOMEM;
+		}
+		for (uint32_t i = 0; i < B; i++)
+			plans[i] = &j->vrows[i].job.plan;
+		uint32_t n_cu, docs;
+		int r = worker_produce_concat_rows(w, s->feed, plans, B, L, geom, slot, &n_cu, &docs, j->error,
+						   sizeof(j->error));
+		if (r < 0)
+			return r;
+		produce_header(s, j, slot, n_cu, docs, plans[0]->epoch);
+		return 0;
+	}
 	/* One row's slot: header and arrays, laid out as the ring lays out a slot of one row. */
 	const size_t arr = ALIGN_UP((size_t)L * 4, (size_t)64), cu = ALIGN_UP(((size_t)L + 1) * 4, (size_t)64);
 	struct feed_ring_header g1 = { .batch_size = 1, .seq_len = L, .off_input_ids = FEED_SLOT_HEADER_SIZE,
@@ -565,18 +602,6 @@ int session_virtual_produce(struct session *s, struct session_job *j, struct wor
 			epoch = h1->epoch;
 	}
 	cus[n_cu++] = (int32_t)((size_t)B * L);
-	struct feed_slot_header *h = (struct feed_slot_header *)slot;
-	h->batch_index = j->plan.batch_index;
-	h->epoch = epoch;
-	h->rank = s->rank;
-	h->world = s->world;
-	h->batch_size = B;
-	h->seq_len = L;
-	h->n_cu_seqlens = n_cu;
-	h->n_docs = docs;
-	snprintf(h->cursor, sizeof(h->cursor), "%s", j->cursor);
-	if (j->long_cursor && j->long_cursor[0])
-		memcpy(slot + feed_slot_state_offset(geom->off_cu_seqlens, geom->cu_capacity), j->long_cursor,
-		       strlen(j->long_cursor) + 1);
+	produce_header(s, j, slot, n_cu, docs, epoch);
 	return 0;
 }

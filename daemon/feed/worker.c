@@ -45,6 +45,8 @@ struct worker *worker_free(struct worker *w)
 	free(w->is_start);
 	free(w->reqs);
 	free(w->runs);
+	free(w->rows_tok);
+	free(w->rows_cu);
 	tokenize_scratch_done(&w->tk);
 	free(w);
 	return NULL;
@@ -277,6 +279,79 @@ int worker_produce(struct worker *w, const struct feed *f, const struct batch_pl
 	write_header(slot, plan->batch_index, plan->epoch, rank, world, plan->batch_size, plan->seq_len, n_cu, docs,
 		     cursor);
 	stage_end(&f->stages->job, &job_clock, n * sizeof(int32_t));
+	return 0;
+}
+
+int worker_produce_concat_rows(struct worker *w, const struct feed *f, const struct batch_plan *const *plans,
+			       uint32_t batch_size, uint32_t seq_len, const struct feed_ring_header *geom,
+			       uint8_t *slot, uint32_t *ret_n_cu, uint32_t *ret_docs, char *err, size_t errlen)
+{
+	const size_t stride = (size_t)seq_len + 1, n = (size_t)batch_size * stride;
+	size_t pieces = 16;
+	for (uint32_t i = 0; i < batch_size; i++)
+		pieces += plans[i]->n_pieces;
+	struct stage_clock job_clock, stage_clock;
+	stage_begin(&job_clock, false);
+	int r = reserve(w, n, pieces);
+	if (r == 0 && n > w->rows_cap) {
+		int32_t *t = realloc(w->rows_tok, n * sizeof(*t));
+		if (t)
+			w->rows_tok = t;
+		uint32_t *cu = realloc(w->rows_cu, stride * sizeof(*cu));
+		if (cu)
+			w->rows_cu = cu;
+		if (!t || !cu)
+			r = -ENOMEM;
+		else
+			w->rows_cap = n;
+	}
+	if (r < 0) {
+		snprintf(err, errlen, "out of memory for a batch of %zu positions", n);
+		return r;
+	}
+	/* Row i lays its L + 1 positions (its look-ahead last) at i*(L+1): no position is a batch's look-ahead. */
+	int32_t *tok = w->rows_tok, unused = 0;
+	struct emit_ctx c = { .w = w };
+	for (uint32_t i = 0; i < batch_size; i++) {
+		const struct batch_plan *plan = plans[i];
+		size_t pos = i * stride;
+		for (size_t k = 0; k < plan->n_pieces; k++) {
+			const struct stream_piece *p = &plan->pieces[k];
+			if (pos + p->count > (i + 1) * stride) {
+				snprintf(err, errlen, "internal error: row %u's plan lays more than %zu positions", i, stride);
+				return -EIO;
+			}
+			memset(w->is_start + pos, 0, p->count);
+			w->is_start[pos] = p->offset == 0;
+			r = lay_piece(w, &c, f, p->doc, p->ids, p->offset, p->count, p->length, pos, tok, n, &unused, err,
+				      errlen);
+			if (r < 0)
+				return r;
+			pos += p->count;
+		}
+	}
+	r = read_tokens(w, f, &c, tok, n, &unused, err, errlen);
+	if (r < 0)
+		return r;
+
+	stage_begin(&stage_clock, false);
+	int32_t *ids = (int32_t *)(slot + geom->off_input_ids), *labels = (int32_t *)(slot + geom->off_labels);
+	int32_t *pids = (int32_t *)(slot + geom->off_position_ids), *cus = (int32_t *)(slot + geom->off_cu_seqlens);
+	uint32_t n_cu = 0, docs = 0;
+	for (uint32_t i = 0; i < batch_size; i++) {
+		const size_t at = i * stride, row = (size_t)i * seq_len;
+		uint32_t d;
+		uint32_t m = pack_fill(tok + at, tok[at + seq_len], w->is_start + at, 1, seq_len, ids + row, labels + row,
+				       pids + row, (int32_t *)w->rows_cu, &d);
+		for (uint32_t q = 0; q + 1 < m; q++)
+			cus[n_cu++] = (int32_t)w->rows_cu[q] + (int32_t)row;
+		docs += d;
+	}
+	cus[n_cu++] = (int32_t)((size_t)batch_size * seq_len);
+	stage_end(&f->stages->pack, &stage_clock, (size_t)batch_size * seq_len * sizeof(int32_t));
+	stage_end(&f->stages->job, &job_clock, (size_t)batch_size * seq_len * sizeof(int32_t));
+	*ret_n_cu = n_cu;
+	*ret_docs = docs;
 	return 0;
 }
 

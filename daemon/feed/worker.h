@@ -27,6 +27,9 @@ struct worker {
 	size_t cap_reqs;
 
 	struct tokenize_scratch tk; /* tokenizing text (daemon/tokenize) */
+	int32_t *rows_tok;          /* worker_produce_concat_rows: every row's positions and look-ahead */
+	uint32_t *rows_cu;          /* and one row's cu_seqlens */
+	size_t rows_cap;            /* positions of rows_tok (rows_cu: as many) */
 };
 
 struct worker *worker_new(enum io_engine engine, unsigned depth);
@@ -50,6 +53,19 @@ int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t);
 int worker_produce(struct worker *w, const struct feed *f, const struct batch_plan *plan, uint32_t rank,
 		   uint32_t world, const char *cursor, const struct feed_ring_header *geom, uint8_t *slot,
 		   char *err, size_t errlen);
+
+/*
+ * The rows of an elastic batch (docs/sample-order.md, section 17.3) whose
+ * virtual streams pack plain "concat": plans[i] is row i's one-row plan (L + 1
+ * positions, the look-ahead included). Every row's reads are queued and run
+ * together (one submission, not one per row), then each row is filled as its
+ * own one-row batch at row i of slot: cu_seqlens shifted by i*L without each
+ * row's last entry, then B*L. Writes the arrays, not the header: returns 0
+ * with *ret_n_cu and *ret_docs, or a negative errno with err.
+ */
+int worker_produce_concat_rows(struct worker *w, const struct feed *f, const struct batch_plan *const *plans,
+			       uint32_t batch_size, uint32_t seq_len, const struct feed_ring_header *geom,
+			       uint8_t *slot, uint32_t *ret_n_cu, uint32_t *ret_docs, char *err, size_t errlen);
 
 /*
  * Produces a batch planned as rows of whole documents (packing pad or
