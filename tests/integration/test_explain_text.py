@@ -179,3 +179,19 @@ def test_explain_of_a_text_feed_leaves_the_daemon_serving(daemon, corpus, tmp_pa
     got = d.dump("f", tmp_path / "a", rank=0, world=1, batches=2)
     check(d.ctl("explain", "f", "--rank", "0", "--world", "1", "--batches", "2").stdout, got, tmp_path, "concat",
           1, 0, True)
+
+
+def test_explain_reports_a_bad_record_and_feedd_goes_on(daemon, corpus, tmp_path):
+    """on_bad_record = fail: the explanation fails naming the file and line, as an attach would; feedd serves on."""
+    good = [json.dumps({"text": t}).encode() for t in paragraphs()[:30]]
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b"\n".join(good[:5] + [b'{"text": "cut off'] + good[5:]) + b"\n")
+    tok = f"tokenizer = {RANKS}\ntokenizer_preset = cl100k_base\n"
+    d = daemon(f"[feedd]\ncache_dir = {tmp_path}/cache\n[feed.b]\nformat = jsonl\nshards = {p}\n{tok}seq_len = 64\n"
+               f"batch_size = 2\nshuffle = false\neos = {EOT}\non_bad_record = fail\nvirtual_ranks = 0\n"
+               f"[feed.f]\nformat = jsonl\nshards = {corpus / 'a.jsonl'}\n{tok}seq_len = {L}\nbatch_size = {B}\n"
+               f"eos = {EOT}\nvirtual_ranks = 0\n")
+    r = d.ctl("explain", "b", "--rank", "0", "--world", "1", "--batches", "20", check=False)
+    assert r.returncode != 0 and "bad.jsonl:6:" in r.stderr and "not valid JSON" in r.stderr, r.stderr
+    got = d.dump("f", tmp_path / "a", rank=0, world=1, batches=2)
+    check(d.ctl("explain", "f", "--batches", "2").stdout, got, tmp_path, "concat", 1, 0, False)
