@@ -78,7 +78,6 @@ struct session *session_close(struct session *s);
  * text (the callee takes it) or the error, unless cancelled first.
  * Errors: -EINVAL, -ENODATA, ... with the reason in err.
  */
-struct producer;
 struct session_explain;
 typedef void (*session_explain_fn)(int code, char *text, const char *msg, void *userdata);
 int session_explain(struct producer *p, struct feed *f, uint32_t rank, uint32_t world, const struct cursor *c,
