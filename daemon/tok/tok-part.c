@@ -15,7 +15,7 @@
  *     not yet encoded, with the pattern's look-behind kept before it
  *     (tok_split_from()); a pre-token that may run past the text received
  *     is carried over;
- *   - a pre-token longer than TOK_PIECE_MAX (one regex, no kept gaps):
+ *   - a pre-token longer than TOK_PIECE_MAX (one regex; a match, not a kept gap):
  *     merged in the 256 KiB chunks tok_piece() cuts it into anyway
  *     (docs/tokenizers.md, "Very long words"), each as soon as the text
  *     received shows that the piece runs past the chunk's end. The piece's
@@ -146,10 +146,11 @@ static int long_run(struct tok_part *p, struct tok_state *st, size_t end, bool f
 {
 	const struct tok *t = p->t;
 	size_t me = p->pos;
+	/* The match that starts at pos (JIT ignores PCRE2_ANCHORED: a later one is no match here). */
 	int k = tok_match(st, t->re[0], st->mbase + p->seg, end - p->seg, p->pos - p->seg, PCRE2_ANCHORED);
-	if (k >= 0)
+	if (k >= 0 && pcre2_get_ovector_pointer(st->md)[0] == p->pos - p->seg)
 		me = p->seg + pcre2_get_ovector_pointer(st->md)[1];
-	else if (k != PCRE2_ERROR_NOMATCH)
+	else if (k < 0 && k != PCRE2_ERROR_NOMATCH)
 		return -EIO;
 	const bool known = final || me + TOK_PART_SLACK < end;
 	const size_t lim = known ? me : me > TOK_PART_SLACK ? me - TOK_PART_SLACK : 0;
@@ -181,7 +182,7 @@ static int part_run(struct tok_part *p, struct tok_state *st, bool final)
 {
 	const struct tok *t = p->t;
 	const pcre2_code *sre = (p->flags & TOK_ENCODE_SPECIALS) ? t->added_re : t->plain_re;
-	const bool long_ok = t->n_re == 1 && !t->keep_gaps;
+	const bool long_ok = t->n_re == 1;
 	int r;
 
 	if (p->n == 0)
