@@ -21,9 +21,10 @@
  * text that needs rewriting (steps 2, 3) is converted in windows cut at
  * pre-token boundaries (the general pipeline normalizes the text between
  * two added tokens whole), and
- * tok_encode_stream() hands ids to a sink in batches.  The one exception is
- * a single pre-token, which BPE needs whole (a 10 MB run of letters costs
- * O(10 MB)); the reference encoders do the same.
+ * tok_encode_stream() hands ids to a sink in batches; a BPE pre-token over
+ * 256 KiB is merged 256 KiB at a time (docs/tokenizers.md, "Very long
+ * words").  The text itself is the caller's: tok_part_*() below takes a
+ * huge text in parts instead.
  *
  * Errors are negative errno values.  Loaders also return an error text
  * naming the file and the line or JSON field (free() it).
