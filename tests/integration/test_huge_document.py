@@ -18,7 +18,7 @@ A document over 4 MiB is now read, JSON-decoded and tokenized 1 MiB at a
 time (daemon/tokenize/tokenize.c, tok_part_*, jsonl_stream_*): neither its
 bytes nor its decoded text are held whole, only its ids (4 bytes a token,
 until planning takes a document's tokens as they come). The tests below
-check that bound (peak RSS over the idle daemon under 64 MB plus the ids)
+check that bound (peak RSS over the idle daemon under the ids plus 48 MB)
 on 128 MB of words full of JSON escapes (backslash-u escapes, surrogate pairs,
 escaped quotes and newlines, raw multibyte UTF-8) in JSONL and in a plain
 text file, that every id of the document is the known construction (the
@@ -228,10 +228,12 @@ def test_128_mb_of_escaped_words_streamed(daemon, tmp_path, fmt):
           f"(idle {idle:.0f} MB, the document's ids {ids_mb:.0f} MB)")
     n = 3 * 2 * 1024
     assert first["input_ids"].reshape(-1).tolist() == np.resize(unit, n).tolist()
-    assert rss - idle < 64 + 1.25 * ids_mb, f"feedd's peak RSS grew by {rss - idle:.0f} MB"
+    # Neither the document's bytes nor its decoded text are held whole: its ids and a bounded rest
+    # (main held the bytes and the decoded text too: ids + 112 MB for the text file, ids + 245 MB for JSONL).
+    assert rss - idle < ids_mb + 48, f"feedd's peak RSS grew by {rss - idle:.0f} MB (the ids: {ids_mb:.0f} MB)"
 
     # Resume from the second batch's cursor: a token offset inside the 128 MB document.
     again = d.dump("t", tmp_path / "again", batches=2, cursor=first["cursors"][0])
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(again[k], first[k][1:]), k
-    assert peak_rss_mb(d.proc.pid) - idle < 64 + 2.5 * ids_mb
+    assert peak_rss_mb(d.proc.pid) - idle < 2 * ids_mb + 64
