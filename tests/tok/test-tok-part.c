@@ -130,8 +130,55 @@ static char *mixed(size_t n, bool long_runs)
 	return s;
 }
 
-int main(void)
+/* The fetched tokenizers (scripts/fetch-tok-data.sh) over the multilingual corpus, cut anywhere. */
+static int peers(void)
 {
+	static const char *const hf[] = { "gpt2", "llama3", "qwen-nfc", "cl100k" };
+	static const char *const ranks[][2] = { { "cl100k_base", "cl100k_base" }, { "o200k_base", "o200k_base" } };
+	size_t n;
+	char *corpus_path = test_data_path("multi.txt");
+	char *s = test_read_file(corpus_path, &n);
+	for (size_t i = 0; i < TOK_ELEMENTSOF(hf) + TOK_ELEMENTSOF(ranks); i++) {
+		char rel[64], *error = NULL;
+		struct tok *t = NULL;
+		if (i < TOK_ELEMENTSOF(hf))
+			snprintf(rel, sizeof(rel), "hf/%s.json", hf[i]);
+		else
+			snprintf(rel, sizeof(rel), "ranks/%s.tiktoken", ranks[i - TOK_ELEMENTSOF(hf)][0]);
+		char *path = test_data_path(rel);
+		int r = i < TOK_ELEMENTSOF(hf) ? tok_load_hf(path, &t, &error)
+					       : tok_load_rankfile(path, ranks[i - TOK_ELEMENTSOF(hf)][1], &t, &error);
+		free(path);
+		if (r < 0) {
+			printf("FAIL load %s: %s\n", rel, error);
+			n_fail++;
+			free(error);
+			continue;
+		}
+		struct tok_state *st;
+		if (tok_state_new(t, &st) < 0)
+			abort();
+		if (!tok_part_supported(t)) {
+			printf("%s: the general pipeline, not streamed\n", rel);
+		} else {
+			check(t, st, rel, s, n, 0, 70000);
+			check(t, st, rel, s, n, TOK_ENCODE_SPECIALS, 1u << 20);
+			check(t, st, rel, s, 200000, 0, 97);
+			printf("%s: %zu bytes in parts, same ids\n", rel, n);
+		}
+		tok_state_free(st);
+		tok_free(t);
+	}
+	free(s);
+	free(corpus_path);
+	printf("%s\n", n_fail ? "FAIL" : "PASS");
+	return n_fail ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "peers") == 0)
+		return peers();
 	static const char *const presets[] = { "gpt2", "cl100k_base", "o200k_base", "llama3" };
 	for (size_t i = 0; i < TOK_ELEMENTSOF(presets); i++) {
 		struct tok *t = load(presets[i]);
