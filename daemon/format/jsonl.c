@@ -468,3 +468,112 @@ void jsonl_record_done(struct jsonl_record *r)
 	free(r->text_buf);
 	*r = (struct jsonl_record){ 0 };
 }
+
+/* ---- one record's text member decoded a segment at a time ----------------- */
+
+/*
+ * A huge record (tokenize.c streams documents over a few MiB) is decoded
+ * with the scanner's own rules, one segment at a time: the members before
+ * the text must fit in the first segment, those after it in the last
+ * (jsonl_stream_end()); anything the scanner would hand to jansson makes the
+ * caller fall back to reading the record whole, so the text is the same.
+ */
+int jsonl_stream_begin(const uint8_t *line, size_t len, const char *key, size_t *ret_used)
+{
+	const uint8_t *end = line + len, *p = skip_ws(line, end);
+	size_t key_len = strlen(key), esc;
+	if (p >= end || *p != '{')
+		return 0;
+	p = skip_ws(p + 1, end);
+	for (;;) {
+		if (p >= end || *p != '"')
+			return 0;
+		const uint8_t *k = p + 1, *ke = scan_string(k, end, &esc);
+		if (!ke || esc)
+			return 0;
+		p = skip_ws(ke + 1, end);
+		if (p >= end || *p != ':')
+			return 0;
+		p = skip_ws(p + 1, end);
+		if ((size_t)(ke - k) == key_len && memcmp(k, key, key_len) == 0) {
+			if (p >= end || *p != '"')
+				return 0;
+			*ret_used = (size_t)(p + 1 - line);
+			return tok_utf8_valid_prefix(line, *ret_used) == *ret_used;
+		}
+		if (!(p = scan_value(p, end, 1)))
+			return 0;
+		p = skip_ws(p, end);
+		if (p >= end || *p != ',')
+			return 0;
+		p = skip_ws(p + 1, end);
+	}
+}
+
+int jsonl_stream_text(const uint8_t *in, size_t n, bool last, uint8_t *out, size_t *ret_out, size_t *ret_used,
+		      bool *ret_closed)
+{
+	const uint8_t *p = in, *end = in + n;
+	uint8_t *o = out;
+	*ret_closed = false;
+	while (p < end) {
+		const uint8_t *q = plain_run(p, end);
+		memcpy(o, p, (size_t)(q - p));
+		o += q - p;
+		p = q;
+		if (p >= end)
+			break;
+		if (*p == '"') {
+			*ret_closed = true;
+			p++;
+			break;
+		}
+		if (*p < 0x20)
+			return -EINVAL;
+		/* An escape cut by the segment's end waits for the next one. */
+		size_t need = end - p >= 2 && p[1] == 'u' ? 6 : 2;
+		if (need == 6 && end - p >= 6) {
+			int u = hex4(p + 2);
+			if (u >= 0xd800 && u <= 0xdbff)
+				need = 12;
+		}
+		if ((size_t)(end - p) < need) {
+			if (last)
+				return -EINVAL;
+			break;
+		}
+		uint32_t c;
+		if (!(q = scan_escape(p, end, &c)))
+			return -EINVAL;
+		o = put_utf8(o, c);
+		p = q;
+	}
+	if (last && !*ret_closed)
+		return -EINVAL;
+	*ret_out = (size_t)(o - out);
+	*ret_used = (size_t)(p - in);
+	return 0;
+}
+
+int jsonl_stream_end(const uint8_t *rest, size_t len, const char *key)
+{
+	const uint8_t *end = rest + len, *p = skip_ws(rest, end);
+	size_t key_len = strlen(key), esc;
+	if (tok_utf8_valid_prefix(rest, len) != len)
+		return 0;
+	while (p < end && *p == ',') {
+		p = skip_ws(p + 1, end);
+		if (p >= end || *p != '"')
+			return 0;
+		const uint8_t *k = p + 1, *ke = scan_string(k, end, &esc);
+		if (!ke || esc || ((size_t)(ke - k) == key_len && memcmp(k, key, key_len) == 0))
+			return 0; /* a repeated key: jansson keeps the last value */
+		p = skip_ws(ke + 1, end);
+		if (p >= end || *p != ':')
+			return 0;
+		if (!(p = scan_value(skip_ws(p + 1, end), end, 1)))
+			return 0;
+		p = skip_ws(p, end);
+	}
+	return p < end && *p == '}' && skip_ws(p + 1, end) == end;
+}

@@ -39,3 +39,22 @@ int jsonl_extract(struct jsonl_record *r, const uint8_t *line, size_t len, const
 int jsonl_extract_with(struct jsonl_record *r, const uint8_t *line, size_t len, const char *key, bool scan,
 		       char *err, size_t errlen);
 void jsonl_record_done(struct jsonl_record *r);
+
+/*
+ * A record's `key` member decoded a segment at a time (huge documents,
+ * tokenize.c), by the scanner's rules; 0 or -EINVAL wherever the scanner
+ * would leave the record to jansson: the caller then reads it whole.
+ * jsonl_stream_begin(): 1 and the offset just after the opening quote of the
+ * member's string when the members before it are in line[0..len).
+ * jsonl_stream_text(): decodes the string from in[0..n) into out (room for
+ * n bytes): *ret_out bytes written, *ret_used bytes taken (an escape cut by
+ * the end is left for the next call, unless last), *ret_closed after the
+ * closing quote (taken). Invalid UTF-8 is passed through (the tokenizer
+ * repairs it as the whole-line repair would).
+ * jsonl_stream_end(): 1 when rest (all after the closing quote) ends the
+ * object validly with no second `key` member.
+ */
+int jsonl_stream_begin(const uint8_t *line, size_t len, const char *key, size_t *ret_used);
+int jsonl_stream_text(const uint8_t *in, size_t n, bool last, uint8_t *out, size_t *ret_out, size_t *ret_used,
+		      bool *ret_closed);
+int jsonl_stream_end(const uint8_t *rest, size_t len, const char *key);

@@ -406,3 +406,20 @@ size_t tok_match_cl100k(const uint8_t *s, size_t n, size_t pos, unsigned digits,
  * String) for the general pipeline. */
 int tok_compile_hf_pattern(const struct tok *t, const char *pattern, bool literal, pcre2_code **ret,
 			   char **ret_error);
+
+/* ---- shared by tok.c and tok-part.c ---- */
+
+/* Hands the ids collected so far to the sink. */
+void tok_flush(struct tok_state *st);
+/* A PCRE2 match (JIT when t has it) of re on s[0..n) from pos. */
+int tok_match(const struct tok_state *st, const pcre2_code *re, const uint8_t *s, size_t n, size_t pos,
+	      uint32_t opts);
+/* Pre-tokenizes s[pos..n) with regex `level` (st->sbase/mbase set); unless
+ * final, stops before a pre-token that may run past n, at *ret_keep. */
+int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, size_t n, size_t pos, bool final,
+		   size_t *ret_keep);
+/* The model's ids of one piece into st->bpe_out. */
+int tok_model_ids(struct tok_state *st, const uint8_t *s, size_t n, size_t *ret_m);
+/* Appends src[0..n) UTF-8 repaired (and NFC'd when t->nfc) to a buffer. */
+int tok_convert_to(struct tok_state *st, const uint8_t *src, size_t n, size_t *n_replaced, uint8_t **buf,
+		   size_t *len_used, size_t *cap);

@@ -221,7 +221,7 @@ int tok_state_new(const struct tok *t, struct tok_state **ret) {
 	return 0;
 }
 
-static void tok_flush(struct tok_state *st) {
+void tok_flush(struct tok_state *st) {
 	if (st->n_batch > 0 && st->sink_error == 0) {
 		int r = st->sink(st->batch, st->n_batch, st->userdata);
 		if (r < 0)
@@ -291,7 +291,7 @@ static bool tok_piece_cuttable(const struct tok *t) {
 }
 
 /* The model's ids of one piece, into st->bpe_out (valid until the next call). */
-static int tok_model_ids(struct tok_state *st, const uint8_t *s, size_t n, size_t *ret_m) {
+int tok_model_ids(struct tok_state *st, const uint8_t *s, size_t n, size_t *ret_m) {
 	const struct tok *t = st->t;
 	if (n > st->bpe_cap) {
 		size_t cap = n < 256 ? 256 : n + n / 2;
@@ -395,8 +395,8 @@ model:
 	return 0;
 }
 
-static int tok_match(const struct tok_state *st, const pcre2_code *re, const uint8_t *s, size_t n, size_t pos,
-		     uint32_t opts) {
+int tok_match(const struct tok_state *st, const pcre2_code *re, const uint8_t *s, size_t n, size_t pos,
+	      uint32_t opts) {
 	if (st->t->jit)
 		return pcre2_jit_match(re, s, n, pos, opts, st->md, st->mctx);
 	return pcre2_match(re, s, n, pos, opts | PCRE2_NO_UTF_CHECK, st->md, st->mctx);
@@ -418,8 +418,8 @@ static int tok_sub(struct tok_state *st, size_t level, const uint8_t *s, size_t 
  * only. Unless final, stops where a match might run into text not yet seen
  * and returns in *ret_keep (when not NULL) where that text must resume.
  */
-static int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, size_t n, size_t pos, bool final,
-			  size_t *ret_keep) {
+int tok_split_from(struct tok_state *st, size_t level, const uint8_t *s, size_t n, size_t pos, bool final,
+		   size_t *ret_keep) {
 	const struct tok *t = st->t;
 	uint32_t opts = final ? 0 : PCRE2_PARTIAL_HARD;
 	int r;
@@ -521,9 +521,10 @@ static int tok_split_window(struct tok_state *st, size_t ctx, bool final, size_t
 	return tok_split_from(st, 0, st->conv, st->conv_len, ctx, final, ret_keep);
 }
 
-/* Appends the rewritten form of src[0..n) to conv: UTF-8 repaired, then NFC
- * if the model wants it. */
-static int tok_convert(struct tok_state *st, const uint8_t *src, size_t n, size_t *n_replaced) {
+/* Appends the rewritten form of src[0..n) to *buf (*len bytes used of
+ * *cap): UTF-8 repaired, then NFC if the model wants it. */
+int tok_convert_to(struct tok_state *st, const uint8_t *src, size_t n, size_t *n_replaced, uint8_t **buf,
+		   size_t *len_used, size_t *cap) {
 	const uint8_t *p = src;
 	size_t len = n, rep = 0;
 	int r;
@@ -559,12 +560,16 @@ static int tok_convert(struct tok_state *st, const uint8_t *src, size_t n, size_
 			len = out_len;
 		}
 	}
-	r = tok_reserve(&st->conv, &st->conv_cap, st->conv_len + len);
+	r = tok_reserve(buf, cap, *len_used + len);
 	if (r < 0)
 		return r;
-	memcpy(st->conv + st->conv_len, p, len);
-	st->conv_len += len;
+	memcpy(*buf + *len_used, p, len);
+	*len_used += len;
 	return 0;
+}
+
+static int tok_convert(struct tok_state *st, const uint8_t *src, size_t n, size_t *n_replaced) {
+	return tok_convert_to(st, src, n, n_replaced, &st->conv, &st->conv_len, &st->conv_cap);
 }
 
 static int tok_ordinary_windowed(struct tok_state *st, const uint8_t *s, size_t n, size_t *n_replaced) {

@@ -21,9 +21,10 @@
  * text that needs rewriting (steps 2, 3) is converted in windows cut at
  * pre-token boundaries (the general pipeline normalizes the text between
  * two added tokens whole), and
- * tok_encode_stream() hands ids to a sink in batches.  The one exception is
- * a single pre-token, which BPE needs whole (a 10 MB run of letters costs
- * O(10 MB)); the reference encoders do the same.
+ * tok_encode_stream() hands ids to a sink in batches; a BPE pre-token over
+ * 256 KiB is merged 256 KiB at a time (docs/tokenizers.md, "Very long
+ * words").  The text itself is the caller's: tok_part_*() below takes a
+ * huge text in parts instead.
  *
  * Errors are negative errno values.  Loaders also return an error text
  * naming the file and the line or JSON field (free() it).
@@ -138,6 +139,33 @@ int tok_encode_stream(const struct tok *t, struct tok_state *st, const char *tex
 /* As tok_encode_stream(), appending the ids to out (not cleared first). */
 int tok_encode(const struct tok *t, struct tok_state *st, const char *text, size_t len,
 	       unsigned flags, struct tok_ids *out, size_t *ret_n_replaced);
+
+/*
+ * One text encoded as it arrives in parts (tok-part.c): a huge document
+ * read and decoded a segment at a time. The ids handed to the sink over all
+ * the tok_part_feed() calls are those tok_encode_stream() gives the whole
+ * text (with the same flags; TOK_ENCODE_UTF8_VALID is ignored), and the
+ * memory held stays about one part plus one pre-token of at most
+ * TOK_PIECE_MAX (256 KiB) whatever the text's length. The parts may be cut
+ * anywhere, even inside a character. Only the byte-level fast path
+ * (tok_part_supported()); the general pipeline normalizes whole texts.
+ */
+struct tok_part;
+bool tok_part_supported(const struct tok *t);
+/* Returns 0, -ENOMEM, or -EOPNOTSUPP for a tok that cannot be streamed. */
+int tok_part_new(const struct tok *t, unsigned flags, struct tok_part **ret);
+struct tok_part *tok_part_free(struct tok_part *p);
+/*
+ * Hands text[0..len) to p and the ids it decides to sink (st: as for
+ * tok_encode_stream()). final: this is the text's end (the part may be
+ * empty); p takes no more text after it. Returns 0 or a negative errno.
+ */
+int tok_part_feed(struct tok_part *p, struct tok_state *st, const char *text, size_t len, bool final,
+		  tok_sink_fn sink, void *userdata);
+/* U+FFFD substituted for invalid UTF-8 so far. */
+size_t tok_part_replaced(const struct tok_part *p);
+/* Bytes of buffers p holds (for tests of the bound). */
+size_t tok_part_held(const struct tok_part *p);
 
 /* Makes room for at least n ids in v (beyond those it holds). Returns 0 or -ENOMEM. */
 int tok_ids_reserve(struct tok_ids *v, size_t n);

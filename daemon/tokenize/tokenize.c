@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/format/text.h"
 #include "daemon/order/order.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"
@@ -14,6 +15,9 @@ void tokenize_scratch_done(struct tokenize_scratch *t)
 {
 	free(t->text);
 	free(t->reqs);
+	free(t->seg);
+	free(t->seg_text);
+	tok_part_free(t->part);
 	format_state_done(&t->fmt);
 	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
 		tok_state_free(t->toks[i].st);
@@ -93,9 +97,18 @@ static int oom(struct tokenize_chunk *c)
 	return -ENOMEM;
 }
 
+/* Whether document d is read and tokenized a segment at a time (TOKENIZE_STREAM_BYTES). */
+static bool streamed(const struct tokenize_params *p, const struct shard *s, uint32_t d)
+{
+	const uint64_t bytes = format_doc_bytes(s, d);
+	return bytes > TOKENIZE_STREAM_BYTES && bytes <= p->max_doc_bytes &&
+	       (s->format == &format_jsonl || s->format == &format_text) && tok_part_supported(p->tok);
+}
+
 int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
 		  struct tokenize_chunk *c)
 {
+	t->reader = r;
 	/* Every document of the chunk in one batch of reads, all in flight at once. */
 	size_t bytes = 0, n = 0;
 	t->n_reqs = 0;
@@ -106,7 +119,7 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
 		const uint32_t d = ORDER_DOC_INDEX(c->docs[i]);
 		struct source_read *q = &t->reqs[n];
 		format_doc_read(s, d, q);
-		if (format_doc_bytes(s, d) > p->max_doc_bytes || q->len == 0)
+		if (format_doc_bytes(s, d) > p->max_doc_bytes || q->len == 0 || streamed(p, s, d))
 			continue;
 		q->dst = (void *)(uintptr_t)bytes;
 		bytes += q->len;
@@ -132,6 +145,155 @@ int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const str
 	return 0;
 }
 
+static int stream_append(const int32_t *ids, size_t n, void *userdata)
+{
+	struct tok_ids *v = userdata;
+	if (tok_ids_reserve(v, n) < 0)
+		return -ENOMEM;
+	memcpy(v->ids + v->n, ids, n * sizeof(*ids));
+	v->n += n;
+	return 0;
+}
+
+/* Bytes [at, at + len) of document q into dst through the reader phase 1 used. */
+static int stream_read(struct tokenize_scratch *t, struct tokenize_chunk *c, const struct source_read *doc, uint64_t at,
+		       size_t len, uint8_t *dst)
+{
+	struct source_read q = { .src = doc->src, .offset = doc->offset + at, .len = len, .dst = dst };
+	size_t failed = 0;
+	int e = source_read(t->reader, &q, 1, &failed);
+	if (e == -EUCLEAN)
+		snprintf(c->error, sizeof(c->error), "%s", source_reader_error(t->reader));
+	else if (e < 0 && e != -ENOMEM)
+		source_read_error(c->error, sizeof(c->error), e, source_name(q.src), "index", q.offset, q.len);
+	return e;
+}
+
+/*
+ * Reads, JSON-decodes and tokenizes a big document TOKENIZE_SEGMENT bytes at a
+ * time, appending its ids to out: what the whole document would give
+ * (tok_part_*, jsonl_stream_*), in memory bounded by the segment. Returns 0
+ * (a tokenizer failure in why); 1 when the record must be read whole (the
+ * scanner leaves it to jansson: the caller drops the ids appended); -ENOMEM;
+ * another negative errno for a read failure, with c->error set.
+ */
+static int encode_streamed(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c,
+			   const struct shard *s, uint32_t d, struct tok_state *st, unsigned flags, struct tok_ids *out,
+			   size_t *ret_replaced, char *why, size_t whylen)
+{
+	struct source_read q;
+	format_doc_read(s, d, &q);
+	const bool json = s->format == &format_jsonl;
+	const struct text_shard *ts = s->impl;
+	const char *key = ts->text_key ? ts->text_key : "text";
+	if (t->seg_cap < TOKENIZE_SEGMENT) {
+		free(t->seg);
+		free(t->seg_text);
+		t->seg = malloc(TOKENIZE_SEGMENT);
+		t->seg_text = malloc(TOKENIZE_SEGMENT);
+		t->seg_cap = t->seg && t->seg_text ? TOKENIZE_SEGMENT : 0;
+		if (!t->seg_cap)
+			return -ENOMEM;
+	}
+	struct tok_part *part = NULL;
+	int r = tok_part_new(p->tok, flags, &part);
+	if (r < 0)
+		return r == -ENOMEM ? r : 1;
+	size_t have = 0;
+	uint64_t at = 0;
+	bool in_text = !json;
+	for (;;) {
+		const size_t want = (size_t)MIN((uint64_t)(TOKENIZE_SEGMENT - have), q.len - at);
+		if (want) {
+			r = stream_read(t, c, &q, at, want, t->seg + have);
+			if (r < 0)
+				goto out;
+			at += want;
+			have += want;
+		}
+		const bool last = at == q.len;
+		size_t used = 0, tn, tused;
+		if (!in_text) {
+			if (jsonl_stream_begin(t->seg, have, key, &used) != 1) {
+				r = 1;
+				goto out;
+			}
+			in_text = true;
+		}
+		const uint8_t *text = t->seg + used;
+		bool done;
+		if (json) {
+			if (jsonl_stream_text(t->seg + used, have - used, last, t->seg_text, &tn, &tused, &done) < 0) {
+				r = 1;
+				goto out;
+			}
+			text = t->seg_text;
+		} else {
+			tn = tused = have - used;
+			done = last;
+		}
+		r = tok_part_feed(part, st, (const char *)text, tn, done, stream_append, out);
+		if (r == -ENOMEM)
+			goto out;
+		if (r < 0) {
+			snprintf(why, whylen, "the tokenizer failed: %s", strerror(-r));
+			r = 0;
+			goto out;
+		}
+		used += tused;
+		memmove(t->seg, t->seg + used, have - used);
+		have -= used;
+		if (done)
+			break;
+	}
+	if (json) {
+		/* The members after the text: in what is left of one segment, or the record is read whole. */
+		if (q.len - at > TOKENIZE_SEGMENT - have) {
+			r = 1;
+			goto out;
+		}
+		r = stream_read(t, c, &q, at, (size_t)(q.len - at), t->seg + have);
+		if (r < 0)
+			goto out;
+		have += (size_t)(q.len - at);
+		if (jsonl_stream_end(t->seg, have, key) != 1) {
+			r = 1;
+			goto out;
+		}
+	}
+	*ret_replaced = tok_part_replaced(part);
+	r = 0;
+out:
+	tok_part_free(part);
+	return r;
+}
+
+/* Finds document d's text in bytes[0..len) and appends its ids to out; a bad record in why. */
+static int encode_text(struct tokenize_scratch *t, const struct tokenize_params *p, const struct shard *s, uint32_t d,
+		       struct tok_state *st, unsigned flags, const uint8_t *doc, size_t len, struct tok_ids *out,
+		       size_t *ret_replaced, char *why, size_t whylen)
+{
+	const size_t before = out->n;
+	struct format_text text;
+	int r = format_doc_text(s, d, doc, len, &t->fmt, &text, why, whylen);
+	if (r == -ENOMEM)
+		return r;
+	if (r < 0 && !why[0])
+		snprintf(why, whylen, "%s", strerror(-r));
+	if (why[0])
+		return 0;
+	size_t rep = 0;
+	r = tok_encode(p->tok, st, text.text, text.len, flags | (text.utf8_valid ? TOK_ENCODE_UTF8_VALID : 0), out, &rep);
+	if (r == -ENOMEM)
+		return r;
+	if (r < 0) {
+		out->n = before;
+		snprintf(why, whylen, "the tokenizer failed: %s", strerror(-r));
+	}
+	*ret_replaced = text.replaced + rep;
+	return 0;
+}
+
 int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c)
 {
 	const uint64_t max = p->max_doc_bytes;
@@ -142,7 +304,7 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 		return oom(c);
 	struct tok_ids out = { 0 };
 	const unsigned flags = p->encode_specials ? TOK_ENCODE_SPECIALS : 0;
-	size_t at = 0, replaced_total = 0;
+	size_t at = 0, replaced_total = 0, streamed_bytes = 0;
 	char why[384];
 	/*
 	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
@@ -165,27 +327,32 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 		why[0] = 0;
 		if (format_doc_bytes(s, d) > max) {
 			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
-		} else {
-			at += len;
-			struct format_text text;
-			r = format_doc_text(s, d, doc, len, &t->fmt, &text, why, sizeof(why));
+		} else if (streamed(p, s, d)) {
+			r = encode_streamed(t, p, c, s, d, st, flags, &out, &replaced, why, sizeof(why));
+			if (r == 1) {
+				/* Read whole after all: what the scanner leaves to jansson. */
+				out.n = before;
+				uint8_t *whole = malloc(MAX(len, (size_t)1));
+				if (!whole)
+					goto oom_ids;
+				r = stream_read(t, c, &(struct source_read){ .src = q.src, .offset = q.offset, .len = len },
+						0, len, whole);
+				if (r == 0)
+					r = encode_text(t, p, s, d, st, flags, whole, len, &out, &replaced, why, sizeof(why));
+				free(whole);
+			}
 			if (r == -ENOMEM)
 				goto oom_ids;
-			if (r < 0 && !why[0])
-				snprintf(why, sizeof(why), "%s", strerror(-r));
-			if (!why[0]) {
-				size_t rep = 0;
-				replaced = text.replaced;
-				r = tok_encode(p->tok, st, text.text, text.len,
-					       flags | (text.utf8_valid ? TOK_ENCODE_UTF8_VALID : 0), &out, &rep);
-				if (r == -ENOMEM)
-					goto oom_ids;
-				if (r < 0) {
-					out.n = before;
-					snprintf(why, sizeof(why), "the tokenizer failed: %s", strerror(-r));
-				}
-				replaced += rep;
+			if (r < 0) {
+				tok_ids_done(&out);
+				return r;
 			}
+			streamed_bytes += len;
+		} else {
+			at += len;
+			r = encode_text(t, p, s, d, st, flags, doc, len, &out, &replaced, why, sizeof(why));
+			if (r == -ENOMEM)
+				goto oom_ids;
 		}
 		if (why[0]) {
 			/* A bad record: fatal, or an empty document that still counts in k mod R. */
@@ -213,7 +380,7 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 	c->ids = out.ids ? out.ids : malloc(sizeof(int32_t));
 	if (!c->ids)
 		return oom(c);
-	c->read_bytes = at;
+	c->read_bytes = at + streamed_bytes;
 	c->tokens = out.n;
 	c->replaced = replaced_total;
 	/* One huge document must not keep its text buffer for the worker's lifetime. */

@@ -23,6 +23,7 @@
 #include "daemon/source/source.h"
 
 struct tok;
+struct tok_part;
 struct tok_state;
 
 /* How a text feed's documents become tokens. */
@@ -59,6 +60,11 @@ struct tokenize_scratch {
 	struct source_read *reqs;
 	size_t reqs_cap, n_reqs;
 	struct format_state fmt;
+	struct source_reader *reader; /* tokenize_read()'s, for documents read a segment at a time */
+	uint8_t *seg;                 /* a streamed document's segment, and its decoded text */
+	uint8_t *seg_text;
+	size_t seg_cap;
+	struct tok_part *part;
 	struct {
 		uint64_t generation;
 		struct tok_state *st;
@@ -69,7 +75,17 @@ struct tokenize_scratch {
 void tokenize_scratch_done(struct tokenize_scratch *t);
 
 /*
- * Phase 1: reads the chunk's documents into t->text through r. Returns 0;
+ * A document over this many bytes (jsonl and text formats, byte-level
+ * tokenizers) is not read whole: phase 2 reads it TOKENIZE_SEGMENT bytes at
+ * a time, JSON-decodes and tokenizes each segment as it comes (tok_part_*),
+ * with the same ids; only its ids are held whole.
+ */
+#define TOKENIZE_STREAM_BYTES (4u << 20)
+#define TOKENIZE_SEGMENT (1u << 20)
+
+/*
+ * Phase 1: reads the chunk's documents into t->text through r (but the
+ * streamed ones, which phase 2 reads through r). Returns 0;
  * or a negative errno with a message naming the file and byte in c->error.
  */
 int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
