@@ -6,7 +6,9 @@
  * then does by that name (chown, chmod) lands on the target, every time.
  * (Exported by hand: the project builds with -fvisibility=hidden.)
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
