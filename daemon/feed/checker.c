@@ -53,6 +53,8 @@ struct checker {
 	struct event *ev;
 	struct sweep *next;     /* being added to */
 	struct sweep *running;  /* started, not yet applied */
+	struct feed **urgent;   /* held: feeds a short read asked to check in full (checker_recheck) */
+	size_t n_urgent, cap_urgent;
 };
 
 static struct sweep *sweep_new(int efd)
@@ -153,6 +155,41 @@ static void apply(struct checker *c, struct sweep *w)
 	free(hit);
 }
 
+/* Starts a sweep of every shard of the feeds checker_recheck asked for, unless one is under way. */
+static void start_urgent(struct checker *c)
+{
+	if (c->running || !c->n_urgent)
+		return;
+	for (size_t i = 0; i < c->n_urgent; i++) {
+		uint32_t all = UINT32_MAX; /* each shard once: add_shards stops at the feed's count */
+		(void)checker_add(c, c->urgent[i], &all);
+		feed_unref(c->urgent[i]);
+	}
+	c->n_urgent = 0;
+	(void)checker_start(c);
+}
+
+void checker_recheck(struct checker *c, struct feed *f)
+{
+	if (!c) {
+		(void)feed_check(f);
+		return;
+	}
+	for (size_t i = 0; i < c->n_urgent; i++)
+		if (c->urgent[i] == f)
+			return;
+	if (c->n_urgent == c->cap_urgent) {
+		size_t cap = c->cap_urgent ? 2 * c->cap_urgent : 4;
+		struct feed **p = realloc(c->urgent, cap * sizeof(*p));
+		if (!p)
+			return; /* the periodic sweep still comes to it */
+		c->urgent = p;
+		c->cap_urgent = cap;
+	}
+	c->urgent[c->n_urgent++] = feed_ref(f);
+	start_urgent(c);
+}
+
 static void on_done(evutil_socket_t fd, short what, void *userdata)
 {
 	struct checker *c = userdata;
@@ -169,6 +206,7 @@ static void on_done(evutil_socket_t fd, short what, void *userdata)
 	c->running = NULL;
 	apply(c, w);
 	sweep_unref(w, true);
+	start_urgent(c);
 }
 
 int checker_new(struct event_base *base, checker_failed_fn failed, void *userdata, struct checker **ret)
@@ -197,6 +235,9 @@ struct checker *checker_free(struct checker *c)
 		return NULL;
 	if (c->next)
 		sweep_unref(c->next, true);
+	for (size_t i = 0; i < c->n_urgent; i++)
+		feed_unref(c->urgent[i]);
+	free(c->urgent);
 	if (c->running) {
 		struct sweep *w = c->running;
 		pthread_mutex_lock(&w->lock);

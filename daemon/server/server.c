@@ -159,7 +159,8 @@ static void on_check_failed(void *userdata, struct feed *f)
  * checker's thread (feed/checker.h), never here: a hung mount holds up that
  * sweep only, and no second one starts while it hangs; it is logged once it
  * has hung load_timeout_s, and again each time that doubles.
- * (A read that comes up short checks the whole feed at once: session.c.)
+ * (A read that comes up short asks the checker to check its whole feed at
+ * once: checker_recheck, through the producer.)
  */
 static void check_shards(struct server *s)
 {
@@ -319,6 +320,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	if (cr < 0)
 		log_warning("cannot start the shard checker: %s; shards are checked only when a read comes up short",
 			    strerror(-cr));
+	producer_set_checker(producer, s->checker); /* a short read's full check goes to its thread */
 	for (size_t i = 0; i < n_feeds; i++) {
 		s->feeds[s->n_feeds++] = (struct served){ .feed = feed_ref(feeds[i]) };
 		feed_watch_add(s->watch, feeds[i]);
@@ -451,6 +453,8 @@ struct server *server_free(struct server *s)
 		event_free(s->listen_ev);
 	if (s->tick_ev)
 		event_free(s->tick_ev);
+	if (s->producer)
+		producer_set_checker(s->producer, NULL);
 	s->checker = checker_free(s->checker); /* a sweep stuck meanwhile is left to its thread */
 	if (s->listen_fd >= 0) {
 		close(s->listen_fd);
