@@ -168,6 +168,9 @@ def main():
                     help="a third phase with the flooding process at this nice level (0: no third phase): on a "
                          "2-core VM the flooder's own CPU (a core) is taken from the trainers and feedd, which a "
                          "many-core node would not notice; this phase tells that share from feedd's")
+    ap.add_argument("--rt", action="store_true",
+                    help="run feedd's threads and the STATUS prober at SCHED_FIFO 10 (root): on a small VM the "
+                         "clients' 1,000 threads then cannot delay them, so the figures are feedd's own latency")
     ap.add_argument("--json")
     a = ap.parse_args()
     for k, full, small in (("seconds", 60, 20), ("uids", 8, 4), ("per_uid", 125, 16)):
@@ -190,6 +193,10 @@ def main():
         daemon, sock = common.start_feedd(a.build, conf, tmp)
         try:
             time.sleep(1)
+            if a.rt:  # every thread feedd has started by now (workers, loader); the prober is this process
+                for t in os.listdir(f"/proc/{daemon.pid}/task"):
+                    subprocess.run(["chrt", "-f", "-p", "10", t], check=True, capture_output=True)
+                os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(10))  # children: ordinary
             start = {"rss_mib": common.proc_mem(daemon.pid)["VmRSS"], "fds": fds(daemon.pid)}
             trainers = users[:a.uids] if root else [None] * a.uids
             flooder = users[a.uids] if root else None
@@ -218,6 +225,8 @@ def main():
           + ("" if root else "; NOT root: every client runs as the caller's uid"))
     print("# the flood: one process of one more uid connects as fast as connect() returns, retries at once when "
           "refused, holds its last 200 connections and never says HELLO")
+    if a.rt:
+        print("# --rt: feedd's threads and the STATUS prober at SCHED_FIFO 10; feedctl and the clients are not")
     print("# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
           "socket (feedd's own latency), p50 / p99 / max, sampled every 0.25 s; CPU in % of one core")
     print(f"{'run':<26} {'batches/s':>9} {'ratio':>6} {'attaches':>8} {'failed':>6} {'feedctl p50/p99/max ms':>23} "

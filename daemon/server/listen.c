@@ -262,6 +262,10 @@ static void accept_one(struct server *s, int cfd)
 			  (int)c->pid, strerror(-c->pidfd));
 	c->rev = event_new(s->base, cfd, EV_READ | EV_PERSIST, conn_on_read, c);
 	c->wev = event_new(s->base, cfd, EV_WRITE, conn_on_write, c);
+	if (c->rev && c->wev && peer_admin(s, c)) { /* its requests before the clients' (server.h) */
+		event_priority_set(c->rev, SERVER_PRIORITY_ADMIN);
+		event_priority_set(c->wev, SERVER_PRIORITY_ADMIN);
+	}
 	if (c->pidfd >= 0)
 		c->pidev = event_new(s->base, c->pidfd, EV_READ, conn_on_peer_exit, c);
 	c->next = s->conns;
@@ -313,8 +317,11 @@ static bool accept_without_fds(struct server *s, int lfd, int err)
 
 /*
  * Accepts what is pending, ACCEPT_BATCH at most: the event is level-triggered
- * and fires again, so a flood of connections takes turns with the requests
- * of the connections already in (an operator's status among them).
+ * and fires again. While the backlog drains in one batch, the listener runs
+ * before the clients' events (an operator's connection is then accepted at
+ * once, and served first: server.h); when a batch does not drain it (a
+ * flood), it takes turns with the requests of the connections already in
+ * until it does, so that a flood cannot starve them.
  */
 #define ACCEPT_BATCH 64
 
@@ -331,10 +338,14 @@ void listen_on_accept(evutil_socket_t fd, short what, void *userdata)
 			}
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warning_errno(-errno, "accept on %s failed", s->path);
+			/* Drained: the next connection (an operator's among them) is accepted first again. */
+			(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN);
 			return;
 		}
 		accept_one(s, cfd);
 	}
+	/* More pending than a batch (a flood): accepting takes turns with the clients until it drains. */
+	(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN + 1);
 }
 
 /*
@@ -483,7 +494,7 @@ int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_
 	int b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);
 	if (b < 0 || (group >= 0 && fchownat(dfd, base, (uid_t)-1, (gid_t)group, AT_SYMLINK_NOFOLLOW) < 0) ||
-	    listen(fd, 128) < 0) {
+	    listen(fd, SOMAXCONN) < 0) {
 		int e = -errno;
 		snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(-e));
 		if (b == 0)

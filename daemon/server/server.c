@@ -346,6 +346,8 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	}
 	s->listen_ev = event_new(base, s->listen_fd, EV_READ | EV_PERSIST, listen_on_accept, s);
 	s->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, s);
+	if (s->listen_ev) /* accepted first while no flood (listen_on_accept) */
+		(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN);
 	struct timeval second = { .tv_sec = 1 };
 	if (!s->path || !s->listen_ev || !s->tick_ev || event_add(s->listen_ev, NULL) < 0 ||
 	    event_add(s->tick_ev, &second) < 0) {
