@@ -14,6 +14,11 @@
  *     HELLO, keeps the last HOLD open (closing the oldest) and retries at
  *     once on a refusal (EAGAIN from a full backlog, a reset from feedd's
  *     per-uid limit). Prints "OPENED REFUSED".
+ *
+ *   lt-client burn SECONDS PERCENT
+ *     Spins PERCENT of each 10 ms on one core, touching no socket: the
+ *     flooder's CPU without its connections, the control that tells what a
+ *     flood costs a small machine from what it costs feedd. Prints "0 0".
  */
 #include <errno.h>
 #include <pthread.h>
@@ -107,15 +112,32 @@ static int flood(double seconds, long hold)
 	return 0;
 }
 
+static int burn(double seconds, double percent)
+{
+	double end = now_s() + seconds, busy = percent / 100 * 0.010;
+	volatile unsigned long spin = 0;
+	while (now_s() < end) {
+		double t = now_s();
+		while (now_s() - t < busy)
+			spin++;
+		if (busy < 0.010)
+			nanosleep(&(struct timespec){ .tv_nsec = (long)((0.010 - busy) * 1e9) }, NULL);
+	}
+	printf("0 0\n");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 4 && strcmp(argv[1], "burn") == 0)
+		return burn(atof(argv[2]), atof(argv[3]));
 	if (argc == 5 && strcmp(argv[1], "flood") == 0) {
 		sock_path = argv[2];
 		return flood(atof(argv[3]), atol(argv[4]) > 0 ? atol(argv[4]) : 1);
 	}
 	if (argc != 8 || strcmp(argv[1], "trainers") != 0) {
 		fprintf(stderr, "usage: %s trainers SOCKET FEED CLIENTS SECONDS BATCHES STEP_MS\n"
-				"       %s flood SOCKET SECONDS HOLD\n", argv[0], argv[0]);
+				"       %s flood SOCKET SECONDS HOLD\n       %s burn SECONDS PERCENT\n", argv[0], argv[0], argv[0]);
 		return 2;
 	}
 	sock_path = argv[2];

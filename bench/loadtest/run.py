@@ -106,7 +106,7 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
-def phase(build, sock, daemon, users, flood_user, a, flood_nice=0):
+def phase(build, sock, daemon, users, flood_user, a, flood_nice=0, burn_pct=0):
     """One run: the trainers, with the flood when flood_user is not False. Returns its figures."""
     client = str(Path(build) / "bench/lt-client")
     lat, raw, stop = [], [], threading.Event()
@@ -125,7 +125,9 @@ def phase(build, sock, daemon, users, flood_user, a, flood_nice=0):
                                               str(a.batches), str(a.step_ms)],
                                 stdout=subprocess.PIPE, text=True) for u in users]
     flood = None
-    if flood_user is not False:
+    if burn_pct:
+        flood = subprocess.Popen([client, "burn", str(a.seconds), f"{burn_pct:.0f}"], stdout=subprocess.PIPE, text=True)
+    elif flood_user is not False:
         nice = ["nice", "-n", str(flood_nice)] if flood_nice else []
         flood = subprocess.Popen(nice + as_user(flood_user) + [client, "flood", sock, str(a.seconds), "200"],
                                  stdout=subprocess.PIPE, text=True)
@@ -152,7 +154,7 @@ def phase(build, sock, daemon, users, flood_user, a, flood_nice=0):
             "status_samples": len(lat), "raw_p50_ms": statistics.median(raw) if raw else None,
             "raw_p99_ms": pct(raw, 0.99), "raw_max_ms": max(raw) if raw else None,
             "raw_over_100": sum(x >= 100 for x in raw), "raw_refused": len(raw) - len(rfin),
-            "flood": flood_out.split() if flood_out else None, "flood_nice": flood_nice}
+            "flood": flood_out.split() if flood_out and not burn_pct else None, "flood_nice": flood_nice}
 
 
 def main():
@@ -204,6 +206,10 @@ def main():
             runs.append(("unloaded (peer)", phase(a.build, sock, daemon, trainers, False, a)))
             common.progress("loadtest: phase with the flood")
             runs.append(("with a flooding uid", phase(a.build, sock, daemon, trainers, flooder, a)))
+            # The control: no flood, a process that only spins as much CPU as the flooder took.
+            burn = min(100.0, runs[-1][1]["flood_cpu_pct"])
+            common.progress(f"loadtest: phase with a CPU burner of {burn:.0f} % instead of the flood")
+            runs.append((f"burner {burn:.0f}%, no flood", phase(a.build, sock, daemon, trainers, False, a, burn_pct=burn)))
             if a.flood_nice:
                 common.progress(f"loadtest: phase with the flood at nice {a.flood_nice}")
                 runs.append((f"flood, flooder nice {a.flood_nice}",
@@ -227,6 +233,8 @@ def main():
           "refused, holds its last 200 connections and never says HELLO")
     if a.rt:
         print("# --rt: feedd's threads and the STATUS prober at SCHED_FIFO 10; feedctl and the clients are not")
+    print("# burner: the control, no flood but a process spinning as much CPU as the flooder used (its share of "
+          "the VM); the flood's cost to feedd is the gap between the two rows")
     print("# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
           "socket (feedd's own latency), p50 / p99 / max, sampled every 0.25 s; CPU in % of one core")
     print(f"{'run':<26} {'batches/s':>9} {'ratio':>6} {'attaches':>8} {'failed':>6} {'feedctl p50/p99/max ms':>23} "
