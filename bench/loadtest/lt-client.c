@@ -38,6 +38,13 @@ static long batches, step_ms;
 static double deadline;
 static atomic_long n_batches, n_failed, n_attaches;
 static atomic_uint next_rank;
+static atomic_int n_told; /* failures told on stderr: the first few of each process */
+
+static void tell(const char *what, const char *why)
+{
+	if (atomic_fetch_add(&n_told, 1) < 5)
+		fprintf(stderr, "lt-client: %s: %s\n", what, why);
+}
 
 static double now_s(void)
 {
@@ -55,11 +62,13 @@ static void *trainer(void *arg)
 		feed_client *c;
 		char why[256];
 		if (feed_client_connect_err(sock_path, why, sizeof(why), &c) < 0) {
+			tell("connect", why);
 			atomic_fetch_add(&n_failed, 1);
 			usleep(100000);
 			continue;
 		}
 		if (feed_client_attach(c, feed_name, rank, 8, NULL) < 0) {
+			tell("attach", feed_client_error(c));
 			atomic_fetch_add(&n_failed, 1);
 			feed_client_close(c);
 			usleep(100000);
@@ -68,6 +77,7 @@ static void *trainer(void *arg)
 		for (long i = 0; i < batches; i++) {
 			struct feed_batch b;
 			if (feed_client_next(c, 30000, &b) < 0) {
+				tell("next", feed_client_error(c));
 				atomic_fetch_add(&n_failed, 1);
 				break;
 			}

@@ -123,7 +123,7 @@ def phase(build, sock, daemon, users, flood_user, a, flood_nice=0, burn_pct=0):
     sampler = threading.Thread(target=sample)
     drivers = [subprocess.Popen(as_user(u) + [client, "trainers", sock, "web", str(a.per_uid), str(a.seconds),
                                               str(a.batches), str(a.step_ms)],
-                                stdout=subprocess.PIPE, text=True) for u in users]
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for u in users]
     flood = None
     if burn_pct:
         flood = subprocess.Popen([client, "burn", str(a.seconds), f"{burn_pct:.0f}"], stdout=subprocess.PIPE, text=True)
@@ -135,8 +135,10 @@ def phase(build, sock, daemon, users, flood_user, a, flood_nice=0, burn_pct=0):
     sampler.start()
     got = failed = attaches = 0
     clients_cpu = 0.0
+    whys = []
     for d in drivers:
         out, cpu = run_child(d)
+        whys += d.stderr.read().splitlines()
         g, f, n = map(int, out.split())
         got, failed, attaches, clients_cpu = got + g, failed + f, attaches + n, clients_cpu + cpu
     wall = time.monotonic() - t0
@@ -154,7 +156,8 @@ def phase(build, sock, daemon, users, flood_user, a, flood_nice=0, burn_pct=0):
             "status_samples": len(lat), "raw_p50_ms": statistics.median(raw) if raw else None,
             "raw_p99_ms": pct(raw, 0.99), "raw_max_ms": max(raw) if raw else None,
             "raw_over_100": sum(x >= 100 for x in raw), "raw_refused": len(raw) - len(rfin),
-            "flood": flood_out.split() if flood_out and not burn_pct else None, "flood_nice": flood_nice}
+            "flood": flood_out.split() if flood_out and not burn_pct else None, "flood_nice": flood_nice,
+            "failures": whys}
 
 
 def main():
@@ -248,6 +251,8 @@ def main():
               f"{r['flood_cpu_pct']:>6.0f}%")
         if r["flood"]:
             print(f"{'':<26} flood: {r['flood'][0]} connections opened, {r['flood'][1]} refused")
+        for why in sorted(set(w.split(": ", 1)[1] if ": " in w else w for w in r["failures"]))[:3]:
+            print(f"{'':<26} failed: {why[:160]}")
     print(f"feedd RSS {start['rss_mib']:.1f} MiB -> {end['rss_mib']:.1f} MiB after; open fds {start['fds']} -> "
           f"{end['fds']}")
     if a.json:

@@ -123,10 +123,52 @@ static void refuse(struct server *s, int fd, int code, const char *fmt, ...)
 
 static unsigned uid_connections(struct server *s, uid_t uid)
 {
-	unsigned n = 0;
+	unsigned *n = listen_uid_count(s, uid);
+	if (n)
+		return *n;
+	unsigned k = 0;
 	for (struct conn *c = s->conns; c; c = c->next)
-		n += c->uid == uid;
-	return n;
+		k += c->uid == uid;
+	return k;
+}
+
+static size_t uid_hash(uid_t uid, size_t cap)
+{
+	return (size_t)(((uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15)) >> 32) & (cap - 1);
+}
+
+unsigned *listen_uid_count(struct server *s, uid_t uid)
+{
+	/* Slots are never emptied (a uid seen once keeps its slot at 0): the uids of a node are few. */
+	for (size_t j = s->uid_cap ? uid_hash(uid, s->uid_cap) : 0; s->uid_cap && s->uid_slots[j].used;
+	     j = (j + 1) & (s->uid_cap - 1))
+		if (s->uid_slots[j].uid == uid)
+			return &s->uid_slots[j].n;
+	if (2 * (s->uid_used + 1) > s->uid_cap) {
+		size_t cap = s->uid_cap ? 2 * s->uid_cap : 64;
+		struct uid_slot *t = calloc(cap, sizeof(*t));
+		if (!t)
+			return NULL;
+		for (size_t i = 0; i < s->uid_cap; i++) {
+			if (!s->uid_slots[i].used)
+				continue;
+			size_t j = uid_hash(s->uid_slots[i].uid, cap);
+			while (t[j].used)
+				j = (j + 1) & (cap - 1);
+			t[j] = s->uid_slots[i];
+		}
+		free(s->uid_slots);
+		s->uid_slots = t;
+		s->uid_cap = cap;
+	}
+	size_t j = uid_hash(uid, s->uid_cap);
+	while (s->uid_slots[j].used && s->uid_slots[j].uid != uid)
+		j = (j + 1) & (s->uid_cap - 1);
+	if (!s->uid_slots[j].used) {
+		s->uid_slots[j] = (struct uid_slot){ .uid = uid, .used = true };
+		s->uid_used++;
+	}
+	return &s->uid_slots[j].n;
 }
 
 /* The peer's pidfd: from the socket when the kernel has SO_PEERPIDFD, else opened from its pid. */
@@ -274,6 +316,10 @@ static void accept_one(struct server *s, int cfd)
 	s->conns = c;
 	s->n_conns++;
 	s->n_reserved += c->reserved;
+	unsigned *mine_now = listen_uid_count(s, c->uid);
+	c->uid_counted = mine_now != NULL;
+	if (mine_now)
+		(*mine_now)++;
 	if (!c->rev || !c->wev || event_add(c->rev, NULL) < 0 || (c->pidfd >= 0 && (!c->pidev || event_add(c->pidev, NULL) < 0)))
 		conn_free(c);
 }

@@ -489,6 +489,7 @@ struct server *server_free(struct server *s)
 	s->tm = telemetry_free(s->tm);
 	conf_ids_done(&s->allow);
 	conf_ids_done(&s->admin);
+	free(s->uid_slots);
 	free(s->path);
 	free(s);
 	return NULL;
