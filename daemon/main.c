@@ -486,12 +486,26 @@ int main(int argc, char **argv)
 	}
 
 	signal(SIGPIPE, SIG_IGN);
-	d.base = event_base_new();
+	/*
+	 * Past 64 ordinary callbacks or 2 ms in one loop turn, the loop polls
+	 * again, so that an operator's request or connection (served first:
+	 * server.h) that arrived meanwhile waits for no more than that, not for
+	 * every client's turn.
+	 */
+	struct event_config *ecfg = event_config_new();
+	if (ecfg)
+		(void)event_config_set_max_dispatch_interval(ecfg, &(struct timeval){ .tv_usec = 2000 }, 64, 1);
+	d.base = ecfg ? event_base_new_with_config(ecfg) : event_base_new();
+	if (ecfg)
+		event_config_free(ecfg);
 	if (!d.base) {
 		log_error("cannot create the event loop");
 		conf_free(d.conf);
 		return 1;
 	}
+	/* Before any event exists, so that every event gets the ordinary priority (server.h, SERVER_PRIORITIES). */
+	if (event_base_priority_init(d.base, SERVER_PRIORITIES) < 0)
+		log_warning("cannot set event priorities: an operator's requests wait their turn with the clients'");
 
 	struct feed **feeds = NULL;
 	size_t n_feeds = 0, failed = 0;

@@ -5,25 +5,25 @@ users attach, stream and leave, while one more user floods the control
 socket with connections that never say HELLO. Printed:
 
 - the trainers' throughput (batches/s, all of them together) with the flood
-  and without it, and the ratio (the issue asks for >= 0.90);
-- root's `feedctl status` latency, p50 and max, sampled all along (< 100 ms);
+  and without it, and the ratio against the unloaded run of the same
+  invocation (the issue asks for >= 0.90);
+- root's `feedctl status` latency and feedd's own STATUS round trip, p50,
+  p99 and max, sampled all along (< 100 ms);
+- the CPU of feedd, of the trainers and of the flooder, so that what the
+  flooder takes from a small machine is told from what feedd loses;
 - feedd's RSS and open fds at the start and after every client left.
 
-Each trainer is a bench/consume-like client (tests/integration/stream-client)
-that reads a few batches with a simulated step between them (--step-ms) and
-leaves; its user's driver starts another at once, so each user keeps
---per-uid clients attached for --seconds. The flood user opens connections
-as fast as feedd takes them, holds them, and closes and reopens them.
+The trainers are threads of bench/lt-client, one process per user (setpriv),
+each thread a libfeed client that reads --batches batches with a simulated
+--step-ms step and leaves, then attaches again, for --seconds. The flood is
+bench/lt-client flood: one process of one more uid connects as fast as
+connect() returns, retries at once when refused, holds its last 200
+connections. A third phase runs the flooder at --flood-nice.
 
 Needs root to make the users (useradd feedd-lt-*, removed at the end).
 Without root every client runs as the caller, and the output says so.
 
-The issue's figures are 1,000 clients of 8 users for 60 s. On a 2-core VM
-shared with other work, --small runs 4 users x 16 clients for 20 s per
-phase (the default on 4 CPUs or fewer; --full overrides), and the output
-says that too.
-
-Usage: bench/loadtest/run.py [--build DIR] [--small | --full] [--seconds S] [--uids N] [--per-uid N]
+Usage: bench/loadtest/run.py [--build DIR] [--small] [--seconds S] [--uids N] [--per-uid N] [--flood-nice N]
 """
 
 import argparse
@@ -44,54 +44,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: common.py
 import common  # noqa: E402
-
-DRIVER = r"""
-import subprocess, sys, time
-client, sock, per, seconds, batches, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
-end = time.time() + seconds
-got = failed = 0
-running = []
-def start(i):
-    return subprocess.Popen([client, sock, "web", str(i % 8), "8", batches, "-", step],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-running = [start(i) for i in range(per)]
-i = per
-while running:
-    time.sleep(0.05)
-    for p in list(running):
-        if p.poll() is None:
-            continue
-        out = p.stdout.read()
-        got += out.count("batch ")
-        failed += p.returncode != 0
-        running.remove(p)
-        if time.time() < end:
-            running.append(start(i)); i += 1
-print(got, failed, i, flush=True)
-"""
-
-FLOOD = r"""
-import socket, sys, time
-sock, seconds = sys.argv[1], float(sys.argv[2])
-end = time.time() + seconds
-held, opened, refused = [], 0, 0
-while time.time() < end:
-    try:
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(0.2)
-        s.connect(sock)
-        held.append(s)
-        opened += 1
-    except OSError:
-        refused += 1
-        time.sleep(0.001)
-    if len(held) >= 200:
-        for s in held[:100]:
-            s.close()
-        del held[:100]
-print(opened, refused, flush=True)
-"""
-
 
 def make_users(n):
     tag = secrets.token_hex(3)
@@ -141,9 +93,22 @@ def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def phase(build, sock, daemon, users, flood_user, a):
+def run_child(p):
+    """stdout of a finished child and its own CPU seconds (rusage, as wait4 gives it)."""
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return out, ru.ru_utime + ru.ru_stime
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def phase(build, sock, daemon, users, flood_user, a, flood_nice=0, burn_pct=0):
     """One run: the trainers, with the flood when flood_user is not False. Returns its figures."""
-    client = str(Path(build) / "tests/integration/stream-client")
+    client = str(Path(build) / "bench/lt-client")
     lat, raw, stop = [], [], threading.Event()
 
     def sample():
@@ -156,48 +121,63 @@ def phase(build, sock, daemon, users, flood_user, a):
             time.sleep(0.25)
 
     sampler = threading.Thread(target=sample)
-    drivers = [subprocess.Popen(as_user(u) + [sys.executable, "-c", DRIVER, client, sock, str(a.per_uid),
-                                              str(a.seconds), str(a.batches), str(a.step_ms)],
-                                stdout=subprocess.PIPE, text=True) for u in users]
+    drivers = [subprocess.Popen(as_user(u) + [client, "trainers", sock, "web", str(a.per_uid), str(a.seconds),
+                                              str(a.batches), str(a.step_ms)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for u in users]
     flood = None
-    if flood_user is not False:
-        nice = ["nice", "-n", str(a.flood_nice)] if a.flood_nice else []
-        flood = subprocess.Popen(nice + as_user(flood_user) + [sys.executable, "-c", FLOOD, sock, str(a.seconds)],
+    if burn_pct:
+        flood = subprocess.Popen([client, "burn", str(a.seconds), f"{burn_pct:.0f}"], stdout=subprocess.PIPE, text=True)
+    elif flood_user is not False:
+        nice = ["nice", "-n", str(flood_nice)] if flood_nice else []
+        flood = subprocess.Popen(nice + as_user(flood_user) + [client, "flood", sock, str(a.seconds), "200"],
                                  stdout=subprocess.PIPE, text=True)
     t0, cpu0 = time.monotonic(), common.proc_cpu(daemon.pid)
     sampler.start()
     got = failed = attaches = 0
+    clients_cpu = 0.0
+    whys = []
     for d in drivers:
-        g, f, n = map(int, d.communicate()[0].split())
-        got, failed, attaches = got + g, failed + f, attaches + n
+        out, cpu = run_child(d)
+        whys += d.stderr.read().splitlines()
+        g, f, n = map(int, out.split())
+        got, failed, attaches, clients_cpu = got + g, failed + f, attaches + n, clients_cpu + cpu
     wall = time.monotonic() - t0
     daemon_cpu = common.proc_cpu(daemon.pid) - cpu0
     stop.set()
     sampler.join()
-    flood_out = flood.communicate()[0].split() if flood else None
-    return {"batches_per_s": got / wall, "daemon_cpu_pct": 100 * daemon_cpu / wall, "failed": failed, "attaches": attaches, "wall_s": wall,
-            "status_p50_ms": statistics.median(lat) if lat else None, "status_max_ms": max(lat) if lat else None,
+    flood_out, flood_cpu = run_child(flood) if flood else (None, 0.0)
+    fin = [x for x in lat if x != float("inf")]
+    rfin = [x for x in raw if x != float("inf")]
+    return {"batches_per_s": got / wall, "daemon_cpu_pct": 100 * daemon_cpu / wall, "failed": failed,
+            "attaches": attaches, "wall_s": wall, "clients_cpu_pct": 100 * clients_cpu / wall,
+            "flood_cpu_pct": 100 * flood_cpu / wall,
+            "status_p50_ms": statistics.median(lat) if lat else None, "status_p99_ms": pct(lat, 0.99),
+            "status_max_ms": max(lat) if lat else None, "status_refused": len(lat) - len(fin),
             "status_samples": len(lat), "raw_p50_ms": statistics.median(raw) if raw else None,
-            "raw_max_ms": max(raw) if raw else None, "flood": flood_out}
+            "raw_p99_ms": pct(raw, 0.99), "raw_max_ms": max(raw) if raw else None,
+            "raw_over_100": sum(x >= 100 for x in raw), "raw_refused": len(raw) - len(rfin),
+            "flood": flood_out.split() if flood_out and not burn_pct else None, "flood_nice": flood_nice,
+            "failures": whys}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(common.SRC / "build"))
-    ap.add_argument("--small", action="store_true", help="4 users x 16 clients, 20 s a phase (a 2-core VM; the "
-                    "default on 4 CPUs or fewer, unless --full)")
-    ap.add_argument("--full", action="store_true", help="the issue's size whatever the machine")
+    ap.add_argument("--small", action="store_true", help="4 users x 16 clients, 20 s a phase (a quick look)")
     ap.add_argument("--seconds", type=float, help="a phase's length (60; --small: 20)")
     ap.add_argument("--uids", type=int, help="users with trainers (8; --small: 4)")
     ap.add_argument("--per-uid", type=int, help="clients each keeps attached (125; --small: 16)")
     ap.add_argument("--batches", type=int, default=20, help="batches each client reads before it leaves")
     ap.add_argument("--step-ms", type=int, default=20, help="simulated training step between batches")
-    ap.add_argument("--flood-nice", type=int, default=0,
-                    help="nice level of the flooding process: on a 2-core VM the flooder's own CPU (a core) is "
-                         "taken from the trainers, which a many-core node would not notice")
+    ap.add_argument("--flood-nice", type=int, default=19,
+                    help="a third phase with the flooding process at this nice level (0: no third phase): on a "
+                         "2-core VM the flooder's own CPU (a core) is taken from the trainers and feedd, which a "
+                         "many-core node would not notice; this phase tells that share from feedd's")
+    ap.add_argument("--rt", action="store_true",
+                    help="run feedd's threads and the STATUS prober at SCHED_FIFO 10 (root): on a small VM the "
+                         "clients' 1,000 threads then cannot delay them, so the figures are feedd's own latency")
     ap.add_argument("--json")
     a = ap.parse_args()
-    a.small = a.small or (not a.full and (os.cpu_count() or 1) <= 4)
     for k, full, small in (("seconds", 60, 20), ("uids", 8, 4), ("per_uid", 125, 16)):
         if getattr(a, k) is None:
             setattr(a, k, small if a.small else full)
@@ -205,6 +185,7 @@ def main():
     users = make_users(a.uids + 1) if root else []
     tmp = Path(tempfile.mkdtemp(prefix="feedd-loadtest-"))
     os.chmod(tmp, 0o755)
+    runs = []
     try:
         data = tmp / "data"
         common.gen_megatron.main([str(data), "--shards", "4", "--docs-per-shard", "500", "--mean-len", "600",
@@ -217,12 +198,25 @@ def main():
         daemon, sock = common.start_feedd(a.build, conf, tmp)
         try:
             time.sleep(1)
+            if a.rt:  # every thread feedd has started by now (workers, loader); the prober is this process
+                for t in os.listdir(f"/proc/{daemon.pid}/task"):
+                    subprocess.run(["chrt", "-f", "-p", "10", t], check=True, capture_output=True)
+                os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(10))  # children: ordinary
             start = {"rss_mib": common.proc_mem(daemon.pid)["VmRSS"], "fds": fds(daemon.pid)}
             trainers = users[:a.uids] if root else [None] * a.uids
+            flooder = users[a.uids] if root else None
             common.progress("loadtest: unloaded phase")
-            quiet = phase(a.build, sock, daemon, trainers, False, a)
+            runs.append(("unloaded (peer)", phase(a.build, sock, daemon, trainers, False, a)))
             common.progress("loadtest: phase with the flood")
-            loud = phase(a.build, sock, daemon, trainers, users[a.uids] if root else None, a)
+            runs.append(("with a flooding uid", phase(a.build, sock, daemon, trainers, flooder, a)))
+            # The control: no flood, a process that only spins as much CPU as the flooder took.
+            burn = min(100.0, runs[-1][1]["flood_cpu_pct"])
+            common.progress(f"loadtest: phase with a CPU burner of {burn:.0f} % instead of the flood")
+            runs.append((f"burner {burn:.0f}%, no flood", phase(a.build, sock, daemon, trainers, False, a, burn_pct=burn)))
+            if a.flood_nice:
+                common.progress(f"loadtest: phase with the flood at nice {a.flood_nice}")
+                runs.append((f"flood, flooder nice {a.flood_nice}",
+                             phase(a.build, sock, daemon, trainers, flooder, a, a.flood_nice)))
             time.sleep(7)  # past handshake_timeout_s: the flood's last connections closed, a trim done
             end = {"rss_mib": common.proc_mem(daemon.pid)["VmRSS"], "fds": fds(daemon.pid)}
         finally:
@@ -232,28 +226,37 @@ def main():
             subprocess.run(["userdel", "--force", u.pw_name], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    scale = (f"scaled down (--small): {a.uids} users x {a.per_uid} clients, {a.seconds:g} s a phase, "
-             "not the issue's 8 x 125 for 60 s" if a.small and (a.uids, a.per_uid) != (8, 125) else f"{a.uids} users x {a.per_uid} clients, "
-             f"{a.seconds:g} s a phase")
+    scale = (f"{a.uids} users x {a.per_uid} clients, {a.seconds:g} s a phase"
+             + (", scaled down (--small), not the issue's 8 x 125 for 60 s" if (a.uids, a.per_uid, a.seconds) != (8, 125, 60) else ""))
     print(f"# loadtest: {common.machine()}; {common.date()}; {scale}")
-    print(f"# each client reads {a.batches} batches of 4 x 1024 tokens with a {a.step_ms} ms step, then leaves; "
-          f"its user's driver starts another" + ("" if root else "; NOT root: every client runs as the caller's uid"))
+    print(f"# each client (a thread of bench/lt-client, one process per user) reads {a.batches} batches of 4 x 1024 "
+          f"tokens with a {a.step_ms} ms step, then leaves and attaches again"
+          + ("" if root else "; NOT root: every client runs as the caller's uid"))
+    print("# the flood: one process of one more uid connects as fast as connect() returns, retries at once when "
+          "refused, holds its last 200 connections and never says HELLO")
+    if a.rt:
+        print("# --rt: feedd's threads and the STATUS prober at SCHED_FIFO 10; feedctl and the clients are not")
+    print("# burner: the control, no flood but a process spinning as much CPU as the flooder used (its share of "
+          "the VM); the flood's cost to feedd is the gap between the two rows")
     print("# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
-          "socket (feedd's own latency), p50 / max, sampled every 0.25 s")
-    print(f"{'run':<22} {'batches/s':>10} {'ratio':>6} {'attaches':>9} {'failed':>7} {'feedctl p50/max':>17} "
-          f"{'STATUS p50/max':>16} {'feedd CPU':>9}")
-    for name, r in (("unloaded (peer)", quiet), ("with a flooding uid", loud)):
-        print(f"{name:<22} {r['batches_per_s']:>10.1f} {r['batches_per_s'] / quiet['batches_per_s']:>6.2f} "
-              f"{r['attaches']:>9} {r['failed']:>7} {r['status_p50_ms']:>7.1f}/{r['status_max_ms']:<6.1f}ms "
-              f"{r['raw_p50_ms']:>6.1f}/{r['raw_max_ms']:<6.1f}ms {r['daemon_cpu_pct']:>8.1f}%")
-    if loud["flood"]:
-        print(f"flood: {loud['flood'][0]} connections opened, {loud['flood'][1]} refused or timed out"
-              + (f" (the flooder at nice {a.flood_nice})" if a.flood_nice else ""))
+          "socket (feedd's own latency), p50 / p99 / max, sampled every 0.25 s; CPU in % of one core")
+    print(f"{'run':<26} {'batches/s':>9} {'ratio':>6} {'attaches':>8} {'failed':>6} {'feedctl p50/p99/max ms':>23} "
+          f"{'STATUS p50/p99/max ms':>22} {'>=100':>5} {'feedd':>6} {'clients':>7} {'flooder':>7}")
+    peer = runs[0][1]["batches_per_s"]
+    for name, r in runs:
+        print(f"{name:<26} {r['batches_per_s']:>9.1f} {r['batches_per_s'] / peer:>6.3f} {r['attaches']:>8} "
+              f"{r['failed']:>6} {r['status_p50_ms']:>7.1f}/{r['status_p99_ms']:>6.1f}/{r['status_max_ms']:>7.1f} "
+              f"{r['raw_p50_ms']:>7.1f}/{r['raw_p99_ms']:>6.1f}/{r['raw_max_ms']:>6.1f} "
+              f"{r['raw_over_100']:>2}/{r['status_samples']:<3}{r['daemon_cpu_pct']:>5.0f}% {r['clients_cpu_pct']:>6.0f}% "
+              f"{r['flood_cpu_pct']:>6.0f}%")
+        if r["flood"]:
+            print(f"{'':<26} flood: {r['flood'][0]} connections opened, {r['flood'][1]} refused")
+        for why in sorted(set(w.split(": ", 1)[1] if ": " in w else w for w in r["failures"]))[:3]:
+            print(f"{'':<26} failed: {why[:160]}")
     print(f"feedd RSS {start['rss_mib']:.1f} MiB -> {end['rss_mib']:.1f} MiB after; open fds {start['fds']} -> "
           f"{end['fds']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"scale": scale, "start": start, "end": end, "unloaded": quiet,
-                                            "flood": loud}, indent=1))
+        Path(a.json).write_text(json.dumps({"scale": scale, "start": start, "end": end, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 
 #include "daemon/feed/checker.h"
 #include "daemon/feed/feed.h"
+#include "daemon/feed/fs-thread.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
 
@@ -35,8 +36,7 @@ struct sweep {
 	pthread_mutex_t lock;
 	unsigned refs;        /* the thread and the main loop's side */
 	bool finished, abandoned;
-	char what[512];       /* the file the thread stats now */
-	uint64_t since_ns;    /* since when */
+	struct fs_mark mark;  /* the file the thread stats now, since when */
 	int efd;              /* the checker's; written under lock unless abandoned */
 
 	struct feed **feeds;
@@ -53,6 +53,8 @@ struct checker {
 	struct event *ev;
 	struct sweep *next;     /* being added to */
 	struct sweep *running;  /* started, not yet applied */
+	struct feed **urgent;   /* held: feeds a short read asked to check in full (checker_recheck) */
+	size_t n_urgent, cap_urgent;
 };
 
 static struct sweep *sweep_new(int efd)
@@ -63,6 +65,7 @@ static struct sweep *sweep_new(int efd)
 	w->refs = 1;
 	w->efd = efd;
 	pthread_mutex_init(&w->lock, NULL);
+	w->mark.lock = &w->lock;
 	return w;
 }
 
@@ -90,19 +93,10 @@ static void sweep_free(struct sweep *w, bool unref_feeds)
 	free(w);
 }
 
-static void on_progress(void *userdata, const char *name)
-{
-	struct sweep *w = userdata;
-	pthread_mutex_lock(&w->lock);
-	snprintf(w->what, sizeof(w->what), "%s", name);
-	w->since_ns = now_ns();
-	pthread_mutex_unlock(&w->lock);
-}
-
 static void *sweep_main(void *userdata)
 {
 	struct sweep *w = userdata;
-	source_set_progress(on_progress, w);
+	source_set_progress(fs_mark_progress, &w->mark);
 	for (size_t i = 0; i < w->n_items; i++) {
 		struct check_item *it = &w->items[i];
 		char err[512];
@@ -161,6 +155,41 @@ static void apply(struct checker *c, struct sweep *w)
 	free(hit);
 }
 
+/* Starts a sweep of every shard of the feeds checker_recheck asked for, unless one is under way. */
+static void start_urgent(struct checker *c)
+{
+	if (c->running || !c->n_urgent)
+		return;
+	for (size_t i = 0; i < c->n_urgent; i++) {
+		uint32_t all = UINT32_MAX; /* each shard once: add_shards stops at the feed's count */
+		(void)checker_add(c, c->urgent[i], &all);
+		feed_unref(c->urgent[i]);
+	}
+	c->n_urgent = 0;
+	(void)checker_start(c);
+}
+
+void checker_recheck(struct checker *c, struct feed *f)
+{
+	if (!c) {
+		(void)feed_check(f);
+		return;
+	}
+	for (size_t i = 0; i < c->n_urgent; i++)
+		if (c->urgent[i] == f)
+			return;
+	if (c->n_urgent == c->cap_urgent) {
+		size_t cap = c->cap_urgent ? 2 * c->cap_urgent : 4;
+		struct feed **p = realloc(c->urgent, cap * sizeof(*p));
+		if (!p)
+			return; /* the periodic sweep still comes to it */
+		c->urgent = p;
+		c->cap_urgent = cap;
+	}
+	c->urgent[c->n_urgent++] = feed_ref(f);
+	start_urgent(c);
+}
+
 static void on_done(evutil_socket_t fd, short what, void *userdata)
 {
 	struct checker *c = userdata;
@@ -177,6 +206,7 @@ static void on_done(evutil_socket_t fd, short what, void *userdata)
 	c->running = NULL;
 	apply(c, w);
 	sweep_unref(w, true);
+	start_urgent(c);
 }
 
 int checker_new(struct event_base *base, checker_failed_fn failed, void *userdata, struct checker **ret)
@@ -205,6 +235,9 @@ struct checker *checker_free(struct checker *c)
 		return NULL;
 	if (c->next)
 		sweep_unref(c->next, true);
+	for (size_t i = 0; i < c->n_urgent; i++)
+		feed_unref(c->urgent[i]);
+	free(c->urgent);
 	if (c->running) {
 		struct sweep *w = c->running;
 		pthread_mutex_lock(&w->lock);
@@ -293,24 +326,14 @@ int checker_start(struct checker *c)
 		sweep_unref(w, true);
 		return 0;
 	}
-	w->since_ns = now_ns();
-	/* The thread takes no signals: they are the main loop's. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_t t;
+	w->mark.since_ns = now_ns();
 	w->refs++;
-	int e = pthread_create(&t, &attr, sweep_main, w);
-	pthread_attr_destroy(&attr);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	int e = fs_thread_start(sweep_main, w);
 	c->next = NULL;
-	if (e) {
+	if (e < 0) {
 		w->refs--;
 		sweep_unref(w, true);
-		return -e;
+		return e;
 	}
 	c->running = w;
 	return 0;
@@ -322,10 +345,10 @@ bool checker_stuck(struct checker *c, uint64_t min_ns, char *what, size_t whatle
 	if (!w)
 		return false;
 	pthread_mutex_lock(&w->lock);
-	uint64_t now = now_ns(), since = w->since_ns;
+	uint64_t now = now_ns(), since = w->mark.since_ns;
 	bool stuck = !w->finished && now - since >= min_ns;
 	if (stuck) {
-		snprintf(what, whatlen, "%s", w->what[0] ? w->what : "(starting)");
+		snprintf(what, whatlen, "%s", w->mark.what[0] ? w->mark.what : "(starting)");
 		*ret_ns = now - since;
 	}
 	pthread_mutex_unlock(&w->lock);

@@ -50,6 +50,14 @@ int checker_add(struct checker *c, struct feed *f, uint32_t *budget);
 /* Starts the sweep of what was added (nothing added: starts nothing). Returns 0 or a negative errno. */
 int checker_start(struct checker *c);
 /*
+ * A read of f came up short (a shard changed): every shard of f is checked
+ * by the next sweep, at once when none is under way, else right after it
+ * (no file is touched here). The feed is failed, and its sessions, when the
+ * sweep finds the change. c NULL (no checker could start): feed_check(f)
+ * here, on the calling thread.
+ */
+void checker_recheck(struct checker *c, struct feed *f);
+/*
  * Whether the sweep under way has been on one shard file for at least
  * min_ns: then true, with the path in what and the time in *ret_ns.
  */

@@ -17,6 +17,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "daemon/feed/fs-thread.h"
 #include "daemon/feed/loader.h"
 #include "daemon/source/source.h"
 #include "proto/macro.h"
@@ -28,8 +29,7 @@ struct loader {
 	bool abandoned;        /* the main loop gave up on it: the thread frees arg */
 	int r;
 	char err[1024];
-	char what[512];        /* the path the thread touches now */
-	uint64_t last_ns;      /* when it last started touching something */
+	struct fs_mark mark;   /* the path the thread touches now, since when */
 
 	loader_run_fn run;
 	void *arg;
@@ -54,20 +54,11 @@ static void unref(struct loader *l)
 	free(l);
 }
 
-static void on_progress(void *userdata, const char *name)
-{
-	struct loader *l = userdata;
-	pthread_mutex_lock(&l->lock);
-	snprintf(l->what, sizeof(l->what), "%s", name);
-	l->last_ns = now_ns();
-	pthread_mutex_unlock(&l->lock);
-}
-
 static void *thread_main(void *userdata)
 {
 	struct loader *l = userdata;
 	char err[sizeof(l->err)] = "";
-	source_set_progress(on_progress, l);
+	source_set_progress(fs_mark_progress, &l->mark);
 	int r = l->run(l->arg, err, sizeof(err));
 	source_set_progress(NULL, NULL);
 	pthread_mutex_lock(&l->lock);
@@ -119,13 +110,13 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	struct loader *l = userdata;
 	char msg[sizeof(l->err)];
 	pthread_mutex_lock(&l->lock);
-	uint64_t idle = now_ns() - l->last_ns;
+	uint64_t idle = now_ns() - l->mark.since_ns;
 	bool stuck = !l->finished && idle >= (uint64_t)l->stall_s * 1000000000u;
 	if (stuck) {
 		l->abandoned = true;
-		if (l->what[0])
+		if (l->mark.what[0])
 			snprintf(msg, sizeof(msg), "%s: no answer for %u s (load_timeout_s); gave up on this load "
-				 "(a FIFO, a hung mount or a stuck device?)", l->what, l->stall_s);
+				 "(a FIFO, a hung mount or a stuck device?)", l->mark.what, l->stall_s);
 		else
 			snprintf(msg, sizeof(msg), "the load made no progress for %u s (load_timeout_s); gave up on it",
 				 l->stall_s);
@@ -146,8 +137,9 @@ int loader_start(struct event_base *base, unsigned stall_s, loader_run_fn run, v
 	if (!l)
 		return -ENOMEM;
 	*l = (struct loader){ .refs = 1, .run = run, .arg = arg, .free_arg = free_arg, .done = done,
-			      .userdata = userdata, .stall_s = MAX(stall_s, 1u), .last_ns = now_ns() };
+			      .userdata = userdata, .stall_s = MAX(stall_s, 1u), .mark.since_ns = now_ns() };
 	pthread_mutex_init(&l->lock, NULL);
+	l->mark.lock = &l->lock;
 	l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	/* Watched four times per stall period, at most once a second. */
 	uint64_t tick_us = MIN((uint64_t)l->stall_s * 250000u, (uint64_t)1000000u);
@@ -158,22 +150,12 @@ int loader_start(struct event_base *base, unsigned stall_s, loader_run_fn run, v
 		let_go(l);
 		return -ENOMEM;
 	}
-	/* The thread takes no signals: they are the main loop's. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_t t;
 	l->refs++;
-	int e = pthread_create(&t, &attr, thread_main, l);
-	pthread_attr_destroy(&attr);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (e) {
+	int e = fs_thread_start(thread_main, l);
+	if (e < 0) {
 		l->refs--;
 		let_go(l);
-		return -e;
+		return e;
 	}
 	*ret = l;
 	return 0;

@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "daemon/feed/checker.h"
 #include "daemon/feed/producer.h"
 #include "daemon/feed/session-internal.h"
 #include "daemon/feed/session-text.h"
@@ -26,6 +27,7 @@ struct producer {
 	unsigned io_depth;
 	unsigned threads;
 	struct feed_watch *watch; /* the daemon's change watch (integrity.h), polled before publishing; may be NULL */
+	struct checker *checker;  /* the daemon's shard checker (checker.h); may be NULL */
 
 	/* manual */
 	struct pool_job *queue_head, *queue_tail;
@@ -277,4 +279,15 @@ void producer_set_watch(struct producer *p, struct feed_watch *w)
 struct feed_watch *producer_watch(const struct producer *p)
 {
 	return p->watch;
+}
+
+void producer_set_checker(struct producer *p, struct checker *c)
+{
+	p->checker = c;
+}
+
+bool producer_recheck(struct producer *p, struct feed *f)
+{
+	checker_recheck(p->checker, f);
+	return p->checker != NULL;
 }

@@ -69,6 +69,15 @@ struct event_base *producer_event_base(const struct producer *p);
 struct feed_watch;
 void producer_set_watch(struct producer *p, struct feed_watch *w);
 struct feed_watch *producer_watch(const struct producer *p);
+/*
+ * The shard checker (checker.h) that a short read asks to check a feed in
+ * full, off the main loop; NULL: none. The producer does not own it.
+ * producer_recheck: checker_recheck(the checker, f).
+ */
+struct checker;
+struct feed;
+void producer_set_checker(struct producer *p, struct checker *c);
+bool producer_recheck(struct producer *p, struct feed *f); /* true: handed to the checker; false: checked here */
 
 /* Hands j to a worker; the caller has set j->kind and j->session and holds a session reference for it. */
 void producer_submit(struct producer *p, struct producer_job *j);

@@ -225,7 +225,7 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 		return;
 	if (c->result < 0) {
 		if (c->result == -ENODATA || c->result == -ESTALE) /* a shard changed: its feed too, now */
-			feed_check(f);
+			producer_recheck(s->producer, f);
 		if (c->result == -EUCLEAN) /* a damaged block (docs/checksums.md): the feed fails, not only this session */
 			feed_fail(f, -EUCLEAN, c->t.error);
 		session_fail(s, c->result, c->t.error);

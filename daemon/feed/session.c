@@ -89,10 +89,21 @@ static void advance(struct session *s)
 	if (staged < 0)
 		session_fail(s, staged, s->staging->backend->error);
 	if (failed) {
-		/* A short read means a shard changed: mark the feed now, not at the next periodic check. */
-		if ((failed->result == -ENODATA || failed->result == -ESTALE) && feed_check(s->feed) < 0 &&
-		    feed_changed(s))
-			return;
+		/*
+		 * A short read means a shard changed: the session stops with its
+		 * batches withdrawn, and the whole feed is checked now, not at the
+		 * next periodic check, on the checker's thread (a stat() that hangs
+		 * holds up no client); it fails the feed when it finds the change.
+		 * Without a checker (unit tests) the check runs here.
+		 */
+		if (failed->result == -ENODATA || failed->result == -ESTALE) {
+			if (producer_recheck(s->producer, s->feed)) {
+				session_fail(s, -ESTALE, failed->error);
+				return;
+			}
+			if (feed_changed(s))
+				return;
+		}
 		/* A block that does not match its checksum: every session of the feed would meet it (docs/checksums.md). */
 		if (failed->result == -EUCLEAN)
 			feed_fail(s->feed, -EUCLEAN, failed->error);

@@ -107,6 +107,9 @@ void conn_free(struct conn *c)
 	s->n_conns--;
 	s->n_reserved -= c->reserved;
 	c->explain = session_explain_cancel(c->explain);
+	unsigned *mine = c->uid_counted ? listen_uid_count(s, c->uid) : NULL;
+	if (mine && *mine)
+		(*mine)--;
 	if (c->session) {
 		log_info("client %" PRIu64 " (pid %d) detached from feed %s rank %u/%u", c->id, (int)c->pid,
 			 c->feed->name, c->rank, c->world);

@@ -123,10 +123,52 @@ static void refuse(struct server *s, int fd, int code, const char *fmt, ...)
 
 static unsigned uid_connections(struct server *s, uid_t uid)
 {
-	unsigned n = 0;
+	unsigned *n = listen_uid_count(s, uid);
+	if (n)
+		return *n;
+	unsigned k = 0;
 	for (struct conn *c = s->conns; c; c = c->next)
-		n += c->uid == uid;
-	return n;
+		k += c->uid == uid;
+	return k;
+}
+
+static size_t uid_hash(uid_t uid, size_t cap)
+{
+	return (size_t)(((uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15)) >> 32) & (cap - 1);
+}
+
+unsigned *listen_uid_count(struct server *s, uid_t uid)
+{
+	/* Slots are never emptied (a uid seen once keeps its slot at 0): the uids of a node are few. */
+	for (size_t j = s->uid_cap ? uid_hash(uid, s->uid_cap) : 0; s->uid_cap && s->uid_slots[j].used;
+	     j = (j + 1) & (s->uid_cap - 1))
+		if (s->uid_slots[j].uid == uid)
+			return &s->uid_slots[j].n;
+	if (2 * (s->uid_used + 1) > s->uid_cap) {
+		size_t cap = s->uid_cap ? 2 * s->uid_cap : 64;
+		struct uid_slot *t = calloc(cap, sizeof(*t));
+		if (!t)
+			return NULL;
+		for (size_t i = 0; i < s->uid_cap; i++) {
+			if (!s->uid_slots[i].used)
+				continue;
+			size_t j = uid_hash(s->uid_slots[i].uid, cap);
+			while (t[j].used)
+				j = (j + 1) & (cap - 1);
+			t[j] = s->uid_slots[i];
+		}
+		free(s->uid_slots);
+		s->uid_slots = t;
+		s->uid_cap = cap;
+	}
+	size_t j = uid_hash(uid, s->uid_cap);
+	while (s->uid_slots[j].used && s->uid_slots[j].uid != uid)
+		j = (j + 1) & (s->uid_cap - 1);
+	if (!s->uid_slots[j].used) {
+		s->uid_slots[j] = (struct uid_slot){ .uid = uid, .used = true };
+		s->uid_used++;
+	}
+	return &s->uid_slots[j].n;
 }
 
 /* The peer's pidfd: from the socket when the kernel has SO_PEERPIDFD, else opened from its pid. */
@@ -262,6 +304,10 @@ static void accept_one(struct server *s, int cfd)
 			  (int)c->pid, strerror(-c->pidfd));
 	c->rev = event_new(s->base, cfd, EV_READ | EV_PERSIST, conn_on_read, c);
 	c->wev = event_new(s->base, cfd, EV_WRITE, conn_on_write, c);
+	if (c->rev && c->wev && peer_admin(s, c)) { /* its requests before the clients' (server.h) */
+		event_priority_set(c->rev, SERVER_PRIORITY_ADMIN);
+		event_priority_set(c->wev, SERVER_PRIORITY_ADMIN);
+	}
 	if (c->pidfd >= 0)
 		c->pidev = event_new(s->base, c->pidfd, EV_READ, conn_on_peer_exit, c);
 	c->next = s->conns;
@@ -270,6 +316,10 @@ static void accept_one(struct server *s, int cfd)
 	s->conns = c;
 	s->n_conns++;
 	s->n_reserved += c->reserved;
+	unsigned *mine_now = listen_uid_count(s, c->uid);
+	c->uid_counted = mine_now != NULL;
+	if (mine_now)
+		(*mine_now)++;
 	if (!c->rev || !c->wev || event_add(c->rev, NULL) < 0 || (c->pidfd >= 0 && (!c->pidev || event_add(c->pidev, NULL) < 0)))
 		conn_free(c);
 }
@@ -313,8 +363,11 @@ static bool accept_without_fds(struct server *s, int lfd, int err)
 
 /*
  * Accepts what is pending, ACCEPT_BATCH at most: the event is level-triggered
- * and fires again, so a flood of connections takes turns with the requests
- * of the connections already in (an operator's status among them).
+ * and fires again. While the backlog drains in one batch, the listener runs
+ * before the clients' events (an operator's connection is then accepted at
+ * once, and served first: server.h); when a batch does not drain it (a
+ * flood), it takes turns with the requests of the connections already in
+ * until it does, so that a flood cannot starve them.
  */
 #define ACCEPT_BATCH 64
 
@@ -331,10 +384,14 @@ void listen_on_accept(evutil_socket_t fd, short what, void *userdata)
 			}
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warning_errno(-errno, "accept on %s failed", s->path);
+			/* Drained: the next connection (an operator's among them) is accepted first again. */
+			(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN);
 			return;
 		}
 		accept_one(s, cfd);
 	}
+	/* More pending than a batch (a flood): accepting takes turns with the clients until it drains. */
+	(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN + 1);
 }
 
 /*
@@ -483,7 +540,7 @@ int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_
 	int b = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);
 	if (b < 0 || (group >= 0 && fchownat(dfd, base, (uid_t)-1, (gid_t)group, AT_SYMLINK_NOFOLLOW) < 0) ||
-	    listen(fd, 128) < 0) {
+	    listen(fd, SOMAXCONN) < 0) {
 		int e = -errno;
 		snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(-e));
 		if (b == 0)

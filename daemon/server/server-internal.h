@@ -61,6 +61,7 @@ struct conn {
 	size_t out_bytes;
 	bool hello, closing;
 	bool reserved; /* holds one of the admin_connections slots */
+	bool uid_counted; /* in its uid's count (listen_uid_count) */
 	uint64_t id;
 	pid_t pid;
 	uid_t uid;
@@ -125,6 +126,8 @@ struct server {
 	unsigned departed;  /* sessions closed since the tick last trimmed the heap */
 	struct conn *conns;
 	size_t n_conns;
+	struct uid_slot *uid_slots; /* connections per uid (listen_uid_count), open addressing; cap a power of two */
+	size_t uid_cap, uid_used;
 	size_t n_reserved; /* of them, in the slots kept for operators (admin_connections) */
 	int spare_fd;      /* spent to accept and refuse a connection when out of fds (listen.c) */
 	bool accept_paused; /* out of fds with no spare: the listening event is off until the tick */
@@ -175,6 +178,17 @@ void listen_refusal_log(struct server *s, unsigned kind, const char *fmt, ...) _
 unsigned long listen_raise_nofile(void);
 /* Accepts again after running out of fds paused it (called each tick). */
 void listen_resume(struct server *s);
+/*
+ * The count of connections of uid (counted at accept, uncounted by
+ * conn_free), found in O(1) however many connections there are: a flood's
+ * every accept asks it. NULL: out of memory (the caller counts by walking).
+ */
+struct uid_slot {
+	uid_t uid;
+	bool used;
+	unsigned n;
+};
+unsigned *listen_uid_count(struct server *s, uid_t uid);
 /* Closes a refused connection kept half-open, reading what the client sent first. */
 void listen_linger_close(int fd);
 /* Whether the peer is root or feedd's own user, or is listed in ids by uid, gid or a supplementary group. */

@@ -159,7 +159,8 @@ static void on_check_failed(void *userdata, struct feed *f)
  * checker's thread (feed/checker.h), never here: a hung mount holds up that
  * sweep only, and no second one starts while it hangs; it is logged once it
  * has hung load_timeout_s, and again each time that doubles.
- * (A read that comes up short checks the whole feed at once: session.c.)
+ * (A read that comes up short asks the checker to check its whole feed at
+ * once: checker_recheck, through the producer.)
  */
 static void check_shards(struct server *s)
 {
@@ -319,6 +320,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	if (cr < 0)
 		log_warning("cannot start the shard checker: %s; shards are checked only when a read comes up short",
 			    strerror(-cr));
+	producer_set_checker(producer, s->checker); /* a short read's full check goes to its thread */
 	for (size_t i = 0; i < n_feeds; i++) {
 		s->feeds[s->n_feeds++] = (struct served){ .feed = feed_ref(feeds[i]) };
 		feed_watch_add(s->watch, feeds[i]);
@@ -344,6 +346,8 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	}
 	s->listen_ev = event_new(base, s->listen_fd, EV_READ | EV_PERSIST, listen_on_accept, s);
 	s->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, s);
+	if (s->listen_ev) /* accepted first while no flood (listen_on_accept) */
+		(void)event_priority_set(s->listen_ev, SERVER_PRIORITY_ADMIN);
 	struct timeval second = { .tv_sec = 1 };
 	if (!s->path || !s->listen_ev || !s->tick_ev || event_add(s->listen_ev, NULL) < 0 ||
 	    event_add(s->tick_ev, &second) < 0) {
@@ -451,6 +455,8 @@ struct server *server_free(struct server *s)
 		event_free(s->listen_ev);
 	if (s->tick_ev)
 		event_free(s->tick_ev);
+	if (s->producer)
+		producer_set_checker(s->producer, NULL);
 	s->checker = checker_free(s->checker); /* a sweep stuck meanwhile is left to its thread */
 	if (s->listen_fd >= 0) {
 		close(s->listen_fd);
@@ -483,6 +489,7 @@ struct server *server_free(struct server *s)
 	s->tm = telemetry_free(s->tm);
 	conf_ids_done(&s->allow);
 	conf_ids_done(&s->admin);
+	free(s->uid_slots);
 	free(s->path);
 	free(s);
 	return NULL;

@@ -15,6 +15,16 @@
  */
 #pragma once
 
+/*
+ * The event loop's priorities (main.c sets them on the base before any event
+ * exists, so every event is ordinary): an operator's connection (root,
+ * feedd's user, admin_users/admin_groups) is served first, before the
+ * ordinary events of the same loop turn, so that `feedctl status` answers
+ * at once however many clients' requests are queued (issue 18).
+ */
+#define SERVER_PRIORITIES 2
+#define SERVER_PRIORITY_ADMIN 0
+
 #include <stdint.h>
 
 #include "daemon/conf/conf.h"

@@ -256,6 +256,51 @@ def test_a_shard_whose_stat_hangs_stalls_no_client(daemon, tmp_path, monkeypatch
     c.stop()
 
 
+def test_a_short_read_whose_recheck_hangs_stalls_no_client(daemon, tmp_path, monkeypatch):
+    """A read that comes up short (a shard cut while served) has its whole feed checked at once; that check
+    stat()s the feed's other shard, whose mount hangs: the check waits on the checker's thread, never on the
+    main loop, so a client of another feed streams on; the feed fails when the check answers."""
+    if not STALL_SHIM.exists():
+        pytest.skip(f"{STALL_SHIM} is not built")
+    if DAEMON_WRAPPER or "libasan" in subprocess.run(["ldd", str(FEEDD)], capture_output=True, text=True).stdout:
+        pytest.skip("the stat() shim is preloaded into feedd, which a wrapper or a sanitizer runtime forbids")
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=4)
+    hung = os.path.realpath(a / "shard_000.bin")
+    trigger, stalls = tmp_path / "mount-hangs", tmp_path / "stalls"
+    for k, v in {"LD_PRELOAD": str(STALL_SHIM), "STALL_PATH": hung, "STALL_TRIGGER": str(trigger),
+                 "STALL_LOG": str(stalls), "STALL_S": "6"}.items():
+        monkeypatch.setenv(k, v)
+    # No lease or inotify watch: the cut is found by the reads, the path under test.
+    d = daemon(with_io_engine("[feedd]\nwatch_changes = off\nload_timeout_s = 30\n"
+                              + feed_conf("a", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+                              + feed_conf("b", f"{b}/shard_*.idx", seq_len=64, batch_size=2)))
+    monkeypatch.delenv("LD_PRELOAD")
+    other = streaming(d, "b")
+    cut = Timed(d.client("a", 0, 1, 100000, sleep_ms=10))
+    cut.wait_batches(5)
+    trigger.touch()
+    deadline = time.time() + 10
+    while not stalls.exists() and time.time() < deadline:  # the periodic sweep now hangs on shard_000
+        time.sleep(0.05)
+    assert stalls.exists(), "the periodic check never stat'd " + hung
+    t0 = time.monotonic()
+    with open(a / "shard_001.bin", "r+b") as f:
+        f.truncate(100)
+    cut.proc.wait(timeout=5)  # its session stops at the short read, without waiting for any stat()
+    assert cut.proc.returncode == 1 and "changed while serving" in cut.proc.stderr.read()
+    time.sleep(2)
+    gap = other.max_gap_until(t0, time.monotonic())
+    assert gap < 1.0, f"a client of another feed waited {gap:.2f} s for a batch while a re-check's stat() hung"
+    assert "main" not in stalls.read_text(), stalls.read_text()
+    trigger.unlink()
+    deadline = time.time() + 15
+    while time.time() < deadline and d.status()["feeds"][0]["state"] != "failed":
+        time.sleep(0.1)
+    assert [(f["name"], f["state"]) for f in d.status()["feeds"]] == [("a", "failed"), ("b", "ready")]
+    assert other.proc.poll() is None
+    other.stop()
+
+
 def test_stopping_while_a_shard_check_hangs(daemon, tmp_path, monkeypatch):
     if not STALL_SHIM.exists():
         pytest.skip(f"{STALL_SHIM} is not built")

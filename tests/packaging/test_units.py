@@ -129,8 +129,8 @@ def test_socket_and_user():
 
 # With the metrics drop-in (packaging/feedd-metrics.conf) the service may open
 # IPv4/IPv6 sockets in the host's network, loopback only: docs/packaging.md
-# reports the exposure it costs.
-MAX_EXPOSURE_WITH_METRICS = 1.7
+# reports the exposure it costs (1.7, and 0.1 for the unit's CAP_LEASE).
+MAX_EXPOSURE_WITH_METRICS = 1.8
 
 
 @pytest.fixture

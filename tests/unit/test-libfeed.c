@@ -30,6 +30,7 @@
 #include "proto/macro.h"
 #include "proto/ring_abi.h"
 #include "proto/wire.h"
+#include "tests/unit/fake-daemon.h"
 #include "tests/unit/unit.h"
 
 /* ---- close() as seen by libfeed ---- */
@@ -68,64 +69,6 @@ static void others_check_and_close(const char *what)
 #define RING_SIZE (FEED_RING_HEADER_SIZE + SLOTS * SLOT_SIZE)
 
 static char sock_path[108];
-
-static void read_exact(int fd, void *buf, size_t len)
-{
-	uint8_t *p = buf;
-	while (len) {
-		ssize_t n = read(fd, p, len);
-		if (n <= 0)
-			_exit(3);
-		p += n;
-		len -= (size_t)n;
-	}
-}
-
-static void send_msg(int fd, const void *buf, size_t len, const int *fds, unsigned n_fds)
-{
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-	} cm;
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (n_fds) {
-		memset(&cm, 0, sizeof(cm));
-		mh.msg_control = cm.buf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
-		struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
-		h->cmsg_level = SOL_SOCKET;
-		h->cmsg_type = SCM_RIGHTS;
-		h->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
-		memcpy(CMSG_DATA(h), fds, sizeof(int) * n_fds);
-	}
-	if (sendmsg(fd, &mh, MSG_NOSIGNAL) != (ssize_t)len)
-		_exit(4);
-}
-
-/* Accepts one client and answers its HELLO. Returns the connection. */
-static int fake_hello(int lfd)
-{
-	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-	if (fd < 0)
-		_exit(2);
-	uint8_t in[WIRE_HEADER_SIZE + WIRE_HELLO_SIZE];
-	read_exact(fd, in, sizeof(in));
-	struct wire_hello_reply hr = { .version = WIRE_VERSION, .daemon_pid = (uint32_t)getpid() };
-	snprintf(hr.daemon_version, sizeof(hr.daemon_version), "fake");
-	uint8_t out[WIRE_HEADER_SIZE + WIRE_HELLO_REPLY_SIZE];
-	int n = wire_encode_hello_reply(out, sizeof(out), &hr);
-	send_msg(fd, out, (size_t)n, NULL, 0);
-	return fd;
-}
-
-static int sealed_memfd(const char *name, size_t size)
-{
-	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0 || ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
-		_exit(5);
-	return fd;
-}
 
 static int listen_on(const char *dir)
 {
