@@ -49,6 +49,9 @@ struct session_epoch_job {
 	void *userdata;
 	int result;             /* of epoch_units_measure */
 	struct epoch_units m;
+	struct epoch_vstream *vs; /* virtual ranks: the served streams at the question's state (else NULL) */
+	uint64_t state_key;       /* virtual ranks: the question's key in the cache */
+	struct epoch_vinfo vm;
 };
 
 /*
@@ -192,6 +195,8 @@ int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, ui
 				struct vstate *st, struct vstate_stream *e);
 /* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */
 uint64_t session_virtual_epoch(const struct session *s);
+/* Served stream i (v = rank + i * world) delivers rows: false once dead (section 17.4). */
+bool session_virtual_live(const struct session *s, uint32_t i);
 void session_virtual_free(struct session *s);
 void session_virtual_job_clear(struct session_job *j);
 /* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */
