@@ -113,8 +113,9 @@ int session_epoch_info(struct session *s, const struct cursor *c, const struct v
 	int r = feed_epoch_info_supported(f, err, errlen);
 	if (r < 0)
 		return r;
-	if (f->vranks ? c != NULL : st != NULL) {
-		snprintf(err, errlen, f->vranks ? "feed %s has virtual ranks: ask with an elastic state (fv1-...), not a cursor"
+	const bool elastic = s->virt != NULL;
+	if (elastic ? c != NULL : st != NULL) {
+		snprintf(err, errlen, elastic ? "feed %s has virtual ranks: ask with an elastic state (fv1-...), not a cursor"
 						 : "feed %s has no virtual ranks (virtual_ranks): an elastic state names no position of it",
 			 f->name);
 		return -EINVAL;
@@ -131,9 +132,9 @@ int session_epoch_info(struct session *s, const struct cursor *c, const struct v
 			return -EINVAL;
 		}
 	}
-	const uint64_t state_key = f->vranks ? state_key_of(st) : 0;
+	const uint64_t state_key = elastic ? state_key_of(st) : 0;
 	if (c) {
-		if (c->fingerprint != f->fingerprint || (c->has_data && c->data != f->data_id) || c->world != s->world ||
+		if (c->fingerprint != session_fingerprint(s) || (c->has_data && c->data != f->data_id) || c->world != s->world ||
 		    c->rank != s->rank || c->n_sources ||
 		    (f->conf.packing == CONF_PACKING_PAD && c->pos.offset)) {
 			snprintf(err, errlen, "cursor is not one of rank %u of world %u's stream of feed %s", s->rank,
@@ -156,7 +157,7 @@ int session_epoch_info(struct session *s, const struct cursor *c, const struct v
 		j->pos = c->pos;
 		j->next_batch = c->batch;
 	}
-	if (f->vranks) {
+	if (elastic) {
 		j->state_key = state_key;
 		j->next_batch = st ? st->batch : 0;
 		j->vs = vstreams_of(s, st);

@@ -6,6 +6,7 @@ passes the build directory in FEEDD_BUILD_DIR; run by hand with
   FEEDD_BUILD_DIR=build /usr/bin/python3 -m pytest tests/integration
 """
 
+import itertools
 import json
 import os
 import shlex
@@ -209,9 +210,29 @@ def dataset(tmp_path_factory):
 
 
 def feed_conf(name, shards, seq_len=256, batch_size=4, seed=7, shuffle="true", window=2, bos="none",
-              eos="none", extra=""):
+              eos="none", extra="", vranks=0):
+    """A feed's section. vranks: virtual_ranks (0, the default here: one stream per rank, sections 3-16,
+    which reference() reproduces); None leaves it to feedd's default (1024: reference_virtual())."""
+    v = "" if vranks is None else f"virtual_ranks = {vranks}\n"
     return (f"[feed.{name}]\nshards = {shards}\nseq_len = {seq_len}\nbatch_size = {batch_size}\n"
-            f"seed = {seed}\nshuffle = {shuffle}\nshuffle_window = {window}\nbos = {bos}\neos = {eos}\n{extra}")
+            f"seed = {seed}\nshuffle = {shuffle}\nshuffle_window = {window}\nbos = {bos}\neos = {eos}\n{v}{extra}")
+
+
+VRANKS_DEFAULT = 1024  # feedd's virtual_ranks when unset (docs/configuration.md)
+
+
+def reference_virtual(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shuffle=True, window=2, bos=None,
+                      eos=None, vranks=VRANKS_DEFAULT):
+    """reference() for a feed with virtual ranks ("concat", section 17): rank's first n batches."""
+    shards = feed_ref.load_shards(feed_ref.expand_globs([str(shard_glob)]))
+    vp = feed_ref.effective_vranks(vranks, [sum(s.docs for s in shards)])
+
+    def rows_of(v, first):
+        rs = feed_ref.RankStream(shards, seed, shuffle, window, vp, v, bos=bos, eos=eos, virtual=True)
+        return rs.batches(seq_len, 1, start_batch=first)
+
+    batches = feed_ref.virtual_batches(rows_of, feed_ref.virtual_streams(vp, world, rank), batch_size, seq_len)
+    return list(itertools.islice(batches, n))
 
 
 def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shuffle=True, window=2, bos=None,
