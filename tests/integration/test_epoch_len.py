@@ -61,10 +61,10 @@ CASES = [  # packing, rank, world, seed, shuffle, window, bos, eos
 ]
 
 
-def case_conf(name, glob, packing, seed, shuffle, window, bos, eos):
+def case_conf(name, glob, packing, seed, shuffle, window, bos, eos, vranks=0):
     tok = lambda t: "none" if t is None else str(t)  # noqa: E731
     return feed_conf(name, glob, seq_len=L, batch_size=B, seed=seed, shuffle="true" if shuffle else "false",
-                     window=window, bos=tok(bos), eos=tok(eos), extra=f"packing = {packing}\n")
+                     window=window, bos=tok(bos), eos=tok(eos), extra=f"packing = {packing}\n", vranks=vranks)
 
 
 @pytest.mark.parametrize("packing,rank,world,seed,shuffle,window,bos,eos", CASES)
@@ -179,7 +179,7 @@ VCASES = [  # packing, virtual_ranks, world, rank, seed, shuffle, window, bos, e
     ("concat", 8, 3, 1, 7, True, 2, None, 50256),
     ("concat", 5, 1, 0, 3, False, 3, 50255, 50256),
     ("pad", 8, 2, 1, 9, True, 1, None, 50256),
-    ("concat", 1024, 4, 3, 1, True, 5, None, None),  # V' = N = 120 (section 17.1)
+    ("concat", 1024, 4, 3, 1, True, 5, None, None),  # feedd's default; V' = N = 120 (section 17.1)
 ]
 N_DOCS = 5 * 24
 
@@ -221,7 +221,7 @@ def asked(loader):
 def test_len_with_virtual_ranks_fresh_and_resumed(daemon, shards, packing, vranks, world, rank, seed, shuffle, window,
                                                   bos, eos):
     glob = f"{shards}/shard_*.idx"
-    conf = case_conf("f", glob, packing, seed, shuffle, window, bos, eos) + f"virtual_ranks = {vranks}\n"
+    conf = case_conf("f", glob, packing, seed, shuffle, window, bos, eos, vranks=None if vranks == 1024 else vranks)
     d = daemon(conf)
     vp = feed_ref.effective_vranks(vranks, [N_DOCS])
     rows = {v: vrow_epochs(glob, packing, vp, v, seed, shuffle, window, bos, eos, EPOCHS + 2)
