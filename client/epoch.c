@@ -25,13 +25,12 @@ FEED_EXPORT int feed_client_epoch_info(feed_client *c, const char *cursor, struc
 	else if (!(c->daemon_flags & WIRE_DAEMON_EPOCH_INFO))
 		r = client_fail(c, -EOPNOTSUPP, "this feedd is too old to tell an epoch's length; set the training "
 				"length in steps (max_steps) instead");
-	else if (cursor && strlen(cursor) >= sizeof(m.cursor))
-		r = client_fail(c, -EINVAL, "a cursor is at most %zu bytes", sizeof(m.cursor) - 1);
+	else
+		r = client_put_cursor(c, cursor ? cursor : "", m.cursor); /* a long elastic state goes ahead (STATE) */
 	if (r < 0) {
 		errno = saved;
 		return r;
 	}
-	snprintf(m.cursor, sizeof(m.cursor), "%s", cursor ? cursor : "");
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_EPOCH_INFO_SIZE];
 	int n = wire_encode_epoch_info(buf, sizeof(buf), &m);
 	r = n < 0 ? n : client_send(c, buf, (size_t)n);

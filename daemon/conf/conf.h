@@ -26,6 +26,9 @@ enum conf_packing {
 	CONF_PACKING_PAD,
 };
 
+/* virtual_ranks when unset: any job of up to 1024 ranks can resize later (docs/sample-order.md, 17.1). */
+#define CONF_VIRTUAL_RANKS_DEFAULT 1024
+
 struct conf_feed {
 	char *name;
 	char *format;        /* "megatron", "jsonl" or "text" */

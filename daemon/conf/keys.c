@@ -499,7 +499,7 @@ static const struct conf_key feed_keys[] = {
 	{ .name = "pad_id", .type = KEY_I64, .off = FIELD(F, pad_id, 8), .min = 0, .max = INT32_MAX,
 	  .what = "a token id in 0..2147483647", .flags = KEY_ORDER, .line_off = offsetof(F, pad_id_line) },
 	CUSTOM("sources", set_sources, .flags = KEY_ORDER),
-	U32(F, virtual_ranks, 0, 1u << 16, "an integer in 0..65536 (0: no virtual ranks)", .flags = KEY_ORDER),
+	U32(F, virtual_ranks, 0, 1u << 16, "an integer in 0..65536 (0: one stream per rank, no elastic resume)", .flags = KEY_ORDER),
 };
 #undef F
 
@@ -654,6 +654,7 @@ void conf_feed_defaults(struct conf_feed *f)
 		.skip_bad_records = true,
 		.max_bad_fraction = 0.001,
 		.max_document_bytes = UINT64_C(256) << 20,
+		.virtual_ranks = CONF_VIRTUAL_RANKS_DEFAULT,
 	};
 }
 

@@ -63,6 +63,7 @@ struct feed_counters {
 struct feed_epoch_len {
 	bool used;
 	uint32_t rank, world;
+	uint64_t state_key; /* virtual ranks: the state asked about (0: not virtual ranks) */
 	uint64_t epoch, first_batch, batches, units;
 };
 

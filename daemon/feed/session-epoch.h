@@ -18,6 +18,7 @@
 
 struct session;
 struct feed;
+struct vstate;
 
 struct session_epoch_info {
 	uint64_t epoch;
@@ -32,13 +33,14 @@ typedef void (*session_epoch_fn)(struct session *s, int code, const struct sessi
 
 /*
  * The epoch of the position c names (a cursor of this session's stream;
- * NULL: the stream's start). Returns 1 with *ret filled (known already); 0
+ * NULL: the stream's start); with virtual ranks, of state st instead (the
+ * rank's own or a global one; NULL: the start of every served stream). Returns 1 with *ret filled (known already); 0
  * when measuring on the pool (done(userdata) follows on the main thread);
  * -EOPNOTSUPP (the feed cannot know it; why in err), -EINVAL (c is not a
  * cursor of this stream), -ENOMEM.
  */
-int session_epoch_info(struct session *s, const struct cursor *c, session_epoch_fn done, void *userdata,
-		       struct session_epoch_info *ret, char *err, size_t errlen);
+int session_epoch_info(struct session *s, const struct cursor *c, const struct vstate *st, session_epoch_fn done,
+		       void *userdata, struct session_epoch_info *ret, char *err, size_t errlen);
 
 /* Whether feed f can answer (0), or -EOPNOTSUPP with why in err. */
 int feed_epoch_info_supported(const struct feed *f, char *err, size_t errlen);

@@ -49,6 +49,9 @@ struct session_epoch_job {
 	void *userdata;
 	int result;             /* of epoch_units_measure */
 	struct epoch_units m;
+	struct epoch_vstream *vs; /* virtual ranks: the served streams at the question's state (else NULL) */
+	uint64_t state_key;       /* virtual ranks: the question's key in the cache */
+	struct epoch_vinfo vm;
 };
 
 /*
@@ -122,6 +125,8 @@ struct session {
 	struct session_virtual *virt; /* elastic sessions: the virtual streams this rank serves (session-virtual.c) */
 	struct session *parent; /* a virtual stream's session: the rank's, which owns its ring and its failures */
 	struct session_explain *explain; /* a side session of feedctl explain (no ring): pumping it explains on */
+	bool plain;             /* a feed with virtual ranks serving one rank's stream of sections 3 to 16: resumed
+				   from a cursor saved without them, of a world other than V' (section 17.7) */
 	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
 	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
 	struct producer *producer;
@@ -193,6 +198,13 @@ int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, ui
 				struct vstate *st, struct vstate_stream *e);
 /* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */
 uint64_t session_virtual_epoch(const struct session *s);
+/* The fingerprint of the cursors this session takes and makes (section 17.7: a plain one, the feed's without virtual ranks). */
+static inline uint64_t session_fingerprint(const struct session *s)
+{
+	return s->plain ? s->feed->fingerprint_plain : s->feed->fingerprint;
+}
+/* Served stream i (v = rank + i * world) delivers rows: false once dead (section 17.4). */
+bool session_virtual_live(const struct session *s, uint32_t i);
 void session_virtual_free(struct session *s);
 void session_virtual_job_clear(struct session_job *j);
 /* Plans batch `batch` into j, its state text into j->cursor. Same returns as session_plan(). */

@@ -306,6 +306,12 @@ uint64_t session_virtual_epoch(const struct session *s)
 	return e == UINT64_MAX ? 0 : e;
 }
 
+bool session_virtual_live(const struct session *s, uint32_t i)
+{
+	const struct session_virtual *x = s->virt;
+	return x && i < x->m && x->sub[i] && !x->dead[i];
+}
+
 /* The live stream that has delivered the fewest rows, the smallest v on ties; UINT32_MAX: none. */
 static uint32_t next_stream(const struct session_virtual *x)
 {

@@ -166,7 +166,7 @@ void session_pump(struct session *s)
 				return;
 			}
 			struct cursor c = {
-				.fingerprint = s->feed->fingerprint,
+				.fingerprint = session_fingerprint(s),
 				.data = s->feed->data_id,
 				.has_data = true,
 				.world = s->world,
@@ -318,11 +318,12 @@ int session_open_streams(struct session *s, const struct cursor *c, char *err, s
 {
 	struct feed *f = s->feed;
 	const uint32_t rank = s->rank, world = s->world;
+	const uint64_t fingerprint = session_fingerprint(s);
 	int r;
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
 	if (c) {
 		/* Same shards, sizes, mtimes and parameters, other data: a shard rewritten in place (issue #16). */
-		if (c->has_data && c->data != f->data_id && c->fingerprint == f->fingerprint) {
+		if (c->has_data && c->data != f->data_id && c->fingerprint == fingerprint) {
 			snprintf(err, errlen,
 				 "cursor was taken on other data: the data of feed %s changed since (data identity %016" PRIx64
 				 ", now %016" PRIx64 ") though no size or mtime did: a shard was rewritten in place, or this "
@@ -330,19 +331,19 @@ int session_open_streams(struct session *s, const struct cursor *c, char *err, s
 				 f->name, c->data, f->data_id);
 			return -EINVAL;
 		}
-		if (c->fingerprint != f->fingerprint && c->has_data && c->data != f->data_id) {
+		if (c->fingerprint != fingerprint && c->has_data && c->data != f->data_id) {
 			snprintf(err, errlen,
 				 "cursor belongs to another feed or another version of feed %s (fingerprint %016" PRIx64
 				 ", the feed's is %016" PRIx64 "): the data changed (data identity %016" PRIx64 ", now %016" PRIx64
 				 ": a shard was added, removed, rewritten or replaced), or the cursor is another feed's",
-				 f->name, c->fingerprint, f->fingerprint, c->data, f->data_id);
+				 f->name, c->fingerprint, fingerprint, c->data, f->data_id);
 			return -EINVAL;
 		}
-		if (c->fingerprint != f->fingerprint) {
+		if (c->fingerprint != fingerprint) {
 			snprintf(err, errlen,
 				 "cursor belongs to another feed or another version of feed %s (fingerprint %016" PRIx64
 				 ", the feed's is %016" PRIx64 "): its shards or parameters changed",
-				 f->name, c->fingerprint, f->fingerprint);
+				 f->name, c->fingerprint, fingerprint);
 			return -EINVAL;
 		}
 		if (c->world != world || c->rank != rank) {
@@ -392,11 +393,18 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		struct session **ret, char *err, size_t errlen)
 {
 	int r;
+	/*
+	 * Section 17.7: a cursor saved without virtual ranks (fingerprint F0) of a world other than V' resumes
+	 * exactly the stream it was taken on, one rank's of sections 3 to 16 (with V' = R it becomes the state of
+	 * stream r instead, below).
+	 */
+	const bool plain = f->vranks && c && !state && c->fingerprint == f->fingerprint_plain && world != f->vranks;
+	const uint32_t vranks = plain ? 0 : f->vranks;
 	if (f->state != FEED_READY) {
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
 		return f->error_code < 0 ? f->error_code : -EIO;
 	}
-	for (uint32_t i = 0; !f->vranks && i < MAX(f->n_sources, 1u); i++) {
+	for (uint32_t i = 0; !vranks && i < MAX(f->n_sources, 1u); i++) {
 		struct feed *sf = f->n_sources ? f->sources[i] : f;
 		/* Counted only as far as needed: the index is validated lazily (feed-scan.c). */
 		int enough = feed_nonempty_at_least(sf, world);
@@ -411,7 +419,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 			return -EINVAL;
 		}
 	}
-	if (f->vranks && world > f->vranks) {
+	if (vranks && world > f->vranks) {
 		snprintf(err, errlen,
 			 "feed %s has %u virtual ranks (virtual_ranks, at most the documents of an epoch), fewer than the world size %u: "
 			 "raise virtual_ranks to at least the largest world the job will run with",
@@ -420,7 +428,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	}
 	struct vstate from_v1;
 	struct vstate_stream from_v1_entry;
-	if (f->vranks && c) {
+	if (vranks && c) {
 		/* Section 17.7: a cursor saved before virtual_ranks was set resumes when V' equals its world. */
 		if (session_virtual_from_cursor(f, c, rank, world, &from_v1, &from_v1_entry) < 0) {
 			snprintf(err, errlen,
@@ -432,7 +440,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		state = &from_v1;
 		c = NULL;
 	}
-	if (!f->vranks && state) {
+	if (!vranks && state) {
 		snprintf(err, errlen, "feed %s has no virtual ranks (virtual_ranks): an elastic state (fv1-...) is not one of its cursors",
 			 f->name);
 		return -EINVAL;
@@ -446,6 +454,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->feed = feed_ref(f);
 	s->rank = rank;
 	s->world = world;
+	s->plain = plain;
 	s->batch_size = f->conf.batch_size;
 	s->rows_ahead = f->conf.batch_size;
 	s->on_fail = on_fail;
@@ -456,7 +465,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
 				   .rank = rank, .world = world };
 	/* Elastic states longer than a cursor go to each slot's state area (section 17.5). */
-	const size_t state_max = f->vranks ? vstate_max_len((f->vranks - rank + world - 1) / world, f->n_sources) : 0;
+	const size_t state_max = vranks ? vstate_max_len((f->vranks - rank + world - 1) / world, f->n_sources) : 0;
 	if (state_max > FEED_CURSOR_MAX)
 		g.state_bytes = (uint32_t)ALIGN_UP(state_max, (size_t)64);
 	r = ring_new(&g, &s->ring);
@@ -471,7 +480,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	r = f->vranks ? session_virtual_open(s, state, err, errlen) : session_open_streams(s, c, err, errlen);
+	r = vranks ? session_virtual_open(s, state, err, errlen) : session_open_streams(s, c, err, errlen);
 	if (r < 0)
 		goto fail;
 

@@ -57,3 +57,33 @@ static inline uint64_t epoch_units_batches(const struct epoch_units *m, uint64_t
 {
 	return m->before / unit_per_batch + (m->total - m->before + unit_per_batch - 1) / unit_per_batch;
 }
+
+/*
+ * Virtual ranks (docs/sample-order.md, section 17.10): the epoch of the next
+ * batch of rank `rank` of `world` serving virtual streams rank, rank + world,
+ * ... of `vranks` (V'), each a one-row stream of rank v of world V'.
+ */
+struct epoch_vstream {
+	uint64_t rows;          /* n_v: rows it has delivered */
+	bool live;              /* false: dead (section 17.4), left out */
+	bool has_pos;           /* rows > 0: pos is where its row `rows` starts (its fc1 position) */
+	struct stream_pos pos;
+};
+
+struct epoch_vinfo {
+	uint64_t epoch, first_batch, batches, units;
+};
+
+/*
+ * s: the m = ceil((vranks - rank) / world) served streams, by ascending v;
+ * unit: units per row (L for "concat", 1 for "pad", per_doc); next_batch: the
+ * batch the rows of s start. One walk over each epoch between the streams'
+ * (O(documents of an epoch) each), then arithmetic over the rows of the
+ * epoch. Returns 0; -EINVAL (a position that is not one of its stream's);
+ * -ENODATA (no live stream, or a stream without a token within the
+ * contract's bound); -ENOMEM; tokens()'s errors.
+ */
+int epoch_vranks_measure(const struct order_params *p, const struct epoch_counts *counts, uint32_t vranks,
+			 uint32_t rank, uint32_t world, bool bos, bool eos, bool per_doc, uint64_t unit,
+			 uint32_t batch_size, const struct epoch_vstream *s, uint64_t next_batch,
+			 struct epoch_vinfo *ret);

@@ -366,18 +366,28 @@ static int handle_epoch_info(struct conn *c, const uint8_t *p, size_t len)
 	struct wire_epoch_info m;
 	if (wire_decode_epoch_info(p, len, &m) < 0)
 		return -EBADMSG;
+	_cleanup_free_ char *owned = NULL;
+	const char *text = request_cursor(c, m.cursor, &owned); /* taken first, as ATTACH does */
 	if (!c->session) {
 		conn_send_error(c, -ENOTCONN, "epoch lengths are per attachment: attach to a feed first");
 		return 0;
 	}
+	if (!text) {
+		conn_send_error(c, -EINVAL, "the request names a long state that was not sent (STATE) before it");
+		return 0;
+	}
 	struct cursor cur;
-	if (m.cursor[0] && cursor_parse(m.cursor, &cur) < 0) {
-		conn_send_error(c, -EINVAL, "cursor '%.64s' is malformed or damaged (bad check digits)", m.cursor);
+	_cleanup_(vstate_clear) struct vstate state = { 0 };
+	const bool elastic = vstate_is(text);
+	if (elastic ? vstate_parse(text, &state) < 0 : text[0] && cursor_parse(text, &cur) < 0) {
+		conn_send_error(c, -EINVAL, "%s '%.64s' is malformed or damaged (bad check digits)", elastic ? "state" : "cursor",
+				text);
 		return 0;
 	}
 	struct session_epoch_info info;
 	char err[512];
-	int r = session_epoch_info(c->session, m.cursor[0] ? &cur : NULL, on_epoch_info, c, &info, err, sizeof(err));
+	int r = session_epoch_info(c->session, text[0] && !elastic ? &cur : NULL, elastic ? &state : NULL, on_epoch_info,
+				   c, &info, err, sizeof(err));
 	if (r < 0) {
 		conn_send_error(c, r, "%s", err);
 		return 0;

@@ -6,6 +6,7 @@ passes the build directory in FEEDD_BUILD_DIR; run by hand with
   FEEDD_BUILD_DIR=build /usr/bin/python3 -m pytest tests/integration
 """
 
+import itertools
 import json
 import os
 import shlex
@@ -35,7 +36,30 @@ TIME_SCALE = float(os.environ.get("FEEDD_TEST_TIME_SCALE", "1"))
 DAEMON_IO_ENGINE = os.environ.get("FEEDD_DAEMON_IO_ENGINE", "")
 
 
+def pin_virtual_ranks(conf_text):
+    """Most tests check the per-rank contract of sections 3-16 against reference(): every feed whose section
+    does not mention virtual_ranks gets `virtual_ranks = 0` (feedd's default is 1024, section 17), in a section
+    reopened at the end so that no line number moves. A test of the default names it, e.g. with a comment
+    ("# virtual_ranks: feedd's default", what feed_conf(vranks=None) writes)."""
+    names, mentioned, cur = [], set(), None
+    for line in conf_text.splitlines():
+        t = line.strip()
+        if t.startswith("[") and t.endswith("]"):
+            sec = t[1:-1].strip()
+            cur = sec[5:] if sec.startswith("feed.") and "." not in sec[5:] else None
+            if cur is not None and cur not in names:
+                names.append(cur)
+        elif cur is not None and "virtual_ranks" in t:
+            mentioned.add(cur)
+    pins = "".join(f"[feed.{n}]\nvirtual_ranks = 0\n" for n in names if n not in mentioned)
+    if not pins:
+        return conf_text
+    return conf_text + ("" if conf_text.endswith("\n") else "\n") + pins
+
+
 def with_io_engine(conf_text):
+    """The conf a test's feedd reads: pin_virtual_ranks(), and the io_engine asked for by the environment."""
+    conf_text = pin_virtual_ranks(conf_text)
     if not DAEMON_IO_ENGINE or "io_engine" in conf_text:
         return conf_text
     if "[feedd]\n" in conf_text:
@@ -209,9 +233,30 @@ def dataset(tmp_path_factory):
 
 
 def feed_conf(name, shards, seq_len=256, batch_size=4, seed=7, shuffle="true", window=2, bos="none",
-              eos="none", extra=""):
+              eos="none", extra="", vranks=0):
+    """A feed's section. vranks: virtual_ranks (0, the default here: one stream per rank, sections 3-16,
+    which reference() reproduces); None leaves it to feedd's default (1024: reference_virtual())."""
+    v = ("# virtual_ranks: feedd's default\n" if vranks is None else
+         "" if "virtual_ranks" in extra else f"virtual_ranks = {vranks}\n")
     return (f"[feed.{name}]\nshards = {shards}\nseq_len = {seq_len}\nbatch_size = {batch_size}\n"
-            f"seed = {seed}\nshuffle = {shuffle}\nshuffle_window = {window}\nbos = {bos}\neos = {eos}\n{extra}")
+            f"seed = {seed}\nshuffle = {shuffle}\nshuffle_window = {window}\nbos = {bos}\neos = {eos}\n{v}{extra}")
+
+
+VRANKS_DEFAULT = 1024  # feedd's virtual_ranks when unset (docs/configuration.md)
+
+
+def reference_virtual(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shuffle=True, window=2, bos=None,
+                      eos=None, vranks=VRANKS_DEFAULT):
+    """reference() for a feed with virtual ranks ("concat", section 17): rank's first n batches."""
+    shards = feed_ref.load_shards(feed_ref.expand_globs([str(shard_glob)]))
+    vp = feed_ref.effective_vranks(vranks, [sum(s.docs for s in shards)])
+
+    def rows_of(v, first):
+        rs = feed_ref.RankStream(shards, seed, shuffle, window, vp, v, bos=bos, eos=eos, virtual=True)
+        return rs.batches(seq_len, 1, start_batch=first)
+
+    batches = feed_ref.virtual_batches(rows_of, feed_ref.virtual_streams(vp, world, rank), batch_size, seq_len)
+    return list(itertools.islice(batches, n))
 
 
 def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shuffle=True, window=2, bos=None,

@@ -395,7 +395,22 @@ def test_virtual_ranks_equal_to_the_world_are_todays_stream(shards, tmp_path, pa
                   for r in range(3)]
         merged = feed.merge_states([s["cursors"][-1] for s in states])
         assert len(d.dump("f", tmp_path / "g", rank=0, world=2, batches=1, cursor=merged)["input_ids"]) == 1
+        # A plain cursor names its world: another one is refused as section 7.3 says.
         p = d.dump("f", tmp_path / "x", rank=0, world=2, batches=1, cursor=before[0]["cursors"][2], check=False)
-        assert p.returncode != 0 and "resumes only when" in p.stderr
+        assert p.returncode != 0 and "cursor is for rank 0 of world 3, not rank 0 of world 2" in p.stderr, p.stderr
+    finally:
+        d.stop()
+    # feedd's default virtual_ranks (V' = 1024 or the documents, not 3): a cursor saved without virtual ranks
+    # resumes exactly the stream it was taken on, and goes on making cursors of it (section 17.7).
+    default = conf(shards, packing, mixture, vranks=0).replace("virtual_ranks = 0\n", "# virtual_ranks: default\n")
+    d = Daemon(tmp_path, default, name="default")
+    try:
+        for r in range(3):
+            rest = d.dump("f", tmp_path / f"d{r}", rank=r, world=3, batches=3, cursor=before[r]["cursors"][2])
+            for k in ("input_ids", "labels", "position_ids"):
+                assert np.array_equal(rest[k], before[r][k][3:]), (r, k)
+            assert rest["cursors"][-1] == before[r]["cursors"][5], r
+        fresh = d.dump("f", tmp_path / "fresh", rank=0, world=3, batches=1)
+        assert fresh["cursors"][0].startswith("fv1-")
     finally:
         d.stop()

@@ -61,10 +61,10 @@ CASES = [  # packing, rank, world, seed, shuffle, window, bos, eos
 ]
 
 
-def case_conf(name, glob, packing, seed, shuffle, window, bos, eos):
+def case_conf(name, glob, packing, seed, shuffle, window, bos, eos, vranks=0):
     tok = lambda t: "none" if t is None else str(t)  # noqa: E731
     return feed_conf(name, glob, seq_len=L, batch_size=B, seed=seed, shuffle="true" if shuffle else "false",
-                     window=window, bos=tok(bos), eos=tok(eos), extra=f"packing = {packing}\n")
+                     window=window, bos=tok(bos), eos=tok(eos), extra=f"packing = {packing}\n", vranks=vranks)
 
 
 @pytest.mark.parametrize("packing,rank,world,seed,shuffle,window,bos,eos", CASES)
@@ -169,3 +169,105 @@ def test_a_cursor_of_another_stream_is_refused_and_the_stream_goes_on(daemon, sh
         assert r == -errno.EINVAL and why in conn.error(), (r, conn.error())
     assert next(loader).index == 0 and len(loader) > 0
     loader.close()
+
+
+# Virtual ranks (docs/sample-order.md, section 17.10): the rank's batches take their rows from
+# several one-row streams; the epoch of a batch is its row 0's, and the batches "in epoch e" are
+# those from F(e), the first whose row 0 is of epoch e or later, up to F(e + 1).
+
+VCASES = [  # packing, virtual_ranks, world, rank, seed, shuffle, window, bos, eos
+    ("concat", 8, 3, 1, 7, True, 2, None, 50256),
+    ("concat", 5, 1, 0, 3, False, 3, 50255, 50256),
+    ("pad", 8, 2, 1, 9, True, 1, None, 50256),
+    ("concat", 1024, 4, 3, 1, True, 5, None, None),  # feedd's default; V' = N = 120 (section 17.1)
+]
+N_DOCS = 5 * 24
+
+
+def vrow_epochs(glob, packing, vranks, v, seed, shuffle, window, bos, eos, upto):
+    """The epoch of each row of virtual stream v (rank v of world V', B = 1) until past epoch `upto`;
+    None for a dead stream (section 17.4)."""
+    rs = feed_ref.RankStream(feed_ref.load_shards(feed_ref.expand_globs([str(glob)])), seed, shuffle, window, vranks,
+                             v, bos=bos, eos=eos, virtual=True)
+    rows = rs.batches(L, 1) if packing == "concat" else feed_ref.pad_batches(feed_ref.rank_documents(rs), L, 1, 0)
+    out = []
+    try:
+        for row in rows:
+            out.append(row["epoch"])
+            if row["epoch"] > upto:
+                return out
+    except RuntimeError:
+        return None
+
+
+def state_rows(state):
+    """{v: rows delivered} of an fv1 state (section 17.5; one-stream feeds)."""
+    f = state.split("-")
+    n, at, out = int(f[6], 16), 7, {}
+    for _ in range(n):
+        out[int(f[at], 16)] = int(f[at + 2], 16)
+        at += 7
+    return out
+
+
+def asked(loader):
+    """EPOCH_INFO at the loader's state, not its cached answer."""
+    loader._epoch_len = None
+    info = loader.epoch_info()
+    return info["epoch"], info["first_batch"], info["batches"]
+
+
+@pytest.mark.parametrize("packing,vranks,world,rank,seed,shuffle,window,bos,eos", VCASES)
+def test_len_with_virtual_ranks_fresh_and_resumed(daemon, shards, packing, vranks, world, rank, seed, shuffle, window,
+                                                  bos, eos):
+    glob = f"{shards}/shard_*.idx"
+    conf = case_conf("f", glob, packing, seed, shuffle, window, bos, eos, vranks=None if vranks == 1024 else vranks)
+    d = daemon(conf)
+    vp = feed_ref.effective_vranks(vranks, [N_DOCS])
+    rows = {v: vrow_epochs(glob, packing, vp, v, seed, shuffle, window, bos, eos, EPOCHS + 2)
+            for v in range(vp)}
+    rows = {v: r for v, r in rows.items() if r is not None}
+    mine = {v: rows[v] for v in feed_ref.virtual_streams(vp, world, rank) if v in rows}
+
+    # An uninterrupted run: every answer is the reference's, and the definition holds on the delivered batches.
+    loader = feed.Loader("f", rank=rank, world_size=world, socket=d.socket, as_numpy=True, copy=True)
+    answers, epochs = [], []
+    i = 0
+    while not answers or answers[-1][0] < EPOCHS:
+        state = loader.state_dict()["cursor"]
+        got = asked(loader)
+        assert got == feed_ref.virtual_epoch_info(mine, B, state_rows(state) if state else None, i), f"batch {i}"
+        answers.append(got)
+        b = next(loader)
+        assert b.index == i
+        epochs.append(b.epoch)
+        i += 1
+    loader.close()
+    running = list(itertools.accumulate(epochs, max))
+    for i, (e, first, n) in enumerate(answers[:-1]):
+        if first + n <= len(running):
+            assert running[i] == e and running.index(e) == first and running.count(e) == n, i
+    assert len({a[0] for a in answers}) >= 2
+
+    # Resumed in another world from the merged states of every rank: the reference at the merged state, then at
+    # the rank's own states while its streams catch up (section 17.3).
+    old = 2 if world != 2 else 3
+    states = []
+    for r in range(old):
+        ld = feed.Loader("f", rank=r, world_size=old, socket=d.socket, as_numpy=True, copy=True)
+        for _ in range(5 + 3 * r):  # ranks stopped at different steps
+            next(ld)
+        states.append(ld.state_dict())
+        ld.close()
+    merged = feed.merge_states(states)
+    again = feed.Loader("f", rank=rank, world_size=world, socket=d.socket, as_numpy=True, copy=True)
+    again.load_state_dict(merged)
+    start = {v: n for v, n in state_rows(merged["cursor"]).items() if v in mine}
+    nb = merged["next_batch"]
+    assert asked(again) == feed_ref.virtual_epoch_info(mine, B, start, nb)
+    for k in range(12):
+        b = next(again)
+        assert b.index == nb + k
+        state = again.state_dict()["cursor"]
+        assert asked(again) == feed_ref.virtual_epoch_info(mine, B, state_rows(state), nb + k + 1), k
+    again.close()

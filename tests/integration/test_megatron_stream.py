@@ -16,35 +16,41 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_batches_equal, feed_conf, gen_megatron, load_dump, open_fds, reference
+from conftest import assert_batches_equal, feed_conf, gen_megatron, load_dump, open_fds, reference, reference_virtual
 
 
+@pytest.mark.parametrize("vranks", [0, None], ids=["per-rank", "default-virtual"])
 @pytest.mark.parametrize("world,rank,bos,eos,shuffle", [
     (1, 0, None, None, True),
     (2, 1, None, 50256, True),
     (3, 2, 50255, 50256, True),
     (2, 0, 1, None, False),
 ])
-def test_batches_match_the_contract(daemon, dataset, tmp_path, world, rank, bos, eos, shuffle):
+def test_batches_match_the_contract(daemon, dataset, tmp_path, world, rank, bos, eos, shuffle, vranks):
+    """vranks None: feedd's default virtual_ranks (1024, section 17), against the reference's virtual streams."""
     d = daemon(feed_conf("web", f"{dataset}/shard_*.idx", bos="none" if bos is None else bos,
-                         eos="none" if eos is None else eos, shuffle="true" if shuffle else "false"))
+                         eos="none" if eos is None else eos, shuffle="true" if shuffle else "false", vranks=vranks))
     n = 40
     got = d.dump("web", tmp_path / "out", rank=rank, world=world, batches=n)
-    exp = reference(f"{dataset}/shard_*.idx", rank, world, n, bos=bos, eos=eos, shuffle=shuffle)
+    ref = reference if vranks == 0 else reference_virtual
+    exp = ref(f"{dataset}/shard_*.idx", rank, world, n, bos=bos, eos=eos, shuffle=shuffle)
     assert_batches_equal(got, exp)
 
 
-def test_stream_crosses_epochs_exactly(daemon, tmp_path):
-    """A tiny feed makes many epochs pass; the reference says what each must hold."""
+@pytest.mark.parametrize("vranks", [0, None], ids=["per-rank", "default-virtual"])
+def test_stream_crosses_epochs_exactly(daemon, tmp_path, vranks):
+    """A tiny feed makes many epochs pass; the reference says what each must hold (with the default
+    virtual_ranks: V' = the 21 documents, section 17.4)."""
     data = tmp_path / "tiny"
     data.mkdir()
     rng = np.random.default_rng(5)
     for s in range(3):
         docs = [[rng.integers(0, 1000, int(n))] for n in rng.integers(0, 40, 7)]
         gen_megatron.write_shard(str(data / f"t{s}"), docs, "i32")
-    d = daemon(feed_conf("tiny", f"{data}/t*.idx", seq_len=16, batch_size=3, window=2, eos=1000))
+    d = daemon(feed_conf("tiny", f"{data}/t*.idx", seq_len=16, batch_size=3, window=2, eos=1000, vranks=vranks))
     got = d.dump("tiny", tmp_path / "out", rank=1, world=2, batches=60)
-    exp = reference(f"{data}/t*.idx", 1, 2, 60, seq_len=16, batch_size=3, window=2, eos=1000)
+    ref = reference if vranks == 0 else reference_virtual
+    exp = ref(f"{data}/t*.idx", 1, 2, 60, seq_len=16, batch_size=3, window=2, eos=1000)
     assert_batches_equal(got, exp)
     assert max(e["epoch"] for e in exp) >= 3
 
@@ -210,6 +216,12 @@ def test_world_larger_than_documents_is_refused(daemon, tmp_path):
     d = daemon(feed_conf("few", f"{data}/*.idx"))
     p = d.dump("few", tmp_path / "o", rank=0, world=3, batches=1, check=False)
     assert p.returncode == 1 and "2 non-empty documents, fewer than the world size 3" in p.stderr, p.stderr
+    # With feedd's default virtual_ranks: V' = 3 documents (section 17.4); a world of 4 is refused, saying so.
+    d2 = daemon(feed_conf("few", f"{data}/*.idx", vranks=None))
+    p = d2.dump("few", tmp_path / "o2", rank=0, world=4, batches=1, check=False)
+    assert p.returncode == 1 and "has 3 virtual ranks" in p.stderr and "fewer than the world size 4" in p.stderr, \
+        p.stderr
+    assert d2.dump("few", tmp_path / "o3", rank=2, world=3, batches=2)["input_ids"].shape[0] == 2
 
 
 def test_pread_fallback_serves_the_same_batches(daemon, dataset, tmp_path):

@@ -95,6 +95,51 @@ def ref(packing, documents, n, pad_id=EOS, buffer_tokens=None, start=0):
     return first(feed_ref.bestfit_batches(documents, L, B, buffer_tokens, pad_id), start + n)[start:]
 
 
+def concat_rows(documents):
+    """Section 14.3's "concat" over a document sequence, one row per batch (a virtual stream's rows)."""
+    toks = itertools.chain.from_iterable(((t, i == 0) for i, t in enumerate(doc.tokens.tolist())) for doc in documents)
+    buf = first(toks, L + 1)
+    while True:
+        row = feed_ref.make_batch(np.array([t for t, _ in buf], np.int32), np.array([st for _, st in buf], bool), 1, L)
+        row["epoch"] = 0  # not compared (a mixture's rows have none of the feed, section 14.3)
+        yield row
+        buf = buf[L:] + first(toks, L)
+
+
+@pytest.mark.parametrize("packing,mixture", [("bestfit", False), ("pad", False), ("concat", True), ("bestfit", True)])
+def test_the_default_virtual_ranks_match_the_contract(daemon, shards, tmp_path, packing, mixture):
+    """feedd's default virtual_ranks (1024; V' = the documents of the smallest source, section 17.1): every
+    virtual stream packed on its own (B = 1), a rank's batches taking rows in rotation (17.3)."""
+    extra = ("pack_buffer = 300\n" if packing == "bestfit" else "") + "# virtual_ranks: feedd's default\n"
+    sources = list(WEIGHTS) if mixture else ["web"]
+    if mixture:
+        conf = mixture_conf("v", shards, packing, extra)
+    else:
+        conf = packed_conf("v", f"{shards}/web/shard_*.idx", packing, extra, vranks=None)
+    d = daemon(conf)
+    sets = [feed_ref.load_shards(feed_ref.expand_globs([f"{shards}/{s}/shard_*.idx"])) for s in sources]
+    vp = feed_ref.effective_vranks(1024, [sum(sh.docs for sh in shs) for shs in sets])
+    units = [feed_ref.mix_parse_weight(w) for w in WEIGHTS.values()]
+
+    def rows_of(v, first_row):
+        streams = [feed_ref.rank_documents(feed_ref.RankStream(shs, SEED, True, 2, vp, v, eos=EOS, virtual=True))
+                   for shs in sets]
+        documents = feed_ref.mixed_documents(streams, SEED, units) if mixture else streams[0]
+        if packing == "concat":
+            rows = concat_rows(documents)
+        elif packing == "pad":
+            rows = feed_ref.pad_batches(documents, L, 1, EOS)
+        else:
+            rows = feed_ref.bestfit_batches(documents, L, 1, 300, EOS)
+        return itertools.islice(rows, first_row, None)
+
+    world, rank, n = 3, 1, 12
+    got = d.dump("v", tmp_path / "out", rank=rank, world=world, batches=n)
+    exp = first(feed_ref.virtual_batches(rows_of, feed_ref.virtual_streams(vp, world, rank), B, L), n)
+    assert_batches_equal(got, exp)
+    assert got["cursors"][-1].startswith("fv1")
+
+
 @pytest.mark.parametrize("world,rank,pack_buffer", [(1, 0, 1000), (2, 1, 3 * L), (3, 2, 1)])
 def test_bestfit_batches_match_the_contract(daemon, shards, tmp_path, world, rank, pack_buffer):
     glob = f"{shards}/web/shard_*.idx"

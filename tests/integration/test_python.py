@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BUILD, FEED_INSTALLED, SRC, Daemon, feed_conf, gen_megatron, use_feed_package
+from conftest import (BUILD, FEED_INSTALLED, SRC, Daemon, feed_conf, gen_megatron, reference_virtual,
+                      use_feed_package)
 
 os.environ.setdefault("FEEDD_BUILD_DIR", str(BUILD))
 FEED_PATH = use_feed_package()
@@ -91,6 +92,27 @@ def test_batches_equal_feedctl_dump(web, tmp_path, mode):
     loader.load_state_dict({**loader.state_dict(), "cursor": dump["cursors"][4], "next_batch": 5})
     for i in range(5, 12):
         assert_matches_dump([next(loader)], dump, first=i)
+
+
+def test_the_default_virtual_ranks_through_the_loader_equal_the_contract(daemon, dataset):
+    """feedd's default virtual_ranks (1024, section 17): the loader's batches are the reference's, its states
+    (fv1, longer than a cursor: the slot's state area) resume exactly, and len() answers (section 17.10)."""
+    d = daemon(feed_conf("web", f"{dataset}/shard_*.idx", eos=50256, vranks=None))
+    exp = reference_virtual(f"{dataset}/shard_*.idx", 1, 2, 14, eos=50256)
+    a = feed.Loader("web", rank=1, world_size=2, socket=d.socket, as_numpy=True, copy=True, labels="shifted")
+    assert len(a) > 0
+    got = [next(a) for _ in range(14)]
+    for b, e in zip(got, exp):
+        for k in KEYS:
+            assert np.array_equal(b[k], e[k]), (b.index, k)
+    assert got[8].cursor.startswith("fv1-") and len(got[8].cursor) > 511
+    b = feed.Loader("web", rank=1, world_size=2, socket=d.socket, as_numpy=True, copy=True, labels="shifted")
+    b.load_state_dict({**a.state_dict(), "cursor": got[8].cursor, "next_batch": 9})
+    for i in range(9, 14):
+        x = next(b)
+        assert x.index == i and all(np.array_equal(x[k], exp[i][k]) for k in KEYS), i
+    a.close()
+    b.close()
 
 
 def test_state_dict_round_trip_mid_epoch(web, tmp_path):

@@ -10,6 +10,7 @@ without it. Runs with Debian's /usr/bin/python3.
 """
 
 import gzip
+import itertools
 import json
 import os
 import shutil
@@ -139,6 +140,24 @@ def test_jsonl_feed_equals_tiktoken_through_the_contract(daemon, corpus, tmp_pat
     assert st["documents"] == sum(s.docs for s in corpus["shards"])
     assert st["eos"] == EOT
     assert st["text"]["utf8_replaced"] >= 1 and st["text"]["bad_records"] == 0
+
+
+@pytest.mark.parametrize("world,rank", [(2, 1), (3, 0)])
+def test_jsonl_feed_with_the_default_virtual_ranks_equals_the_contract(daemon, corpus, tmp_path, world, rank):
+    """feedd's default virtual_ranks (1024, section 17): V' = min(1024, documents) one-row streams in rotation."""
+    d = daemon(text_conf("web", corpus["paths"], tmp_path / "cache", extra="# virtual_ranks: feedd's default\n"))
+    n = 40
+    got = d.dump("web", tmp_path / "out", rank=rank, world=world, batches=n)
+    vp = feed_ref.effective_vranks(1024, [sum(s.docs for s in corpus["shards"])])
+
+    def rows_of(v, first_row):
+        rs = feed_ref.RankStream(corpus["shards"], 11, True, 2, vp, v, eos=EOT, virtual=True)
+        return rs.batches(256, 1, start_batch=first_row)
+
+    exp = list(itertools.islice(feed_ref.virtual_batches(rows_of, feed_ref.virtual_streams(vp, world, rank), 4, 256),
+                                n))
+    assert_batches_equal(got, exp)
+    assert got["cursors"][-1].startswith("fv1")
 
 
 def test_resume_from_a_cursor_inside_a_document(daemon, corpus, tmp_path):

@@ -21,6 +21,7 @@ API
   effective_vranks(virtual_ranks, docs_per_source) -> V'      section 17.1
   virtual_streams(V', world, rank) -> [v]                     section 17.2
   virtual_batches(rows_of, streams, batch_size, seq_len) -> iter of dict (with "rows": [(v, row)])
+  virtual_epoch_info(row_epochs, batch_size, start, start_batch) -> (epoch, first_batch, batches)  section 17.10
   make_batch(tokens, starts, batch_size, seq_len) -> dict of int32 arrays
 
 A batch dict holds input_ids, labels, position_ids (int32 [B, L]), cu_seqlens
@@ -643,3 +644,37 @@ def virtual_batches(rows_of, streams, batch_size, seq_len, start=None, start_bat
                      rows=[(v, j) for v, j, _ in out])
         yield batch
         b += 1
+
+
+def virtual_epoch_info(row_epochs, batch_size, start=None, start_batch=0):
+    """Section 17.10, by brute force: row_epochs {v: [epoch of row 0, 1, ...]} of the rank's
+    live streams (long enough to reach past the epoch asked), start {v: rows delivered}.
+    The rank's rows are the pairs (j, v) with j < start[v] sorted, then those with
+    j >= start[v] sorted; batch start_batch begins at the first of the latter, batch t
+    at B*(t - start_batch) from it (t >= 0, inside the list). F(e) = the first batch whose
+    row 0 has epoch >= e; the epoch asked is the largest e with F(e) <= start_batch.
+    Returns (epoch, first_batch, batches)."""
+    start = start or {}
+    levels = min(len(r) for r in row_epochs.values())
+    past = sorted((j, v) for v in row_epochs for j in range(start.get(v, 0)))
+    future = sorted((j, v) for v in row_epochs for j in range(start.get(v, 0), levels))
+    seq = past + future
+    p0 = len(past)
+    batch_epochs = {}
+    t = start_batch - p0 // batch_size
+    while t < 0 or p0 + (t - start_batch) * batch_size < 0:
+        t += 1
+    while p0 + (t - start_batch) * batch_size < len(seq):
+        j, v = seq[p0 + (t - start_batch) * batch_size]
+        batch_epochs[t] = row_epochs[v][j]
+        t += 1
+
+    def first(e):
+        got = [b for b, x in sorted(batch_epochs.items()) if x >= e]
+        if not got:
+            raise ValueError("row_epochs too short for the epoch asked")
+        return got[0]
+
+    es = sorted(set(batch_epochs.values()))
+    e = max(x for x in es if first(x) <= start_batch)
+    return e, first(e), first(e + 1) - first(e)

@@ -161,7 +161,9 @@ static void write_conf(void)
 	char path[512];
 	snprintf(path, sizeof(path), "%s/feedd.conf", dir);
 	FILE *f = create(path);
-	const char *order = "seq_len = 48\nbatch_size = 3\nseed = 7\nshuffle = true\nshuffle_window = 1\neos = 10\n";
+	/* The per-rank contract (sections 3 to 15) that the reference's streams check: no virtual ranks. */
+	const char *order = "seq_len = 48\nbatch_size = 3\nseed = 7\nshuffle = true\nshuffle_window = 1\neos = 10\n"
+			    "virtual_ranks = 0\n";
 	char text[600];
 	snprintf(text, sizeof(text), "format = jsonl\ntokenizer = %s/bytes.tiktoken\ntokenizer_preset = gpt2\n", dir);
 	static const char *const packings[] = { "concat", "bestfit" };
