@@ -58,6 +58,7 @@ EXPERIMENTS = [
     ("scale", "json", None, True),
     ("s3", "json", None, True),
     ("watch", "text", None, True),
+    ("hugedoc", "text", None, True),
 ]
 
 
