@@ -303,6 +303,7 @@ static int resolve_sources(struct conf *c, const char *path, char *err, size_t e
 			sf->seed = f->seed;
 			sf->shuffle = f->shuffle;
 			sf->shuffle_window = f->shuffle_window;
+			sf->shuffle_list_max = f->shuffle_list_max;
 			sf->bos = f->bos;
 			sf->eos = f->eos;
 		}

@@ -34,10 +34,13 @@ static int load_window(struct doc_walk *w, uint32_t window)
 	/* The window after this one is shuffled ahead, off this thread, while this one is read. */
 	const struct order_windows *ws = w->params->windows;
 	if (ws && w->params->shuffle) {
-		if (window + 1 < w->ep.n_windows)
-			ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
-		else
+		/* A window over list_max has no list to build ahead (section 3.1). */
+		if (window + 1 < w->ep.n_windows) {
+			if (!order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
+				ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+		} else {
 			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+		}
 	}
 	w->window = window;
 	w->at = 0;
