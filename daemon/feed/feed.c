@@ -45,7 +45,7 @@ static void hash_permutation(uint64_t *h, const struct feed *f)
 {
 	if (!order_may_permute(&f->params))
 		return;
-	hash_bytes(h, "feistel6-v1", 11);
+	hash_bytes(h, "feistel8-v1", 11);
 	hash_u64(h, f->params.list_max);
 }
 

@@ -12,7 +12,7 @@
 
 #include "daemon/order/rng.h"
 
-#define ORDER_PERM_ROUNDS 6
+#define ORDER_PERM_ROUNDS 8
 
 struct order_perm {
 	uint64_t n;

@@ -101,7 +101,7 @@ def mix_array(x):
     return x ^ (x >> np.uint64(31))
 
 
-PERM_ROUNDS = 6
+PERM_ROUNDS = 8
 
 
 def permute_at(n, key, idx):
