@@ -43,12 +43,6 @@
 		}                                                                            \
 	} while (0)
 
-static int cmp_desc(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? 1 : x > y ? -1 : 0;
-}
-
 void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng)
 {
 	SHUFFLE(uint32_t);
@@ -319,34 +313,28 @@ bool order_may_permute(const struct order_params *p)
 	if (!p->shuffle || !p->list_max)
 		return false;
 	uint32_t k = (uint32_t)MIN((uint64_t)p->window, (uint64_t)p->n_shards);
-	uint64_t sum = 0;
-	if (k <= 64) {
-		/* The k largest shard sizes, ascending (top[0] the smallest of them). */
-		uint64_t top[64] = { 0 };
-		for (uint32_t s = 0; s < p->n_shards; s++) {
-			uint64_t d = p->shard_docs[s];
-			if (d <= top[0])
-				continue;
-			uint32_t i = 0;
-			while (i + 1 < k && top[i + 1] < d) {
-				top[i] = top[i + 1];
-				i++;
-			}
-			top[i] = d;
-		}
-		for (uint32_t i = 0; i < k; i++)
-			sum += top[i];
-		return sum > p->list_max;
+	if (k == 0)
+		return false;
+	/* t: the k-th largest shard size, the largest t with at least k shards of t or more (no allocation). */
+	uint64_t lo = 0, hi = UINT32_MAX;
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo + 1) / 2;
+		uint32_t at_least = 0;
+		for (uint32_t s = 0; s < p->n_shards && at_least < k; s++)
+			at_least += p->shard_docs[s] >= mid;
+		if (at_least >= k)
+			lo = mid;
+		else
+			hi = mid - 1;
 	}
-	/* A large W (rare): sort a copy. */
-	uint64_t *all = malloc(MAX(p->n_shards, 1u) * sizeof(*all));
-	if (!all)
-		return true; /* the conservative answer: the fingerprint then names list_max */
+	/* The k largest: every size above t, and t for the rest. */
+	uint64_t sum = 0;
+	uint32_t above = 0;
 	for (uint32_t s = 0; s < p->n_shards; s++)
-		all[s] = p->shard_docs[s];
-	qsort(all, p->n_shards, sizeof(*all), cmp_desc);
-	for (uint32_t i = 0; i < k; i++)
-		sum += all[i];
-	free(all);
+		if (p->shard_docs[s] > lo) {
+			sum += p->shard_docs[s];
+			above++;
+		}
+	sum += (uint64_t)(k - above) * lo;
 	return sum > p->list_max;
 }

@@ -45,7 +45,7 @@ static inline bool order_window_permuted(const struct order_params *p, uint64_t 
 /*
  * Whether some window of some epoch can be permuted by the bijection: the
  * W shards with the most documents together hold more than list_max.
- * O(S W) worst case, O(S) for the usual small W.
+ * O(32 S), no allocation.
  */
 bool order_may_permute(const struct order_params *p);
 

@@ -539,6 +539,40 @@ static void test_permute(void)
 	CHECK_U64(order_perm_at(&p, 99999999), 45533195);
 }
 
+/* order_may_permute against sorting: the W largest shards, ties and W over S included. */
+static void test_may_permute(void)
+{
+	static uint32_t docs[300];
+	struct order_rng g = order_rng_init(3);
+	for (int round = 0; round < 40; round++) {
+		uint32_t n = 1 + (uint32_t)(order_rng_next(&g) % 300);
+		for (uint32_t i = 0; i < n; i++)
+			docs[i] = (uint32_t)(order_rng_next(&g) % (round % 2 ? 5 : 100000)); /* few values: many ties */
+		uint32_t sorted[300];
+		memcpy(sorted, docs, n * sizeof(*docs));
+		for (uint32_t i = 1; i < n; i++) /* descending insertion sort */
+			for (uint32_t j = i; j > 0 && sorted[j - 1] < sorted[j]; j--) {
+				uint32_t t = sorted[j];
+				sorted[j] = sorted[j - 1];
+				sorted[j - 1] = t;
+			}
+		static const uint32_t ws[] = { 1, 2, 4, 65, 100, 400 };
+		for (size_t wi = 0; wi < ARRAY_LEN(ws); wi++) {
+			uint64_t top = 0;
+			for (uint32_t i = 0; i < n && i < ws[wi]; i++)
+				top += sorted[i];
+			for (int d = -1; d <= 1; d++) {
+				if (top == 0 && d < 0)
+					continue;
+				struct order_params p = { .shuffle = true, .window = ws[wi], .n_shards = n, .shard_docs = docs,
+							  .list_max = top + (uint64_t)d };
+				CHECK(order_may_permute(&p) == (d < 0), "S %u W %u: top %" PRIu64 ", list_max %+d", n, ws[wi],
+				      top, d);
+			}
+		}
+	}
+}
+
 /*
  * A window over list_max: its rank lists (order_window_rank_docs and
  * order_window_build/doc) are the bijection's order dealt by stride, every
@@ -607,6 +641,7 @@ int main(void)
 	test_stream_late_tokens();
 	test_permute();
 	test_permuted_windows();
+	test_may_permute();
 	unit_in_child("stream_init for a rank of 3 over 2 documents", no_documents_for_rank, NULL, 2);
 	return unit_exit("test-order");
 }
