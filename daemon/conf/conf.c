@@ -304,6 +304,7 @@ static int resolve_sources(struct conf *c, const char *path, char *err, size_t e
 			sf->shuffle = f->shuffle;
 			sf->shuffle_window = f->shuffle_window;
 			sf->virtual_ranks = 0; /* the mixture's key: a source is never virtual on its own (section 17.1) */
+			sf->shuffle_list_max = f->shuffle_list_max;
 			sf->bos = f->bos;
 			sf->eos = f->eos;
 		}

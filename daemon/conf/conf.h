@@ -16,6 +16,8 @@
 #include "daemon/order/mix.h"
 
 #define CONF_TOKEN_NONE INT64_C(-1)
+/* shuffle_list_max's default: 2^21 documents, 12 MiB per window listed (docs/configuration.md) */
+#define CONF_SHUFFLE_LIST_MAX (UINT64_C(1) << 21)
 #define CONF_FEED_FORMAT "megatron" /* a feed's format when it names none */
 #define CONF_FEED_TEXT_KEY "text"   /* jsonl: the member holding the text when text_key names none */
 
@@ -39,6 +41,7 @@ struct conf_feed {
 	uint64_t seed;
 	bool shuffle;
 	uint32_t shuffle_window;
+	uint64_t shuffle_list_max; /* M: a shuffled window of more documents is permuted by the bijection */
 	int64_t bos, eos;    /* token id or CONF_TOKEN_NONE */
 	char *bos_name, *eos_name; /* given as a special token's name instead: resolved with the tokenizer */
 

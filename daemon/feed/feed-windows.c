@@ -16,7 +16,8 @@
  * steady state; a prefetch makes room by dropping the oldest built one no
  * walk took, and those older than every window walked now), so memory is
  * bounded by the windows walked now plus MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
- * tokens. get() and put()
+ * tokens, and a window has at most shuffle_list_max documents (a larger one is permuted per use, never built
+ * here). get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
@@ -242,6 +243,12 @@ static void *builder(void *userdata)
 		if (r == 0)
 			r = build(fw, &fw->ep, e, true);
 		pthread_mutex_lock(&fw->lock);
+		if (r == -EOVERFLOW && !e->refs) {
+			/* A window over shuffle_list_max: walks compute it per use, nothing to hold (section 3.1). */
+			unlink_free(fw, e);
+			pthread_cond_broadcast(&fw->cond);
+			continue;
+		}
 		finish(fw, e, r, t0);
 	}
 	pthread_mutex_unlock(&fw->lock);

@@ -37,6 +37,19 @@ static void hash_file(uint64_t *h, const char *path, const struct source_id *id)
 }
 
 /*
+ * Section 8: a feed one of whose windows can exceed shuffle_list_max is
+ * ordered by the bijection there (section 3.1), so its identity names the
+ * bijection and M; every other feed's fingerprint stays what it was.
+ */
+static void hash_permutation(uint64_t *h, const struct feed *f)
+{
+	if (!order_may_permute(&f->params))
+		return;
+	hash_bytes(h, "feistel8-v1", 11);
+	hash_u64(h, f->params.list_max);
+}
+
+/*
  * A text feed's identity: its shards, how text becomes tokens (format, key,
  * the tokenizer file and its settings, the document size limit) and every
  * order parameter.
@@ -57,6 +70,7 @@ static uint64_t fingerprint_text(const struct feed *f, const struct source_id *t
 			      (uint64_t)f->eos_id, c->encode_special_tokens, c->max_document_bytes };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
 		hash_u64(&h, params[i]);
+	hash_permutation(&h, f);
 	return order_mix(h);
 }
 
@@ -80,6 +94,7 @@ static uint64_t fingerprint_of(const struct feed *f)
 			      (uint64_t)(int64_t)f->bos_id, (uint64_t)(int64_t)f->eos_id };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
 		hash_u64(&h, params[i]);
+	hash_permutation(&h, f);
 	return order_mix(h);
 }
 
@@ -389,6 +404,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		.window = f->conf.shuffle_window,
 		.n_shards = f->n_shards,
 		.shard_docs = f->shard_docs,
+		.list_max = f->conf.shuffle_list_max,
 	};
 	if (feed_windows_new(f) < 0) {
 		feed_unref(f);

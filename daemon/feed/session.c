@@ -275,6 +275,13 @@ static int stored_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_
 	return r;
 }
 
+/* Stored tokens: a document the stream reaches soon, at a random place of the index (section 3.1's windows). */
+static void stored_prefetch(void *userdata, uint64_t doc, unsigned stage)
+{
+	struct session_src *x = userdata;
+	format_doc_prefetch(x->feed->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc), stage);
+}
+
 /*
  * Opens stream x at pos (NULL: the start). Returns 0 or a negative errno
  * with the attach error in err.
@@ -284,7 +291,8 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	const struct feed *f = x->feed;
 	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
-	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x };
+	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x,
+				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch };
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */

@@ -141,6 +141,12 @@ struct format {
 	 */
 	int (*doc_tokens)(const struct shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen);
 	/*
+	 * FORMAT_TOKENS, optional: doc_tokens(doc) comes soon, from a random
+	 * place (stage 0: far ahead, 1: nearer): warms the cache lines it reads.
+	 * Never fails. Any thread.
+	 */
+	void (*doc_prefetch)(const struct shard *s, uint32_t doc, unsigned stage);
+	/*
 	 * FORMAT_TOKENS: validates the whole shard in one streaming pass and
 	 * counts its tokens and non-empty documents (what open left undone when
 	 * !s->counted). Any thread. *stop (NULL: never), looked at often, cuts
@@ -201,6 +207,12 @@ static inline int format_doc_ranges(const struct shard *s, uint32_t doc, uint64_
 static inline int format_doc_tokens(const struct shard *s, uint32_t doc, uint64_t *ret, char *err, size_t errlen)
 {
 	return s->format->doc_tokens(s, doc, ret, err, errlen);
+}
+
+static inline void format_doc_prefetch(const struct shard *s, uint32_t doc, unsigned stage)
+{
+	if (s->format->doc_prefetch)
+		s->format->doc_prefetch(s, doc, stage);
 }
 
 static inline int format_widen(const struct shard *s, const void *src, size_t n, int32_t *dst, size_t *ret_bad)

@@ -75,6 +75,9 @@ static inline void megatron_seq(const struct megatron_shard *s, uint64_t q, int3
 }
 
 /* Document-index entry d (0 .. n_docs), as stored (not checked). */
+/* Warms the index entries megatron_doc_tokens(doc) reads (stage 0: doc_idx; 1: its first sequence's). */
+void megatron_doc_prefetch(const struct megatron_shard *s, uint32_t doc, unsigned stage);
+
 static inline int64_t megatron_doc_start(const struct megatron_shard *s, uint64_t d)
 {
 	uint64_t v;

@@ -107,7 +107,21 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 	size_t mine = first < n ? (size_t)((n - first + world - 1) / world) : 0;
 
 	_cleanup_free_ uint64_t *docs = NULL;
-	if (p->shuffle) {
+	if (order_window_permuted(p, n)) {
+		/* The bijection: each of the rank's positions computed on its own (section 3.1). */
+		struct order_window win;
+		int r = order_window_build(p, ep, w, rank, world, &win);
+		if (r < 0)
+			return r;
+		docs = malloc(MAX(mine, 1u) * sizeof(*docs));
+		if (!docs) {
+			order_window_clear(&win);
+			return -ENOMEM;
+		}
+		for (size_t m = 0; m < mine; m++)
+			docs[m] = order_window_doc(&win, m);
+		order_window_clear(&win);
+	} else if (p->shuffle) {
 		/* The whole window must be shuffled before it is dealt out. */
 		_cleanup_free_ uint64_t *all = malloc(MAX(n, 1u) * sizeof(*all));
 		if (!all)
@@ -198,7 +212,11 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 	}
 	win.start[win.n_shards] = at;
 
-	if (p->shuffle) {
+	if (order_window_permuted(p, win.n)) {
+		/* Too large a window for a list: the bijection, evaluated per use (section 3.1). */
+		win.permuted = true;
+		order_perm_init(&win.perm, win.n, order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
+	} else if (p->shuffle) {
 		/*
 		 * The whole window must be shuffled before it is dealt out. The
 		 * list of (shard, document) pairs in window order is the list of
@@ -256,6 +274,8 @@ int order_window_shuffle(const struct order_params *p, const struct order_epoch 
 	 * pairs: the same draws, half the bytes of document ids.
 	 */
 	uint64_t n = ep->win_start[w + 1] - ep->win_start[w];
+	if (order_window_permuted(p, n))
+		return -EOVERFLOW;
 	if (n > UINT32_MAX)
 		return -E2BIG;
 	uint32_t *all = malloc(MAX(n, 1u) * sizeof(*all));
@@ -272,7 +292,8 @@ int order_window_shuffle(const struct order_params *p, const struct order_epoch 
 
 uint64_t order_window_doc(const struct order_window *win, size_t m)
 {
-	uint64_t pos = win->shared ? win->shared[win->first + (uint64_t)m * win->world]
+	uint64_t pos = win->permuted ? order_perm_at(&win->perm, win->first + (uint64_t)m * win->world)
+		       : win->shared ? win->shared[win->first + (uint64_t)m * win->world]
 		       : win->list32 ? win->list32[m] : win->list64 ? win->list64[m]
 				     : win->first + (uint64_t)m * win->world;
 	/* The last shard starting at or before pos (empty shards start where the next one does). */
@@ -285,4 +306,35 @@ uint64_t order_window_doc(const struct order_window *win, size_t m)
 			hi = mid;
 	}
 	return ORDER_DOC(win->shard[lo], pos - win->start[lo]);
+}
+
+bool order_may_permute(const struct order_params *p)
+{
+	if (!p->shuffle || !p->list_max)
+		return false;
+	uint32_t k = (uint32_t)MIN((uint64_t)p->window, (uint64_t)p->n_shards);
+	if (k == 0)
+		return false;
+	/* t: the k-th largest shard size, the largest t with at least k shards of t or more (no allocation). */
+	uint64_t lo = 0, hi = UINT32_MAX;
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo + 1) / 2;
+		uint32_t at_least = 0;
+		for (uint32_t s = 0; s < p->n_shards && at_least < k; s++)
+			at_least += p->shard_docs[s] >= mid;
+		if (at_least >= k)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	/* The k largest: every size above t, and t for the rest. */
+	uint64_t sum = 0;
+	uint32_t above = 0;
+	for (uint32_t s = 0; s < p->n_shards; s++)
+		if (p->shard_docs[s] > lo) {
+			sum += p->shard_docs[s];
+			above++;
+		}
+	sum += (uint64_t)(k - above) * lo;
+	return sum > p->list_max;
 }

@@ -12,36 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/order/permute.h"
+#include "daemon/order/rng.h"
+
 #define ORDER_DOC(s, d) (((uint64_t)(s) << 32) | (uint64_t)(d))
 #define ORDER_DOC_SHARD(id) ((uint32_t)((id) >> 32))
 #define ORDER_DOC_INDEX(id) ((uint32_t)(id))
-
-/* splitmix64's finaliser: the contract's mix(). */
-static inline uint64_t order_mix(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= UINT64_C(0xBF58476D1CE4E5B9);
-	x ^= x >> 27;
-	x *= UINT64_C(0x94D049BB133111EB);
-	x ^= x >> 31;
-	return x;
-}
-
-struct order_rng {
-	uint64_t key;
-	uint64_t counter;
-};
-
-static inline struct order_rng order_rng_init(uint64_t key)
-{
-	return (struct order_rng){ .key = key, .counter = 0 };
-}
-
-static inline uint64_t order_rng_next(struct order_rng *r)
-{
-	r->counter++;
-	return order_mix(r->key + r->counter * UINT64_C(0x9E3779B97F4A7C15));
-}
 
 /* The contract's shuffle (Fisher-Yates from the top, j = below(i + 1)). */
 void order_shuffle_u32(uint32_t *a, size_t n, struct order_rng *rng);
@@ -57,7 +33,21 @@ struct order_params {
 	uint32_t n_shards;
 	const uint32_t *shard_docs;
 	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
+	uint64_t list_max; /* shuffle: a window of more documents is permuted by the bijection (section 3.1); 0: never */
 };
+
+/* Whether a shuffled window of n documents is permuted by the bijection instead of Fisher-Yates. */
+static inline bool order_window_permuted(const struct order_params *p, uint64_t n)
+{
+	return p->shuffle && p->list_max && n > p->list_max;
+}
+
+/*
+ * Whether some window of some epoch can be permuted by the bijection: the
+ * W shards with the most documents together hold more than list_max.
+ * O(32 S), no allocation.
+ */
+bool order_may_permute(const struct order_params *p);
 
 /* One epoch's shard permutation and where each window starts in the epoch's order. */
 struct order_epoch {
@@ -87,8 +77,9 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
  * than the contract needs (issue #22): its shards with the window index of
  * each one's first document, and, with shuffle, the rank's entries of the
  * shuffled list as positions in the unshuffled one (4 bytes each while the
- * window holds fewer than 2^32 documents). Without shuffle nothing per
- * document is held: the rank's m-th document is computed. Built when the
+ * window holds fewer than 2^32 documents). Without shuffle, and for a window
+ * over list_max (the bijection, section 3.1), nothing per document is held:
+ * the rank's m-th document is computed. Built when the
  * window is reached, freed when the walk leaves it.
  */
 struct order_window {
@@ -106,6 +97,8 @@ struct order_window {
 	uint64_t *start;    /* n_shards + 1: unshuffled window index of each one's first document */
 	uint32_t *list32;   /* shuffle: the rank's entries, unshuffled positions; NULL otherwise */
 	uint64_t *list64;   /* the same for a window of 2^32 documents or more */
+	bool permuted;      /* shuffle of a window over list_max: position i is entry perm(i), computed per use */
+	struct order_perm perm;
 };
 
 /*
@@ -143,7 +136,8 @@ struct order_windows {
 /*
  * Window w of ep shuffled, as positions in its unshuffled list: a malloc'd
  * array of n entries (n < 2^32; *ret_n = n). Returns 0, -ENOMEM, -E2BIG
- * (2^32 documents or more). Any thread.
+ * (2^32 documents or more), -EOVERFLOW (a window over list_max: never a
+ * list, order_window_permuted). Any thread.
  */
 int order_window_shuffle(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t **ret,
 			 uint64_t *ret_n);

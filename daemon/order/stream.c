@@ -34,14 +34,38 @@ static int load_window(struct doc_walk *w, uint32_t window)
 	/* The window after this one is shuffled ahead, off this thread, while this one is read. */
 	const struct order_windows *ws = w->params->windows;
 	if (ws && w->params->shuffle) {
-		if (window + 1 < w->ep.n_windows)
-			ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
-		else
+		/* A window over list_max has no list to build ahead (section 3.1). */
+		if (window + 1 < w->ep.n_windows) {
+			if (!order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
+				ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+		} else {
 			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+		}
 	}
 	w->window = window;
 	w->at = 0;
+	w->ahead_lo = w->ahead_end = 0;
+	doc_walk_ahead(w);
 	return 0;
+}
+
+void doc_walk_ahead(struct doc_walk *w)
+{
+	if (!w->win.permuted || w->at >= w->n_docs)
+		return;
+	if (w->at < w->ahead_lo || w->at > w->ahead_end)
+		w->ahead_end = w->at; /* a jump: nothing computed is of use */
+	w->ahead_lo = w->at;
+	size_t end = MIN(w->n_docs, w->at + DOC_WALK_AHEAD);
+	for (; w->ahead_end < end; w->ahead_end++) {
+		uint64_t id = order_window_doc(&w->win, w->ahead_end);
+		w->ahead[w->ahead_end % DOC_WALK_AHEAD] = id;
+		if (w->prefetch)
+			w->prefetch(w->prefetch_ctx, id, 0);
+	}
+	size_t near = w->at + DOC_WALK_AHEAD / 2;
+	if (w->prefetch && near < w->ahead_end)
+		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
 }
 
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
@@ -61,6 +85,7 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 	if (at != SIZE_MAX && at >= w->n_docs)
 		goto fail;
 	w->at = at;
+	doc_walk_ahead(w);
 	return 0;
 fail:
 	doc_walk_clear(w);
@@ -99,6 +124,7 @@ int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
 		if (r < 0)
 			return r;
 	}
+	doc_walk_ahead(w);
 	*ret_epochs = crossed;
 	return 0;
 }
@@ -177,6 +203,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		r = doc_walk_seek(&s->walk, params, rank, world, 0, 0, SIZE_MAX);
 		if (r < 0)
 			goto fail;
+		s->walk.prefetch = src->prefetch;
+		s->walk.prefetch_ctx = src->userdata;
 		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
 		if (r < 0)
@@ -185,6 +213,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		r = doc_walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, SIZE_MAX);
 		if (r < 0)
 			goto fail;
+		s->walk.prefetch = src->prefetch;
+		s->walk.prefetch_ctx = src->userdata;
 		/* A cursor must name one of this rank's documents of that window. */
 		r = -EINVAL;
 		const struct doc_walk *w = &s->walk;
@@ -194,6 +224,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		if (m >= w->n_docs)
 			goto fail;
 		s->walk.at = (size_t)m;
+		doc_walk_ahead(&s->walk);
 		s->offset = pos->offset;
 		s->check_offset = true;
 		s->epoch_had_tokens = true;

@@ -48,6 +48,14 @@ struct stream_source {
 	 */
 	int (*doc)(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_tokens, const int32_t **ret_ids);
 	void *userdata;
+	/*
+	 * Optional: doc will be asked for soon (stage 0: in about
+	 * DOC_WALK_AHEAD documents, 1: in half as many). Warms what doc()
+	 * will read; never fails. Called for windows whose documents are
+	 * computed per use (section 3.1's bijection), whose index reads are
+	 * random.
+	 */
+	void (*prefetch)(void *userdata, uint64_t doc, unsigned stage);
 };
 
 /*
@@ -55,6 +63,8 @@ struct stream_source {
  * lengths. The stream walks one; a tokenizing session walks a second one
  * ahead of it to know which documents to tokenize next.
  */
+#define DOC_WALK_AHEAD 32
+
 struct doc_walk {
 	const struct order_params *params;
 	uint32_t rank, world;
@@ -63,6 +73,16 @@ struct doc_walk {
 	struct order_window win; /* this rank's documents of the current window (order_window_doc) */
 	size_t n_docs, at;    /* the at-th of them is the current document */
 	uint64_t first_index; /* window index of the first */
+	/*
+	 * A window permuted by the bijection: the ids of its documents
+	 * ahead_lo .. ahead_end - 1 (at most DOC_WALK_AHEAD from at), each
+	 * computed once, at ahead[m % DOC_WALK_AHEAD]; prefetch (if set) is
+	 * told of each as it is computed, and again half-way.
+	 */
+	size_t ahead_lo, ahead_end;
+	uint64_t ahead[DOC_WALK_AHEAD];
+	void (*prefetch)(void *ctx, uint64_t doc, unsigned stage);
+	void *prefetch_ctx;
 };
 
 /*
@@ -82,8 +102,13 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs);
 void doc_walk_clear(struct doc_walk *w);
 
+/* Computes the ids of the documents ahead of a walk in a permuted window (and prefetches them). */
+void doc_walk_ahead(struct doc_walk *w);
+
 static inline uint64_t doc_walk_doc(const struct doc_walk *w)
 {
+	if (w->at >= w->ahead_lo && w->at < w->ahead_end)
+		return w->ahead[w->at % DOC_WALK_AHEAD];
 	return order_window_doc(&w->win, w->at);
 }
 

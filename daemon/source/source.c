@@ -503,9 +503,15 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
  */
 static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 {
+	/* Each file once per batch: reads in shuffled order alternate between a few files (a small recent set). */
+	const struct source *seen[8] = { NULL };
 	for (size_t i = 0; i < n; i++) {
-		if (i > 0 && r->srcs[i] == r->srcs[i - 1])
+		bool again = false;
+		for (size_t k = 0; k < ARRAY_SIZE(seen) && !again; k++)
+			again = seen[k] == r->srcs[i];
+		if (again)
 			continue;
+		seen[i % ARRAY_SIZE(seen)] = r->srcs[i];
 		struct stat st;
 		struct source_id now;
 		if (fstat(r->srcs[i]->fd, &st) < 0)

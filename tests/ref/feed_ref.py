@@ -13,8 +13,9 @@ glued with one np.concatenate per batch; there is no per-token Python loop).
 API
   load_shards(idx_paths) -> [Shard]           .idx/.bin pairs, in the order given
   expand_globs(globs) -> [idx path]           config globs -> ordered shard list
-  epoch_order(doc_counts, seed, shuffle, window, epoch) -> [(shard, doc)]
-  RankStream(shards, seed, shuffle, window, world, rank, bos=None, eos=None)
+  epoch_order(doc_counts, seed, shuffle, window, epoch, list_max=0) -> [(shard, doc)]
+  permute_at(n, key, idx) -> int64 array      section 3.1, the bijection of a large window
+  RankStream(shards, seed, shuffle, window, world, rank, bos=None, eos=None, list_max=0)
       .batches(seq_len, batch_size, start_batch=0, count=None) -> iter of dict
       .epoch_docs(epoch) -> [(shard, doc)] this rank's documents, empty ones too
       .cursor() -> StreamCursor                (used by bench/dataloader_baseline.py)
@@ -90,6 +91,43 @@ def shuffle_list(a, rng):
     for i in range(len(a) - 1, 0, -1):
         j = rng.below(i + 1)
         a[i], a[j] = a[j], a[i]
+
+
+def mix_array(x):
+    """mix() on every element of a uint64 array (numpy's uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+PERM_ROUNDS = 8
+
+
+def permute_at(n, key, idx):
+    """Section 3.1, the bijection of [0, n) keyed by `key`: perm(i) for each i in idx.
+
+    A Feistel network of PERM_ROUNDS rounds over [0, 4^h), h the least with
+    4^h >= n, halves of h bits; round keys are RNG(key)'s first draws; a
+    value >= n goes through the network again (cycle walking).
+    """
+    half = (((n - 1).bit_length() if n > 1 else 0) + 1) // 2
+    mask, sh = np.uint64((1 << half) - 1), np.uint64(half)
+    rng = Rng(key)
+    keys = [np.uint64(rng.next()) for _ in range(PERM_ROUNDS)]
+    x = np.array(idx, dtype=np.uint64)
+    todo = np.arange(len(x))
+    with np.errstate(over="ignore"):
+        while len(todo):
+            y = x[todo]
+            left, right = y >> sh, y & mask
+            for k in keys:
+                left, right = right, left ^ (mix_array(right ^ k) & mask)
+            y = (left << sh) | right
+            x[todo] = y
+            todo = todo[y >= np.uint64(n)]
+    return x.astype(np.int64)
 
 
 def epoch_key(seed, epoch):
@@ -196,8 +234,12 @@ def expand_globs(globs):
 # --------------------------------------------------------------------------
 # Epoch order
 
-def _epoch_global_order(doc_counts, seed, shuffle, window, epoch):
-    """The epoch's order as global document ids (shard base + doc), int64."""
+def _epoch_global_order(doc_counts, seed, shuffle, window, epoch, list_max=0):
+    """The epoch's order as global document ids (shard base + doc), int64.
+
+    list_max (shuffle_list_max, M): a shuffled window of more than M
+    documents is permuted by the bijection (section 3.1); 0: never.
+    """
     if window < 1:
         raise ValueError(f"shuffle window {window} must be >= 1")
     base = np.concatenate(([0], np.cumsum(doc_counts, dtype=np.int64)))
@@ -208,16 +250,19 @@ def _epoch_global_order(doc_counts, seed, shuffle, window, epoch):
     out = []
     for w in range(0, (len(perm) + window - 1) // window):
         ids = [np.arange(base[s], base[s + 1]) for s in perm[w * window:(w + 1) * window]]
-        ids = np.concatenate(ids).tolist()
-        if shuffle:
+        ids = np.concatenate(ids)
+        if shuffle and list_max and len(ids) > list_max:
+            ids = ids[permute_at(len(ids), window_key(key, w), np.arange(len(ids)))]
+        elif shuffle:
+            ids = ids.tolist()
             shuffle_list(ids, Rng(window_key(key, w)))
         out.append(np.array(ids, np.int64))
     return np.concatenate(out) if out else np.zeros(0, np.int64), base
 
 
-def epoch_order(doc_counts, seed, shuffle, window, epoch):
+def epoch_order(doc_counts, seed, shuffle, window, epoch, list_max=0):
     """Epoch `epoch`'s document order over all ranks: list of (shard, doc)."""
-    ids, base = _epoch_global_order(list(doc_counts), seed, shuffle, window, epoch)
+    ids, base = _epoch_global_order(list(doc_counts), seed, shuffle, window, epoch, list_max)
     shard = np.searchsorted(base, ids, side="right") - 1
     return list(zip(shard.tolist(), (ids - base[shard]).tolist()))
 
@@ -262,7 +307,8 @@ class _EpochPlan:
 class RankStream:
     """Rank `rank`'s token stream over epochs 0, 1, 2, ... and its batches."""
 
-    def __init__(self, shards, seed, shuffle, window, world, rank, bos=None, eos=None, virtual=False):
+    def __init__(self, shards, seed, shuffle, window, world, rank, bos=None, eos=None, virtual=False,
+                 list_max=0):
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world size {world}")
         if window < 1:
@@ -271,6 +317,7 @@ class RankStream:
             raise ValueError(f"seed {seed} is not a u64")
         self.shards = list(shards)
         self.seed, self.shuffle, self.window = seed, bool(shuffle), window
+        self.list_max = list_max
         self.world, self.rank, self.bos, self.eos = world, rank, bos, eos
         self.doc_counts = [s.docs for s in self.shards]
         self.base = np.concatenate(([0], np.cumsum(self.doc_counts, dtype=np.int64)))
@@ -294,7 +341,7 @@ class RankStream:
     def epoch_docs(self, epoch):
         """This rank's documents of `epoch` (empty ones included): [(shard, doc)]."""
         ids, _ = _epoch_global_order(self.doc_counts, self.seed, self.shuffle,
-                                     self.window, epoch)
+                                     self.window, epoch, self.list_max)
         return [self._locate(g) for g in ids[self.rank::self.world].tolist()]
 
     def plan(self, epoch):
@@ -302,7 +349,7 @@ class RankStream:
         p = self._plans.get(epoch)
         if p is None:
             ids, _ = _epoch_global_order(self.doc_counts, self.seed, self.shuffle,
-                                         self.window, epoch)
+                                         self.window, epoch, self.list_max)
             ids = ids[self.rank::self.world]
             p = _EpochPlan(ids, self.contrib_lens[ids])
             if len(self._plans) >= 4:

@@ -91,6 +91,7 @@ static void test_defaults(void)
 		CHECK_U64(f->seed, 0);
 		CHECK(f->shuffle, "shuffle defaults to off");
 		CHECK_U64(f->shuffle_window, 4);
+		CHECK_U64(f->shuffle_list_max, UINT64_C(1) << 21);
 		CHECK_INT(f->bos, CONF_TOKEN_NONE);
 		CHECK_INT(f->eos, CONF_TOKEN_NONE);
 	}
@@ -125,6 +126,7 @@ static void test_all_keys(void)
 				 "seed = 18446744073709551615\n"
 				 "shuffle = false\n"
 				 "shuffle_window = 9\n"
+				 "shuffle_list_max = 1000\n"
 				 "bos = 1\n"
 				 "eos = 2147483647\n"
 				 "\n"
@@ -166,6 +168,7 @@ static void test_all_keys(void)
 		CHECK_U64(f->seed, UINT64_MAX);
 		CHECK(!f->shuffle, "shuffle = false read as true");
 		CHECK_U64(f->shuffle_window, 9);
+		CHECK_U64(f->shuffle_list_max, 1000);
 		CHECK_INT(f->bos, 1);
 		CHECK_INT(f->eos, INT32_MAX);
 	}
@@ -241,6 +244,7 @@ static void test_errors(void)
 	load_bad("batch_size 0", "[feed.a]\nshards = a\nbatch_size = 0\n", 3, 0, "batch_size");
 	load_bad("batch_size 65537", "[feed.a]\nshards = a\nbatch_size = 65537\n", 3, 0, "batch_size");
 	load_bad("shuffle_window 0", "[feed.a]\nshards = a\nshuffle_window = 0\n", 3, 0, "shuffle_window");
+	load_bad("shuffle_list_max 0", "[feed.a]\nshards = a\nshuffle_list_max = 0\n", 3, 0, "shuffle_list_max");
 
 	load_bad("bad bool", "[feed.a]\nshards = a\nshuffle = maybe\n", 3, 0, "shuffle");
 	load_bad("bad bool (case)", "[feed.a]\nshards = a\nshuffle = TRUE\n", 3, 0, "shuffle");

@@ -449,6 +449,189 @@ static void no_documents_for_rank(void *ctx)
 	CHECK_INT(stream_init(&s, &q, toks, 2, 3, false, false, NULL), -ENODATA);
 }
 
+
+/*
+ * Section 3.1's bijection: a permutation of [0, n) for every n around the
+ * edges of its power-of-4 domain (1, 2, powers of 2 and 4 plus and minus
+ * one), deterministic in (n, key), different for different keys, and equal
+ * to tests/ref/feed_ref.py's permute_at (values computed there).
+ */
+static void test_permute(void)
+{
+	static uint8_t seen[70000];
+	uint64_t ns[64];
+	size_t n_ns = 0;
+	for (uint64_t n = 1; n <= 20; n++)
+		ns[n_ns++] = n;
+	for (uint32_t b = 5; b <= 16; b++) {
+		ns[n_ns++] = (UINT64_C(1) << b) - 1;
+		ns[n_ns++] = (UINT64_C(1) << b) + 1;
+	}
+	ns[n_ns++] = 1000;
+	ns[n_ns++] = 65536;
+	static const uint64_t keys[] = { 0, 1, UINT64_C(0x243F6A8885A308D3), UINT64_MAX };
+	for (size_t a = 0; a < n_ns; a++)
+		for (size_t k = 0; k < ARRAY_LEN(keys); k++) {
+			uint64_t n = ns[a];
+			struct order_perm p, q;
+			order_perm_init(&p, n, keys[k]);
+			order_perm_init(&q, n, keys[k]);
+			CHECK((UINT64_C(1) << (2 * p.half)) >= n && (p.half == 0 || (UINT64_C(1) << (2 * p.half - 2)) < n),
+			      "n %" PRIu64 ": half %u is not the least with 4^half >= n", n, p.half);
+			memset(seen, 0, n);
+			uint64_t fixed = 0;
+			for (uint64_t i = 0; i < n; i++) {
+				uint64_t x = order_perm_at(&p, i);
+				CHECK(x < n && !seen[x], "n %" PRIu64 " key %zu: perm(%" PRIu64 ") = %" PRIu64 " out of range or repeated",
+				      n, k, i, x);
+				if (x < n)
+					seen[x] = 1;
+				CHECK_U64(order_perm_at(&q, i), x);
+				fixed += x == i;
+			}
+			/* A random permutation fixes about one point; an identity-like one fixes many. */
+			if (n >= 1000)
+				CHECK(fixed < 20, "n %" PRIu64 " key %zu: %" PRIu64 " fixed points", n, k, fixed);
+		}
+	/* Another key, another order. */
+	struct order_perm p, q;
+	order_perm_init(&p, 1000, 1);
+	order_perm_init(&q, 1000, 2);
+	uint64_t same = 0;
+	for (uint64_t i = 0; i < 1000; i++)
+		same += order_perm_at(&p, i) == order_perm_at(&q, i);
+	CHECK(same < 20, "keys 1 and 2 agree on %" PRIu64 " of 1000 positions", same);
+	/*
+	 * Spread over keys: where entry 0 lands, and where the pair (0, 1)
+	 * lands, for 4000 keys (chi-square against uniform; fixed keys, so a
+	 * fixed figure). n = 5 is the smallest domain with cycle walking
+	 * (16, halves of 2 bits), where rounds matter most: 6 rounds gave a
+	 * pair figure of 81 on 19 degrees of freedom, 8 rounds give 15.
+	 */
+	for (uint64_t n = 5; n <= 10; n += 5) {
+		uint32_t one[10] = { 0 }, two[100] = { 0 };
+		const uint32_t keys_n = 4000;
+		for (uint32_t k = 0; k < keys_n; k++) {
+			order_perm_init(&p, n, order_mix(k));
+			one[order_perm_at(&p, 0)]++;
+			two[order_perm_at(&p, 0) * n + order_perm_at(&p, 1)]++;
+		}
+		double chi1 = 0, chi2 = 0, e1 = (double)keys_n / (double)n, e2 = (double)keys_n / (double)(n * (n - 1));
+		for (uint64_t a = 0; a < n; a++) {
+			chi1 += (one[a] - e1) * (one[a] - e1) / e1;
+			for (uint64_t b = 0; b < n; b++)
+				if (a != b)
+					chi2 += (two[a * n + b] - e2) * (two[a * n + b] - e2) / e2;
+		}
+		CHECK(chi1 < 4 * (double)n, "n %" PRIu64 ": perm(0) over keys, chi-square %.1f", n, chi1);
+		CHECK(chi2 < 1.5 * (double)(n * (n - 1)) + 20, "n %" PRIu64 ": (perm(0), perm(1)) over keys, chi-square %.1f", n,
+		      chi2);
+	}
+	/* Known answers from the reference (feed_ref.permute_at). */
+	order_perm_init(&p, 1000, 0x1234);
+	CHECK_U64(order_perm_at(&p, 0), 865);
+	CHECK_U64(order_perm_at(&p, 1), 314);
+	CHECK_U64(order_perm_at(&p, 2), 642);
+	CHECK_U64(order_perm_at(&p, 999), 871);
+	order_perm_init(&p, 100000000, 0xdeadbeef);
+	CHECK_U64(order_perm_at(&p, 0), 30557195);
+	CHECK_U64(order_perm_at(&p, 1), 35275711);
+	CHECK_U64(order_perm_at(&p, 99999999), 45533195);
+}
+
+/* order_may_permute against sorting: the W largest shards, ties and W over S included. */
+static void test_may_permute(void)
+{
+	static uint32_t docs[300];
+	struct order_rng g = order_rng_init(3);
+	for (int round = 0; round < 40; round++) {
+		uint32_t n = 1 + (uint32_t)(order_rng_next(&g) % 300);
+		for (uint32_t i = 0; i < n; i++)
+			docs[i] = (uint32_t)(order_rng_next(&g) % (round % 2 ? 5 : 100000)); /* few values: many ties */
+		uint32_t sorted[300];
+		memcpy(sorted, docs, n * sizeof(*docs));
+		for (uint32_t i = 1; i < n; i++) /* descending insertion sort */
+			for (uint32_t j = i; j > 0 && sorted[j - 1] < sorted[j]; j--) {
+				uint32_t t = sorted[j];
+				sorted[j] = sorted[j - 1];
+				sorted[j - 1] = t;
+			}
+		static const uint32_t ws[] = { 1, 2, 4, 65, 100, 400 };
+		for (size_t wi = 0; wi < ARRAY_LEN(ws); wi++) {
+			uint64_t top = 0;
+			for (uint32_t i = 0; i < n && i < ws[wi]; i++)
+				top += sorted[i];
+			for (int d = -1; d <= 1; d++) {
+				if (top == 0 && d < 0)
+					continue;
+				struct order_params p = { .shuffle = true, .window = ws[wi], .n_shards = n, .shard_docs = docs,
+							  .list_max = top + (uint64_t)d };
+				CHECK(order_may_permute(&p) == (d < 0), "S %u W %u: top %" PRIu64 ", list_max %+d", n, ws[wi],
+				      top, d);
+			}
+		}
+	}
+}
+
+/*
+ * A window over list_max: its rank lists (order_window_rank_docs and
+ * order_window_build/doc) are the bijection's order dealt by stride, every
+ * document once; a window at or under list_max keeps Fisher-Yates.
+ */
+static void test_permuted_windows(void)
+{
+	static const uint32_t docs[] = { 300, 0, 250, 77, 1 };
+	for (uint64_t list_max = 1; list_max <= 700; list_max += 233) {
+		struct order_params p = { .seed = 5, .shuffle = true, .window = 2, .n_shards = 5, .shard_docs = docs,
+					  .list_max = list_max };
+		struct order_params fy = p;
+		fy.list_max = 0;
+		CHECK(order_may_permute(&p) == (list_max < 550), "list_max %" PRIu64 ": may_permute", list_max);
+		struct order_epoch ep = { 0 };
+		CHECK_INT(order_epoch_build(&p, 3, &ep), 0);
+		for (uint32_t w = 0; w < ep.n_windows; w++) {
+			uint64_t n = ep.win_start[w + 1] - ep.win_start[w];
+			uint64_t *all0 = NULL, *all1 = NULL;
+			size_t n0, n1;
+			uint64_t f0, t0, f1, t1;
+			CHECK_INT(order_window_rank_docs(&p, &ep, w, 0, 1, &all0, &n0, &f0, &t0), 0);
+			CHECK_INT(order_window_rank_docs(&fy, &ep, w, 0, 1, &all1, &n1, &f1, &t1), 0);
+			CHECK_U64(n0, n);
+			if (n <= list_max)
+				CHECK(memcmp(all0, all1, n * sizeof(*all0)) == 0, "window %u under list_max changed", w);
+			/* The unshuffled list, then its bijection. */
+			struct order_perm perm;
+			order_perm_init(&perm, n, order_mix(ep.key ^ order_mix((uint64_t)w + 1)));
+			uint64_t unshuffled[700], k = 0;
+			uint32_t lo = w * p.window;
+			for (uint32_t i = lo; i < lo + p.window && i < p.n_shards; i++)
+				for (uint32_t d = 0; d < docs[ep.perm[i]]; d++)
+					unshuffled[k++] = ORDER_DOC(ep.perm[i], d);
+			CHECK_U64(k, n);
+			if (n > list_max)
+				for (uint64_t i = 0; i < n; i++)
+					CHECK_U64(all0[i], unshuffled[order_perm_at(&perm, i)]);
+			uint32_t *list = NULL;
+			uint64_t list_n;
+			int r = order_window_shuffle(&p, &ep, w, &list, &list_n);
+			CHECK_INT(r == -EOVERFLOW, n > list_max);
+			free(r == 0 ? list : NULL);
+			for (uint32_t world = 2; world <= 3; world++)
+				for (uint32_t rank = 0; rank < world; rank++) {
+					struct order_window win;
+					CHECK_INT(order_window_build(&p, &ep, w, rank, world, &win), 0);
+					CHECK(win.permuted == (n > list_max), "window %u: permuted", w);
+					for (size_t m = 0; m < win.mine; m++)
+						CHECK_U64(order_window_doc(&win, m), all0[win.first + m * world]);
+					order_window_clear(&win);
+				}
+			free(all0);
+			free(all1);
+		}
+		order_epoch_clear(&ep);
+	}
+}
+
 int main(void)
 {
 	test_mix();
@@ -456,6 +639,9 @@ int main(void)
 	test_streams();
 	test_stream_args();
 	test_stream_late_tokens();
+	test_permute();
+	test_permuted_windows();
+	test_may_permute();
 	unit_in_child("stream_init for a rank of 3 over 2 documents", no_documents_for_rank, NULL, 2);
 	return unit_exit("test-order");
 }
