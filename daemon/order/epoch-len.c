@@ -18,6 +18,20 @@ static int units_of(const struct epoch_counts *c, uint64_t doc, bool bos, bool e
 	return 0;
 }
 
+/*
+ * Window w's documents for rank of world, one at a time (order_window_doc):
+ * built here, never taken from the feed's shared windows (this runs on the
+ * pool), and nothing per document held for a window of the bijection or
+ * without shuffle; a shuffled window's list is the contract's (section 3).
+ */
+static int window_open(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
+		       uint32_t world, struct order_window *ret)
+{
+	struct order_params own = *p;
+	own.windows = NULL;
+	return order_window_build(&own, ep, w, rank, world, ret);
+}
+
 /* One epoch: *ret_total, and *ret_before (units before pos, checking that pos exists) when pos is set. */
 static int walk_epoch(const struct order_params *p, const struct epoch_counts *doc_tokens, uint32_t rank,
 		      uint32_t world, bool bos, bool eos, bool per_doc, uint64_t epoch, const struct stream_pos *pos,
@@ -34,16 +48,15 @@ static int walk_epoch(const struct order_params *p, const struct epoch_counts *d
 	uint64_t before = 0, total = 0;
 	bool found = !pos;
 	for (uint32_t w = 0; w < ep.n_windows && r == 0; w++) {
-		uint64_t *docs, first, window_docs;
-		size_t n;
-		r = order_window_rank_docs(p, &ep, w, rank, world, &docs, &n, &first, &window_docs);
+		struct order_window win;
+		r = window_open(p, &ep, w, rank, world, &win);
 		if (r < 0)
 			break;
-		for (size_t i = 0; i < n && r == 0; i++) {
+		for (size_t i = 0; i < win.mine && r == 0; i++) {
 			uint64_t u;
-			if ((r = units_of(doc_tokens, docs[i], bos, eos, per_doc, &u)) < 0)
+			if ((r = units_of(doc_tokens, order_window_doc(&win, i), bos, eos, per_doc, &u)) < 0)
 				break;
-			uint64_t index = first + (uint64_t)i * world;
+			uint64_t index = win.first + (uint64_t)i * world;
 			if (pos && w == pos->window && index == pos->index) {
 				/* The position's document: non-empty, and the offset inside it. */
 				if (u && pos->offset < (per_doc ? 1 : u))
@@ -54,7 +67,7 @@ static int walk_epoch(const struct order_params *p, const struct epoch_counts *d
 			}
 			total += u;
 		}
-		free(docs);
+		order_window_clear(&win);
 	}
 	order_epoch_clear(&ep);
 	if (r < 0)
@@ -130,19 +143,18 @@ static int vwalk_epoch(const struct order_params *p, const struct epoch_counts *
 	for (uint32_t i = 0; i < x->m; i++)
 		x->units[i] = 0;
 	for (uint32_t w = 0; w < ep.n_windows && r == 0; w++) {
-		uint64_t *docs, first, window_docs;
-		size_t n;
-		r = order_window_rank_docs(p, &ep, w, 0, 1, &docs, &n, &first, &window_docs);
+		struct order_window win;
+		r = window_open(p, &ep, w, 0, 1, &win);
 		if (r < 0)
 			break;
 		const uint64_t k0 = ep.win_start[w];
-		for (size_t i = 0; i < n && r == 0; i++) {
+		for (size_t i = 0; i < win.mine && r == 0; i++) {
 			const uint32_t v = (uint32_t)((k0 + i) % vranks);
 			if (v % world != rank)
 				continue;
 			const uint32_t si = v / world;
 			uint64_t u;
-			if ((r = units_of(counts, docs[i], bos, eos, per_doc, &u)) < 0)
+			if ((r = units_of(counts, order_window_doc(&win, i), bos, eos, per_doc, &u)) < 0)
 				break;
 			const struct epoch_vstream *st = &x->s[si];
 			if (st->live && st->has_pos && st->pos.epoch == epoch) {
@@ -156,7 +168,7 @@ static int vwalk_epoch(const struct order_params *p, const struct epoch_counts *
 			}
 			x->units[si] += u;
 		}
-		free(docs);
+		order_window_clear(&win);
 	}
 	order_epoch_clear(&ep);
 	return r;
