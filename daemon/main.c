@@ -27,6 +27,7 @@
 #include "config.h"
 #include "daemon/conf/conf.h"
 #include "daemon/feed/feed.h"
+#include "daemon/feed/integrity.h"
 #include "daemon/feed/loader.h"
 #include "daemon/feed/session.h"
 #include "daemon/gpu/gpu.h"
@@ -68,6 +69,7 @@ struct load_job {
 	bool own_conf;
 	struct feed **feeds;
 	size_t n, failed;
+	bool check;        /* feedd --check: nothing is served, so nothing is readied for the change watch */
 };
 
 static void usage(FILE *out)
@@ -165,6 +167,12 @@ static int load_run(void *arg, char *err, size_t errlen)
 	for (size_t i = 0; j->path && i < j->n; i++)
 		if (j->feeds[i]->state == FEED_READY && feed_scan_wait(j->feeds[i]) < 0)
 			j->failed++;
+	/* The change watch's lookups and opens, here too: the main loop then only takes leases on descriptors. */
+	for (size_t i = 0; !j->check && j->conf->watch_changes != CONF_WATCH_OFF && i < j->n; i++)
+		if (feed_watch_prepare(j->feeds[i]) < 0) {
+			snprintf(err, errlen, "cannot ready the change watch: %s", strerror(ENOMEM));
+			return -ENOMEM;
+		}
 	return 0;
 }
 
@@ -515,6 +523,8 @@ int main(int argc, char **argv)
 	struct event *sigs[3] = { NULL }, *watchdog = NULL;
 	/* Loaded on the loader's thread too, so that --check gives up on a FIFO or a hung mount. */
 	struct load_job *job = calloc(1, sizeof(*job));
+	if (job)
+		job->check = check;
 	if (!job || !(job->conf = d.conf) ||
 	    loader_start(d.base, d.conf->load_timeout_s, load_run, job, load_job_free, on_started, &d, &d.loader) < 0) {
 		free(job);
