@@ -16,6 +16,7 @@
  * is watched with inotify, which needs no descriptor.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@
 
 #define WATCH_MASK (IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF)
 #define NONE UINT32_MAX
+
+/* Descriptors the watch opened itself and holds, in preps or under leases: process-wide (fd_budget). */
+static atomic_uint own_open;
 
 struct watch_node {
 	uint64_t dev, ino;
@@ -65,7 +69,6 @@ struct source_watch {
 	uint32_t *bucket; /* heads of hash chains; n_bucket is a power of two */
 	uint32_t n_bucket;
 	uint32_t n_inotify; /* nodes watched by inotify: none, no ioctl in source_watch_pending */
-	uint32_t own_fds;   /* descriptors the watch opened itself */
 };
 
 int source_watch_new(int signo, struct source_watch **ret)
@@ -109,7 +112,8 @@ static void lease_drop(struct source_watch *w, struct watch_node *x)
 	/* The description may be a source's too: only our lease goes, the descriptor stays theirs. */
 	(void)fcntl(x->lease_fd, F_SETLEASE, F_UNLCK);
 	fdshare_drop(x->lease_fd, &x->lease_id);
-	w->own_fds -= x->own_fd;
+	if (x->own_fd)
+		atomic_fetch_sub(&own_open, 1);
 	x->lease_fd = -1;
 	x->own_fd = false;
 }
@@ -223,13 +227,17 @@ static void id_of(const struct stat *st, struct source_id *id)
 				  .mtime = st->st_mtim, .ctime = st->st_ctim };
 }
 
-/* Whether the watch may open one more descriptor of its own: a quarter of RLIMIT_NOFILE at most. */
-static bool fd_budget(const struct source_watch *w)
+/*
+ * Whether one more descriptor of the watch's own may be opened: a quarter of
+ * RLIMIT_NOFILE at most, counting those preps hold (on a loader's thread)
+ * and those under leases (the main loop's).
+ */
+static bool fd_budget(void)
 {
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
 		return true;
-	return w->own_fds < rl.rlim_cur / 4;
+	return atomic_load(&own_open) < rl.rlim_cur / 4;
 }
 
 int source_watch_prepare(const char *path, const struct source_id *loaded, struct source_watch_prep *ret)
@@ -248,9 +256,16 @@ int source_watch_prepare(const char *path, const struct source_id *loaded, struc
 		*ret = (struct source_watch_prep){ .fd = fd, .id = *loaded };
 		return 0;
 	}
+	/* Past the watch's share of descriptors: inotify by name, on the main loop (watch.h). */
+	*ret = (struct source_watch_prep){ .fd = -1, .err = -EMFILE, .id = *loaded, .by_name = true };
+	if (!fd_budget())
+		return 0;
 	/* O_NONBLOCK: the name may have become a FIFO since it was loaded. */
 	_cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	struct stat now;
+	if (nfd < 0 && (errno == EMFILE || errno == ENFILE))
+		return 0;
+	*ret = (struct source_watch_prep){ .fd = -1 };
 	if (nfd < 0 || fstat(nfd, &now) < 0)
 		return ret->err = -errno;
 	if (!S_ISREG(now.st_mode))
@@ -262,6 +277,8 @@ int source_watch_prepare(const char *path, const struct source_id *loaded, struc
 	int ofd = nfd;
 	fd = fdshare_take(TAKE_FD(nfd), &id);
 	*ret = (struct source_watch_prep){ .fd = fd, .own = fd == ofd, .id = id };
+	if (ret->own)
+		atomic_fetch_add(&own_open, 1);
 	return 0;
 }
 
@@ -269,7 +286,10 @@ void source_watch_prep_drop(struct source_watch_prep *p)
 {
 	if (p->fd >= 0)
 		fdshare_drop(p->fd, &p->id);
+	if (p->fd >= 0 && p->own)
+		atomic_fetch_sub(&own_open, 1);
 	p->fd = -1;
+	p->own = false;
 }
 
 static void prep_dropp(struct source_watch_prep **p)
@@ -286,17 +306,15 @@ static int lease_take(struct source_watch *w, struct watch_node *x, struct sourc
 {
 	if (!w->signo)
 		return -EOPNOTSUPP;
-	if (p->own && !fd_budget(w))
-		return -EMFILE;
 	struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = w->tid };
 	if (fcntl(p->fd, F_SETSIG, w->signo) < 0 || fcntl(p->fd, F_SETOWN_EX, &owner) < 0 ||
 	    fcntl(p->fd, F_SETLEASE, F_RDLCK) < 0)
 		return -errno;
 	x->lease_fd = p->fd;
 	x->lease_id = p->id;
-	x->own_fd = p->own;
-	w->own_fds += p->own;
+	x->own_fd = p->own; /* counted in own_open already, by the prep */
 	p->fd = -1;
+	p->own = false;
 	return 0;
 }
 
@@ -306,16 +324,17 @@ static int lease_take(struct source_watch *w, struct watch_node *x, struct sourc
  * resolving it looks nothing up on the file's own file system. Returns 0,
  * or -ENOSPC etc. when neither.
  */
-static int node_arm(struct source_watch *w, struct watch_node *x, struct source_watch_prep *p, int *ret_lease_err)
+static int node_arm(struct source_watch *w, struct watch_node *x, const char *path, struct source_watch_prep *p,
+		    int *ret_lease_err)
 {
-	int r = lease_take(w, x, p);
+	int r = p->fd >= 0 ? lease_take(w, x, p) : p->err;
 	if (ret_lease_err)
 		*ret_lease_err = r;
 	if (r == 0)
 		return 0;
 	char self[64];
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", p->fd);
-	x->wd = inotify_add_watch(w->ifd, self, WATCH_MASK);
+	x->wd = inotify_add_watch(w->ifd, p->fd >= 0 ? self : path, WATCH_MASK);
 	if (x->wd < 0)
 		return -errno;
 	w->n_inotify++;
@@ -351,7 +370,7 @@ int source_watch_add_prepared(struct source_watch *w, const char *path, struct s
 {
 	if (ret_lease_err)
 		*ret_lease_err = 0;
-	if (p->fd < 0)
+	if (p->fd < 0 && !p->by_name)
 		return p->err < 0 ? p->err : -EBADF;
 	/* Whatever the node does not keep goes back to fdshare (closed when nobody else holds it). */
 	_cleanup_(prep_dropp) struct source_watch_prep *hold = p;
@@ -373,7 +392,7 @@ int source_watch_add_prepared(struct source_watch *w, const char *path, struct s
 	struct watch_node *x = &w->nodes[ni];
 	/* New, or its lease went with a change reported before: watched again for this watcher. */
 	if (x->lease_fd < 0 && x->wd < 0) {
-		int r = node_arm(w, x, p, ret_lease_err);
+		int r = node_arm(w, x, path, p, ret_lease_err);
 		if (r < 0) {
 			if (fresh)
 				node_free(w, ni);

@@ -85,8 +85,9 @@ int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id,
 struct source_watch_prep {
 	int fd;              /* -1: none (err says why) */
 	bool own;            /* opened here, not a source's */
+	bool by_name;        /* no fd: past the watch's share of descriptors (err -EMFILE), inotify by name */
 	int err;
-	struct source_id id; /* of the file fd is open on */
+	struct source_id id; /* of the file fd is open on (by_name: as it was loaded) */
 };
 
 /*
@@ -105,7 +106,10 @@ void source_watch_prep_drop(struct source_watch_prep *p);
  * taken on p's descriptor (fcntl), or inotify watches the file through
  * /proc/self/fd/N, which names the file itself whatever its path now leads
  * to. Takes what p holds (the watch keeps or drops the descriptor). Returns
- * as source_watch_add; p->err when p has no descriptor.
+ * as source_watch_add; p->err when p has no descriptor. The one exception:
+ * a prep made past the watch's share of descriptors (by_name, a file no
+ * source holds open beyond a quarter of RLIMIT_NOFILE) is watched with
+ * inotify_add_watch() by path, here, unless its file is watched already.
  */
 int source_watch_add_prepared(struct source_watch *w, const char *path, struct source_watch_prep *p, uint32_t *ret_id,
 			      int *ret_lease_err);
