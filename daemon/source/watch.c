@@ -16,8 +16,8 @@
  * is watched with inotify, which needs no descriptor.
  */
 #include <errno.h>
-#include <stdatomic.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
