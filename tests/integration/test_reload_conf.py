@@ -160,6 +160,53 @@ def test_reload_stuck_on_a_shard_keeps_clients_streaming_and_times_out(daemon, t
     c.stop()
 
 
+def fds_under(d, folder):
+    """What feedd holds open under folder."""
+    out = []
+    for fd in os.listdir(f"/proc/{d.proc.pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{d.proc.pid}/fd/{fd}")
+        except OSError:
+            continue
+        if t.startswith(str(folder) + "/"):
+            out.append(t)
+    return sorted(out)
+
+
+def test_a_reload_refused_or_given_up_on_keeps_no_descriptor_of_its_files(daemon, tmp_path):
+    """The loader readies a new feed's files for the change watch (it opens the .idx files no source holds). A
+    reload refused (another of its feeds failed) or given up on (a shard's open hung) lets them go: once it is
+    over, feedd holds nothing open under the new feed's folder."""
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=3))
+    assert fds_under(d, b) == []
+    # Refused: "new" loads (and is readied), "gone" matches nothing.
+    d.conf.write_text(conf_with(good + feed_conf("new", f"{b}/shard_*.idx", seq_len=64, batch_size=2)
+                                + feed_conf("gone", f"{tmp_path}/nothing/shard_*.idx", seq_len=64, batch_size=2),
+                                timeout_s=3))
+    p, _, _ = reload_timed(d)
+    assert p.returncode != 0 and "1 of 3 feeds failed to load" in p.stderr, p.stderr
+    assert fds_under(d, b) == [], "a refused reload kept descriptors of its files"
+    # Given up on: the second shard's open hangs; when it answers, the load finishes on its own and lets go.
+    lease = hold_lease(b / "shard_001.idx")
+    try:
+        d.conf.write_text(conf_with(good + feed_conf("new", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                    timeout_s=3))
+        p, _, _ = reload_timed(d)
+        assert p.returncode != 0 and "no answer for 3 s" in p.stderr, p.stderr
+    finally:
+        os.close(lease)
+    deadline = time.time() + 10
+    while fds_under(d, b) and time.time() < deadline:
+        time.sleep(0.1)
+    assert fds_under(d, b) == [], "a reload given up on kept descriptors of its files"
+    # The same config, answered: taken up and watched, through descriptors of its own.
+    p, _, _ = reload_timed(d)
+    assert p.returncode == 0, p.stderr
+    assert fds_under(d, b), "the new feed holds its files"
+
+
 def test_stopping_during_a_stuck_reload(daemon, tmp_path):
     a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
     good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
