@@ -170,10 +170,9 @@ static int load_run(void *arg, char *err, size_t errlen)
 			j->failed++;
 	/* The change watch's lookups and opens, here too: the main loop then only takes leases on descriptors. */
 	for (size_t i = 0; j->watch && i < j->n; i++)
-		if (feed_watch_prepare(j->feeds[i]) < 0) {
-			snprintf(err, errlen, "cannot ready the change watch: %s", strerror(ENOMEM));
-			return -ENOMEM;
-		}
+		if (feed_watch_prepare(j->feeds[i]) < 0)
+			log_warning("feed %s: out of memory while readying its files for the change watch; they are checked "
+				    "once a second only", j->feeds[i]->name);
 	return 0;
 }
 

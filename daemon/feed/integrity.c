@@ -222,11 +222,11 @@ static int watch_file(void *ctx, const char *path, const struct source_id *loade
 	}
 	if (r < 0) {
 		w->unwatched++;
-		if (r == -ENOSPC && w->told_enospc)
+		if ((r == -ENOSPC && w->told_enospc) || r == -ENOTCONN) /* not readied: the load said why, once */
 			return 0;
 		w->told_enospc |= r == -ENOSPC;
 		log_warning("feed %s: cannot watch %s for changes (%s)%s; checked after each read and once a second only",
-			    owner->name, path, r == -ENOTCONN ? "not readied by the load" : strerror(-r),
+			    owner->name, path, strerror(-r),
 			    r == -ENOSPC ? ": out of inotify watches (fs.inotify.max_user_watches), and so are the files "
 					   "after it" : "");
 		return 0;
