@@ -27,6 +27,7 @@
 #include "config.h"
 #include "daemon/conf/conf.h"
 #include "daemon/feed/feed.h"
+#include "daemon/feed/integrity.h"
 #include "daemon/feed/loader.h"
 #include "daemon/feed/session.h"
 #include "daemon/gpu/gpu.h"
@@ -57,6 +58,7 @@ struct daemon {
 	struct load_job *job;
 	uint64_t reload_client; /* the connection whose RELOAD this is, 0: SIGHUP */
 	bool reload_again;      /* SIGHUP while reloading: once more afterwards */
+	bool watching;          /* the server watches files for changes (watch_changes at start, not --check) */
 	int start_r;            /* the start's load: its result and message */
 	char start_err[1024];
 };
@@ -68,6 +70,7 @@ struct load_job {
 	bool own_conf;
 	struct feed **feeds;
 	size_t n, failed;
+	bool watch;        /* ready the feeds' files for the change watch (feed_watch_prepare) */
 };
 
 static void usage(FILE *out)
@@ -165,6 +168,11 @@ static int load_run(void *arg, char *err, size_t errlen)
 	for (size_t i = 0; j->path && i < j->n; i++)
 		if (j->feeds[i]->state == FEED_READY && feed_scan_wait(j->feeds[i]) < 0)
 			j->failed++;
+	/* The change watch's lookups and opens, here too: the main loop then only takes leases on descriptors. */
+	for (size_t i = 0; j->watch && i < j->n; i++)
+		if (feed_watch_prepare(j->feeds[i]) < 0)
+			log_warning("feed %s: out of memory while readying its files for the change watch; they are checked "
+				    "once a second only", j->feeds[i]->name);
 	return 0;
 }
 
@@ -316,6 +324,8 @@ static int reload_begin(struct daemon *d, char *msg, size_t msglen)
 	log_notice("reloading %s", d->config_path);
 	struct load_job *j = calloc(1, sizeof(*j));
 	int r = j && (j->path = strdup(d->config_path)) ? 0 : -ENOMEM;
+	if (j)
+		j->watch = d->watching;
 	if (r == 0)
 		r = loader_start(d->base, d->conf->load_timeout_s, load_run, j, load_job_free, on_reloaded, d, &d->loader);
 	if (r < 0) {
@@ -515,6 +525,10 @@ int main(int argc, char **argv)
 	struct event *sigs[3] = { NULL }, *watchdog = NULL;
 	/* Loaded on the loader's thread too, so that --check gives up on a FIFO or a hung mount. */
 	struct load_job *job = calloc(1, sizeof(*job));
+	/* The server's watch is made once, as the start's config says (--check serves nothing). */
+	d.watching = !check && d.conf->watch_changes != CONF_WATCH_OFF;
+	if (job)
+		job->watch = d.watching;
 	if (!job || !(job->conf = d.conf) ||
 	    loader_start(d.base, d.conf->load_timeout_s, load_run, job, load_job_free, on_started, &d, &d.loader) < 0) {
 		free(job);

@@ -450,6 +450,7 @@ struct feed *feed_unref(struct feed *f)
 	assert(f->refs > 0);
 	if (--f->refs > 0)
 		return NULL;
+	feed_watch_prep_release(f); /* the descriptors the loader readied for a watch it never got */
 	feed_scan_free(f); /* it reads the shards */
 	feed_windows_free(f);
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)

@@ -89,6 +89,8 @@ struct feed {
 	uint64_t data_id;                /* the shards' data identity (integrity.h); cursors carry it */
 	struct feed_watch *watch;        /* watching its files (integrity.h), set by the server; else NULL */
 	uint32_t *watch_ids, n_watch;
+	struct source_watch_prep *watch_prep; /* its files readied for the watch by the loader (feed_watch_prepare) */
+	uint32_t n_watch_prep;
 	uint32_t vranks;                 /* virtual streams (docs/sample-order.md, section 17); 0: one stream per rank */
 	uint64_t fingerprint_plain;      /* with vranks: the fingerprint the feed has without them (section 17.7) */
 	int32_t pad_id;                  /* padding token of packing bestfit and pad (docs/sample-order.md, section 15) */

@@ -134,14 +134,87 @@ struct feed_watch *feed_watch_free(struct feed_watch *w)
 	return NULL;
 }
 
-static int watch_file(struct feed_watch *w, struct feed *owner, struct feed *f, const char *path)
+/* The files of f the watch covers, in order: fn(ctx, path, identity loaded) each; stops at fn's error. */
+static int each_file(struct feed *f, int (*fn)(void *ctx, const char *path, const struct source_id *id), void *ctx)
 {
+	for (uint32_t i = 0; f->shards && i < f->n_shards; i++) {
+		const struct shard *s = f->shards[i];
+		for (unsigned k = 0; k < s->n_ids; k++) {
+			const char *path = s->files[k] ? s->files[k] : k == 0 ? s->name : NULL;
+			/* An object in storage is pinned by its ETag instead (If-Match on every read: docs/storage.md). */
+			if (!path || source_is_remote(path))
+				continue;
+			int r = fn(ctx, path, s->ids[k]);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+static int count_file(void *ctx, const char *path, const struct source_id *id)
+{
+	(*(uint32_t *)ctx)++;
+	return 0;
+}
+
+static int prepare_file(void *ctx, const char *path, const struct source_id *id)
+{
+	struct feed *f = ctx;
+	source_progress(path); /* a hung open here is the load's: given up after load_timeout_s, naming path */
+	(void)source_watch_prepare(path, id, &f->watch_prep[f->n_watch_prep++]);
+	return 0;
+}
+
+int feed_watch_prepare(struct feed *f)
+{
+	if (f->state != FEED_READY || f->watch_prep)
+		return 0;
+	for (uint32_t i = 0; i < f->n_sources; i++) {
+		int r = feed_watch_prepare(f->sources[i]);
+		if (r < 0)
+			return r;
+	}
+	uint32_t n = 0;
+	(void)each_file(f, count_file, &n);
+	if (!n)
+		return 0;
+	f->watch_prep = calloc(n, sizeof(*f->watch_prep));
+	if (!f->watch_prep)
+		return -ENOMEM;
+	return each_file(f, prepare_file, f);
+}
+
+void feed_watch_prep_release(struct feed *f)
+{
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		feed_watch_prep_release(f->sources[i]);
+	for (uint32_t i = 0; i < f->n_watch_prep; i++)
+		source_watch_prep_drop(&f->watch_prep[i]);
+	free(f->watch_prep);
+	f->watch_prep = NULL;
+	f->n_watch_prep = 0;
+}
+
+struct add_ctx {
+	struct feed_watch *w;
+	struct feed *owner, *f;
+	uint32_t next; /* f's prep for the next file */
+	int n;
+};
+
+static int watch_file(void *ctx, const char *path, const struct source_id *loaded)
+{
+	struct add_ctx *c = ctx;
+	struct feed_watch *w = c->w;
+	struct feed *owner = c->owner, *f = c->f;
 	uint32_t id;
 	int lease_err = 0;
-	/* An object in storage is pinned by its ETag instead (If-Match on every read: docs/storage.md). */
-	if (source_is_remote(path))
-		return 0;
-	int r = source_watch_add(w->sw, path, &id, &lease_err);
+	/* Readied by the loader (the same walk, in the same order); none: not looked up here, on the main loop. */
+	struct source_watch_prep none = { .fd = -1, .err = -ENOTCONN };
+	struct source_watch_prep *p = c->next < f->n_watch_prep ? &f->watch_prep[c->next] : &none;
+	c->next++;
+	int r = source_watch_add_prepared(w->sw, path, p, &id, &lease_err);
 	if (lease_err == -EMFILE && !w->told_emfile) {
 		w->told_emfile = true;
 		log_warning("feed %s: %s and files past it are watched with inotify instead of read leases: out of file "
@@ -149,7 +222,7 @@ static int watch_file(struct feed_watch *w, struct feed *owner, struct feed *f, 
 	}
 	if (r < 0) {
 		w->unwatched++;
-		if (r == -ENOSPC && w->told_enospc)
+		if ((r == -ENOSPC && w->told_enospc) || r == -ENOTCONN) /* not readied: the load said why, once */
 			return 0;
 		w->told_enospc |= r == -ENOSPC;
 		log_warning("feed %s: cannot watch %s for changes (%s)%s; checked after each read and once a second only",
@@ -179,7 +252,8 @@ static int watch_file(struct feed_watch *w, struct feed *owner, struct feed *f, 
 	w->owner[id] = owner;
 	if (r == SOURCE_WATCH_LEASE)
 		w->leased++;
-	return 1;
+	c->n++;
+	return 0;
 }
 
 static int add_feed(struct feed_watch *w, struct feed *owner, struct feed *f)
@@ -192,25 +266,18 @@ static int add_feed(struct feed_watch *w, struct feed *owner, struct feed *f)
 			return r;
 		n += r;
 	}
-	for (uint32_t i = 0; f->shards && i < f->n_shards; i++) {
-		const struct shard *s = f->shards[i];
-		for (unsigned k = 0; k < s->n_ids; k++) {
-			const char *path = s->files[k] ? s->files[k] : k == 0 ? s->name : NULL;
-			if (!path)
-				continue;
-			int r = watch_file(w, owner, f, path);
-			if (r < 0)
-				return r;
-			n += r;
-		}
-	}
-	return n;
+	struct add_ctx c = { .w = w, .owner = owner, .f = f };
+	int r = each_file(f, watch_file, &c);
+	feed_watch_prep_release(f); /* the descriptors the watch did not keep */
+	return r < 0 ? r : n + c.n;
 }
 
 int feed_watch_add(struct feed_watch *w, struct feed *f)
 {
-	if (!w || f->state != FEED_READY || f->watch)
+	if (!w || f->state != FEED_READY || f->watch) {
+		feed_watch_prep_release(f); /* not watched (watch_changes = off): nothing to keep open for it */
 		return 0;
+	}
 	unsigned leased = w->leased, unwatched = w->unwatched;
 	int n = add_feed(w, f, f);
 	if (n < 0) {

@@ -41,9 +41,22 @@ int feed_watch_new(struct event_base *base, bool leases, feed_changed_fn changed
 struct feed_watch *feed_watch_free(struct feed_watch *w);
 
 /*
- * Watches every file of f (a mixture: of its sources). A file that cannot
- * be watched is logged and left to the periodic identity check. Returns the
- * number of files watched.
+ * Readies the watch of f's files (a mixture: its sources' too), off the main
+ * loop: on the loader's thread, after the load. Each file is looked up and
+ * opened here (or its source's descriptor borrowed), each path reported as
+ * progress (source_progress), so that feed_watch_add on the main loop makes
+ * no system call on a path. What a feed never added holds is let go by
+ * feed_unref (feed_watch_prep_release). Returns 0 or -ENOMEM.
+ */
+int feed_watch_prepare(struct feed *f);
+/* Lets go of the descriptors f's prepare holds (its sources' too). Idempotent. */
+void feed_watch_prep_release(struct feed *f);
+
+/*
+ * Watches every file of f (a mixture: of its sources), each through what
+ * feed_watch_prepare readied: a file not readied (or that could not be) is
+ * logged and left to the periodic identity check. Returns the number of
+ * files watched.
  */
 int feed_watch_add(struct feed_watch *w, struct feed *f);
 /* Stops watching f's files (NULL-safe, idempotent). */

@@ -17,6 +17,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -31,6 +33,9 @@
 
 #define WATCH_MASK (IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF)
 #define NONE UINT32_MAX
+
+/* Descriptors the watch opened itself and holds, in preps or under leases: process-wide (fd_budget). */
+static atomic_uint own_open;
 
 struct watch_node {
 	uint64_t dev, ino;
@@ -64,7 +69,6 @@ struct source_watch {
 	uint32_t *bucket; /* heads of hash chains; n_bucket is a power of two */
 	uint32_t n_bucket;
 	uint32_t n_inotify; /* nodes watched by inotify: none, no ioctl in source_watch_pending */
-	uint32_t own_fds;   /* descriptors the watch opened itself */
 };
 
 int source_watch_new(int signo, struct source_watch **ret)
@@ -108,7 +112,8 @@ static void lease_drop(struct source_watch *w, struct watch_node *x)
 	/* The description may be a source's too: only our lease goes, the descriptor stays theirs. */
 	(void)fcntl(x->lease_fd, F_SETLEASE, F_UNLCK);
 	fdshare_drop(x->lease_fd, &x->lease_id);
-	w->own_fds -= x->own_fd;
+	if (x->own_fd)
+		atomic_fetch_sub(&own_open, 1);
 	x->lease_fd = -1;
 	x->own_fd = false;
 }
@@ -222,71 +227,114 @@ static void id_of(const struct stat *st, struct source_id *id)
 				  .mtime = st->st_mtim, .ctime = st->st_ctim };
 }
 
-/* Whether the watch may open one more descriptor of its own: a quarter of RLIMIT_NOFILE at most. */
-static bool fd_budget(const struct source_watch *w)
+/*
+ * Whether one more descriptor of the watch's own may be opened: a quarter of
+ * RLIMIT_NOFILE at most, counting those preps hold (on a loader's thread)
+ * and those under leases (the main loop's).
+ */
+static bool fd_budget(void)
 {
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
 		return true;
-	return w->own_fds < rl.rlim_cur / 4;
+	return atomic_load(&own_open) < rl.rlim_cur / 4;
 }
 
-/*
- * A read lease on x's file, broken towards this thread's signal: on the
- * descriptor a source already holds when there is one, else on one of our
- * own (shared with sources opened later). -EMFILE: out of descriptors, or
- * of the watch's share of them.
- */
-static int lease_take(struct source_watch *w, struct watch_node *x, const char *path, const struct stat *st)
+int source_watch_prepare(const char *path, const struct source_id *loaded, struct source_watch_prep *ret)
 {
-	if (!w->signo)
-		return -EOPNOTSUPP;
+	*ret = (struct source_watch_prep){ .fd = -1 };
 	struct source_id id;
-	id_of(st, &id);
-	bool own = false;
-	int fd = fdshare_ref(&id);
-	if (fd < 0) {
-		if (!fd_budget(w))
-			return -EMFILE;
-		/* O_NONBLOCK: the name may have become a FIFO since it was loaded. */
-		_cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-		struct stat now;
-		if (nfd < 0 || fstat(nfd, &now) < 0)
-			return -errno;
-		if (!S_ISREG(now.st_mode) || (uint64_t)now.st_dev != x->dev || (uint64_t)now.st_ino != x->ino)
-			return -ESTALE; /* replaced in between: inotify on the name's file, the checks see the rest */
-		int fl = fcntl(nfd, F_GETFL);
-		if (fl < 0 || fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK) < 0)
-			return -errno;
-		id_of(&now, &id);
-		int ofd = nfd;
-		fd = fdshare_take(TAKE_FD(nfd), &id);
-		own = fd == ofd;
+	if (!loaded) { /* a source may hold the file open: its descriptor, found by the name's identity */
+		struct stat st;
+		if (stat(path, &st) < 0)
+			return ret->err = -errno;
+		id_of(&st, &id);
+		loaded = &id;
 	}
-	struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = w->tid };
-	if (fcntl(fd, F_SETSIG, w->signo) < 0 || fcntl(fd, F_SETOWN_EX, &owner) < 0 ||
-	    fcntl(fd, F_SETLEASE, F_RDLCK) < 0) {
-		int r = -errno;
-		fdshare_drop(fd, &id);
-		return r;
+	int fd = fdshare_ref(loaded);
+	if (fd >= 0) {
+		*ret = (struct source_watch_prep){ .fd = fd, .id = *loaded };
+		return 0;
 	}
-	x->lease_fd = fd;
-	x->lease_id = id;
-	x->own_fd = own;
-	w->own_fds += own;
+	/* Past the watch's share of descriptors: inotify by name, on the main loop (watch.h). */
+	*ret = (struct source_watch_prep){ .fd = -1, .err = -EMFILE, .id = *loaded, .by_name = true };
+	if (!fd_budget())
+		return 0;
+	/* O_NONBLOCK: the name may have become a FIFO since it was loaded. */
+	_cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	struct stat now;
+	if (nfd < 0 && (errno == EMFILE || errno == ENFILE))
+		return 0;
+	*ret = (struct source_watch_prep){ .fd = -1 };
+	if (nfd < 0 || fstat(nfd, &now) < 0)
+		return ret->err = -errno;
+	if (!S_ISREG(now.st_mode))
+		return ret->err = -ESTALE; /* replaced since the load: the checks see it */
+	int fl = fcntl(nfd, F_GETFL);
+	if (fl < 0 || fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+		return ret->err = -errno;
+	id_of(&now, &id);
+	int ofd = nfd;
+	fd = fdshare_take(TAKE_FD(nfd), &id);
+	*ret = (struct source_watch_prep){ .fd = fd, .own = fd == ofd, .id = id };
+	if (ret->own)
+		atomic_fetch_add(&own_open, 1);
 	return 0;
 }
 
-/* Puts x under a lease, else inotify. Returns 0, or -ENOSPC etc. when neither. */
-static int node_arm(struct source_watch *w, struct watch_node *x, const char *path, const struct stat *st,
+void source_watch_prep_drop(struct source_watch_prep *p)
+{
+	if (p->fd >= 0)
+		fdshare_drop(p->fd, &p->id);
+	if (p->fd >= 0 && p->own)
+		atomic_fetch_sub(&own_open, 1);
+	p->fd = -1;
+	p->own = false;
+}
+
+static void prep_dropp(struct source_watch_prep **p)
+{
+	source_watch_prep_drop(*p);
+}
+
+/*
+ * A read lease on x's file, broken towards this thread's signal, on p's
+ * descriptor (a source's, or one of the watch's own, counted against its
+ * share: -EMFILE past it). On success the node holds the descriptor.
+ */
+static int lease_take(struct source_watch *w, struct watch_node *x, struct source_watch_prep *p)
+{
+	if (!w->signo)
+		return -EOPNOTSUPP;
+	struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = w->tid };
+	if (fcntl(p->fd, F_SETSIG, w->signo) < 0 || fcntl(p->fd, F_SETOWN_EX, &owner) < 0 ||
+	    fcntl(p->fd, F_SETLEASE, F_RDLCK) < 0)
+		return -errno;
+	x->lease_fd = p->fd;
+	x->lease_id = p->id;
+	x->own_fd = p->own; /* counted in own_open already, by the prep */
+	p->fd = -1;
+	p->own = false;
+	return 0;
+}
+
+/*
+ * Puts x under a lease, else inotify on the descriptor's file: the name
+ * /proc/self/fd/N leads to that file whatever the user's path does, and
+ * resolving it looks nothing up on the file's own file system. Returns 0,
+ * or -ENOSPC etc. when neither.
+ */
+static int node_arm(struct source_watch *w, struct watch_node *x, const char *path, struct source_watch_prep *p,
 		    int *ret_lease_err)
 {
-	int r = lease_take(w, x, path, st);
+	int r = p->fd >= 0 ? lease_take(w, x, p) : p->err;
 	if (ret_lease_err)
 		*ret_lease_err = r;
 	if (r == 0)
 		return 0;
-	x->wd = inotify_add_watch(w->ifd, path, WATCH_MASK);
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", p->fd);
+	x->wd = inotify_add_watch(w->ifd, p->fd >= 0 ? self : path, WATCH_MASK);
 	if (x->wd < 0)
 		return -errno;
 	w->n_inotify++;
@@ -317,47 +365,58 @@ static void watcher_put(struct source_watch *w, uint32_t id)
 	w->free_e = id;
 }
 
-int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err)
+int source_watch_add_prepared(struct source_watch *w, const char *path, struct source_watch_prep *p, uint32_t *ret_id,
+			      int *ret_lease_err)
 {
-	struct stat st;
 	if (ret_lease_err)
 		*ret_lease_err = 0;
-	if (stat(path, &st) < 0)
-		return -errno;
+	if (p->fd < 0 && !p->by_name)
+		return p->err < 0 ? p->err : -EBADF;
+	/* Whatever the node does not keep goes back to fdshare (closed when nobody else holds it). */
+	_cleanup_(prep_dropp) struct source_watch_prep *hold = p;
 	uint32_t id = watcher_new(w);
 	if (id == NONE)
 		return -ENOMEM;
-	char *p = strdup(path);
-	if (!p) {
+	char *s = strdup(path);
+	if (!s) {
 		watcher_put(w, id);
 		return -ENOMEM;
 	}
-	uint32_t ni = node_find(w, st.st_dev, st.st_ino);
+	uint32_t ni = node_find(w, p->id.dev, p->id.ino);
 	bool fresh = ni == NONE;
-	if (fresh && (ni = node_new(w, st.st_dev, st.st_ino)) == NONE) {
-		free(p);
+	if (fresh && (ni = node_new(w, p->id.dev, p->id.ino)) == NONE) {
+		free(s);
 		watcher_put(w, id);
 		return -ENOMEM;
 	}
 	struct watch_node *x = &w->nodes[ni];
 	/* New, or its lease went with a change reported before: watched again for this watcher. */
 	if (x->lease_fd < 0 && x->wd < 0) {
-		int r = node_arm(w, x, path, &st, ret_lease_err);
+		int r = node_arm(w, x, path, p, ret_lease_err);
 		if (r < 0) {
 			if (fresh)
 				node_free(w, ni);
-			free(p);
+			free(s);
 			watcher_put(w, id);
 			return r;
 		}
 	}
-	w->e[id] = (struct watcher){ .path = p, .node = ni, .prev = NONE, .next = x->first };
+	w->e[id] = (struct watcher){ .path = s, .node = ni, .prev = NONE, .next = x->first };
 	if (x->first != NONE)
 		w->e[x->first].prev = id;
 	x->first = id;
 	x->refs++;
 	*ret_id = id;
 	return x->lease_fd >= 0 ? SOURCE_WATCH_LEASE : SOURCE_WATCH_INOTIFY;
+}
+
+int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err)
+{
+	struct source_watch_prep p;
+	if (ret_lease_err)
+		*ret_lease_err = 0;
+	int r = source_watch_prepare(path, NULL, &p);
+	return r < 0 ? r : source_watch_add_prepared(w, path, &p, ret_id, ret_lease_err);
 }
 
 void source_watch_remove(struct source_watch *w, uint32_t id)

@@ -35,13 +35,17 @@
  * the guard there.
  *
  * Not thread-safe: one thread (feedd's main loop) adds, removes and
- * dispatches.
+ * dispatches. source_watch_prepare() is the exception, for any thread: it
+ * does the add's path lookup and open, so the add itself makes no system
+ * call on a path (fcntl on a descriptor, or inotify on /proc/self/fd/N).
  */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "daemon/source/source.h"
 
 struct source_watch;
 
@@ -71,6 +75,44 @@ int source_watch_fd(const struct source_watch *w);
  * of the watch's share of them).
  */
 int source_watch_add(struct source_watch *w, const char *path, uint32_t *ret_id, int *ret_lease_err);
+
+/*
+ * A file readied for the watch off the main loop (issue #18: nothing that
+ * touches a file system runs there): its descriptor, taken through fdshare
+ * (the source's own when a source holds the file open, else one opened
+ * here, shared with sources opened later), and that descriptor's identity.
+ */
+struct source_watch_prep {
+	int fd;              /* -1: none (err says why) */
+	bool own;            /* opened here, not a source's */
+	bool by_name;        /* no fd: past the watch's share of descriptors (err -EMFILE), inotify by name */
+	int err;
+	struct source_id id; /* of the file fd is open on (by_name: as it was loaded) */
+};
+
+/*
+ * Readies path for source_watch_add_prepared, on any thread: the path is
+ * looked up and opened here (O_NONBLOCK: a FIFO is refused, not waited on),
+ * never by the add. `loaded`, when not NULL, is the identity the file was
+ * loaded with: a source holding that file open lends its descriptor, with
+ * no system call. Always fills *ret (ret->fd -1 and ret->err on failure)
+ * and returns 0 or that negative errno. Pairs with source_watch_prep_drop.
+ */
+int source_watch_prepare(const char *path, const struct source_id *loaded, struct source_watch_prep *ret);
+/* Lets go of what a prep still holds (idempotent). */
+void source_watch_prep_drop(struct source_watch_prep *p);
+/*
+ * source_watch_add without touching the file system by path: the lease is
+ * taken on p's descriptor (fcntl), or inotify watches the file through
+ * /proc/self/fd/N, which names the file itself whatever its path now leads
+ * to. Takes what p holds (the watch keeps or drops the descriptor). Returns
+ * as source_watch_add; p->err when p has no descriptor. The one exception:
+ * a prep made past the watch's share of descriptors (by_name, a file no
+ * source holds open beyond a quarter of RLIMIT_NOFILE) is watched with
+ * inotify_add_watch() by path, here, unless its file is watched already.
+ */
+int source_watch_add_prepared(struct source_watch *w, const char *path, struct source_watch_prep *p, uint32_t *ret_id,
+			      int *ret_lease_err);
 void source_watch_remove(struct source_watch *w, uint32_t id);
 /* Distinct files (inodes) watched: one lease or inotify watch each. */
 unsigned source_watch_files(const struct source_watch *w);

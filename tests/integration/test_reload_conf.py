@@ -25,6 +25,7 @@ LD_PRELOAD shim (stall-stat.c) makes stat() of one shard file sleep.
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -157,6 +158,53 @@ def test_reload_stuck_on_a_shard_keeps_clients_streaming_and_times_out(daemon, t
     assert sorted(f["name"] for f in d.status()["feeds"]) == ["slow", "web"]
     assert c.proc.poll() is None
     c.stop()
+
+
+def fds_under(d, folder):
+    """What feedd holds open under folder."""
+    out = []
+    for fd in os.listdir(f"/proc/{d.proc.pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{d.proc.pid}/fd/{fd}")
+        except OSError:
+            continue
+        if t.startswith(str(folder) + "/"):
+            out.append(t)
+    return sorted(out)
+
+
+def test_a_reload_refused_or_given_up_on_keeps_no_descriptor_of_its_files(daemon, tmp_path):
+    """The loader readies a new feed's files for the change watch (it opens the .idx files no source holds). A
+    reload refused (another of its feeds failed) or given up on (a shard's open hung) lets them go: once it is
+    over, feedd holds nothing open under the new feed's folder."""
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=3))
+    assert fds_under(d, b) == []
+    # Refused: "new" loads (and is readied), "gone" matches nothing.
+    d.conf.write_text(conf_with(good + feed_conf("new", f"{b}/shard_*.idx", seq_len=64, batch_size=2)
+                                + feed_conf("gone", f"{tmp_path}/nothing/shard_*.idx", seq_len=64, batch_size=2),
+                                timeout_s=3))
+    p, _, _ = reload_timed(d)
+    assert p.returncode != 0 and "1 of 3 feeds failed to load" in p.stderr, p.stderr
+    assert fds_under(d, b) == [], "a refused reload kept descriptors of its files"
+    # Given up on: the second shard's open hangs; when it answers, the load finishes on its own and lets go.
+    lease = hold_lease(b / "shard_001.idx")
+    try:
+        d.conf.write_text(conf_with(good + feed_conf("new", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                    timeout_s=3))
+        p, _, _ = reload_timed(d)
+        assert p.returncode != 0 and "no answer for 3 s" in p.stderr, p.stderr
+    finally:
+        os.close(lease)
+    deadline = time.time() + 10
+    while fds_under(d, b) and time.time() < deadline:
+        time.sleep(0.1)
+    assert fds_under(d, b) == [], "a reload given up on kept descriptors of its files"
+    # The same config, answered: taken up and watched, through descriptors of its own.
+    p, _, _ = reload_timed(d)
+    assert p.returncode == 0, p.stderr
+    assert fds_under(d, b), "the new feed holds its files"
 
 
 def test_stopping_during_a_stuck_reload(daemon, tmp_path):
@@ -299,6 +347,53 @@ def test_a_short_read_whose_recheck_hangs_stalls_no_client(daemon, tmp_path, mon
     assert [(f["name"], f["state"]) for f in d.status()["feeds"]] == [("a", "failed"), ("b", "ready")]
     assert other.proc.poll() is None
     other.stop()
+
+
+def test_a_reload_whose_new_shard_hangs_after_its_load_stalls_no_client(daemon, tmp_path, monkeypatch):
+    """The change watch readies a new feed's files (the stat(), the open() for its lease) on the loader thread,
+    after the load: a shard whose mount hangs for the main thread once the load is done with it (the shim stalls
+    only the main thread's stat() and open() of it) holds up no client, and the reload succeeds; the main loop
+    only takes the lease with fcntl() on the descriptor the loader opened, or watches /proc/self/fd/N. On the
+    tree before, the main loop stat()ed it while taking the feed up and every client waited 8 s."""
+    if not STALL_SHIM.exists():
+        pytest.skip(f"{STALL_SHIM} is not built")
+    if DAEMON_WRAPPER or "libasan" in subprocess.run(["ldd", str(FEEDD)], capture_output=True, text=True).stdout:
+        pytest.skip("the stat() shim is preloaded into feedd, which a wrapper or a sanitizer runtime forbids")
+    a, b = small_data(tmp_path, "a"), small_data(tmp_path, "b", seed=5)
+    hung = os.path.realpath(b / "shard_000.idx")
+    trigger, stalls = tmp_path / "mount-hangs", tmp_path / "stalls"
+    for k, v in {"LD_PRELOAD": str(STALL_SHIM), "STALL_PATH": hung, "STALL_TRIGGER": str(trigger),
+                 "STALL_LOG": str(stalls), "STALL_S": "8", "STALL_ONLY": "main"}.items():
+        monkeypatch.setenv(k, v)
+    good = feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2)
+    d = daemon(conf_with(good, timeout_s=30))
+    monkeypatch.delenv("LD_PRELOAD")
+    c = streaming(d, "web")
+    trigger.touch()
+    d.conf.write_text(conf_with(good + feed_conf("new", f"{b}/shard_*.idx", seq_len=64, batch_size=2),
+                                timeout_s=30))
+    p, t0, _ = reload_timed(d)
+    time.sleep(1.5)
+    t1 = time.monotonic()
+    gap = c.max_gap_until(t0, t1)
+    stalled = stalls.read_text() if stalls.exists() else ""
+    assert gap < 1.0, f"a client waited {gap:.2f} s for a batch while the reload took up a hung shard ({stalled!r})"
+    assert "main" not in stalled, stalled
+    assert p.returncode == 0, p.stderr
+    assert sorted((f["name"], f["state"]) for f in d.status()["feeds"]) == [("new", "ready"), ("web", "ready")]
+    # Watched all the same, through the descriptors the loader opened.
+    m = re.search(r"feed new: (\d+) files watched for changes, (\d+) under read leases, (\d+) with inotify, "
+                  r"(\d+) not watched", d.log_text())
+    assert m and int(m[1]) == 4 and int(m[4]) == 0, d.log_text()
+    trigger.unlink()
+    with open(b / "shard_001.bin", "r+b") as f:  # a writer: the watch fails the feed before its first byte
+        f.write(f.read(1))
+    deadline = time.time() + 10
+    while time.time() < deadline and dict((f["name"], f["state"]) for f in d.status()["feeds"])["new"] != "failed":
+        time.sleep(0.05)
+    assert dict((f["name"], f["state"]) for f in d.status()["feeds"]) == {"new": "failed", "web": "ready"}
+    assert c.proc.poll() is None
+    c.stop()
 
 
 def test_stopping_while_a_shard_check_hangs(daemon, tmp_path, monkeypatch):

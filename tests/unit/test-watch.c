@@ -6,7 +6,9 @@
  * watch; a change tells every watcher once; the last removal drops the
  * watch; past the watch's share of RLIMIT_NOFILE files go to inotify and
  * no add fails. Leases are broken by a real writer (a child's open(2) for
- * writing, held by the kernel until dispatch lets it go).
+ * writing, held by the kernel until dispatch lets it go). A file readied
+ * off the main loop (source_watch_prepare) is added with no path lookup:
+ * inotify on /proc/self/fd/N watches the file itself.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -220,6 +222,80 @@ static void test_leases(void)
 		;
 }
 
+/*
+ * Readied off the main loop (source_watch_prepare): the add looks up no path.
+ * The name is moved away between prepare and add, and a stranger put in its
+ * place: inotify (through /proc/self/fd/N) and the lease still watch the file
+ * that was prepared, not whatever the name leads to now; a prep dropped
+ * unused (a reload refused) closes its descriptor.
+ */
+static void test_prepared(void)
+{
+	char d[128], d2[128], other[128];
+	make_file("d", d, sizeof(d));
+	make_file("other", other, sizeof(other));
+	snprintf(d2, sizeof(d2), "%s/d-moved", dir);
+	int fds0 = open_fds();
+
+	/* Dropped unused: nothing stays open. */
+	struct source_watch_prep p;
+	CHECK_INT(source_watch_prepare(d, NULL, &p), 0);
+	CHECK(p.fd >= 0 && p.own, "prepare opened d");
+	CHECK_INT(open_fds(), fds0 + 1);
+	source_watch_prep_drop(&p);
+	source_watch_prep_drop(&p); /* idempotent */
+	CHECK_INT(open_fds(), fds0);
+	struct source_watch_prep none;
+	CHECK_INT(source_watch_prepare(d2, NULL, &none), -ENOENT);
+	CHECK_INT(none.fd, -1);
+
+	for (int lease = 0; lease < 2; lease++) {
+		int signo = lease ? SIGRTMIN + 1 : 0;
+		sigset_t set;
+		sigemptyset(&set);
+		sigaddset(&set, SIGRTMIN + 1);
+		REQUIRE(sigprocmask(SIG_BLOCK, &set, NULL) == 0, "sigprocmask");
+		struct source_watch *w;
+		REQUIRE(source_watch_new(signo, &w) == 0, "source_watch_new");
+		int fds1 = open_fds();
+		CHECK_INT(source_watch_prepare(d, NULL, &p), 0);
+		/* The name now leads elsewhere: the add must not follow it. */
+		REQUIRE(rename(d, d2) == 0 && link(other, d) == 0, "rename");
+		uint32_t id;
+		int lease_err = 0;
+		int r = source_watch_add_prepared(w, d, &p, &id, &lease_err);
+		CHECK_INT(p.fd, -1); /* taken by the add */
+		if (lease)
+			CHECK(r == SOURCE_WATCH_LEASE || r == SOURCE_WATCH_INOTIFY, "add: %d", r);
+		else
+			CHECK_INT(r, SOURCE_WATCH_INOTIFY);
+		CHECK_INT(open_fds(), fds1 + (r == SOURCE_WATCH_LEASE)); /* inotify keeps no descriptor */
+		struct told t = { 0 };
+		if (r == SOURCE_WATCH_INOTIFY) {
+			write_byte(d); /* the stranger now at the name: not watched */
+			CHECK(!source_watch_pending(w), "a write to the file now at the name is not the watched file's");
+			write_byte(d2);
+			CHECK(source_watch_pending(w), "a write to the prepared file, moved, is seen");
+			CHECK_INT(source_watch_dispatch(w, on_change, &t), 1);
+		} else {
+			pid_t pid = writer(d2);
+			struct timespec ts = { .tv_sec = 10 };
+			CHECK_INT(sigtimedwait(&set, NULL, &ts), SIGRTMIN + 1);
+			CHECK_INT(source_watch_dispatch(w, on_change, &t), 1);
+			int st;
+			CHECK_INT(waitpid(pid, &st, 0), pid);
+		}
+		CHECK(told_of(&t, id), "the prepared file's watcher is told");
+		source_watch_remove(w, id);
+		CHECK_INT(open_fds(), fds1);
+		source_watch_free(w);
+		REQUIRE(unlink(d) == 0 && rename(d2, d) == 0, "rename back");
+		while (sigtimedwait(&set, NULL, &(struct timespec){ 0 }) > 0)
+			;
+	}
+	CHECK_INT(open_fds(), fds0);
+}
+
 /* More files than the watch's share of descriptors: the rest go to inotify, no add fails. */
 static void test_out_of_fds(void)
 {
@@ -268,6 +344,7 @@ int main(void)
 	test_inotify();
 	test_leases();
 	test_out_of_fds();
+	test_prepared();
 
 	nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
 	return unit_exit("test-watch");
