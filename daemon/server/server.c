@@ -99,6 +99,7 @@ static void drop_removed_feeds(struct server *s)
 		if (sf->removed && sf->clients == 0) {
 			log_info("feed %s: last client gone; unloaded", sf->feed->name);
 			feed_unwatch(sf->feed);
+			telemetry_feed_forget(s->tm, sf->feed);
 			feed_unref(sf->feed);
 			continue;
 		}
@@ -410,6 +411,7 @@ void server_set_feeds(struct server *s, struct feed **feeds, size_t n_feeds, cha
 		if (o->clients == 0) {
 			log_info("feed %s: no longer served", o->feed->name);
 			feed_unwatch(o->feed);
+			telemetry_feed_forget(s->tm, o->feed);
 			feed_unref(o->feed);
 			continue;
 		}
@@ -480,6 +482,7 @@ struct server *server_free(struct server *s)
 	for (size_t i = 0; i < s->n_feeds; i++) {
 		assert(s->feeds[i].clients == 0); /* every connection detached above */
 		feed_unwatch(s->feeds[i].feed);
+		telemetry_feed_forget(s->tm, s->feeds[i].feed);
 		feed_unref(s->feeds[i].feed);
 	}
 	free(s->feeds);

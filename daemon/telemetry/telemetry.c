@@ -322,6 +322,18 @@ static void fetch_sample(struct telemetry *tm)
 	}
 }
 
+void telemetry_feed_forget(struct telemetry *tm, const struct feed *f)
+{
+	for (struct tfeed **p = &tm->feeds; *p; p = &(*p)->next) {
+		if ((*p)->f != f)
+			continue;
+		struct tfeed *t = *p;
+		*p = t->next;
+		free(t);
+		return;
+	}
+}
+
 void telemetry_tick_end(struct telemetry *tm, struct pool *pool)
 {
 	/* Forget feeds no longer served (removed by a reload: they may be freed now). */

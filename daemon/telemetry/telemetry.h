@@ -177,6 +177,13 @@ uint64_t telemetry_tick_begin(struct telemetry *tm); /* returns the tick's time 
 void telemetry_tick_feed(struct telemetry *tm, const struct feed *f);
 void telemetry_client_sample(struct telemetry_client *c, const struct telemetry_reading *r);
 void telemetry_tick_end(struct telemetry *tm, struct pool *pool);
+/*
+ * The server lets go of f (a reload removed it, its last client left, or
+ * shutdown): its figures are forgotten now, before f can be freed, so that
+ * nothing (the status line, a diagnosis) reads its name after, and a new
+ * feed allocated at the same address starts from nothing.
+ */
+void telemetry_feed_forget(struct telemetry *tm, const struct feed *f);
 
 /*
  * What status and metrics render (daemon/server/status.c, daemon/metrics):
