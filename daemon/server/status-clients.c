@@ -97,11 +97,26 @@ static void jw_key(struct jw *w, const char *k)
 	w->comma = true;
 }
 
+/* v in decimal at b (at least 21 bytes), as "%lld" writes it, without printf; returns its length. */
+static size_t fmt_ll(char *b, long long v)
+{
+	char t[24];
+	size_t n = 0, k = 0;
+	unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+	do
+		t[n++] = (char)('0' + u % 10);
+	while (u /= 10);
+	if (v < 0)
+		b[k++] = '-';
+	while (n)
+		b[k++] = t[--n];
+	return k;
+}
+
 static void jw_int(struct jw *w, long long v)
 {
 	char b[24];
-	int n = snprintf(b, sizeof(b), "%lld", v);
-	jw_raw(w, b, (size_t)n);
+	jw_raw(w, b, fmt_ll(b, v));
 }
 
 /* A finite real, as jansson's jsonp_dtostr() writes it with precision 17. */
@@ -111,8 +126,9 @@ static void jw_real(struct jw *w, double v)
 	int n;
 	/* Integral values print as the integer: the common 0.0, 20.0, without printf's %g. */
 	if (fabs(v) < 9007199254740992.0 && v == trunc(v) && !(v == 0 && signbit(v))) {
-		n = snprintf(b, sizeof(b), "%lld.0", (long long)v);
-		jw_raw(w, b, (size_t)n);
+		size_t k = fmt_ll(b, (long long)v);
+		memcpy(b + k, ".0", 2);
+		jw_raw(w, b, k + 2);
 		return;
 	}
 	n = snprintf(b, sizeof(b), "%.17g", v);
@@ -136,6 +152,57 @@ static void jw_real(struct jw *w, double v)
 		}
 	}
 	jw_raw(w, b, len);
+}
+
+/*
+ * v = round(x * scale) / scale, scale 10 or 1000 (the history's reals):
+ * "%.17g" of v is the short decimal m / scale whenever v is within half a
+ * unit of the 17th significant digit of it, which is told here without
+ * printf (the history is most of a long document's reals); otherwise, and
+ * near that bound, printf as jw_real() does.
+ */
+static void jw_real_scaled(struct jw *w, double v, unsigned scale)
+{
+	double m = round(v * scale);
+	if (v != 0 && isfinite(v) && fabs(m) >= 1 && fabs(m) < 1e15) {
+		unsigned long long am = (unsigned long long)fabs(m), p = 1;
+		int digits = 0;
+		for (unsigned long long t = am; t; t /= 10)
+			digits++;
+		for (int i = 1; i < digits; i++)
+			p *= 10;
+		/* D = m / scale: its leading digit's exponent; one less when D is a power of ten (v may be below it). */
+		int e = digits - 1 - (scale == 10 ? 1 : 3) - (am == p);
+		long double d = (long double)m / (long double)scale, diff = fabsl((long double)v - d);
+		static const long double pow10[] = { 1e-21L, 1e-20L, 1e-19L, 1e-18L, 1e-17L, 1e-16L, 1e-15L, 1e-14L,
+						     1e-13L, 1e-12L, 1e-11L, 1e-10L, 1e-9L,  1e-8L,  1e-7L,  1e-6L,
+						     1e-5L,  1e-4L,  1e-3L,  1e-2L,  1e-1L,  1.0L };
+		/* e - 16 is within -21 .. -5 here (1 <= |m| < 1e15, scale 10 or 1000). */
+		long double half = 0.5L * pow10[e - 16 + 21];
+		if (diff < half * (1 - 1e-6L) - fabsl(d) * 1e-18L) {
+			char b[40];
+			unsigned long long ip = am / scale, fp = am % scale;
+			size_t n = fmt_ll(b, m < 0 ? -(long long)ip : (long long)ip);
+			if (m < 0 && ip == 0)
+				b[n - 1] = '-', b[n++] = '0';
+			b[n++] = '.';
+			if (fp == 0) {
+				b[n++] = '0';
+			} else if (scale == 10) {
+				b[n++] = (char)('0' + fp);
+			} else {
+				b[n++] = (char)('0' + fp / 100);
+				if (fp % 100) {
+					b[n++] = (char)('0' + fp / 10 % 10);
+					if (fp % 10)
+						b[n++] = (char)('0' + fp % 10);
+				}
+			}
+			jw_raw(w, b, n);
+			return;
+		}
+	}
+	jw_real(w, v);
 }
 
 /* jansson's utf8_check_string(): what json_string() accepts. */
@@ -341,7 +408,7 @@ static unsigned history(struct jw *w, const struct telemetry_client_view *v, uns
 			if (integer[k])
 				jw_int(w, (long long)d);
 			else
-				jw_real(w, d);
+				jw_real_scaled(w, d, k == 4 ? 10 : 1000);
 		}
 		jw_close(w, "]");
 	}

@@ -364,6 +364,32 @@ int main(void)
 	struct status_client *many = calloc(N, sizeof(*many));
 	struct sample *h600 = calloc(H, sizeof(*h600));
 	REQUIRE(many && h600, "out of memory");
+	/* Reals of every magnitude in the history (written without printf where that gives the same bytes). */
+	uint64_t seed = 42;
+	for (unsigned i = 0; i < H; i++) {
+		float v[4];
+		for (unsigned k = 0; k < 4; k++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			double u = (double)(seed >> 11) / 9007199254740992.0;
+			v[k] = (float)(u * pow(10.0, (double)((seed >> 3) % 12) - 4.0));
+		}
+		h600[i] = (struct sample){ .wait_ms = v[0], .step_ms = v[1], .h2d_ms = v[2], .full_pct = fmodf(v[3], 100.0f),
+					   .batches = i, .fill = 1, .held = 2 };
+	}
+	for (unsigned i = 0; i < 50; i++) {
+		many[i] = c;
+		many[i].tv.hist = h600;
+		many[i].tv.hist_cap = H;
+		many[i].tv.hist_head = i * 7 % H;
+		many[i].tv.hist_n = H;
+	}
+	in.clients = many;
+	in.n_clients = 50;
+	char *rnd = status_json(&in, UINT_MAX, &longest);
+	REQUIRE(rnd, "status_json failed");
+	CHECK(redumps_same(rnd), "random history reals are not what json_dumps writes");
+	free(rnd);
+
 	for (unsigned i = 0; i < H; i++)
 		h600[i] = (struct sample){ .wait_ms = 0.001f * (float)i, .step_ms = 12.5f + (float)(i % 7), .h2d_ms = 0.25f,
 					   .full_pct = (float)(i % 100), .batches = i % 50, .fill = (uint16_t)(i % 8), .held = 1 };
