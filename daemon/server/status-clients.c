@@ -14,6 +14,7 @@
  * whose real is not finite or whose string is not UTF-8 (json_real and
  * json_string gave NULL), a whole client whose json_pack failed.
  */
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -164,7 +165,8 @@ static void jw_real(struct jw *w, double v)
 static void jw_real_scaled(struct jw *w, double v, unsigned scale)
 {
 	double m = round(v * scale);
-	if (v != 0 && isfinite(v) && fabs(m) >= 1 && fabs(m) < 1e15) {
+	/* The check needs a long double of 64 bits of mantissa or more (x86's, or quad): else printf. */
+	if (LDBL_MANT_DIG >= 64 && v != 0 && isfinite(v) && fabs(m) >= 1 && fabs(m) < 1e15) {
 		unsigned long long am = (unsigned long long)fabs(m), p = 1;
 		int digits = 0;
 		for (unsigned long long t = am; t; t /= 10)
