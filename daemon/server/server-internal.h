@@ -16,6 +16,7 @@
  *   request.c  the requests: HELLO, ATTACH, STATUS, DETACH, RELOAD, DRAIN
  *   status.c   renders a snapshot: the status document and the STATUS= line
  *              (it includes only status.h and the views' headers)
+ *   status-clients.c  the document's clients array, without a jansson tree
  *
  * The server owns its connections (a list), its telemetry object, and a
  * reference on each feed it serves (struct served, with the feed's clients

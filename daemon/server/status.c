@@ -20,79 +20,6 @@
 
 /* Telemetry (docs/telemetry.md): the views telemetry fills, rendered. */
 
-static json_t *ms_or_null(double ns)
-{
-	return isnan(ns) ? json_null() : json_real(ns / 1e6);
-}
-
-/* {count, mean_ms, p50_ms, p95_ms, p99_ms, max_ms} of a histogram and its exact total. */
-static json_t *dist_json(const uint64_t *h, uint64_t sum_ns)
-{
-	uint64_t n = 0;
-	for (unsigned b = 0; b < FEED_HIST_BUCKETS; b++)
-		n += h[b];
-	json_t *o = json_object();
-	json_object_set_new(o, "count", json_integer((json_int_t)n));
-	json_object_set_new(o, "mean_ms", n ? json_real((double)sum_ns / (double)n / 1e6) : json_null());
-	json_object_set_new(o, "p50_ms", ms_or_null(telemetry_quantile(h, 0.50)));
-	json_object_set_new(o, "p95_ms", ms_or_null(telemetry_quantile(h, 0.95)));
-	json_object_set_new(o, "p99_ms", ms_or_null(telemetry_quantile(h, 0.99)));
-	json_object_set_new(o, "max_ms", ms_or_null(telemetry_quantile(h, 1.0)));
-	return o;
-}
-
-static json_t *period_json(const struct telemetry_period *p)
-{
-	uint64_t span_ns = (uint64_t)(p->span_s * 1e9);
-	json_t *o = json_object();
-	json_object_set_new(o, "span_s", json_real(p->span_s));
-	json_object_set_new(o, "batches", json_integer((json_int_t)p->batches));
-	json_object_set_new(o, "batches_per_s", json_real(p->span_s > 0 ? (double)p->batches / p->span_s : 0.0));
-	json_object_set_new(o, "wait_s", json_real((double)p->wait_ns / 1e9));
-	json_object_set_new(o, "step_s", json_real((double)p->step_ns / 1e9));
-	json_object_set_new(o, "h2d_s", json_real((double)p->h2d_ns / 1e9));
-	json_object_set_new(o, "reports", json_integer((json_int_t)p->reports));
-	json_object_set_new(o, "stall_pct", json_real(telemetry_pct(p->wait_ns, p->wait_ns + p->step_ns)));
-	json_object_set_new(o, "h2d_pct_of_step", json_real(telemetry_pct(p->h2d_ns, p->step_ns)));
-	json_object_set_new(o, "ring_full_pct", json_real(MIN(100.0, telemetry_pct(p->full_ns, span_ns))));
-	json_object_set_new(o, "ring_empty_pct", json_real(MIN(100.0, telemetry_pct(p->wait_ns, span_ns))));
-	json_object_set_new(o, "wait", dist_json(p->hist_wait, p->wait_ns));
-	json_object_set_new(o, "step", dist_json(p->hist_step, p->step_ns));
-	json_object_set_new(o, "h2d", dist_json(p->hist_h2d, p->h2d_ns));
-	return o;
-}
-
-/* A client's "telemetry": its window, since attach, and per-second samples. */
-static json_t *client_telemetry_json(const struct telemetry_client_view *v)
-{
-	json_t *o = json_object();
-	json_object_set_new(o, "window", period_json(&v->window));
-	json_object_set_new(o, "since_attach", period_json(&v->since_attach));
-	json_object_set_new(o, "ring_fill", json_integer((json_int_t)v->ring_fill));
-	json_object_set_new(o, "held", json_integer((json_int_t)v->held));
-
-	/* Per-second samples, oldest first: totals within each second. */
-	json_t *h = json_object(), *a[7];
-	static const char *const keys[7] = { "wait_ms", "step_ms", "h2d_ms", "batches", "ring_full_pct", "ring_fill", "held" };
-	for (unsigned k = 0; k < 7; k++)
-		a[k] = json_array();
-	for (unsigned i = 0; i < v->hist_n; i++) {
-		const struct sample *x = &v->hist[(v->hist_head + i) % v->hist_cap];
-		json_array_append_new(a[0], json_real(round(x->wait_ms * 1000.0) / 1000.0));
-		json_array_append_new(a[1], json_real(round(x->step_ms * 1000.0) / 1000.0));
-		json_array_append_new(a[2], json_real(round(x->h2d_ms * 1000.0) / 1000.0));
-		json_array_append_new(a[3], json_integer(x->batches));
-		json_array_append_new(a[4], json_real(round(x->full_pct * 10.0) / 10.0));
-		json_array_append_new(a[5], json_integer(x->fill));
-		json_array_append_new(a[6], json_integer(x->held));
-	}
-	json_object_set_new(h, "interval_s", json_integer(1));
-	for (unsigned k = 0; k < 7; k++)
-		json_object_set_new(h, keys[k], a[k]);
-	json_object_set_new(o, "history", h);
-	return o;
-}
-
 static json_t *diag_json(const struct diag *d)
 {
 	json_t *o = json_object();
@@ -101,13 +28,6 @@ static json_t *diag_json(const struct diag *d)
 	json_object_set_new(o, "text", json_string(d->text));
 	json_object_set_new(o, "cause", d->cause[0] ? json_string(d->cause) : json_null());
 	json_object_set_new(o, "needed_x", d->needed_x > 0 && isfinite(d->needed_x) ? json_real(d->needed_x) : json_null());
-	return o;
-}
-
-static json_t *client_diagnosis_json(const struct telemetry_client_view *v)
-{
-	json_t *o = diag_json(v->diag);
-	json_object_set_new(o, "straggler", v->straggler[0] ? json_string(v->straggler) : json_null());
 	return o;
 }
 
@@ -228,82 +148,6 @@ static json_t *feed_json(const struct status_input *in, size_t i)
 	return o;
 }
 
-/* A client's GPU staging (docs/gpu.md): copies, bytes, H2D time, events waited. */
-static json_t *gpu_json(const struct gpu_client_view *g)
-{
-	const struct staging_counters *n = &g->n;
-	return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I}", "device", g->device, "export",
-			 g->vmm ? "vmm" : "ipc", "memory_bytes", (json_int_t)g->memory_bytes, "copies",
-			 (json_int_t)n->copies, "h2d_bytes", (json_int_t)n->bytes, "events_waited", (json_int_t)n->waits,
-			 "h2d_ms", (double)n->h2d_ns / 1e6, "copies_timed", (json_int_t)n->timed, "h2d_gb_per_s",
-			 n->h2d_ns ? json_real((double)n->timed_bytes / (double)n->h2d_ns) : json_null(),
-			 "refills_deferred", (json_int_t)n->not_ready);
-}
-
-/*
- * Keeps the `keep` newest samples of a client's per-second history and says
- * how many older ones were left out ("omitted"), so that the document of a
- * daemon with thousands of clients and long histories fits one reply.
- */
-static unsigned trim_history(json_t *telemetry, unsigned keep)
-{
-	json_t *h = json_object_get(telemetry, "history");
-	size_t omitted = 0, longest = 0;
-	const char *key;
-	json_t *v;
-	json_object_foreach(h, key, v) {
-		size_t n = json_array_size(v);
-		longest = MAX(longest, n);
-		if (n <= keep)
-			continue;
-		omitted = n - keep;
-		for (size_t i = 0; i < omitted; i++)
-			json_array_remove(v, 0);
-	}
-	if (h)
-		json_object_set_new(h, "omitted", json_integer((json_int_t)omitted));
-	return (unsigned)MIN(longest, UINT_MAX);
-}
-
-static json_t *client_json(const struct status_client *c, unsigned history_max, unsigned *longest)
-{
-	double attached_s = (double)c->attached_ns / 1e9;
-	json_t *o = json_pack("{s:I, s:i, s:i, s:s, s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:s}",
-			      "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid, "name", c->name, "feed",
-			      c->feed->name, "rank", (int)c->rank, "world", (int)c->world, "attached_s", attached_s,
-			      "first_batch", (json_int_t)c->first_batch, "batches_published", (json_int_t)c->published,
-			      "batches_delivered", (json_int_t)c->delivered, "ring_slots", (int)c->ring_slots,
-			      "ring_fill", (json_int_t)c->fill, "ring_full_pct",
-			      telemetry_pct(c->full_ns, c->attached_ns), "tokens_per_s",
-			      c->tokens_per_s, "wait_s", (double)c->wait_ns / 1e9, "step_s", (double)c->step_ns / 1e9,
-			      "state", c->failed ? "failed" : "streaming");
-	if (!o)
-		return NULL;
-	json_object_set_new(o, "stall_pct", json_real(c->stall_pct));
-	/* What the trainer measured itself (feed_client_report), when it does. */
-	json_object_set_new(o, "reports", json_integer((json_int_t)c->reports));
-	json_object_set_new(o, "reported_step_s", json_real((double)c->reported_step_ns / 1e9));
-	json_object_set_new(o, "h2d_s", json_real((double)c->h2d_ns / 1e9));
-	/* How often libfeed reconnected this trainer to a restarted feedd, and the time it waited (client-written). */
-	json_object_set_new(o, "reconnects", json_integer((json_int_t)MIN(c->reconnects, (uint64_t)INT64_MAX)));
-	json_object_set_new(o, "reconnect_s", json_real((double)c->reconnect_ns / 1e9));
-	json_object_set_new(o, "diagnosis", c->tv.tracked ? client_diagnosis_json(&c->tv) : json_null());
-	json_t *t = c->tv.tracked ? client_telemetry_json(&c->tv) : NULL;
-	if (t) {
-		unsigned n = trim_history(t, history_max);
-		*longest = MAX(*longest, n);
-	}
-	json_object_set_new(o, "telemetry", t ? t : json_null());
-	/* GPU staging of this client (docs/gpu.md): copies, bytes, H2D time, events waited; null for host batches. */
-	json_object_set_new(o, "gpu", c->gpu ? gpu_json(&c->gpu_view) : json_null());
-	/* What the server alone knows (fields are only added, never renamed: docs/protocol.md, section 10). */
-	json_object_set_new(o, "stuck", json_boolean(c->stuck));
-	json_object_set_new(o, "idle_s", json_real((double)c->idle_ns / 1e9));
-	json_object_set_new(o, "memory_bytes", json_integer((json_int_t)c->memory));
-	json_object_set_new(o, "epoch", json_integer((json_int_t)c->epoch));
-	return o;
-}
-
 /* Refusals, dropped connections and the other counters of the daemon object. */
 static void counters_json(json_t *d, const struct status_input *in)
 {
@@ -364,17 +208,35 @@ char *status_json(const struct status_input *in, unsigned history_max, unsigned 
 	if (!root)
 		return NULL;
 	counters_json(json_object_get(root, "daemon"), in);
-	json_t *feeds = json_array(), *clients = json_array();
+	json_t *feeds = json_array();
 	for (size_t i = 0; i < in->n_feeds; i++)
 		json_array_append_new(feeds, feed_json(in, i));
-	for (size_t i = 0; i < in->n_clients; i++)
-		json_array_append_new(clients, client_json(&in->clients[i], history_max, ret_longest));
 	json_object_set_new(root, "feeds", feeds);
-	json_object_set_new(root, "clients", clients);
-	json_object_set_new(root, "telemetry", daemon_telemetry_json(&in->telemetry));
-	json_object_set_new(root, "fetch", fetch_json(&in->fetch));
-	char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	/*
+	 * The clients are written without a tree (status-clients.c) between
+	 * the dumps of {daemon, feeds} and {telemetry, fetch}: the document is
+	 * the same bytes the one tree gave.
+	 */
+	json_t *tail = json_object();
+	json_object_set_new(tail, "telemetry", daemon_telemetry_json(&in->telemetry));
+	json_object_set_new(tail, "fetch", fetch_json(&in->fetch));
+	_cleanup_free_ char *head_text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	_cleanup_free_ char *tail_text = json_dumps(tail, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
+	json_decref(tail);
+	if (!head_text || !tail_text)
+		return NULL;
+	static const char clients_key[] = ",\"clients\":";
+	size_t head_len = strlen(head_text) - 1, tail_len = strlen(tail_text) - 1; /* less '}' and '{' */
+	size_t before = head_len + sizeof(clients_key) - 1, len;
+	char *text = status_clients_json(in, history_max, ret_longest, before, tail_len + 1, &len);
+	if (!text)
+		return NULL;
+	memcpy(text, head_text, head_len);
+	memcpy(text + head_len, clients_key, sizeof(clients_key) - 1);
+	text[len] = ',';
+	memcpy(text + len + 1, tail_text + 1, tail_len);
+	text[len + 1 + tail_len] = '\0';
 	return text;
 }
 

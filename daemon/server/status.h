@@ -120,6 +120,15 @@ void status_input_clear(struct status_input *in);
 char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest);
 
 /*
+ * status_json()'s "clients" array (status-clients.c), written without a
+ * jansson tree at offset `before` of the returned buffer, with `after` + 1
+ * bytes free past its end for the caller; *ret_len is the offset of its end.
+ * The first `before` bytes are the caller's to fill. NULL when out of memory.
+ */
+char *status_clients_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest, size_t before,
+			  size_t after, size_t *ret_len);
+
+/*
  * The one-line summary for the service manager's STATUS=: feeds, clients,
  * tokens/s, the worst stall over the last tick and the worst diagnosis.
  * Always NUL-terminated.

@@ -10,6 +10,10 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "daemon/server/status.h"
 #include "unit.h"
@@ -40,6 +44,144 @@ static const char *str(json_t *root, const char *path)
 		double a_ = num(root, path), e_ = (expected);                                               \
 		CHECK(fabs(a_ - e_) <= 1e-9 * fmax(1.0, fabs(e_)), "%s = %.9g, expected %.9g", path, a_, e_); \
 	} while (0)
+
+/* The "clients" member of a document: from its '[' to the ']' before "telemetry". */
+static char *clients_part(const char *text)
+{
+	const char *a = strstr(text, ",\"clients\":["), *b = strstr(text, "],\"telemetry\":{");
+	if (!a || !b || b < a)
+		return NULL;
+	a += strlen(",\"clients\":");
+	return strndup(a, (size_t)(b - a + 1));
+}
+
+/* Is the text what jansson makes of it again (reals, escapes, separators as json_dumps writes them)? */
+static bool redumps_same(const char *text)
+{
+	json_t *root = json_loads(text, 0, NULL);
+	char *again = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	bool same = again && strcmp(again, text) == 0;
+	if (!same && again)
+		for (size_t i = 0; text[i]; i++)
+			if (text[i] != again[i]) {
+				fprintf(stderr, "differs at %zu: %.60s | %.60s\n", i, text + i, again + i);
+				break;
+			}
+	free(again);
+	json_decref(root);
+	return same;
+}
+
+/* The tree's output, long: */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverlength-strings"
+static const char golden_full[] =
+	"[{\"id\":7,\"pid\":1234,\"uid\":1000,\"name\":\"train.py\",\"feed\":\"web\",\"rank\":1,\"world\":4,\"attache"
+	"d_s\":20.0,\"first_batch\":5,\"batches_published\":60,\"batches_delivered\":50,\"ring_slots\":8,\"ring_fill\""
+	":3,\"ring_full_pct\":10.0,\"tokens_per_s\":1500.0,\"wait_s\":3.0,\"step_s\":10.0,\"state\":\"streaming\",\"s"
+	"tall_pct\":23.076923076923077,\"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects\":0,\"reconne"
+	"ct_s\":0.0,\"diagnosis\":{\"kind\":\"starved\",\"severity\":2,\"text\":\"starved: waiting 23 %\",\"cause\":\""
+	"tokenize\",\"needed_x\":1.5,\"straggler\":null},\"telemetry\":{\"window\":{\"span_s\":10.0,\"batches\":100,\""
+	"batches_per_s\":10.0,\"wait_s\":0.29999999999999999,\"step_s\":1.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\""
+	":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ring_full_pct\":10.0,\"ring_empty_pct\":3.0,\"wait\":{\"count\""
+	":100,\"mean_ms\":3.0,\"p50_ms\":2.8835839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.88358399999999"
+	"99,\"max_ms\":2.8835839999999999},\"step\":{\"count\":100,\"mean_ms\":10.0,\"p50_ms\":9.4371840000000002,\"p"
+	"95_ms\":9.4371840000000002,\"p99_ms\":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0"
+	",\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"since_attach\":{\"span"
+	"_s\":20.0,\"batches\":50,\"batches_per_s\":2.5,\"wait_s\":3.0,\"step_s\":10.0,\"h2d_s\":0.0,\"reports\":0,\""
+	"stall_pct\":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ring_full_pct\":0.0,\"ring_empty_pct\":15.0,\"wait\""
+	":{\"count\":100,\"mean_ms\":30.0,\"p50_ms\":2.8835839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.88"
+	"35839999999999,\"max_ms\":2.8835839999999999},\"step\":{\"count\":100,\"mean_ms\":100.0,\"p50_ms\":9.4371840"
+	"000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\""
+	":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"ring_fill"
+	"\":3,\"held\":1,\"history\":{\"interval_s\":1,\"wait_ms\":[1.234,2.0],\"step_ms\":[0.0,0.0],\"h2d_ms\":[0.0,"
+	"0.0],\"batches\":[7,9],\"ring_full_pct\":[0.0,0.0],\"ring_fill\":[3,0],\"held\":[0,1],\"omitted\":0}},\"gpu\""
+	":{\"device\":1,\"export\":\"vmm\",\"memory_bytes\":4096,\"copies\":50,\"h2d_bytes\":1000,\"events_waited\":0"
+	",\"h2d_ms\":2.0,\"copies_timed\":40,\"h2d_gb_per_s\":0.40000000000000002,\"refills_deferred\":0},\"stuck\":f"
+	"alse,\"idle_s\":0.0,\"memory_bytes\":0,\"epoch\":0},{\"id\":8,\"pid\":-1,\"uid\":-2,\"name\":\"x\\\"\\\\\\n/"
+	"\342\202\254\177\",\"feed\":\"web\",\"rank\":0,\"world\":0,\"attached_s\":0.0,\"first_batch\":0,\"batches_pu"
+	"blished\":0,\"batches_delivered\":0,\"ring_slots\":0,\"ring_fill\":0,\"ring_full_pct\":0.0,\"tokens_per_s\":"
+	"0.10000000000000001,\"wait_s\":1.0000000000000001e-9,\"step_s\":0.0,\"state\":\"failed\",\"stall_pct\":0.0,\""
+	"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects\":9223372036854775807,\"reconnect_s\":0.0,\"d"
+	"iagnosis\":null,\"telemetry\":null,\"gpu\":null,\"stuck\":true,\"idle_s\":1.0000000000000001e-9,\"memory_byt"
+	"es\":1099511627776,\"epoch\":3},{\"id\":9,\"pid\":1234,\"uid\":1000,\"name\":\"train.py\",\"feed\":\"web\",\""
+	"rank\":1,\"world\":4,\"attached_s\":20.0,\"first_batch\":5,\"batches_published\":60,\"batches_delivered\":50"
+	",\"ring_slots\":8,\"ring_fill\":3,\"ring_full_pct\":10.0,\"tokens_per_s\":1.0000000000000001e300,\"wait_s\":"
+	"3.0,\"step_s\":10.0,\"state\":\"streaming\",\"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects"
+	"\":0,\"reconnect_s\":0.0,\"diagnosis\":{\"kind\":\"warming-up\",\"severity\":0,\"text\":\"a \\\"quoted\\\"\\"
+	"ttab \\\\ /slash\\u0001 \303\251\",\"cause\":null,\"needed_x\":null,\"straggler\":\"rank 3 is 2.5x slower\"}"
+	",\"telemetry\":{\"window\":{\"span_s\":0.0,\"batches\":100,\"batches_per_s\":0.0,\"wait_s\":0.29999999999999"
+	"999,\"step_s\":1.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ri"
+	"ng_full_pct\":0.0,\"ring_empty_pct\":0.0,\"wait\":{\"count\":100,\"mean_ms\":3.0,\"p50_ms\":2.88358399999999"
+	"99,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.8835839999999999,\"max_ms\":2.8835839999999999},\"step\":{\"co"
+	"unt\":100,\"mean_ms\":10.0,\"p50_ms\":9.4371840000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\":9.43718400"
+	"00000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":nul"
+	"l,\"p99_ms\":null,\"max_ms\":null}},\"since_attach\":{\"span_s\":20.0,\"batches\":50,\"batches_per_s\":2.5,\""
+	"wait_s\":3.0,\"step_s\":10.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\":23.076923076923077,\"h2d_pct_of_step\""
+	":0.0,\"ring_full_pct\":0.0,\"ring_empty_pct\":15.0,\"wait\":{\"count\":100,\"mean_ms\":30.0,\"p50_ms\":2.883"
+	"5839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.8835839999999999,\"max_ms\":2.8835839999999999},\"s"
+	"tep\":{\"count\":100,\"mean_ms\":100.0,\"p50_ms\":9.4371840000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\""
+	":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p"
+	"95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"ring_fill\":3,\"held\":1,\"history\":{\"interval_s\":1,\"wa"
+	"it_ms\":[0.0,0.5,30000000.0],\"step_ms\":[0.0,0.0,0.0,0.0],\"h2d_ms\":[0.0,0.0,0.0],\"batches\":[0,1,0,40000"
+	"00000],\"ring_full_pct\":[0.0,0.0,33.299999999999997,0.0],\"ring_fill\":[0,0,0,65535],\"held\":[0,0,0,0],\"o"
+	"mitted\":0}},\"gpu\":{\"device\":1,\"export\":\"vmm\",\"memory_bytes\":4096,\"copies\":50,\"h2d_bytes\":1000"
+	",\"events_waited\":0,\"h2d_ms\":0.0,\"copies_timed\":40,\"h2d_gb_per_s\":null,\"refills_deferred\":0},\"stuc"
+	"k\":false,\"idle_s\":0.0,\"memory_bytes\":0,\"epoch\":0}]";
+static const char golden_trimmed[] =
+	"[{\"id\":7,\"pid\":1234,\"uid\":1000,\"name\":\"train.py\",\"feed\":\"web\",\"rank\":1,\"world\":4,\"attache"
+	"d_s\":20.0,\"first_batch\":5,\"batches_published\":60,\"batches_delivered\":50,\"ring_slots\":8,\"ring_fill\""
+	":3,\"ring_full_pct\":10.0,\"tokens_per_s\":1500.0,\"wait_s\":3.0,\"step_s\":10.0,\"state\":\"streaming\",\"s"
+	"tall_pct\":23.076923076923077,\"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects\":0,\"reconne"
+	"ct_s\":0.0,\"diagnosis\":{\"kind\":\"starved\",\"severity\":2,\"text\":\"starved: waiting 23 %\",\"cause\":\""
+	"tokenize\",\"needed_x\":1.5,\"straggler\":null},\"telemetry\":{\"window\":{\"span_s\":10.0,\"batches\":100,\""
+	"batches_per_s\":10.0,\"wait_s\":0.29999999999999999,\"step_s\":1.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\""
+	":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ring_full_pct\":10.0,\"ring_empty_pct\":3.0,\"wait\":{\"count\""
+	":100,\"mean_ms\":3.0,\"p50_ms\":2.8835839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.88358399999999"
+	"99,\"max_ms\":2.8835839999999999},\"step\":{\"count\":100,\"mean_ms\":10.0,\"p50_ms\":9.4371840000000002,\"p"
+	"95_ms\":9.4371840000000002,\"p99_ms\":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0"
+	",\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"since_attach\":{\"span"
+	"_s\":20.0,\"batches\":50,\"batches_per_s\":2.5,\"wait_s\":3.0,\"step_s\":10.0,\"h2d_s\":0.0,\"reports\":0,\""
+	"stall_pct\":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ring_full_pct\":0.0,\"ring_empty_pct\":15.0,\"wait\""
+	":{\"count\":100,\"mean_ms\":30.0,\"p50_ms\":2.8835839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.88"
+	"35839999999999,\"max_ms\":2.8835839999999999},\"step\":{\"count\":100,\"mean_ms\":100.0,\"p50_ms\":9.4371840"
+	"000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\""
+	":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"ring_fill"
+	"\":3,\"held\":1,\"history\":{\"interval_s\":1,\"wait_ms\":[1.234,2.0],\"step_ms\":[0.0,0.0],\"h2d_ms\":[0.0,"
+	"0.0],\"batches\":[7,9],\"ring_full_pct\":[0.0,0.0],\"ring_fill\":[3,0],\"held\":[0,1],\"omitted\":0}},\"gpu\""
+	":{\"device\":1,\"export\":\"vmm\",\"memory_bytes\":4096,\"copies\":50,\"h2d_bytes\":1000,\"events_waited\":0"
+	",\"h2d_ms\":2.0,\"copies_timed\":40,\"h2d_gb_per_s\":0.40000000000000002,\"refills_deferred\":0},\"stuck\":f"
+	"alse,\"idle_s\":0.0,\"memory_bytes\":0,\"epoch\":0},{\"id\":8,\"pid\":-1,\"uid\":-2,\"name\":\"x\\\"\\\\\\n/"
+	"\342\202\254\177\",\"feed\":\"web\",\"rank\":0,\"world\":0,\"attached_s\":0.0,\"first_batch\":0,\"batches_pu"
+	"blished\":0,\"batches_delivered\":0,\"ring_slots\":0,\"ring_fill\":0,\"ring_full_pct\":0.0,\"tokens_per_s\":"
+	"0.10000000000000001,\"wait_s\":1.0000000000000001e-9,\"step_s\":0.0,\"state\":\"failed\",\"stall_pct\":0.0,\""
+	"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects\":9223372036854775807,\"reconnect_s\":0.0,\"d"
+	"iagnosis\":null,\"telemetry\":null,\"gpu\":null,\"stuck\":true,\"idle_s\":1.0000000000000001e-9,\"memory_byt"
+	"es\":1099511627776,\"epoch\":3},{\"id\":9,\"pid\":1234,\"uid\":1000,\"name\":\"train.py\",\"feed\":\"web\",\""
+	"rank\":1,\"world\":4,\"attached_s\":20.0,\"first_batch\":5,\"batches_published\":60,\"batches_delivered\":50"
+	",\"ring_slots\":8,\"ring_fill\":3,\"ring_full_pct\":10.0,\"tokens_per_s\":1.0000000000000001e300,\"wait_s\":"
+	"3.0,\"step_s\":10.0,\"state\":\"streaming\",\"reports\":0,\"reported_step_s\":0.0,\"h2d_s\":0.0,\"reconnects"
+	"\":0,\"reconnect_s\":0.0,\"diagnosis\":{\"kind\":\"warming-up\",\"severity\":0,\"text\":\"a \\\"quoted\\\"\\"
+	"ttab \\\\ /slash\\u0001 \303\251\",\"cause\":null,\"needed_x\":null,\"straggler\":\"rank 3 is 2.5x slower\"}"
+	",\"telemetry\":{\"window\":{\"span_s\":0.0,\"batches\":100,\"batches_per_s\":0.0,\"wait_s\":0.29999999999999"
+	"999,\"step_s\":1.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\":23.076923076923077,\"h2d_pct_of_step\":0.0,\"ri"
+	"ng_full_pct\":0.0,\"ring_empty_pct\":0.0,\"wait\":{\"count\":100,\"mean_ms\":3.0,\"p50_ms\":2.88358399999999"
+	"99,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.8835839999999999,\"max_ms\":2.8835839999999999},\"step\":{\"co"
+	"unt\":100,\"mean_ms\":10.0,\"p50_ms\":9.4371840000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\":9.43718400"
+	"00000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p95_ms\":nul"
+	"l,\"p99_ms\":null,\"max_ms\":null}},\"since_attach\":{\"span_s\":20.0,\"batches\":50,\"batches_per_s\":2.5,\""
+	"wait_s\":3.0,\"step_s\":10.0,\"h2d_s\":0.0,\"reports\":0,\"stall_pct\":23.076923076923077,\"h2d_pct_of_step\""
+	":0.0,\"ring_full_pct\":0.0,\"ring_empty_pct\":15.0,\"wait\":{\"count\":100,\"mean_ms\":30.0,\"p50_ms\":2.883"
+	"5839999999999,\"p95_ms\":2.8835839999999999,\"p99_ms\":2.8835839999999999,\"max_ms\":2.8835839999999999},\"s"
+	"tep\":{\"count\":100,\"mean_ms\":100.0,\"p50_ms\":9.4371840000000002,\"p95_ms\":9.4371840000000002,\"p99_ms\""
+	":9.4371840000000002,\"max_ms\":9.4371840000000002},\"h2d\":{\"count\":0,\"mean_ms\":null,\"p50_ms\":null,\"p"
+	"95_ms\":null,\"p99_ms\":null,\"max_ms\":null}},\"ring_fill\":3,\"held\":1,\"history\":{\"interval_s\":1,\"wa"
+	"it_ms\":[0.5,30000000.0],\"step_ms\":[0.0,0.0],\"h2d_ms\":[0.0,0.0],\"batches\":[0,4000000000],\"ring_full_p"
+	"ct\":[33.299999999999997,0.0],\"ring_fill\":[0,65535],\"held\":[0,0],\"omitted\":2}},\"gpu\":{\"device\":1,\""
+	"export\":\"vmm\",\"memory_bytes\":4096,\"copies\":50,\"h2d_bytes\":1000,\"events_waited\":0,\"h2d_ms\":0.0,\""
+	"copies_timed\":40,\"h2d_gb_per_s\":null,\"refills_deferred\":0},\"stuck\":false,\"idle_s\":0.0,\"memory_byte"
+	"s\":0,\"epoch\":0}]";
+#pragma GCC diagnostic pop
 
 int main(void)
 {
@@ -168,5 +310,118 @@ int main(void)
 	status_line(&in, line, sizeof(line));
 	CHECK_STR(line, "1 feeds (0 failed, 1 draining), 1 clients, 1.5k tokens/s, worst stall 23.0% (web rank 1/4); "
 			"feed web rank 1/4: starved: waiting 23 %");
+	/*
+	 * The clients array, written without a jansson tree, is byte for byte
+	 * what the tree made of it: the golden text below is the tree's output
+	 * (add a field to both when one is added). Odd clients too: untracked,
+	 * escapes and UTF-8 in names, NaN and infinite samples (jansson left
+	 * those out), tiny and huge reals, a name that is not UTF-8 (the whole
+	 * client left out, as json_pack did).
+	 */
+	struct sample hist3[4] = { { .wait_ms = NAN, .step_ms = 1e-7f, .batches = 1 }, { .wait_ms = 0.5f, .h2d_ms = INFINITY, .full_pct = 33.3f },
+				   { .wait_ms = 3e7f, .batches = 4000000000u, .fill = 65535 } };
+	struct diag cd3 = { .severity = DIAG_OK, .kind = NULL, .text = "a \"quoted\"\ttab \\ /slash\x01 \xc3\xa9", .needed_x = INFINITY };
+	struct status_client cs[4] = { c, c, c, c };
+	cs[1] = (struct status_client){ .id = 8, .pid = -1, .uid = 4294967294u, .name = "x\"\\\n/\xe2\x82\xac\x7f", .feed = &f,
+					.failed = true, .stuck = true, .idle_ns = 1, .wait_ns = 1, .tokens_per_s = 0.1,
+					.reconnects = UINT64_MAX, .epoch = 3, .memory = 1ull << 40 };
+	cs[2].id = 9;
+	cs[2].tokens_per_s = 1e300;
+	cs[2].stall_pct = NAN;
+	cs[2].gpu_view.n.h2d_ns = 0;
+	cs[2].tv.diag = &cd3;
+	cs[2].tv.straggler = "rank 3 is 2.5x slower";
+	cs[2].tv.hist = hist3;
+	cs[2].tv.hist_cap = 4;
+	cs[2].tv.hist_head = 3;
+	cs[2].tv.hist_n = 4;
+	cs[2].tv.window.span_s = 0;
+	cs[3].name = "bad \xff utf-8";
+	in.clients = cs;
+	in.n_clients = 4;
+	for (unsigned keep = 0; keep < 2; keep++) {
+		unsigned l = 0;
+		char *t = status_json(&in, keep ? 2 : UINT_MAX, &l);
+		REQUIRE(t, "status_json failed");
+		CHECK(redumps_same(t), "the document is not what json_dumps writes (history_max %u)", keep ? 2 : UINT_MAX);
+		char *part = clients_part(t);
+		CHECK(part != NULL, "no clients array");
+		if (getenv("STATUS_PRINT_CLIENTS"))
+			printf("%s\n", part ? part : "");
+		CHECK(part && strcmp(part, keep ? golden_trimmed : golden_full) == 0, "clients array differs (keep %u):\n%s", keep,
+		      part ? part : "");
+		CHECK(l == 4, "longest history %u, expected 4", l);
+		free(part);
+		free(t);
+	}
+
+	/*
+	 * The cost of the document of 1,000 tracked clients with 10 s of history
+	 * each (clients that come and go, as in bench/loadtest) and with 600 s
+	 * (history_s's default): printed, not checked.
+	 */
+	enum { N = 1000, H = 600 };
+	struct status_client *many = calloc(N, sizeof(*many));
+	struct sample *h600 = calloc(H, sizeof(*h600));
+	REQUIRE(many && h600, "out of memory");
+	/* Reals of every magnitude in the history (written without printf where that gives the same bytes). */
+	uint64_t seed = 42;
+	for (unsigned i = 0; i < H; i++) {
+		float v[4];
+		for (unsigned k = 0; k < 4; k++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			double u = (double)(seed >> 11) / 9007199254740992.0;
+			v[k] = (float)(u * pow(10.0, (double)((seed >> 3) % 12) - 4.0));
+		}
+		h600[i] = (struct sample){ .wait_ms = v[0], .step_ms = v[1], .h2d_ms = v[2], .full_pct = fmodf(v[3], 100.0f),
+					   .batches = i, .fill = 1, .held = 2 };
+	}
+	for (unsigned i = 0; i < 50; i++) {
+		many[i] = c;
+		many[i].tv.hist = h600;
+		many[i].tv.hist_cap = H;
+		many[i].tv.hist_head = i * 7 % H;
+		many[i].tv.hist_n = H;
+	}
+	in.clients = many;
+	in.n_clients = 50;
+	char *rnd = status_json(&in, UINT_MAX, &longest);
+	REQUIRE(rnd, "status_json failed");
+	CHECK(redumps_same(rnd), "random history reals are not what json_dumps writes");
+	free(rnd);
+
+	for (unsigned i = 0; i < H; i++)
+		h600[i] = (struct sample){ .wait_ms = 0.001f * (float)i, .step_ms = 12.5f + (float)(i % 7), .h2d_ms = 0.25f,
+					   .full_pct = (float)(i % 100), .batches = i % 50, .fill = (uint16_t)(i % 8), .held = 1 };
+	for (unsigned hn = 10; hn <= H; hn += H - 10) {
+	for (unsigned i = 0; i < N; i++) {
+		many[i] = c;
+		many[i].id = i;
+		many[i].rank = i % 125;
+		many[i].world = 125;
+		many[i].tv.hist = h600;
+		many[i].tv.hist_cap = H;
+		many[i].tv.hist_head = i % H;
+		many[i].tv.hist_n = hn;
+	}
+	in.clients = many;
+	in.n_clients = N;
+	double best = INFINITY;
+	size_t len = 0;
+	for (unsigned r = 0; r < 5; r++) {
+		struct timespec t0, t1;
+		unsigned l = 0;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		char *t = status_json(&in, UINT_MAX, &l);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		REQUIRE(t, "status_json failed");
+		len = strlen(t);
+		free(t);
+		best = fmin(best, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+	}
+	printf("status_json: %u clients x %u s of history: %.1f ms (best of 5), %zu bytes\n", N, hn, best, len);
+	}
+	free(many);
+	free(h600);
 	return unit_exit("status");
 }
