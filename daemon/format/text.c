@@ -196,7 +196,8 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 {
 	if (!n)
 		return 0;
-	int r = cache_build_write(out, data, n, err, errlen);
+	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
+	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
 	return r < 0 ? r : scan(b, data, n);
 }
 
@@ -506,7 +507,7 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			b.line = 1;
 			r = add_doc(&b, 0, b.pos);
 		}
-		r = r < 0 ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
+		r = r < 0 || !dst ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
 	}
 	if (r == -E2BIG)
 		snprintf(err, errlen, "%s: more than %u documents in one shard; split it", s->path, UINT32_MAX - 2);
@@ -524,6 +525,8 @@ struct text_shard *text_free(struct text_shard *s)
 {
 	if (!s)
 		return NULL;
+	if (s->lazy)
+		text_idle_forget(s);
 	source_close(s->data);
 	cache_unpin(s->pin);
 	free(s->text_key);
@@ -532,6 +535,9 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->lines);
 	free(s->data_path);
 	free(s->path);
+	free(s->cache_dir);
+	if (s->lazy)
+		pthread_mutex_destroy(&s->lock);
 	free(s);
 	return NULL;
 }
@@ -589,21 +595,15 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		return -EINVAL;
 	}
 
-	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1) {
+	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1)
 		s->cached = true;
-		/* The copy must be the one the index describes, every block intact; else it is built again. */
-		char why[320];
-		if (data_path && (r = text_open_copy(s, data_path, io, true, why, sizeof(why))) < 0) {
-			if (r != -ENOENT)
-				snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
-			s->data = source_close(s->data);
-			s->pin = cache_unpin(s->pin);
-			s->cached = false;
-			drop_index(s);
-		}
-	}
 	if (!s->cached) {
-		r = build_index(s, src, o, data_path, io, err, errlen);
+		/*
+		 * A compressed shard is only indexed here: its copy is made when it
+		 * is read (text_acquire). A Parquet column is decoded into its copy
+		 * now, in the same pass; the cache may evict it until it is read.
+		 */
+		r = build_index(s, src, o, s->kind == TEXT_PARQUET ? data_path : NULL, io, err, errlen);
 		if (r < 0) {
 			text_free(s);
 			return r;
@@ -618,13 +618,19 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 			}
 			/* A plain shard still works with its index in memory only. */
 		}
-		if (data_path && (r = text_open_copy(s, data_path, io, false, err, errlen)) < 0) {
-			text_free(s);
-			return r;
-		}
+		s->verified = s->kind == TEXT_PARQUET;
 	}
 
 	if (data_path) {
+		s->cache_dir = strdup(o->cache_dir);
+		if (!s->cache_dir) {
+			text_free(s);
+			return -ENOMEM;
+		}
+		s->cache_max_bytes = o->cache_max_bytes;
+		s->max_doc_bytes = o->max_doc_bytes;
+		pthread_mutex_init(&s->lock, NULL);
+		s->lazy = true;
 		s->data_path = TAKE_PTR(data_path);
 	} else {
 		s->data_path = strdup(path);
@@ -636,6 +642,31 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	}
 	*ret = s;
 	return 0;
+}
+
+int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	int r = source_check(s->path, &s->id, err, errlen);
+	if (r < 0)
+		return r;
+	_cleanup_(source_closep) struct source *src = NULL;
+	if ((r = source_open(s->path, &src, err, errlen)) < 0)
+		return r;
+	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
+	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
+	r = build_index(&t, src, &o, s->data_path, io, err, errlen);
+	free(t.offsets);
+	free(t.lines);
+	free(t.lengths);
+	if (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes)) {
+		snprintf(err, errlen, "%s: made again, it holds %" PRIu32 " documents in %" PRIu64
+			 " bytes, not the %" PRIu32 " in %" PRIu64 " it held at load", s->path, t.n_docs, t.bytes, s->n_docs,
+			 s->bytes);
+		unlink(s->data_path);
+		r = -ESTALE;
+	}
+	return r;
 }
 
 int text_check(const struct text_shard *s, char *err, size_t errlen)
@@ -670,8 +701,20 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.cached = t->cached,
 		.truncated = t->truncated,
 		.cache_note = t->cache_note,
+		.lazy = t->lazy,
 	};
 	return 0;
+}
+
+static int fmt_acquire(const struct shard *sh, struct source_reader *r, char *note, size_t notelen, char *err,
+		       size_t errlen)
+{
+	return text_acquire(sh->impl, r, note, notelen, err, errlen);
+}
+
+static void fmt_release(const struct shard *sh)
+{
+	text_release(sh->impl);
 }
 
 static void fmt_close(struct shard *sh)
@@ -735,6 +778,8 @@ const struct format format_jsonl = {
 	.doc_read = fmt_doc_read,
 	.doc_text = fmt_jsonl_text,
 	.doc_where = fmt_jsonl_where,
+	.acquire = fmt_acquire,
+	.release = fmt_release,
 };
 
 const struct format format_text = {
@@ -747,4 +792,6 @@ const struct format format_text = {
 	.doc_read = fmt_doc_read,
 	.doc_text = fmt_plain_text,
 	.doc_where = fmt_plain_where,
+	.acquire = fmt_acquire,
+	.release = fmt_release,
 };

@@ -16,11 +16,16 @@
  * NAME.zst (zstd, concatenated frames). Neither format allows seeking into
  * the middle of a stream without extra state (gzip needs a 32 KiB window per
  * restart point, zstd has none inside a frame), and the sample order visits
- * a window's documents in shuffled order. So a compressed shard is
- * decompressed once, at feed load, into the cache directory, and served from
- * there exactly like a plain file: one sequential pass at load, then random
- * reads of single documents at disk speed. The price is disk space equal to
- * the uncompressed size (docs/configuration.md, cache_dir).
+ * a window's documents in shuffled order. So a compressed shard is served
+ * from a decompressed copy in the cache directory, read like a plain file
+ * (random reads of single documents at disk speed). The copy is made when
+ * the shard is first read, not at load (text_acquire: on the worker that
+ * reads it), held open and pinned while in use and a little after (a few
+ * idle shards per process), and otherwise left to the cache's LRU eviction
+ * under cache_max_bytes; an evicted copy is made again from the source when
+ * the shard is read again. Load only indexes it: one streaming pass that
+ * keeps nothing of the text (issue #22; docs/sample-order.md, "What is done
+ * when").
  *
  * Documents are found by an index of (offset, length) per document, built
  * with large io_uring reads and kept in the cache directory under a name
@@ -34,6 +39,7 @@
  */
 #pragma once
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +71,16 @@ struct text_shard {
 	enum text_kind kind;
 	enum text_codec codec;
 	bool cached;           /* the index came from the cache directory */
+
+	/* A copy made on use (text_acquire; text_cache.c): data and pin are set while it is open. */
+	bool lazy;
+	bool verified;         /* the copy was checked whole (or built) since load */
+	unsigned users;        /* text_acquire()s not yet released */
+	pthread_mutex_t lock;  /* data, pin, users, verified of a lazy shard */
+	struct text_shard *idle_prev, *idle_next; /* open and unused: the process's idle list */
+	bool idle;
+	char *cache_dir;
+	uint64_t cache_max_bytes, max_doc_bytes;
 
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
@@ -127,6 +143,31 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
  */
 int text_open_copy(struct text_shard *s, const char *data_path, struct source_reader *io, bool verify_all, char *err,
 		   size_t errlen);
+
+/*
+ * Makes a lazy shard's copy servable (text_cache.c): pinned and opened, made
+ * again from the source when it is not in the cache (the source unchanged
+ * since load and the same documents, else -ESTALE), and checked whole the
+ * first time after load (a damaged copy is made again, and note says so).
+ * Any thread; s->data may be read until text_release(). A shard that is not
+ * lazy returns 0 at once. Returns 0 or a negative errno with a message.
+ */
+int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
+		 size_t errlen);
+void text_release(struct text_shard *s);
+/* Takes a lazy shard off the idle list before it is freed (text_free). */
+void text_idle_forget(struct text_shard *s);
+/* Closes every idle copy (their pins go, so the cache may evict them). */
+void text_idle_flush(void);
+/* Lazy shards whose copies are open now, in use or idle; copies made since start (for status). */
+void text_copy_stats(uint64_t *ret_open, uint64_t *ret_built);
+
+/*
+ * Writes s's copy (s->data_path) from its source again, checked to hold
+ * the documents the index says (text.c). Returns 0 or a negative errno with
+ * a message.
+ */
+int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);

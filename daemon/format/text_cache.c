@@ -1,13 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * A text shard's copy in cache_dir opened for serving (text.h,
- * text_open_copy): pinned while the shard is open (daemon/cache/cache.h),
- * its checksum trailer (daemon/io/sums.h) attached to the source, so that
- * every block a worker reads is checked, and at load every block checked
- * once, so that a damaged copy is rebuilt rather than served.
+ * text_open_copy): pinned while open (daemon/cache/cache.h), its checksum
+ * trailer (daemon/io/sums.h) attached to the source, so that every block a
+ * worker reads is checked, and the first time after load every block
+ * checked once, so that a damaged copy is made again rather than served.
+ *
+ * Copies are opened on use (text_acquire, issue #22): by the worker that
+ * reads a shard's documents, made from the source first when the cache has
+ * none (never made, or evicted). A shard no read uses any more stays open
+ * on the process's idle list, at most IDLE_MAX of them, most recently used
+ * last, so that the shards of the windows being read are not reopened for
+ * every chunk; older ones are closed and unpinned, and so become the cache's
+ * to evict (LRU under cache_max_bytes). A build that finds no room closes
+ * every idle copy and tries once more.
+ *
+ * Locks: a shard's own lock, then the idle list's; a shard met on the idle
+ * list is only ever try-locked, so the order never inverts.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,4 +83,152 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 	else if (r < 0)
 		snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));
 	return r;
+}
+
+#define IDLE_MAX 64 /* open copies no read uses, per process */
+
+static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct text_shard *idle_head, *idle_tail;
+static unsigned n_idle;
+static uint64_t n_open, n_built; /* relaxed atomics: for status */
+
+/* idle_lock held. */
+static void idle_unlink(struct text_shard *s)
+{
+	if (!s->idle)
+		return;
+	if (s->idle_prev)
+		s->idle_prev->idle_next = s->idle_next;
+	else
+		idle_head = s->idle_next;
+	if (s->idle_next)
+		s->idle_next->idle_prev = s->idle_prev;
+	else
+		idle_tail = s->idle_prev;
+	s->idle_prev = s->idle_next = NULL;
+	s->idle = false;
+	n_idle--;
+}
+
+/* s->lock held: closes the copy and lets the cache have it. */
+static void copy_close(struct text_shard *s)
+{
+	if (!s->data)
+		return;
+	s->data = source_close(s->data);
+	s->pin = cache_unpin(s->pin);
+	__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
+}
+
+/* idle_lock held: closes idle copies, oldest first, until at most keep are left (except: never). */
+static void idle_trim(unsigned keep, const struct text_shard *except)
+{
+	for (struct text_shard *v = idle_head, *next; v && n_idle > keep; v = next) {
+		next = v->idle_next;
+		if (v == except || pthread_mutex_trylock(&v->lock) != 0)
+			continue;
+		idle_unlink(v);
+		if (!v->users)
+			copy_close(v);
+		pthread_mutex_unlock(&v->lock);
+	}
+}
+
+void text_idle_flush(void)
+{
+	pthread_mutex_lock(&idle_lock);
+	idle_trim(0, NULL);
+	pthread_mutex_unlock(&idle_lock);
+}
+
+void text_idle_forget(struct text_shard *s)
+{
+	pthread_mutex_lock(&idle_lock);
+	idle_unlink(s);
+	pthread_mutex_unlock(&idle_lock);
+	if (s->data)
+		__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
+}
+
+void text_copy_stats(uint64_t *ret_open, uint64_t *ret_built)
+{
+	*ret_open = __atomic_load_n(&n_open, __ATOMIC_RELAXED);
+	*ret_built = __atomic_load_n(&n_built, __ATOMIC_RELAXED);
+}
+
+/* s->lock held: builds the copy, making room by closing idle copies when the cache has none. */
+static int copy_build(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	int r = text_build_copy(s, io, err, errlen);
+	if (r == -ENOSPC) {
+		text_idle_flush();
+		r = text_build_copy(s, io, err, errlen);
+	}
+	if (r == 0)
+		__atomic_fetch_add(&n_built, 1, __ATOMIC_RELAXED);
+	return r;
+}
+
+/* s->lock held: opens the copy, made first when missing, made again when damaged. */
+static int copy_open(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
+		     size_t errlen)
+{
+	char why[384];
+	int r = text_open_copy(s, s->data_path, io, !s->verified, why, sizeof(why));
+	if (r < 0) {
+		s->data = source_close(s->data);
+		s->pin = cache_unpin(s->pin);
+		if (r != -ENOENT)
+			snprintf(note, notelen, "%s; rebuilt", why);
+		if ((r = copy_build(s, io, err, errlen)) < 0)
+			return r;
+		r = text_open_copy(s, s->data_path, io, false, err, errlen);
+		if (r < 0) {
+			s->data = source_close(s->data);
+			s->pin = cache_unpin(s->pin);
+			return r;
+		}
+	}
+	s->verified = true;
+	__atomic_fetch_add(&n_open, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
+		 size_t errlen)
+{
+	if (!s->lazy)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	int r = s->data ? 0 : copy_open(s, io, note, notelen, err, errlen);
+	if (r == 0) {
+		s->users++;
+		pthread_mutex_lock(&idle_lock);
+		idle_unlink(s);
+		pthread_mutex_unlock(&idle_lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void text_release(struct text_shard *s)
+{
+	if (!s->lazy)
+		return;
+	pthread_mutex_lock(&s->lock);
+	if (--s->users == 0 && s->data) {
+		pthread_mutex_lock(&idle_lock);
+		s->idle_prev = idle_tail;
+		s->idle_next = NULL;
+		if (idle_tail)
+			idle_tail->idle_next = s;
+		else
+			idle_head = s;
+		idle_tail = s;
+		s->idle = true;
+		n_idle++;
+		idle_trim(IDLE_MAX, s);
+		pthread_mutex_unlock(&idle_lock);
+	}
+	pthread_mutex_unlock(&s->lock);
 }

@@ -50,6 +50,7 @@ struct tokenize_chunk {
 	uint64_t tokens;
 	uint64_t replaced;    /* invalid UTF-8 sequences replaced */
 	char error[512];      /* the failure, or the first skipped record's reason */
+	char note[384];       /* tokenize_read(): a damaged cache copy that was made again (for the caller to log) */
 };
 
 /* A thread's reusable buffers and tokenizer states. */
@@ -58,6 +59,8 @@ struct tokenize_scratch {
 	size_t text_cap;
 	struct source_read *reqs;
 	size_t reqs_cap, n_reqs;
+	uint32_t *held;       /* shards whose copies tokenize_read() holds while it reads (format_acquire) */
+	size_t held_cap, n_held;
 	struct format_state fmt;
 	struct {
 		uint64_t generation;
