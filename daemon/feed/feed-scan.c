@@ -15,6 +15,12 @@
  *     (format_doc_tokens, through feed_doc_tokens), and the attach check
  *     "at least `world` non-empty documents" asks only as far as it needs
  *     (feed_nonempty_at_least).
+ *
+ * A text feed's scanner writes the line indexes that load built to
+ * cache_dir (format->store, for shards with store_pending): a file per
+ * shard, which at thousands of shards was most of the load's time (issue
+ * #22). An index that cannot be written is only not cached: logged, never
+ * fatal.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -42,6 +48,8 @@ struct feed_scan {
 	uint32_t shards_done; /* relaxed: progress for status */
 	int error;
 	char err[512];
+	uint32_t store_failed; /* text indexes not written to cache_dir, the last one's reason in store_err */
+	char store_err[512];
 	bool folded; /* main thread: the results are in the feed */
 
 	/* main thread: how far feed_nonempty_at_least() looked */
@@ -56,6 +64,15 @@ static void *scan_main(void *userdata)
 		if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED))
 			break;
 		const struct shard *s = sc->shards[i];
+		if (s->store_pending && s->format->store) {
+			char err[512];
+			if (s->format->store(s, err, sizeof(err)) < 0) {
+				sc->store_failed++;
+				memcpy(sc->store_err, err, sizeof(err));
+			}
+			__atomic_store_n(&sc->shards_done, i + 1, __ATOMIC_RELAXED);
+			continue;
+		}
 		if (s->counted || !s->format->scan)
 			continue;
 		uint64_t tokens;
@@ -78,7 +95,7 @@ int feed_scan_start(struct feed *f)
 {
 	bool pending = false;
 	for (uint32_t i = 0; i < f->n_shards && !pending; i++)
-		pending = !f->shards[i]->counted && f->shards[i]->format->scan;
+		pending = (!f->shards[i]->counted && f->shards[i]->format->scan) || f->shards[i]->store_pending;
 	if (!pending)
 		return 0;
 	struct feed_scan *sc = calloc(1, sizeof(*sc));
@@ -115,6 +132,11 @@ void feed_scan_poll(struct feed *f)
 		feed_fail(f, sc->error == -ESTALE ? -ESTALE : -EBADMSG, sc->err);
 		return;
 	}
+	if (sc->store_failed)
+		log_warning("feed %s: %" PRIu32 " text indexes not kept in cache_dir (they are built again at the next load); the last: %s",
+			    f->name, sc->store_failed, sc->store_err);
+	if (f->kind == FEED_TEXT)
+		return;
 	f->n_tokens += sc->tokens;
 	f->n_bytes += sc->bytes;
 	f->n_nonempty += sc->nonempty;
@@ -193,7 +215,7 @@ uint32_t feed_scan_shards_left(const struct feed *f)
 		return 0;
 	uint32_t pending = 0;
 	for (uint32_t i = __atomic_load_n(&sc->shards_done, __ATOMIC_RELAXED); i < sc->n_shards; i++)
-		pending += !sc->shards[i]->counted;
+		pending += (!sc->shards[i]->counted && sc->shards[i]->format->scan) || sc->shards[i]->store_pending;
 	return pending;
 }
 

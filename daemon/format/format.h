@@ -58,6 +58,7 @@ struct format_opts {
 	uint64_t max_doc_bytes; /* text: a longer document is a bad record (indexed, never read) */
 	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
 	uint64_t *scan_budget;  /* index entries a format may still validate whole at open (charged); NULL: no limit */
+	bool defer_store;       /* text: an index built at open is written to cache_dir later, by store() */
 };
 
 /*
@@ -96,6 +97,7 @@ struct shard {
 	const char *cache_note;
 	/* the bytes are a copy made on use: doc_read()'s source is valid only between acquire() and release() */
 	bool lazy;
+	bool store_pending;          /* its index is to be written to cache_dir by store() (format_opts.defer_store) */
 };
 
 /* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
@@ -184,6 +186,8 @@ struct format {
 	int (*acquire)(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
 		       size_t errlen);
 	void (*release)(const struct shard *s);
+	/* FORMAT_TEXT, for s->store_pending: writes the index open built to cache_dir. Any thread. 0 or -errno, message. */
+	int (*store)(const struct shard *s, char *err, size_t errlen);
 };
 
 /* The format named `name` ("megatron", "jsonl", "text", "parquet"), or NULL. */

@@ -536,6 +536,7 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->data_path);
 	free(s->path);
 	free(s->cache_dir);
+	free(s->idx_path);
 	if (s->lazy)
 		pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -609,7 +610,11 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 			return r;
 		}
 		/* A truncated stream is not cached: it says so again on every load. */
-		if (idx_path && !s->truncated[0]) {
+		if (idx_path && !s->truncated[0] && o->defer_store && s->kind != TEXT_PARQUET) {
+			/* Written after load, off the load path (the feed's scanner thread): a file per shard costs. */
+			s->store_pending = true;
+			s->idx_path = TAKE_PTR(idx_path);
+		} else if (idx_path && !s->truncated[0]) {
 			r = cache_store(s, idx_path, o, err, errlen);
 			if (r < 0 && data_path) {
 				unlink(data_path);
@@ -621,7 +626,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		s->verified = s->kind == TEXT_PARQUET;
 	}
 
-	if (data_path) {
+	if (o->cache_dir) {
 		s->cache_dir = strdup(o->cache_dir);
 		if (!s->cache_dir) {
 			text_free(s);
@@ -629,6 +634,8 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		}
 		s->cache_max_bytes = o->cache_max_bytes;
 		s->max_doc_bytes = o->max_doc_bytes;
+	}
+	if (data_path) {
 		pthread_mutex_init(&s->lock, NULL);
 		s->lazy = true;
 		s->data_path = TAKE_PTR(data_path);
@@ -642,6 +649,13 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	}
 	*ret = s;
 	return 0;
+}
+
+int text_store_index(const struct text_shard *s, char *err, size_t errlen)
+{
+	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
+	return s->idx_path ? cache_store(s, s->idx_path, &o, err, errlen) : 0;
 }
 
 int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)

@@ -81,6 +81,8 @@ struct text_shard {
 	bool idle;
 	char *cache_dir;
 	uint64_t cache_max_bytes, max_doc_bytes;
+	char *idx_path;        /* store_pending: where text_store_index() writes the index */
+	bool store_pending;
 
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
@@ -105,6 +107,7 @@ struct text_open_opts {
 	uint64_t cache_max_bytes;  /* cap on what cache_dir holds (daemon/cache/cache.h); 0: none */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
+	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -168,6 +171,9 @@ void text_copy_stats(uint64_t *ret_open, uint64_t *ret_built);
  * a message.
  */
 int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+
+/* Writes the index open built (store_pending) to the cache. Any thread. Returns 0 or a negative errno with a message. */
+int text_store_index(const struct text_shard *s, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);

@@ -23,6 +23,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.cache_max_bytes = o->cache_max_bytes,
 		.max_doc_bytes = o->max_doc_bytes,
 		.text_key = o->text_key,
+		.defer_store = o->defer_store,
 	};
 	struct text_shard *t;
 	int e = text_open(name, &to, r, &t, err, errlen);
@@ -40,6 +41,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.truncated = t->truncated,
 		.cache_note = t->cache_note,
 		.lazy = t->lazy,
+		.store_pending = t->store_pending,
 	};
 	return 0;
 }
@@ -53,6 +55,11 @@ static int fmt_acquire(const struct shard *sh, struct source_reader *r, char *no
 static void fmt_release(const struct shard *sh)
 {
 	text_release(sh->impl);
+}
+
+static int fmt_store(const struct shard *sh, char *err, size_t errlen)
+{
+	return text_store_index(sh->impl, err, errlen);
 }
 
 static void fmt_close(struct shard *sh)
@@ -118,6 +125,7 @@ const struct format format_jsonl = {
 	.doc_where = fmt_jsonl_where,
 	.acquire = fmt_acquire,
 	.release = fmt_release,
+	.store = fmt_store,
 };
 
 const struct format format_text = {
@@ -132,4 +140,5 @@ const struct format format_text = {
 	.doc_where = fmt_plain_where,
 	.acquire = fmt_acquire,
 	.release = fmt_release,
+	.store = fmt_store,
 };
