@@ -3,15 +3,23 @@
 to validate at load is mapped, served at once and validated after load on the
 scanner thread; a fault found there fails the feed with the load's words;
 shuffled windows are built ahead and shared. The stream stays the contract's
-(tests/ref/feed_ref.py).
+(tests/ref/feed_ref.py). Compressed text shards are only indexed at load: their
+copies in cache_dir are made when their windows are read, and a whole epoch
+stays under a small cache_max_bytes with the same batches.
 
 Runs with Debian's /usr/bin/python3.
 """
 
+import base64
+import json
+import shutil
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference, with_io_engine
 from test_reload_conf import Timed
@@ -173,3 +181,87 @@ def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
         c.wait_batches(len(c.times) + 20)
     finally:
         c.stop()
+
+
+# ---- text: compressed shards indexed at load, copied into cache_dir only when read (issue #22) ----
+
+def write_zst_shards(folder, n_shards, docs):
+    """n_shards .jsonl.zst shards of `docs` short documents, and a rank file mapping each byte to itself."""
+    folder.mkdir(parents=True)
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    for i in range(n_shards):
+        lines = [json.dumps({"text": " ".join(words[(i * 7 + k + j) % len(words)] for j in range(3 + (i + k) % 9))})
+                 for k in range(docs)]
+        (folder / f"t{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    subprocess.run(["sh", "-c", f"cd {folder} && ls | grep '[.]jsonl$' | xargs zstd -q --rm"], check=True)
+    (folder / "bytes.tiktoken").write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                                   for i in range(256)))
+
+
+def text_scale_conf(folder, cache, cap=0, window=4):
+    extra = f"cache_max_bytes = {cap}\n" if cap else ""
+    return (f"[feedd]\ncache_dir = {cache}\nring_slots = 2\n{extra}[feed.t]\nformat = jsonl\nshards = {folder}/t*.jsonl.zst\n"
+            f"tokenizer = {folder}/bytes.tiktoken\ntokenizer_preset = gpt2\nseq_len = 128\nbatch_size = 4\n"
+            f"seed = 3\nshuffle = true\nshuffle_window = {window}\neos = 10\n")
+
+
+def cache_bytes(cache):
+    total = 0
+    for p in Path(cache).iterdir():
+        try:
+            if p.name != ".lock":
+                total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path):
+    """1,000 .jsonl.zst shards: the first batch needs only the copies of the windows reached (not one per shard,
+    as before #22); a whole epoch under a small cache_max_bytes never passes it on disk, and the batches equal
+    those of an uncapped cache bit for bit (copies evicted and made again serve the same bytes)."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 1000, 3)
+    free = tmp_path / "free"
+    d = daemon(text_scale_conf(folder, free))
+    t0 = time.monotonic()
+    first = d.dump("t", tmp_path / "first", batches=1)
+    took = time.monotonic() - t0
+    copies = [p for p in free.iterdir() if p.name.endswith(".data")]
+    # The windows of the batches read and tokenized ahead (a batch holds ~2 windows of 4 shards,
+    # tokenizing runs some batches ahead); never the corpus.
+    assert 1 <= len(copies) <= 200, (len(copies), took)
+    print(f"first batch after {took:.2f} s with {len(copies)} copies of 1000 shards")
+    # The indexes load built are written after READY by the scanner thread.
+    wait_for(lambda: d.status()["feeds"][0]["work_ahead"]["index_shards_pending"] == 0)
+    assert len([p for p in free.iterdir() if p.name.endswith(".idx")]) == 1000
+    # An epoch: 1,000 shards of 3 documents of ~35 bytes, 512 tokens a batch.
+    n = 210
+    want = d.dump("t", tmp_path / "want", batches=n)
+    assert d.stop() == 0
+    assert np.array_equal(first["input_ids"], want["input_ids"][:1])
+
+    cache = tmp_path / "capped"
+    cap = 64 << 10
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if cache.exists():
+                peak[0] = max(peak[0], cache_bytes(cache))
+            time.sleep(0.002)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        d2 = daemon(text_scale_conf(folder, cache, cap))
+        got = d2.dump("t", tmp_path / "got", batches=n)
+    finally:
+        stop.set()
+        w.join()
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], want[k]), k
+    assert 0 < peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
+    assert d2.stop() == 0
