@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "daemon/feed/feed.h"
+#include "daemon/format/text.h"
 #include "daemon/source/source.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
@@ -217,6 +218,26 @@ uint32_t feed_scan_shards_left(const struct feed *f)
 	for (uint32_t i = __atomic_load_n(&sc->shards_done, __ATOMIC_RELAXED); i < sc->n_shards; i++)
 		pending += (!sc->shards[i]->counted && sc->shards[i]->format->scan) || sc->shards[i]->store_pending;
 	return pending;
+}
+
+static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
+{
+	for (uint32_t i = 0; i < f->n_shards; i++) {
+		const struct shard *s = f->shards[i];
+		if (s->lazy) {
+			const struct text_shard *t = s->impl;
+			*open += __atomic_load_n(&t->open_now, __ATOMIC_RELAXED);
+			*made += __atomic_load_n(&t->copies_made, __ATOMIC_RELAXED);
+		}
+	}
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		text_copies(f->sources[i], open, made);
+}
+
+void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made)
+{
+	*ret_open = *ret_made = 0;
+	text_copies(f, ret_open, ret_made);
 }
 
 void feed_scan_free(struct feed *f)

@@ -82,6 +82,8 @@ struct text_shard {
 	char *cache_dir;
 	uint64_t cache_max_bytes, max_doc_bytes;
 	char *idx_path;        /* store_pending: where text_store_index() writes the index */
+	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
+	uint32_t copies_made;
 	bool store_pending;
 
 	uint32_t n_docs;

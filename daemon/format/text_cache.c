@@ -118,6 +118,7 @@ static void copy_close(struct text_shard *s)
 	s->data = source_close(s->data);
 	s->pin = cache_unpin(s->pin);
 	__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->open_now, false, __ATOMIC_RELAXED);
 }
 
 /* idle_lock held: closes idle copies, oldest first, until at most keep are left (except: never). */
@@ -164,8 +165,10 @@ static int copy_build(struct text_shard *s, struct source_reader *io, char *err,
 		text_idle_flush();
 		r = text_build_copy(s, io, err, errlen);
 	}
-	if (r == 0)
+	if (r == 0) {
 		__atomic_fetch_add(&n_built, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
+	}
 	return r;
 }
 
@@ -191,6 +194,7 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 	}
 	s->verified = true;
 	__atomic_fetch_add(&n_open, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->open_now, true, __ATOMIC_RELAXED);
 	return 0;
 }
 

@@ -233,6 +233,9 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     # tokenizing runs some batches ahead); never the corpus.
     assert 1 <= len(copies) <= 200, (len(copies), took)
     print(f"first batch after {took:.2f} s with {len(copies)} copies of 1000 shards")
+    wa = d.status()["feeds"][0]["work_ahead"]
+    # Status shows them: made since load, and open now (in use or idle, at most 64 idle per process).
+    assert len(copies) <= wa["text_copies_made"] <= 200 and wa["text_copies_open"] <= 80, wa
     # The indexes load built are written after READY by the scanner thread.
     wait_for(lambda: d.status()["feeds"][0]["work_ahead"]["index_shards_pending"] == 0)
     assert len([p for p in free.iterdir() if p.name.endswith(".idx")]) == 1000
