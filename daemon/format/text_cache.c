@@ -52,16 +52,17 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 		   size_t errlen)
 {
 	struct sums *sums = NULL;
+	struct source *data = NULL;
 	int r = cache_pin(data_path, &s->pin);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: cannot open its cache copy %s: %s", s->path, data_path, strerror(-r));
 		return r;
 	}
-	r = source_open(data_path, &s->data, err, errlen);
+	r = source_open(data_path, &data, err, errlen);
 	if (r == 0)
-		source_set_cache_entry(s->data);
+		source_set_cache_entry(data);
 	if (r == 0)
-		r = sums_load(cache_pin_fd(s->pin), source_size(s->data), false, data_path, &sums, err, errlen);
+		r = sums_load(cache_pin_fd(s->pin), source_size(data), false, data_path, &sums, err, errlen);
 	if (r == -ENODATA)
 		snprintf(err, errlen, "%s: no checksum trailer", data_path);
 	if (r == 0 && sums->data_size != s->bytes) {
@@ -70,19 +71,26 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 		r = -EBADMSG;
 	}
 	if (r == 0)
-		r = source_set_sums(s->data, sums);
+		r = source_set_sums(data, sums);
 	if (r < 0) {
 		sums_free(sums);
+		source_close(data);
 		return r == -ENODATA ? -EBADMSG : r;
 	}
-	if (!verify_all)
-		return 0;
-	r = check_all(io, s->data, s->bytes);
-	if (r == -EUCLEAN)
-		snprintf(err, errlen, "%s", source_reader_error(io));
-	else if (r < 0)
-		snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));
-	return r;
+	if (verify_all) {
+		r = check_all(io, data, s->bytes);
+		if (r == -EUCLEAN)
+			snprintf(err, errlen, "%s", source_reader_error(io));
+		else if (r < 0)
+			snprintf(err, errlen, "%s: cannot read: %s", data_path, strerror(-r));
+		if (r < 0) {
+			source_close(data);
+			return r;
+		}
+	}
+	/* Published whole: doc_read() loads it without the shard's lock (text_view.c). */
+	__atomic_store_n(&s->data, data, __ATOMIC_RELEASE);
+	return 0;
 }
 
 #define IDLE_MAX 64 /* open copies no read uses, per process */
@@ -113,9 +121,11 @@ static void idle_unlink(struct text_shard *s)
 /* s->lock held: closes the copy and lets the cache have it. */
 static void copy_close(struct text_shard *s)
 {
-	if (!s->data)
+	struct source *data = s->data;
+	if (!data)
 		return;
-	s->data = source_close(s->data);
+	__atomic_store_n(&s->data, NULL, __ATOMIC_RELEASE);
+	source_close(data);
 	s->pin = cache_unpin(s->pin);
 	__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->open_now, false, __ATOMIC_RELAXED);
@@ -179,7 +189,6 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 	char why[384];
 	int r = text_open_copy(s, s->data_path, io, !s->verified, why, sizeof(why));
 	if (r < 0) {
-		s->data = source_close(s->data);
 		s->pin = cache_unpin(s->pin);
 		if (r != -ENOENT)
 			snprintf(note, notelen, "%s; rebuilt", why);
@@ -187,7 +196,6 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 			return r;
 		r = text_open_copy(s, s->data_path, io, false, err, errlen);
 		if (r < 0) {
-			s->data = source_close(s->data);
 			s->pin = cache_unpin(s->pin);
 			return r;
 		}

@@ -80,7 +80,9 @@ static uint64_t fmt_doc_bytes(const struct shard *sh, uint32_t doc)
 static void fmt_doc_read(const struct shard *sh, uint32_t doc, struct source_read *ret)
 {
 	const struct text_shard *t = sh->impl;
-	*ret = (struct source_read){ .src = t->data, .offset = t->offsets[doc], .len = t->lengths[doc] };
+	/* A lazy shard's copy comes and goes (text_acquire): its source is only read between acquire and release. */
+	*ret = (struct source_read){ .src = __atomic_load_n(&t->data, __ATOMIC_ACQUIRE), .offset = t->offsets[doc],
+				     .len = t->lengths[doc] };
 }
 
 static int fmt_jsonl_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
