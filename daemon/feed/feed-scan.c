@@ -222,7 +222,8 @@ uint32_t feed_scan_shards_left(const struct feed *f)
 
 static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
 {
-	for (uint32_t i = 0; i < f->n_shards; i++) {
+	/* A mixture's n_shards counts its sources' shards; it holds none itself. */
+	for (uint32_t i = 0; f->shards && !f->n_sources && i < f->n_shards; i++) {
 		const struct shard *s = f->shards[i];
 		if (s->lazy) {
 			const struct text_shard *t = s->impl;

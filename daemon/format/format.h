@@ -186,6 +186,8 @@ struct format {
 	int (*acquire)(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
 		       size_t errlen);
 	void (*release)(const struct shard *s);
+	/* FORMAT_TEXT, for s->lazy: starts making the copy acquire() would make, in the background; never blocks. */
+	void (*prepare)(const struct shard *s);
 	/* FORMAT_TEXT, for s->store_pending: writes the index open built to cache_dir. Any thread. 0 or -errno, message. */
 	int (*store)(const struct shard *s, char *err, size_t errlen);
 };
@@ -261,8 +263,12 @@ static inline int format_prefetch_emit(void *ctx, struct source *src, uint64_t b
 static inline void format_prefetch(const struct shard *s)
 {
 	struct source *src = NULL;
-	if (!s->format || !s->n_docs || s->lazy) /* a copy made on use: nothing to fetch ahead */
+	if (!s->format || !s->n_docs)
 		return;
+	if (s->lazy) { /* a copy made on use: made ahead instead */
+		s->format->prepare(s);
+		return;
+	}
 	if (s->format->doc_ranges && s->format->doc_tokens) {
 		for (uint32_t d = 0; d < s->n_docs && d < 64 && !src; d++) {
 			uint64_t tokens = 0;

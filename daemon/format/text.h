@@ -82,6 +82,8 @@ struct text_shard {
 	char *cache_dir;
 	uint64_t cache_max_bytes, max_doc_bytes;
 	char *idx_path;        /* store_pending: where text_store_index() writes the index */
+	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
+	bool make_queued, making;
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	bool store_pending;
@@ -162,6 +164,12 @@ int text_acquire(struct text_shard *s, struct source_reader *io, char *note, siz
 void text_release(struct text_shard *s);
 /* Takes a lazy shard off the idle list before it is freed (text_free). */
 void text_idle_forget(struct text_shard *s);
+/*
+ * Asks the process's copy maker thread to make and open s's copy (then idle,
+ * for the read that comes). Never blocks; a shard that is not lazy, open, or
+ * queued already is left alone. Failures are left for the read to report.
+ */
+void text_prepare(struct text_shard *s);
 /* Closes every idle copy (their pins go, so the cache may evict them). */
 void text_idle_flush(void);
 /* Lazy shards whose copies are open now, in use or idle; copies made since start (for status). */

@@ -15,12 +15,19 @@
  * to evict (LRU under cache_max_bytes). A build that finds no room closes
  * every idle copy and tries once more.
  *
+ * The plan names the shards of the window a stream enters and of the next
+ * one (format_prefetch): text_prepare() queues them for the process's copy
+ * maker thread, which makes their copies ahead of the workers (a copy is a
+ * new file in cache_dir, which costs milliseconds on a busy ext4), and
+ * leaves them open on the idle list.
+ *
  * Locks: a shard's own lock, then the idle list's; a shard met on the idle
  * list is only ever try-locked, so the order never inverts.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,8 +159,11 @@ void text_idle_flush(void)
 	pthread_mutex_unlock(&idle_lock);
 }
 
+static void maker_forget(struct text_shard *s);
+
 void text_idle_forget(struct text_shard *s)
 {
+	maker_forget(s);
 	pthread_mutex_lock(&idle_lock);
 	idle_unlink(s);
 	pthread_mutex_unlock(&idle_lock);
@@ -243,4 +253,91 @@ void text_release(struct text_shard *s)
 		pthread_mutex_unlock(&idle_lock);
 	}
 	pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- the copy maker ---------------------------------------------------------- */
+
+static pthread_mutex_t make_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t make_cond = PTHREAD_COND_INITIALIZER, made_cond = PTHREAD_COND_INITIALIZER;
+static struct text_shard *make_head, *make_tail;
+static bool maker_started;
+
+static void *maker_main(void *unused)
+{
+	struct source_reader *io = NULL;
+	if (source_reader_new(IO_ENGINE_PREAD, 4, &io) < 0)
+		io = NULL;
+	for (;;) {
+		pthread_mutex_lock(&make_lock);
+		while (!make_head)
+			pthread_cond_wait(&make_cond, &make_lock);
+		struct text_shard *s = make_head;
+		make_head = s->make_next;
+		if (!make_head)
+			make_tail = NULL;
+		s->make_next = NULL;
+		s->make_queued = false;
+		s->making = true;
+		pthread_mutex_unlock(&make_lock);
+		char note[8], err[8];
+		if (io && text_acquire(s, io, note, sizeof(note), err, sizeof(err)) == 0)
+			text_release(s);
+		pthread_mutex_lock(&make_lock);
+		s->making = false;
+		pthread_cond_broadcast(&made_cond);
+		pthread_mutex_unlock(&make_lock);
+	}
+	return NULL;
+}
+
+void text_prepare(struct text_shard *s)
+{
+	if (!s->lazy || __atomic_load_n(&s->open_now, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&make_lock);
+	if (!maker_started) {
+		/* The daemon's signals stay with its main thread. */
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		pthread_t t;
+		pthread_attr_t a;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		maker_started = pthread_create(&t, &a, maker_main, NULL) == 0;
+		pthread_attr_destroy(&a);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	if (maker_started && !s->make_queued && !s->making) {
+		s->make_queued = true;
+		if (make_tail)
+			make_tail->make_next = s;
+		else
+			make_head = s;
+		make_tail = s;
+		pthread_cond_signal(&make_cond);
+	}
+	pthread_mutex_unlock(&make_lock);
+}
+
+/* Before s is freed: off the maker's queue, and not being made. */
+static void maker_forget(struct text_shard *s)
+{
+	pthread_mutex_lock(&make_lock);
+	if (s->make_queued) {
+		struct text_shard **p = &make_head, *prev = NULL;
+		while (*p && *p != s) {
+			prev = *p;
+			p = &(*p)->make_next;
+		}
+		if (*p) {
+			*p = s->make_next;
+			if (make_tail == s)
+				make_tail = prev;
+		}
+		s->make_queued = false;
+	}
+	while (s->making)
+		pthread_cond_wait(&made_cond, &make_lock);
+	pthread_mutex_unlock(&make_lock);
 }

@@ -192,6 +192,11 @@ static void pq_release(const struct shard *sh)
 	text_release(sh->impl);
 }
 
+static void pq_prepare(const struct shard *sh)
+{
+	text_prepare(sh->impl);
+}
+
 static void pq_doc_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
 {
 	snprintf(buf, n, ": row %" PRIu32, doc);
@@ -209,4 +214,5 @@ const struct format format_parquet = {
 	.doc_where = pq_doc_where,
 	.acquire = pq_acquire,
 	.release = pq_release,
+	.prepare = pq_prepare,
 };

@@ -57,6 +57,11 @@ static void fmt_release(const struct shard *sh)
 	text_release(sh->impl);
 }
 
+static void fmt_prepare(const struct shard *sh)
+{
+	text_prepare(sh->impl);
+}
+
 static int fmt_store(const struct shard *sh, char *err, size_t errlen)
 {
 	return text_store_index(sh->impl, err, errlen);
@@ -127,6 +132,7 @@ const struct format format_jsonl = {
 	.doc_where = fmt_jsonl_where,
 	.acquire = fmt_acquire,
 	.release = fmt_release,
+	.prepare = fmt_prepare,
 	.store = fmt_store,
 };
 
@@ -142,5 +148,6 @@ const struct format format_text = {
 	.doc_where = fmt_plain_where,
 	.acquire = fmt_acquire,
 	.release = fmt_release,
+	.prepare = fmt_prepare,
 	.store = fmt_store,
 };
