@@ -19,7 +19,8 @@
  * a window's documents in shuffled order. So a compressed shard is served
  * from a decompressed copy in the cache directory, read like a plain file
  * (random reads of single documents at disk speed). The copy is made when
- * the shard is first read, not at load (text_acquire: on the worker that
+ * the shard's window comes up, not at load (text_prepare: a thread of its
+ * own, on the plan's read-ahead hint; else text_acquire, on the worker that
  * reads it), held open and pinned while in use and a little after (a few
  * idle shards per process), and otherwise left to the cache's LRU eviction
  * under cache_max_bytes; an evicted copy is made again from the source when
