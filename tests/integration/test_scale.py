@@ -268,3 +268,14 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
         assert np.array_equal(got[k], want[k]), k
     assert 0 < peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
     assert d2.stop() == 0
+
+    # A resume late in the epoch on an empty cache_dir makes only the copies of the windows it reads from there.
+    cold = tmp_path / "cold"
+    d3 = daemon(text_scale_conf(folder, cold))
+    at = 150
+    late = d3.dump("t", tmp_path / "late", batches=5, cursor=want["cursors"][at])
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
+    made = [p for p in cold.iterdir() if p.name.endswith(".data")]
+    assert 1 <= len(made) <= 200, len(made)
+    assert d3.stop() == 0
