@@ -438,6 +438,7 @@ struct decode_ctx {
 	struct builder *b;
 	struct cache_build *dst;
 	uint8_t *out;
+	size_t out_cap;
 	char *err;
 	size_t errlen;
 };
@@ -445,7 +446,7 @@ struct decode_ctx {
 static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 {
 	struct decode_ctx *c = ctx;
-	return decode(c->d, c->b, p, n, at, c->dst, c->out, BLOCK, c->err, c->errlen);
+	return decode(c->d, c->b, p, n, at, c->dst, c->out, c->out_cap, c->err, c->errlen);
 }
 
 /*
@@ -456,7 +457,9 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 		       struct source_reader *io, char *err, size_t errlen)
 {
 	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
-	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
+	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
+	const uint64_t size = (uint64_t)s->id.size;
+	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));
 	if (!buf)
 		return -ENOMEM;
 	int r;
@@ -478,7 +481,8 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 		if (r < 0 && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
 	} else {
-		_cleanup_free_ uint8_t *out = malloc(BLOCK);
+		const size_t out_cap = size < (1u << 20) ? 256u << 10 : BLOCK;
+		_cleanup_free_ uint8_t *out = malloc(out_cap);
 		struct decoder d;
 		r = out ? decoder_init(&d, s->codec) : -ENOMEM;
 		if (r < 0) {
@@ -486,7 +490,8 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			return r;
 		}
 		err[0] = 0;
-		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .err = err, .errlen = errlen };
+		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .out_cap = out_cap, .err = err,
+					.errlen = errlen };
 		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
 		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
