@@ -173,8 +173,6 @@ void text_idle_forget(struct text_shard *s);
 void text_prepare(struct text_shard *s);
 /* Closes every idle copy (their pins go, so the cache may evict them). */
 void text_idle_flush(void);
-/* Lazy shards whose copies are open now, in use or idle; copies made since start (for status). */
-void text_copy_stats(uint64_t *ret_open, uint64_t *ret_built);
 
 /*
  * Writes s's copy (s->data_path) from its source again, checked to hold

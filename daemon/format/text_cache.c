@@ -105,7 +105,6 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct text_shard *idle_head, *idle_tail;
 static unsigned n_idle;
-static uint64_t n_open, n_built; /* relaxed atomics: for status */
 
 /* idle_lock held. */
 static void idle_unlink(struct text_shard *s)
@@ -134,7 +133,6 @@ static void copy_close(struct text_shard *s)
 	__atomic_store_n(&s->data, NULL, __ATOMIC_RELEASE);
 	source_close(data);
 	s->pin = cache_unpin(s->pin);
-	__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->open_now, false, __ATOMIC_RELAXED);
 }
 
@@ -167,14 +165,6 @@ void text_idle_forget(struct text_shard *s)
 	pthread_mutex_lock(&idle_lock);
 	idle_unlink(s);
 	pthread_mutex_unlock(&idle_lock);
-	if (s->data)
-		__atomic_fetch_sub(&n_open, 1, __ATOMIC_RELAXED);
-}
-
-void text_copy_stats(uint64_t *ret_open, uint64_t *ret_built)
-{
-	*ret_open = __atomic_load_n(&n_open, __ATOMIC_RELAXED);
-	*ret_built = __atomic_load_n(&n_built, __ATOMIC_RELAXED);
 }
 
 /* s->lock held: builds the copy, making room by closing idle copies when the cache has none. */
@@ -185,10 +175,8 @@ static int copy_build(struct text_shard *s, struct source_reader *io, char *err,
 		text_idle_flush();
 		r = text_build_copy(s, io, err, errlen);
 	}
-	if (r == 0) {
-		__atomic_fetch_add(&n_built, 1, __ATOMIC_RELAXED);
+	if (r == 0)
 		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
-	}
 	return r;
 }
 
@@ -211,7 +199,6 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 		}
 	}
 	s->verified = true;
-	__atomic_fetch_add(&n_open, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->open_now, true, __ATOMIC_RELAXED);
 	return 0;
 }
