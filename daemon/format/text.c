@@ -87,6 +87,8 @@ struct builder {
 	bool content;         /* the line so far holds a non-whitespace byte */
 	size_t cap;
 	bool need_lines;      /* some line was blank, so lines[] is needed */
+	uint8_t *mem;         /* non-NULL: the copy is written here, not to the cache ... */
+	uint64_t mem_cap;     /* ... and holds at most this many bytes */
 };
 
 static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
@@ -198,6 +200,11 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 		return 0;
 	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
 	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
+	if (r == 0 && b->mem) {
+		if (b->pos + n > b->mem_cap) /* more than at load: the source changed */
+			return -ESTALE;
+		memcpy(b->mem + b->pos, data, n);
+	}
 	return r < 0 ? r : scan(b, data, n);
 }
 
@@ -454,9 +461,9 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
  * cache entry data_path (with its checksums, within cache_max_bytes).
  */
 static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
-		       struct source_reader *io, char *err, size_t errlen)
+		       uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
 {
-	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
+	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap };
 	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
 	const uint64_t size = (uint64_t)s->id.size;
 	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));
@@ -609,7 +616,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		 * is read (text_acquire). A Parquet column is decoded into its copy
 		 * now, in the same pass; the cache may evict it until it is read.
 		 */
-		r = build_index(s, src, o, s->kind == TEXT_PARQUET ? data_path : NULL, io, err, errlen);
+		r = build_index(s, src, o, s->kind == TEXT_PARQUET ? data_path : NULL, NULL, 0, io, err, errlen);
 		if (r < 0) {
 			text_free(s);
 			return r;
@@ -643,6 +650,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	if (data_path) {
 		pthread_mutex_init(&s->lock, NULL);
 		s->lazy = true;
+		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
 		s->data_path = TAKE_PTR(data_path);
 	} else {
 		s->data_path = strdup(path);
@@ -663,7 +671,8 @@ int text_store_index(const struct text_shard *s, char *err, size_t errlen)
 	return s->idx_path ? cache_store(s, s->idx_path, &o, err, errlen) : 0;
 }
 
-int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+/* Decompresses s's source again into its cache entry, or into mem (s->bytes), checked to hold what load indexed. */
+static int copy_again(struct text_shard *s, struct source_reader *io, uint8_t *mem, char *err, size_t errlen)
 {
 	int r = source_check(s->path, &s->id, err, errlen);
 	if (r < 0)
@@ -674,18 +683,39 @@ int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, s
 	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
 	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
 					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
-	r = build_index(&t, src, &o, s->data_path, io, err, errlen);
+	r = build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
 	free(t.offsets);
 	free(t.lines);
 	free(t.lengths);
-	if (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes)) {
+	if (r == -ESTALE)
+		snprintf(err, errlen, "%s: made again, it holds more than the %" PRIu64 " bytes it held at load", s->path,
+			 s->bytes);
+	else if (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes))
 		snprintf(err, errlen, "%s: made again, it holds %" PRIu32 " documents in %" PRIu64
 			 " bytes, not the %" PRIu32 " in %" PRIu64 " it held at load", s->path, t.n_docs, t.bytes, s->n_docs,
 			 s->bytes);
-		unlink(s->data_path);
+	if (r == -ESTALE || (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes))) {
+		if (!mem)
+			unlink(s->data_path);
 		r = -ESTALE;
 	}
 	return r;
+}
+
+int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	return copy_again(s, io, NULL, err, errlen);
+}
+
+int text_build_mem(struct text_shard *s, struct source_reader *io, struct source **ret, char *err, size_t errlen)
+{
+	_cleanup_free_ uint8_t *mem = malloc((size_t)MAX(s->bytes, UINT64_C(1)));
+	if (!mem) {
+		snprintf(err, errlen, "%s: out of memory for its copy (%" PRIu64 " bytes)", s->path, s->bytes);
+		return -ENOMEM;
+	}
+	int r = copy_again(s, io, mem, err, errlen);
+	return r < 0 ? r : source_open_mem(s->path, TAKE_PTR(mem), (size_t)s->bytes, ret, err, errlen);
 }
 
 int text_check(const struct text_shard *s, char *err, size_t errlen)

@@ -75,6 +75,7 @@ struct text_shard {
 
 	/* A copy made on use (text_acquire; text_cache.c): data and pin are set while it is open. */
 	bool lazy;
+	bool mem;              /* its copy is made in memory, never in cache_dir: bytes <= TEXT_MEM_MAX */
 	bool verified;         /* the copy was checked whole (or built) since load */
 	unsigned users;        /* text_acquire()s not yet released */
 	pthread_mutex_t lock;  /* data, pin, users, verified of a lazy shard */
@@ -105,6 +106,17 @@ struct text_shard {
 	/* A damaged cache entry found at open, and rebuilt (for the feed to log); empty when none. */
 	char cache_note[384];
 };
+
+/*
+ * A compressed text shard that decompresses to at most this many bytes gets
+ * its copy in memory (text_build_mem), not in cache_dir: creating a file
+ * costs milliseconds on a busy ext4, decompressing a small shard tens of
+ * microseconds, and thousands of small shards are read in the first minute
+ * of an epoch. Open memory copies are bounded by TEXT_MEM_IDLE_BYTES idle
+ * plus those being read.
+ */
+#define TEXT_MEM_MAX (4u << 20)
+#define TEXT_MEM_IDLE_BYTES (64u << 20)
 
 struct text_open_opts {
 	enum text_kind kind;
@@ -180,6 +192,13 @@ void text_idle_flush(void);
  * a message.
  */
 int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+/*
+ * A small compressed shard's copy made in memory instead (s->mem): what
+ * text_build_copy() would write, checked the same way, as a source named
+ * s->path over a buffer of its own (source_open_mem: no checksums, since it
+ * never leaves the process). Returns 0 or a negative errno with a message.
+ */
+int text_build_mem(struct text_shard *s, struct source_reader *io, struct source **ret, char *err, size_t errlen);
 
 /* Writes the index open built (store_pending) to the cache. Any thread. Returns 0 or a negative errno with a message. */
 int text_store_index(const struct text_shard *s, char *err, size_t errlen);

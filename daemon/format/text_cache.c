@@ -105,6 +105,7 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct text_shard *idle_head, *idle_tail;
 static unsigned n_idle;
+static uint64_t idle_mem_bytes; /* of the idle memory copies (TEXT_MEM_IDLE_BYTES) */
 
 /* idle_lock held. */
 static void idle_unlink(struct text_shard *s)
@@ -122,6 +123,8 @@ static void idle_unlink(struct text_shard *s)
 	s->idle_prev = s->idle_next = NULL;
 	s->idle = false;
 	n_idle--;
+	if (s->mem)
+		idle_mem_bytes -= s->bytes;
 }
 
 /* s->lock held: closes the copy and lets the cache have it. */
@@ -139,7 +142,8 @@ static void copy_close(struct text_shard *s)
 /* idle_lock held: closes idle copies, oldest first, until at most keep are left (except: never). */
 static void idle_trim(unsigned keep, const struct text_shard *except)
 {
-	for (struct text_shard *v = idle_head, *next; v && n_idle > keep; v = next) {
+	for (struct text_shard *v = idle_head, *next; v && (n_idle > keep || idle_mem_bytes > TEXT_MEM_IDLE_BYTES);
+	     v = next) {
 		next = v->idle_next;
 		if (v == except || pthread_mutex_trylock(&v->lock) != 0)
 			continue;
@@ -185,6 +189,16 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 		     size_t errlen)
 {
 	char why[384];
+	if (s->mem) {
+		struct source *data = NULL;
+		int r = text_build_mem(s, io, &data, err, errlen);
+		if (r < 0)
+			return r;
+		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->data, data, __ATOMIC_RELEASE);
+		__atomic_store_n(&s->open_now, true, __ATOMIC_RELAXED);
+		return 0;
+	}
 	int r = text_open_copy(s, s->data_path, io, !s->verified, why, sizeof(why));
 	if (r < 0) {
 		s->pin = cache_unpin(s->pin);
@@ -236,6 +250,8 @@ void text_release(struct text_shard *s)
 		idle_tail = s;
 		s->idle = true;
 		n_idle++;
+		if (s->mem)
+			idle_mem_bytes += s->bytes;
 		idle_trim(IDLE_MAX, s);
 		pthread_mutex_unlock(&idle_lock);
 	}

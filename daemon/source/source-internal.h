@@ -24,6 +24,7 @@ struct source {
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
 	bool cache_entry;    /* feedd's own cache copy (source_set_cache_entry) */
 	struct remote_object *remote; /* a URL's object; NULL: a local file */
+	uint8_t *mem;        /* source_open_mem's bytes (id.size of them); NULL: a file or an object */
 	struct source *with; /* a file checked (fstat) after every read of this one too (source_check_with); NULL: none */
 	char *with_name;     /* ... or checked by name, when descriptors are short; NULL: none */
 	struct source_id with_id; /* ... and its identity when it was opened */

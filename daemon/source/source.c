@@ -156,6 +156,22 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 	return 0;
 }
 
+int source_open_mem(const char *name, void *bytes, size_t len, struct source **ret, char *err, size_t errlen)
+{
+	struct source *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		free(bytes);
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	s->fd = -1;
+	s->mem = bytes;
+	s->id.size = (int64_t)len;
+	*ret = s;
+	return 0;
+}
+
 struct source *source_close(struct source *s)
 {
 	if (!s)
@@ -164,6 +180,7 @@ struct source *source_close(struct source *s)
 		fdshare_drop(s->fd, &s->id);
 	sums_free(s->sums);
 	remote_unref(s->remote);
+	free(s->mem);
 	free(s->with_name);
 	source_close(s->with);
 	free(s->name);
@@ -478,6 +495,17 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 	if (n)
 		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
+		if (reads[i].src->mem) {
+			/* In memory: read now (the index built with it keeps every read inside it). */
+			const struct source *m = reads[i].src;
+			const uint64_t size = (uint64_t)m->id.size;
+			const size_t len = reads[i].offset > size ? 0 : (size_t)MIN((uint64_t)reads[i].len, size - reads[i].offset);
+			if (len)
+				memcpy(reads[i].dst, m->mem + reads[i].offset, len);
+			if (len < reads[i].len)
+				memset((uint8_t *)reads[i].dst + len, 0, reads[i].len - len);
+			continue;
+		}
 		if (reads[i].src->remote) {
 			r->ridx[r->rn] = base + i;
 			r->rreads[r->rn++] = (struct remote_read){ .obj = reads[i].src->remote, .offset = reads[i].offset,

@@ -4,8 +4,9 @@ to validate at load is mapped, served at once and validated after load on the
 scanner thread; a fault found there fails the feed with the load's words;
 shuffled windows are built ahead and shared. The stream stays the contract's
 (tests/ref/feed_ref.py). Compressed text shards are only indexed at load: their
-copies in cache_dir are made when their windows are read, and a whole epoch
-stays under a small cache_max_bytes with the same batches.
+copies are made when their windows are read (a small shard's in memory, never
+in cache_dir), and a whole epoch stays under a small cache_max_bytes with the
+same batches.
 
 Runs with Debian's /usr/bin/python3.
 """
@@ -183,7 +184,7 @@ def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
         c.stop()
 
 
-# ---- text: compressed shards indexed at load, copied into cache_dir only when read (issue #22) ----
+# ---- text: compressed shards indexed at load, copied (in memory when small) only when read (issue #22) ----
 
 def write_zst_shards(folder, n_shards, docs):
     """n_shards .jsonl.zst shards of `docs` short documents, and a rank file mapping each byte to itself."""
@@ -218,9 +219,10 @@ def cache_bytes(cache):
 
 @pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
 def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path):
-    """1,000 .jsonl.zst shards: the first batch needs only the copies of the windows reached (not one per shard,
-    as before #22); a whole epoch under a small cache_max_bytes never passes it on disk, and the batches equal
-    those of an uncapped cache bit for bit (copies evicted and made again serve the same bytes)."""
+    """1,000 small .jsonl.zst shards: the first batch needs only the copies of the windows reached (not one per
+    shard, as before #22), made in memory (no file per shard in cache_dir); a whole epoch under a small
+    cache_max_bytes never passes it on disk, and the batches equal those of an uncapped cache bit for bit (copies
+    dropped and made again serve the same bytes)."""
     folder = tmp_path / "zst"
     write_zst_shards(folder, 1000, 3)
     free = tmp_path / "free"
@@ -228,14 +230,13 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     t0 = time.monotonic()
     first = d.dump("t", tmp_path / "first", batches=1)
     took = time.monotonic() - t0
-    copies = [p for p in free.iterdir() if p.name.endswith(".data")]
-    # The windows of the batches read and tokenized ahead (a batch holds ~2 windows of 4 shards,
-    # tokenizing runs some batches ahead); never the corpus.
-    assert 1 <= len(copies) <= 200, (len(copies), took)
-    print(f"first batch after {took:.2f} s with {len(copies)} copies of 1000 shards")
+    # Small shards: their copies are made in memory, never as files in cache_dir.
+    assert not [p for p in free.iterdir() if p.name.endswith(".data")]
     wa = d.status()["feeds"][0]["work_ahead"]
-    # Status shows them: made since load, and open now (in use or idle, at most 64 idle per process).
-    assert len(copies) <= wa["text_copies_made"] <= 200 and wa["text_copies_open"] <= 80, wa
+    print(f"first batch after {took:.2f} s with {wa['text_copies_made']} copies of 1000 shards")
+    # Status shows them: made since load (the windows of the batches read and tokenized ahead, a batch holds
+    # ~2 windows of 4 shards; never the corpus), and open now (in use or idle, at most 64 idle per process).
+    assert 1 <= wa["text_copies_made"] <= 200 and wa["text_copies_open"] <= 80, wa
     # The indexes load built are written after READY by the scanner thread.
     wait_for(lambda: d.status()["feeds"][0]["work_ahead"]["index_shards_pending"] == 0)
     assert len([p for p in free.iterdir() if p.name.endswith(".idx")]) == 1000
@@ -276,6 +277,22 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     late = d3.dump("t", tmp_path / "late", batches=5, cursor=want["cursors"][at])
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
-    made = [p for p in cold.iterdir() if p.name.endswith(".data")]
-    assert 1 <= len(made) <= 200, len(made)
+    made = d3.status()["feeds"][0]["work_ahead"]["text_copies_made"]
+    assert 1 <= made <= 200, made
     assert d3.stop() == 0
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+def test_a_small_shard_changed_after_load_fails_the_read_of_its_memory_copy(daemon, tmp_path):
+    """A small shard's copy is made in memory when first read, from the source as it was at load: a shard
+    rewritten since then fails the read (the file named) instead of serving other documents."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 1, 20)
+    d = daemon(text_scale_conf(folder, tmp_path / "cache", window=1))
+    shard = folder / "t00000.jsonl.zst"
+    raw = folder / "t00000.jsonl"
+    raw.write_text(json.dumps({"text": "something else entirely"}) + "\n")
+    subprocess.run(["zstd", "-q", "-f", "--rm", str(raw), "-o", str(shard)], check=True)
+    p = d.dump("t", tmp_path / "changed", batches=1, check=False)
+    assert not isinstance(p, dict) and p.returncode != 0, "a shard changed since load was served"
+    assert f"{shard}: changed" in p.stderr, p.stderr
