@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,10 +172,33 @@ struct decoder {
 	size_t zs_last;     /* ZSTD_decompressStream's last hint: 0 = at a frame boundary */
 };
 
+/*
+ * A zstd stream per thread, kept between shards: creating one took a tenth
+ * of a worker's time when thousands of small shards are copied on use. One
+ * that grew past ZSTD_KEEP_MAX (a large frame window) is not kept.
+ */
+#define ZSTD_KEEP_MAX (1u << 20)
+static pthread_key_t zs_key;
+static pthread_once_t zs_once = PTHREAD_ONCE_INIT;
+
+static void zs_free(void *p)
+{
+	ZSTD_freeDStream(p);
+}
+
+static void zs_key_init(void)
+{
+	if (pthread_key_create(&zs_key, zs_free) != 0)
+		zs_key = (pthread_key_t)-1;
+}
+
 static void decoder_done(struct decoder *d)
 {
 	if (d->z_init)
 		inflateEnd(&d->z);
+	if (d->zs && zs_key != (pthread_key_t)-1 && !pthread_getspecific(zs_key) &&
+	    ZSTD_sizeof_DStream(d->zs) <= ZSTD_KEEP_MAX && pthread_setspecific(zs_key, d->zs) == 0)
+		return;
 	ZSTD_freeDStream(d->zs);
 }
 
@@ -187,7 +211,11 @@ static int decoder_init(struct decoder *d, enum text_codec codec)
 		d->z_init = true;
 		return 0;
 	}
-	d->zs = ZSTD_createDStream();
+	pthread_once(&zs_once, zs_key_init);
+	if (zs_key != (pthread_key_t)-1 && (d->zs = pthread_getspecific(zs_key)))
+		pthread_setspecific(zs_key, NULL);
+	else
+		d->zs = ZSTD_createDStream();
 	if (!d->zs || ZSTD_isError(ZSTD_initDStream(d->zs)))
 		return -ENOMEM;
 	return 0;
@@ -621,8 +649,13 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 			text_free(s);
 			return r;
 		}
-		/* A truncated stream is not cached: it says so again on every load. */
-		if (idx_path && !s->truncated[0] && o->defer_store && s->kind != TEXT_PARQUET) {
+		/*
+		 * A truncated stream is not cached: it says so again on every load.
+		 * Nor is a small shard's index at load (TEXT_STORE_MIN).
+		 */
+		if (idx_path && o->defer_store && s->kind != TEXT_PARQUET && s->bytes < TEXT_STORE_MIN) {
+			/* indexed again at the next start */
+		} else if (idx_path && !s->truncated[0] && o->defer_store && s->kind != TEXT_PARQUET) {
 			/* Written after load, off the load path (the feed's scanner thread): a file per shard costs. */
 			s->store_pending = true;
 			s->idx_path = TAKE_PTR(idx_path);

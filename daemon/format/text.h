@@ -86,6 +86,7 @@ struct text_shard {
 	char *idx_path;        /* store_pending: where text_store_index() writes the index */
 	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
 	bool make_queued, making;
+	char maker_note[384];  /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	bool store_pending;
@@ -117,6 +118,18 @@ struct text_shard {
  */
 #define TEXT_MEM_MAX (4u << 20)
 #define TEXT_MEM_IDLE_BYTES (64u << 20)
+
+/*
+ * The daemon's load (text_open_opts.defer_store) keeps the index it built of
+ * a shard of fewer bytes (decompressed) than this only in memory: indexing
+ * it again at the next start takes tens of microseconds, while writing it to
+ * cache_dir creates a file, milliseconds of CPU on a busy ext4, which at
+ * thousands of small shards set the pace of the first epoch (the scanner
+ * thread writes them while the workers read). A larger shard's index is
+ * written (a pass over megabytes costs more than a file), and any index
+ * found in cache_dir is used.
+ */
+#define TEXT_STORE_MIN (64u << 10)
 
 struct text_open_opts {
 	enum text_kind kind;

@@ -217,13 +217,17 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 	return 0;
 }
 
-int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
-		 size_t errlen)
+/* maker: the copy maker's (a repair's note kept for the next reader to log). */
+static int acquire(struct text_shard *s, struct source_reader *io, bool maker, char *note, size_t notelen, char *err,
+		   size_t errlen)
 {
-	if (!s->lazy)
-		return 0;
 	pthread_mutex_lock(&s->lock);
-	int r = s->data ? 0 : copy_open(s, io, note, notelen, err, errlen);
+	int r = s->data ? 0 : copy_open(s, io, maker ? s->maker_note : note, maker ? sizeof(s->maker_note) : notelen,
+					err, errlen);
+	if (r == 0 && !maker && s->maker_note[0]) { /* what the copy maker repaired: for this reader to log */
+		snprintf(note, notelen, "%s", s->maker_note);
+		s->maker_note[0] = 0;
+	}
 	if (r == 0) {
 		s->users++;
 		pthread_mutex_lock(&idle_lock);
@@ -232,6 +236,12 @@ int text_acquire(struct text_shard *s, struct source_reader *io, char *note, siz
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
+}
+
+int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
+		 size_t errlen)
+{
+	return s->lazy ? acquire(s, io, false, note, notelen, err, errlen) : 0;
 }
 
 void text_release(struct text_shard *s)
@@ -282,8 +292,8 @@ static void *maker_main(void *unused)
 		s->make_queued = false;
 		s->making = true;
 		pthread_mutex_unlock(&make_lock);
-		char note[8], err[8];
-		if (io && text_acquire(s, io, note, sizeof(note), err, sizeof(err)) == 0)
+		char err[8];
+		if (io && acquire(s, io, true, NULL, 0, err, sizeof(err)) == 0)
 			text_release(s);
 		pthread_mutex_lock(&make_lock);
 		s->making = false;

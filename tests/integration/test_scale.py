@@ -220,9 +220,9 @@ def cache_bytes(cache):
 @pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
 def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path):
     """1,000 small .jsonl.zst shards: the first batch needs only the copies of the windows reached (not one per
-    shard, as before #22), made in memory (no file per shard in cache_dir); a whole epoch under a small
-    cache_max_bytes never passes it on disk, and the batches equal those of an uncapped cache bit for bit (copies
-    dropped and made again serve the same bytes)."""
+    shard, as before #22), made in memory (no file per shard in cache_dir: neither copies nor, under 64 KiB of
+    text, indexes); a whole epoch under a small cache_max_bytes never passes it on disk, and the batches equal
+    those of an uncapped cache bit for bit (copies dropped and made again serve the same bytes)."""
     folder = tmp_path / "zst"
     write_zst_shards(folder, 1000, 3)
     free = tmp_path / "free"
@@ -234,12 +234,13 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     assert not [p for p in free.iterdir() if p.name.endswith(".data")]
     wa = d.status()["feeds"][0]["work_ahead"]
     print(f"first batch after {took:.2f} s with {wa['text_copies_made']} copies of 1000 shards")
-    # Status shows them: made since load (the windows of the batches read and tokenized ahead, a batch holds
-    # ~2 windows of 4 shards; never the corpus), and open now (in use or idle, at most 64 idle per process).
-    assert 1 <= wa["text_copies_made"] <= 200 and wa["text_copies_open"] <= 80, wa
-    # The indexes load built are written after READY by the scanner thread.
-    wait_for(lambda: d.status()["feeds"][0]["work_ahead"]["index_shards_pending"] == 0)
-    assert len([p for p in free.iterdir() if p.name.endswith(".idx")]) == 1000
+    # Status shows them: made since load (the windows tokenized ahead, a chunk of 16 KiB spans ~150 of these
+    # shards, plus the copy maker's read-ahead of up to 32 shards; never the corpus), and open now (in use or
+    # idle, at most 64 idle per process).
+    assert 1 <= wa["text_copies_made"] <= 400 and wa["text_copies_open"] <= 100, wa
+    # Their indexes are kept in memory only (under 64 KiB of text each: indexed again at the next start).
+    assert wa["index_shards_pending"] == 0, wa
+    assert not [p for p in free.iterdir() if p.name.endswith(".idx")]
     # An epoch: 1,000 shards of 3 documents of ~35 bytes, 512 tokens a batch.
     n = 210
     want = d.dump("t", tmp_path / "want", batches=n)
@@ -267,7 +268,7 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
         w.join()
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(got[k], want[k]), k
-    assert 0 < peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
+    assert peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
     assert d2.stop() == 0
 
     # A resume late in the epoch on an empty cache_dir makes only the copies of the windows it reads from there.
@@ -278,7 +279,7 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
     made = d3.status()["feeds"][0]["work_ahead"]["text_copies_made"]
-    assert 1 <= made <= 200, made
+    assert 1 <= made <= 400, made
     assert d3.stop() == 0
 
 
