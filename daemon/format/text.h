@@ -18,7 +18,9 @@
  * restart point, zstd has none inside a frame), and the sample order visits
  * a window's documents in shuffled order. So a compressed shard is served
  * from a decompressed copy in the cache directory, read like a plain file
- * (random reads of single documents at disk speed). The copy is made when
+ * (random reads of single documents at disk speed); a shard of at most
+ * TEXT_MEM_MAX bytes of text from a copy in memory instead (text_build_mem;
+ * never a file: creating one costs more than decompressing it). The copy is made when
  * the shard's window comes up, not at load (text_prepare: a thread of its
  * own, on the plan's read-ahead hint; else text_acquire, on the worker that
  * reads it), held open and pinned while in use and a little after (a few

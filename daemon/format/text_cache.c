@@ -15,11 +15,15 @@
  * to evict (LRU under cache_max_bytes). A build that finds no room closes
  * every idle copy and tries once more.
  *
- * The plan names the shards of the window a stream enters and of the next
- * one (format_prefetch): text_prepare() queues them for the process's copy
- * maker thread, which makes their copies ahead of the workers (a copy is a
- * new file in cache_dir, which costs milliseconds on a busy ext4), and
- * leaves them open on the idle list.
+ * The walk of documents handed to the workers names the shards of the
+ * windows it enters and a few after (format_prefetch, session-text.c):
+ * text_prepare() queues them for the process's copy maker thread, which
+ * makes their copies ahead of the workers and leaves them open on the idle
+ * list. A small shard's copy (s->mem, TEXT_MEM_MAX) is a buffer in memory,
+ * not a file in cache_dir (which costs milliseconds on a busy ext4): it has
+ * no pin, and the idle list also keeps idle memory copies under
+ * TEXT_MEM_IDLE_BYTES. A repair the maker makes (a damaged file copy made
+ * again) is kept in the shard for the next reader to log.
  *
  * Locks: a shard's own lock, then the idle list's; a shard met on the idle
  * list is only ever try-locked, so the order never inverts.
