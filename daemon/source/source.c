@@ -496,14 +496,15 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
 		if (reads[i].src->mem) {
-			/* In memory: read now (the index built with it keeps every read inside it). */
+			/* In memory: read now; one past the end fails at completion, as a file's short read does. */
 			const struct source *m = reads[i].src;
 			const uint64_t size = (uint64_t)m->id.size;
-			const size_t len = reads[i].offset > size ? 0 : (size_t)MIN((uint64_t)reads[i].len, size - reads[i].offset);
-			if (len)
-				memcpy(reads[i].dst, m->mem + reads[i].offset, len);
-			if (len < reads[i].len)
-				memset((uint8_t *)reads[i].dst + len, 0, reads[i].len - len);
+			if (reads[i].offset <= size && reads[i].len <= size - reads[i].offset)
+				memcpy(reads[i].dst, m->mem + reads[i].offset, reads[i].len);
+			else if (!r->mem_err) {
+				r->mem_err = -ENODATA;
+				r->mem_failed = base + i;
+			}
 			continue;
 		}
 		if (reads[i].src->remote) {
@@ -589,6 +590,12 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	if (e == 0)
 		e = source_verify_finish(r, ret_failed);
 	source_verify_clear(r);
+	if (e == 0 && r->mem_err) {
+		e = r->mem_err;
+		if (ret_failed)
+			*ret_failed = r->mem_failed;
+	}
+	r->mem_err = 0;
 	return e;
 }
 
