@@ -20,15 +20,16 @@
  * from a decompressed copy in the cache directory, read like a plain file
  * (random reads of single documents at disk speed); a shard of at most
  * TEXT_MEM_MAX bytes of text from a copy in memory instead (text_build_mem;
- * never a file: creating one costs more than decompressing it). The copy is made when
- * the shard's window comes up, not at load (text_prepare: a thread of its
- * own, on the plan's read-ahead hint; else text_acquire, on the worker that
- * reads it), held open and pinned while in use and a little after (a few
- * idle shards per process), and otherwise left to the cache's LRU eviction
- * under cache_max_bytes; an evicted copy is made again from the source when
- * the shard is read again. Load only indexes it: one streaming pass that
- * keeps nothing of the text (issue #22; docs/sample-order.md, "What is done
- * when").
+ * never a file: creating one costs more than decompressing it). The copy
+ * is made when the shard's window comes up, not at load (text_prepare: a
+ * thread of its own, on the read-ahead hint of the walk of documents handed
+ * to the workers; else text_acquire, on the worker that reads it), held
+ * open and pinned while in use and a little after (a few idle shards per
+ * process), and otherwise left to the cache's LRU eviction under
+ * cache_max_bytes (a memory copy: freed); an evicted copy is made again
+ * from the source when the shard is read again. Load only indexes it: one
+ * streaming pass that keeps nothing of the text (issue #22;
+ * docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
  * with large io_uring reads and kept in the cache directory under a name
