@@ -128,7 +128,9 @@ static void open_all(const char *fmt, const char *cache, char **paths, size_t n,
 				 .text_key = "text" };
 	char err[512];
 	for (size_t i = 0; i < n; i++)
-		if (format_open(format_find(fmt), paths[i], &o, io, &out[i], err, sizeof(err)) < 0) {
+		/* A text copy is made on use (format_acquire): held for the whole run. */
+		if (format_open(format_find(fmt), paths[i], &o, io, &out[i], err, sizeof(err)) < 0 ||
+		    format_acquire(out[i], io, err, sizeof(err), err, sizeof(err)) < 0) {
 			fprintf(stderr, "sumsread: %s\n", err);
 			exit(1);
 		}

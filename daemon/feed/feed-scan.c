@@ -15,6 +15,12 @@
  *     (format_doc_tokens, through feed_doc_tokens), and the attach check
  *     "at least `world` non-empty documents" asks only as far as it needs
  *     (feed_nonempty_at_least).
+ *
+ * A text feed's scanner writes the line indexes that load built to
+ * cache_dir (format->store, for shards with store_pending): a file per
+ * shard, which at thousands of shards was most of the load's time (issue
+ * #22). An index that cannot be written is only not cached: logged, never
+ * fatal.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -26,6 +32,7 @@
 #include <time.h>
 
 #include "daemon/feed/feed.h"
+#include "daemon/format/text.h"
 #include "daemon/source/source.h"
 #include "daemon/log/log.h"
 #include "proto/macro.h"
@@ -42,6 +49,8 @@ struct feed_scan {
 	uint32_t shards_done; /* relaxed: progress for status */
 	int error;
 	char err[512];
+	uint32_t store_failed; /* text indexes not written to cache_dir, the last one's reason in store_err */
+	char store_err[512];
 	bool folded; /* main thread: the results are in the feed */
 
 	/* main thread: how far feed_nonempty_at_least() looked */
@@ -56,6 +65,15 @@ static void *scan_main(void *userdata)
 		if (__atomic_load_n(&sc->stop, __ATOMIC_RELAXED))
 			break;
 		const struct shard *s = sc->shards[i];
+		if (s->store_pending && s->format->store) {
+			char err[512];
+			if (s->format->store(s, err, sizeof(err)) < 0) {
+				sc->store_failed++;
+				memcpy(sc->store_err, err, sizeof(err));
+			}
+			__atomic_store_n(&sc->shards_done, i + 1, __ATOMIC_RELAXED);
+			continue;
+		}
 		if (s->counted || !s->format->scan)
 			continue;
 		uint64_t tokens;
@@ -78,7 +96,7 @@ int feed_scan_start(struct feed *f)
 {
 	bool pending = false;
 	for (uint32_t i = 0; i < f->n_shards && !pending; i++)
-		pending = !f->shards[i]->counted && f->shards[i]->format->scan;
+		pending = (!f->shards[i]->counted && f->shards[i]->format->scan) || f->shards[i]->store_pending;
 	if (!pending)
 		return 0;
 	struct feed_scan *sc = calloc(1, sizeof(*sc));
@@ -115,6 +133,11 @@ void feed_scan_poll(struct feed *f)
 		feed_fail(f, sc->error == -ESTALE ? -ESTALE : -EBADMSG, sc->err);
 		return;
 	}
+	if (sc->store_failed)
+		log_warning("feed %s: %" PRIu32 " text indexes not kept in cache_dir (they are built again at the next load); the last: %s",
+			    f->name, sc->store_failed, sc->store_err);
+	if (f->kind == FEED_TEXT)
+		return;
 	f->n_tokens += sc->tokens;
 	f->n_bytes += sc->bytes;
 	f->n_nonempty += sc->nonempty;
@@ -193,8 +216,29 @@ uint32_t feed_scan_shards_left(const struct feed *f)
 		return 0;
 	uint32_t pending = 0;
 	for (uint32_t i = __atomic_load_n(&sc->shards_done, __ATOMIC_RELAXED); i < sc->n_shards; i++)
-		pending += !sc->shards[i]->counted;
+		pending += (!sc->shards[i]->counted && sc->shards[i]->format->scan) || sc->shards[i]->store_pending;
 	return pending;
+}
+
+static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
+{
+	/* A mixture's n_shards counts its sources' shards; it holds none itself. */
+	for (uint32_t i = 0; f->shards && !f->n_sources && i < f->n_shards; i++) {
+		const struct shard *s = f->shards[i];
+		if (s->lazy) {
+			const struct text_shard *t = s->impl;
+			*open += __atomic_load_n(&t->open_now, __ATOMIC_RELAXED);
+			*made += __atomic_load_n(&t->copies_made, __ATOMIC_RELAXED);
+		}
+	}
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		text_copies(f->sources[i], open, made);
+}
+
+void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made)
+{
+	*ret_open = *ret_made = 0;
+	text_copies(f, ret_open, ret_made);
 }
 
 void feed_scan_free(struct feed *f)

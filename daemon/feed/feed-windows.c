@@ -474,10 +474,13 @@ json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
 	uint32_t pending;
+	uint64_t copies_open, copies_made;
 	feed_work_ahead(f, &w, &pending);
-	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i}", "windows_held", (int)w.held, "windows_ahead",
+	feed_text_copies(f, &copies_open, &copies_made);
+	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
 			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
 			 "windows_found_ready", (json_int_t)w.ready_ahead, "windows_evicted", (json_int_t)w.evicted, "last_window_build_seconds",
-			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending);
+			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending, "text_copies_open",
+			 (json_int_t)copies_open, "text_copies_made", (json_int_t)copies_made);
 }

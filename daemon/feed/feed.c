@@ -218,6 +218,7 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 		.cache_max_bytes = f->conf.cache_max_bytes,
 		.max_doc_bytes = f->conf.max_document_bytes,
 		.text_key = f->conf.text_key,
+		.defer_store = true,
 	};
 	/* Creates cache_dir, and removes what crashed builds left in it (daemon/cache/cache.h). */
 	int cleaned = f->kind == FEED_TEXT && o.cache_dir ? cache_clean(o.cache_dir, err, errlen) : 0;
@@ -375,8 +376,8 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		feed_unref(f);
 		return r;
 	}
-	if (r == 0 && f->kind == FEED_MEGATRON)
-		r = feed_scan_start(f);
+	if (r == 0)
+		r = feed_scan_start(f); /* Megatron: validates indexes; text: writes the indexes load built to cache_dir */
 	if (r == -ENOMEM) {
 		feed_unref(f);
 		return r;

@@ -181,6 +181,8 @@ int feed_scan_fold(struct feed *f);
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);
 uint32_t feed_scan_shards_left(const struct feed *f);
+/* Text: shards whose cache copies are open now (in use or idle), and copies made since load; a mixture's sums. */
+void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made);
 void feed_scan_free(struct feed *f);
 /*
  * Document doc's token count (stored tokens), its index entries checked

@@ -114,6 +114,7 @@ struct session_src {
 	unsigned chunks_inflight;
 	uint64_t inflight_bytes;
 	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
+	uint64_t ahead_pf_epoch, ahead_pf_window; /* text copies: the ahead walk's window (+1) whose read-ahead was asked */
 
 	/* object storage: the window (+1 for none yet) whose shards and successor's were prefetched */
 	uint64_t prefetch_epoch, prefetch_window;

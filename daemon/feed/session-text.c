@@ -76,6 +76,45 @@ static double bytes_per_token(const struct session_src *x)
 }
 
 /*
+ * Copies made on use (compressed text, format_prefetch: text_cache.c's copy
+ * maker) are asked for from where tokenizing stands, which runs batches
+ * ahead of the plan (whose own read-ahead, session-plan.c, names windows
+ * the workers have mostly read already): the window of the next document
+ * to tokenize, the one after, and more while they hold under AHEAD_SHARDS
+ * shards and AHEAD_BYTES bytes (below the copy maker's idle list, 64
+ * shards and 64 MiB, so copies made ahead are not closed before they are
+ * read). A window of small shards is tokenized in well under the time one
+ * copy took when copies were files; a maker one window ahead left the
+ * workers making them on their read path.
+ */
+#define AHEAD_SHARDS 32
+#define AHEAD_BYTES (UINT64_C(32) << 20)
+
+static void ahead_prefetch(struct session_src *x)
+{
+	const struct doc_walk *w = &x->ahead;
+	const struct order_params *p = w->params;
+	if (!p || !w->ep.perm || (x->ahead_pf_epoch == w->ep.epoch && x->ahead_pf_window == (uint64_t)w->window + 1))
+		return;
+	x->ahead_pf_epoch = w->ep.epoch;
+	x->ahead_pf_window = (uint64_t)w->window + 1;
+	const struct feed *f = x->feed;
+	uint64_t shards = 0, bytes = 0;
+	for (uint64_t win = w->window; win < w->ep.n_windows; win++) {
+		if (win > (uint64_t)w->window + 1 && (shards >= AHEAD_SHARDS || bytes >= AHEAD_BYTES))
+			break;
+		for (uint64_t i = win * p->window; i < MIN((win + 1) * p->window, (uint64_t)p->n_shards); i++) {
+			const struct shard *sh = w->ep.perm[i] < f->n_shards ? f->shards[w->ep.perm[i]] : NULL;
+			if (sh && sh->lazy) {
+				format_prefetch(sh);
+				shards++;
+				bytes += sh->bytes;
+			}
+		}
+	}
+}
+
+/*
  * Hands the next documents of a text stream to the workers to tokenize,
  * until the finished and in-flight chunks cover the free slots plus one batch
  * (its share of them in a mixture, plus a bestfit buffer), and always when
@@ -115,6 +154,7 @@ int session_text_submit(struct session *s, struct session_src *x)
 			session_chunk_free(c);
 			return -ENOMEM;
 		}
+		ahead_prefetch(x);
 		c->first_seq = x->ahead_seq;
 		c->pj.kind = PRODUCER_CHUNK;
 		c->pj.session = s;
@@ -143,6 +183,7 @@ int session_text_submit(struct session *s, struct session_src *x)
 				session_chunk_free(c);
 				return r;
 			}
+			ahead_prefetch(x); /* a new window: its copies and the next ones' asked for */
 		}
 		c->t.docs = c->docs;
 		if (x->chunk_tail)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/feed/worker.h"
+#include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"
 #include "proto/macro.h"
@@ -420,6 +421,8 @@ int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t)
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
 	stage_begin(&clock, true);
 	int r = tokenize_read(&w->tk, w->io, &p, t);
+	if (t->note[0])
+		log_warning("feed %s: %s", f->name, t->note);
 	if (r == 0) {
 		const size_t n_reqs = w->tk.n_reqs;
 		/* pread has no queue: one request at a time. */

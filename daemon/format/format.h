@@ -58,6 +58,7 @@ struct format_opts {
 	uint64_t max_doc_bytes; /* text: a longer document is a bad record (indexed, never read) */
 	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
 	uint64_t *scan_budget;  /* index entries a format may still validate whole at open (charged); NULL: no limit */
+	bool defer_store;       /* text: an index built at open is written to cache_dir later, by store() */
 };
 
 /*
@@ -94,6 +95,9 @@ struct shard {
 	const char *truncated;       /* non-empty: the shard ends early and why (the feed's bad-record policy decides) */
 	/* what happened to a damaged cache entry at open ("...; rebuilt"), for the feed to log; NULL or "": nothing */
 	const char *cache_note;
+	/* the bytes are a copy made on use: doc_read()'s source is valid only between acquire() and release() */
+	bool lazy;
+	bool store_pending;          /* its index is to be written to cache_dir by store() (format_opts.defer_store) */
 };
 
 /* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
@@ -179,6 +183,19 @@ struct format {
 			struct format_state *st, struct format_text *ret, char *why, size_t whylen);
 	/* Where document doc is, for messages after the shard's name (":12" for a line); "" when nothing helps. */
 	void (*doc_where)(const struct shard *s, uint32_t doc, char *buf, size_t n);
+	/*
+	 * FORMAT_TEXT, for s->lazy shards: makes the bytes doc_read() names
+	 * readable (a cache copy made again if it was evicted), until release().
+	 * Any thread. 0, or a negative errno with a message; note (may be set
+	 * when 0) says what was repaired, for the caller to log.
+	 */
+	int (*acquire)(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
+		       size_t errlen);
+	void (*release)(const struct shard *s);
+	/* FORMAT_TEXT, for s->lazy: starts making the copy acquire() would make, in the background; never blocks. */
+	void (*prepare)(const struct shard *s);
+	/* FORMAT_TEXT, for s->store_pending: writes the index open built to cache_dir. Any thread. 0 or -errno, message. */
+	int (*store)(const struct shard *s, char *err, size_t errlen);
 };
 
 /* The format named `name` ("megatron", "jsonl", "text", "parquet"), or NULL. */
@@ -230,6 +247,18 @@ static inline void format_doc_read(const struct shard *s, uint32_t doc, struct s
 	s->format->doc_read(s, doc, ret);
 }
 
+static inline int format_acquire(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
+				 size_t errlen)
+{
+	return s->lazy ? s->format->acquire(s, r, note, notelen, err, errlen) : 0;
+}
+
+static inline void format_release(const struct shard *s)
+{
+	if (s->lazy)
+		s->format->release(s);
+}
+
 static inline int format_prefetch_emit(void *ctx, struct source *src, uint64_t byte_offset, uint64_t n_tokens)
 {
 	(void)byte_offset;
@@ -248,6 +277,10 @@ static inline void format_prefetch(const struct shard *s)
 	struct source *src = NULL;
 	if (!s->format || !s->n_docs)
 		return;
+	if (s->lazy) { /* a copy made on use: made ahead instead */
+		s->format->prepare(s);
+		return;
+	}
 	if (s->format->doc_ranges && s->format->doc_tokens) {
 		for (uint32_t d = 0; d < s->n_docs && d < 64 && !src; d++) {
 			uint64_t tokens = 0;

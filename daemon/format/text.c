@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,8 @@ struct builder {
 	bool content;         /* the line so far holds a non-whitespace byte */
 	size_t cap;
 	bool need_lines;      /* some line was blank, so lines[] is needed */
+	uint8_t *mem;         /* non-NULL: the copy is written here, not to the cache ... */
+	uint64_t mem_cap;     /* ... and holds at most this many bytes */
 };
 
 static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
@@ -169,10 +172,33 @@ struct decoder {
 	size_t zs_last;     /* ZSTD_decompressStream's last hint: 0 = at a frame boundary */
 };
 
+/*
+ * A zstd stream per thread, kept between shards: creating one took a tenth
+ * of a worker's time when thousands of small shards are copied on use. One
+ * that grew past ZSTD_KEEP_MAX (a large frame window) is not kept.
+ */
+#define ZSTD_KEEP_MAX (1u << 20)
+static pthread_key_t zs_key;
+static pthread_once_t zs_once = PTHREAD_ONCE_INIT;
+
+static void zs_free(void *p)
+{
+	ZSTD_freeDStream(p);
+}
+
+static void zs_key_init(void)
+{
+	if (pthread_key_create(&zs_key, zs_free) != 0)
+		zs_key = (pthread_key_t)-1;
+}
+
 static void decoder_done(struct decoder *d)
 {
 	if (d->z_init)
 		inflateEnd(&d->z);
+	if (d->zs && zs_key != (pthread_key_t)-1 && !pthread_getspecific(zs_key) &&
+	    ZSTD_sizeof_DStream(d->zs) <= ZSTD_KEEP_MAX && pthread_setspecific(zs_key, d->zs) == 0)
+		return;
 	ZSTD_freeDStream(d->zs);
 }
 
@@ -185,7 +211,11 @@ static int decoder_init(struct decoder *d, enum text_codec codec)
 		d->z_init = true;
 		return 0;
 	}
-	d->zs = ZSTD_createDStream();
+	pthread_once(&zs_once, zs_key_init);
+	if (zs_key != (pthread_key_t)-1 && (d->zs = pthread_getspecific(zs_key)))
+		pthread_setspecific(zs_key, NULL);
+	else
+		d->zs = ZSTD_createDStream();
 	if (!d->zs || ZSTD_isError(ZSTD_initDStream(d->zs)))
 		return -ENOMEM;
 	return 0;
@@ -196,7 +226,13 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 {
 	if (!n)
 		return 0;
-	int r = cache_build_write(out, data, n, err, errlen);
+	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
+	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
+	if (r == 0 && b->mem) {
+		if (b->pos + n > b->mem_cap) /* more than at load: the source changed */
+			return -ESTALE;
+		memcpy(b->mem + b->pos, data, n);
+	}
 	return r < 0 ? r : scan(b, data, n);
 }
 
@@ -437,6 +473,7 @@ struct decode_ctx {
 	struct builder *b;
 	struct cache_build *dst;
 	uint8_t *out;
+	size_t out_cap;
 	char *err;
 	size_t errlen;
 };
@@ -444,7 +481,7 @@ struct decode_ctx {
 static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 {
 	struct decode_ctx *c = ctx;
-	return decode(c->d, c->b, p, n, at, c->dst, c->out, BLOCK, c->err, c->errlen);
+	return decode(c->d, c->b, p, n, at, c->dst, c->out, c->out_cap, c->err, c->errlen);
 }
 
 /*
@@ -452,10 +489,12 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
  * cache entry data_path (with its checksums, within cache_max_bytes).
  */
 static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
-		       struct source_reader *io, char *err, size_t errlen)
+		       uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
 {
-	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1 };
-	_cleanup_free_ uint8_t *buf = malloc(BLOCK);
+	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap };
+	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
+	const uint64_t size = (uint64_t)s->id.size;
+	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));
 	if (!buf)
 		return -ENOMEM;
 	int r;
@@ -477,7 +516,8 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 		if (r < 0 && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
 	} else {
-		_cleanup_free_ uint8_t *out = malloc(BLOCK);
+		const size_t out_cap = size < (1u << 20) ? 256u << 10 : BLOCK;
+		_cleanup_free_ uint8_t *out = malloc(out_cap);
 		struct decoder d;
 		r = out ? decoder_init(&d, s->codec) : -ENOMEM;
 		if (r < 0) {
@@ -485,7 +525,8 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			return r;
 		}
 		err[0] = 0;
-		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .err = err, .errlen = errlen };
+		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .out_cap = out_cap, .err = err,
+					.errlen = errlen };
 		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
 		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
@@ -506,7 +547,7 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 			b.line = 1;
 			r = add_doc(&b, 0, b.pos);
 		}
-		r = r < 0 ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
+		r = r < 0 || !dst ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
 	}
 	if (r == -E2BIG)
 		snprintf(err, errlen, "%s: more than %u documents in one shard; split it", s->path, UINT32_MAX - 2);
@@ -524,6 +565,8 @@ struct text_shard *text_free(struct text_shard *s)
 {
 	if (!s)
 		return NULL;
+	if (s->lazy)
+		text_idle_forget(s);
 	source_close(s->data);
 	cache_unpin(s->pin);
 	free(s->text_key);
@@ -532,6 +575,10 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->lines);
 	free(s->data_path);
 	free(s->path);
+	free(s->cache_dir);
+	free(s->idx_path);
+	if (s->lazy)
+		pthread_mutex_destroy(&s->lock);
 	free(s);
 	return NULL;
 }
@@ -589,27 +636,30 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		return -EINVAL;
 	}
 
-	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1) {
+	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1)
 		s->cached = true;
-		/* The copy must be the one the index describes, every block intact; else it is built again. */
-		char why[320];
-		if (data_path && (r = text_open_copy(s, data_path, io, true, why, sizeof(why))) < 0) {
-			if (r != -ENOENT)
-				snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
-			s->data = source_close(s->data);
-			s->pin = cache_unpin(s->pin);
-			s->cached = false;
-			drop_index(s);
-		}
-	}
 	if (!s->cached) {
-		r = build_index(s, src, o, data_path, io, err, errlen);
+		/*
+		 * A compressed shard is only indexed here: its copy is made when it
+		 * is read (text_acquire). A Parquet column is decoded into its copy
+		 * now, in the same pass; the cache may evict it until it is read.
+		 */
+		r = build_index(s, src, o, s->kind == TEXT_PARQUET ? data_path : NULL, NULL, 0, io, err, errlen);
 		if (r < 0) {
 			text_free(s);
 			return r;
 		}
-		/* A truncated stream is not cached: it says so again on every load. */
-		if (idx_path && !s->truncated[0]) {
+		/*
+		 * A truncated stream is not cached: it says so again on every load.
+		 * Nor is a small shard's index at load (TEXT_STORE_MIN).
+		 */
+		if (idx_path && o->defer_store && s->kind != TEXT_PARQUET && s->bytes < TEXT_STORE_MIN) {
+			/* indexed again at the next start */
+		} else if (idx_path && !s->truncated[0] && o->defer_store && s->kind != TEXT_PARQUET) {
+			/* Written after load, off the load path (the feed's scanner thread): a file per shard costs. */
+			s->store_pending = true;
+			s->idx_path = TAKE_PTR(idx_path);
+		} else if (idx_path && !s->truncated[0]) {
 			r = cache_store(s, idx_path, o, err, errlen);
 			if (r < 0 && data_path) {
 				unlink(data_path);
@@ -618,13 +668,22 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 			}
 			/* A plain shard still works with its index in memory only. */
 		}
-		if (data_path && (r = text_open_copy(s, data_path, io, false, err, errlen)) < 0) {
-			text_free(s);
-			return r;
-		}
+		s->verified = s->kind == TEXT_PARQUET;
 	}
 
+	if (o->cache_dir) {
+		s->cache_dir = strdup(o->cache_dir);
+		if (!s->cache_dir) {
+			text_free(s);
+			return -ENOMEM;
+		}
+		s->cache_max_bytes = o->cache_max_bytes;
+		s->max_doc_bytes = o->max_doc_bytes;
+	}
 	if (data_path) {
+		pthread_mutex_init(&s->lock, NULL);
+		s->lazy = true;
+		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
 		s->data_path = TAKE_PTR(data_path);
 	} else {
 		s->data_path = strdup(path);
@@ -638,113 +697,61 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	return 0;
 }
 
+int text_store_index(const struct text_shard *s, char *err, size_t errlen)
+{
+	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
+	return s->idx_path ? cache_store(s, s->idx_path, &o, err, errlen) : 0;
+}
+
+/* Decompresses s's source again into its cache entry, or into mem (s->bytes), checked to hold what load indexed. */
+static int copy_again(struct text_shard *s, struct source_reader *io, uint8_t *mem, char *err, size_t errlen)
+{
+	int r = source_check(s->path, &s->id, err, errlen);
+	if (r < 0)
+		return r;
+	_cleanup_(source_closep) struct source *src = NULL;
+	if ((r = source_open(s->path, &src, err, errlen)) < 0)
+		return r;
+	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
+	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
+	r = build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
+	free(t.offsets);
+	free(t.lines);
+	free(t.lengths);
+	if (r == -ESTALE)
+		snprintf(err, errlen, "%s: made again, it holds more than the %" PRIu64 " bytes it held at load", s->path,
+			 s->bytes);
+	else if (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes))
+		snprintf(err, errlen, "%s: made again, it holds %" PRIu32 " documents in %" PRIu64
+			 " bytes, not the %" PRIu32 " in %" PRIu64 " it held at load", s->path, t.n_docs, t.bytes, s->n_docs,
+			 s->bytes);
+	if (r == -ESTALE || (r == 0 && (t.n_docs != s->n_docs || t.bytes != s->bytes))) {
+		if (!mem)
+			unlink(s->data_path);
+		r = -ESTALE;
+	}
+	return r;
+}
+
+int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	return copy_again(s, io, NULL, err, errlen);
+}
+
+int text_build_mem(struct text_shard *s, struct source_reader *io, struct source **ret, char *err, size_t errlen)
+{
+	_cleanup_free_ uint8_t *mem = malloc((size_t)MAX(s->bytes, UINT64_C(1)));
+	if (!mem) {
+		snprintf(err, errlen, "%s: out of memory for its copy (%" PRIu64 " bytes)", s->path, s->bytes);
+		return -ENOMEM;
+	}
+	int r = copy_again(s, io, mem, err, errlen);
+	return r < 0 ? r : source_open_mem(s->path, TAKE_PTR(mem), (size_t)s->bytes, ret, err, errlen);
+}
+
 int text_check(const struct text_shard *s, char *err, size_t errlen)
 {
 	return source_check(s->path, &s->id, err, errlen);
 }
-
-/* ---- the format layer's view (format.h) ------------------------------------ */
-
-static int fmt_open(struct shard *sh, const char *name, const struct format_opts *o, struct source_reader *r,
-		    char *err, size_t errlen)
-{
-	struct text_open_opts to = {
-		.kind = sh->format == &format_jsonl ? TEXT_JSONL : sh->format == &format_parquet ? TEXT_PARQUET : TEXT_PLAIN,
-		.cache_dir = o->cache_dir,
-		.cache_max_bytes = o->cache_max_bytes,
-		.max_doc_bytes = o->max_doc_bytes,
-		.text_key = o->text_key,
-	};
-	struct text_shard *t;
-	int e = text_open(name, &to, r, &t, err, errlen);
-	if (e < 0)
-		return e;
-	*sh = (struct shard){
-		.format = sh->format,
-		.impl = t,
-		.name = t->path,
-		.n_docs = t->n_docs,
-		.ids = { &t->id },
-		.n_ids = 1,
-		.bytes = t->bytes,
-		.cached = t->cached,
-		.truncated = t->truncated,
-		.cache_note = t->cache_note,
-	};
-	return 0;
-}
-
-static void fmt_close(struct shard *sh)
-{
-	text_free(sh->impl);
-}
-
-static int fmt_check(const struct shard *sh, char *err, size_t errlen)
-{
-	return text_check(sh->impl, err, errlen);
-}
-
-static uint64_t fmt_doc_bytes(const struct shard *sh, uint32_t doc)
-{
-	return ((const struct text_shard *)sh->impl)->lengths[doc];
-}
-
-static void fmt_doc_read(const struct shard *sh, uint32_t doc, struct source_read *ret)
-{
-	const struct text_shard *t = sh->impl;
-	*ret = (struct source_read){ .src = t->data, .offset = t->offsets[doc], .len = t->lengths[doc] };
-}
-
-static int fmt_jsonl_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
-			  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
-{
-	const struct text_shard *t = sh->impl;
-	int r = jsonl_extract(&st->jsonl, bytes, len, t->text_key, why, whylen);
-	if (r < 0)
-		return r;
-	*ret = (struct format_text){ .text = st->jsonl.text, .len = st->jsonl.len, .replaced = st->jsonl.replaced,
-				     .utf8_valid = st->jsonl.utf8_valid };
-	return 0;
-}
-
-static int fmt_plain_text(const struct shard *sh, uint32_t doc, const uint8_t *bytes, size_t len,
-			  struct format_state *st, struct format_text *ret, char *why, size_t whylen)
-{
-	*ret = (struct format_text){ .text = (const char *)bytes, .len = len };
-	return 0;
-}
-
-static void fmt_jsonl_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
-{
-	snprintf(buf, n, ":%" PRIu64, text_doc_line(sh->impl, doc));
-}
-
-static void fmt_plain_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
-{
-	if (n)
-		buf[0] = 0;
-}
-
-const struct format format_jsonl = {
-	.name = "jsonl",
-	.content = FORMAT_TEXT,
-	.open = fmt_open,
-	.close = fmt_close,
-	.check = fmt_check,
-	.doc_bytes = fmt_doc_bytes,
-	.doc_read = fmt_doc_read,
-	.doc_text = fmt_jsonl_text,
-	.doc_where = fmt_jsonl_where,
-};
-
-const struct format format_text = {
-	.name = "text",
-	.content = FORMAT_TEXT,
-	.open = fmt_open,
-	.close = fmt_close,
-	.check = fmt_check,
-	.doc_bytes = fmt_doc_bytes,
-	.doc_read = fmt_doc_read,
-	.doc_text = fmt_plain_text,
-	.doc_where = fmt_plain_where,
-};

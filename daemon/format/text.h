@@ -16,11 +16,20 @@
  * NAME.zst (zstd, concatenated frames). Neither format allows seeking into
  * the middle of a stream without extra state (gzip needs a 32 KiB window per
  * restart point, zstd has none inside a frame), and the sample order visits
- * a window's documents in shuffled order. So a compressed shard is
- * decompressed once, at feed load, into the cache directory, and served from
- * there exactly like a plain file: one sequential pass at load, then random
- * reads of single documents at disk speed. The price is disk space equal to
- * the uncompressed size (docs/configuration.md, cache_dir).
+ * a window's documents in shuffled order. So a compressed shard is served
+ * from a decompressed copy in the cache directory, read like a plain file
+ * (random reads of single documents at disk speed); a shard of at most
+ * TEXT_MEM_MAX bytes of text from a copy in memory instead (text_build_mem;
+ * never a file: creating one costs more than decompressing it). The copy
+ * is made when the shard's window comes up, not at load (text_prepare: a
+ * thread of its own, on the read-ahead hint of the walk of documents handed
+ * to the workers; else text_acquire, on the worker that reads it), held
+ * open and pinned while in use and a little after (a few idle shards per
+ * process), and otherwise left to the cache's LRU eviction under
+ * cache_max_bytes (a memory copy: freed); an evicted copy is made again
+ * from the source when the shard is read again. Load only indexes it: one
+ * streaming pass that keeps nothing of the text (issue #22;
+ * docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
  * with large io_uring reads and kept in the cache directory under a name
@@ -34,6 +43,7 @@
  */
 #pragma once
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,6 +76,24 @@ struct text_shard {
 	enum text_codec codec;
 	bool cached;           /* the index came from the cache directory */
 
+	/* A copy made on use (text_acquire; text_cache.c): data and pin are set while it is open. */
+	bool lazy;
+	bool mem;              /* its copy is made in memory, never in cache_dir: bytes <= TEXT_MEM_MAX */
+	bool verified;         /* the copy was checked whole (or built) since load */
+	unsigned users;        /* text_acquire()s not yet released */
+	pthread_mutex_t lock;  /* data, pin, users, verified of a lazy shard */
+	struct text_shard *idle_prev, *idle_next; /* open and unused: the process's idle list */
+	bool idle;
+	char *cache_dir;
+	uint64_t cache_max_bytes, max_doc_bytes;
+	char *idx_path;        /* store_pending: where text_store_index() writes the index */
+	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
+	bool make_queued, making;
+	char maker_note[384];  /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return */
+	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
+	uint32_t copies_made;
+	bool store_pending;
+
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
 	uint32_t *lengths;     /* n_docs: bytes, without the line end */
@@ -83,12 +111,36 @@ struct text_shard {
 	char cache_note[384];
 };
 
+/*
+ * A compressed text shard that decompresses to at most this many bytes gets
+ * its copy in memory (text_build_mem), not in cache_dir: creating a file
+ * costs milliseconds on a busy ext4, decompressing a small shard tens of
+ * microseconds, and thousands of small shards are read in the first minute
+ * of an epoch. Open memory copies are bounded by TEXT_MEM_IDLE_BYTES idle
+ * plus those being read.
+ */
+#define TEXT_MEM_MAX (4u << 20)
+#define TEXT_MEM_IDLE_BYTES (64u << 20)
+
+/*
+ * The daemon's load (text_open_opts.defer_store) keeps the index it built of
+ * a shard of fewer bytes (decompressed) than this only in memory: indexing
+ * it again at the next start takes tens of microseconds, while writing it to
+ * cache_dir creates a file, milliseconds of CPU on a busy ext4, which at
+ * thousands of small shards set the pace of the first epoch (the scanner
+ * thread writes them while the workers read). A larger shard's index is
+ * written (a pass over megabytes costs more than a file), and any index
+ * found in cache_dir is used.
+ */
+#define TEXT_STORE_MIN (64u << 10)
+
 struct text_open_opts {
 	enum text_kind kind;
 	const char *cache_dir;     /* NULL: no cache */
 	uint64_t cache_max_bytes;  /* cap on what cache_dir holds (daemon/cache/cache.h); 0: none */
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
+	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -127,6 +179,45 @@ int text_parquet_build(struct text_shard *s, struct source *src, struct source_r
  */
 int text_open_copy(struct text_shard *s, const char *data_path, struct source_reader *io, bool verify_all, char *err,
 		   size_t errlen);
+
+/*
+ * Makes a lazy shard's copy servable (text_cache.c): pinned and opened, made
+ * again from the source when it is not in the cache (the source unchanged
+ * since load and the same documents, else -ESTALE), and checked whole the
+ * first time after load (a damaged copy is made again, and note says so).
+ * Any thread; s->data may be read until text_release(). A shard that is not
+ * lazy returns 0 at once. Returns 0 or a negative errno with a message.
+ */
+int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
+		 size_t errlen);
+void text_release(struct text_shard *s);
+/* Takes a lazy shard off the idle list before it is freed (text_free). */
+void text_idle_forget(struct text_shard *s);
+/*
+ * Asks the process's copy maker thread to make and open s's copy (then idle,
+ * for the read that comes). Never blocks; a shard that is not lazy, open, or
+ * queued already is left alone. Failures are left for the read to report.
+ */
+void text_prepare(struct text_shard *s);
+/* Closes every idle copy (their pins go, so the cache may evict them). */
+void text_idle_flush(void);
+
+/*
+ * Writes s's copy (s->data_path) from its source again, checked to hold
+ * the documents the index says (text.c). Returns 0 or a negative errno with
+ * a message.
+ */
+int text_build_copy(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+/*
+ * A small compressed shard's copy made in memory instead (s->mem): what
+ * text_build_copy() would write, checked the same way, as a source named
+ * s->path over a buffer of its own (source_open_mem: no checksums, since it
+ * never leaves the process). Returns 0 or a negative errno with a message.
+ */
+int text_build_mem(struct text_shard *s, struct source_reader *io, struct source **ret, char *err, size_t errlen);
+
+/* Writes the index open built (store_pending) to the cache. Any thread. Returns 0 or a negative errno with a message. */
+int text_store_index(const struct text_shard *s, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);

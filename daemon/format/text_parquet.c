@@ -181,6 +181,22 @@ static int pq_doc_text(const struct shard *sh, uint32_t doc, const uint8_t *byte
 	return format_text.doc_text(sh, doc, bytes, len, st, ret, why, whylen);
 }
 
+static int pq_acquire(const struct shard *sh, struct source_reader *r, char *note, size_t notelen, char *err,
+		      size_t errlen)
+{
+	return text_acquire(sh->impl, r, note, notelen, err, errlen);
+}
+
+static void pq_release(const struct shard *sh)
+{
+	text_release(sh->impl);
+}
+
+static void pq_prepare(const struct shard *sh)
+{
+	text_prepare(sh->impl);
+}
+
 static void pq_doc_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
 {
 	snprintf(buf, n, ": row %" PRIu32, doc);
@@ -196,4 +212,7 @@ const struct format format_parquet = {
 	.doc_read = pq_doc_read,
 	.doc_text = pq_doc_text,
 	.doc_where = pq_doc_where,
+	.acquire = pq_acquire,
+	.release = pq_release,
+	.prepare = pq_prepare,
 };

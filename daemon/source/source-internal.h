@@ -24,6 +24,7 @@ struct source {
 	struct sums *sums;   /* block checksums every read is verified against; NULL: none */
 	bool cache_entry;    /* feedd's own cache copy (source_set_cache_entry) */
 	struct remote_object *remote; /* a URL's object; NULL: a local file */
+	uint8_t *mem;        /* source_open_mem's bytes (id.size of them); NULL: a file or an object */
 	struct source *with; /* a file checked (fstat) after every read of this one too (source_check_with); NULL: none */
 	char *with_name;     /* ... or checked by name, when descriptors are short; NULL: none */
 	struct source_id with_id; /* ... and its identity when it was opened */
@@ -61,6 +62,8 @@ struct source_reader {
 	struct source_read *wide; /* verify_plan's copy of a submission */
 	size_t wide_cap;
 	char why[320];       /* the last checksum failure */
+	int mem_err;         /* a read of a source in memory failed at submission (past its end) ... */
+	size_t mem_failed;   /* ... this one, in submission order: reported at completion */
 };
 
 /*

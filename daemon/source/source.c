@@ -156,6 +156,22 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 	return 0;
 }
 
+int source_open_mem(const char *name, void *bytes, size_t len, struct source **ret, char *err, size_t errlen)
+{
+	struct source *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		free(bytes);
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	s->fd = -1;
+	s->mem = bytes;
+	s->id.size = (int64_t)len;
+	*ret = s;
+	return 0;
+}
+
 struct source *source_close(struct source *s)
 {
 	if (!s)
@@ -164,6 +180,7 @@ struct source *source_close(struct source *s)
 		fdshare_drop(s->fd, &s->id);
 	sums_free(s->sums);
 	remote_unref(s->remote);
+	free(s->mem);
 	free(s->with_name);
 	source_close(s->with);
 	free(s->name);
@@ -478,6 +495,18 @@ int source_submit(struct source_reader *r, const struct source_read *reads, size
 	if (n)
 		progress(reads[0].src->name);
 	for (size_t i = 0; i < n; i++) {
+		if (reads[i].src->mem) {
+			/* In memory: read now; one past the end fails at completion, as a file's short read does. */
+			const struct source *m = reads[i].src;
+			const uint64_t size = (uint64_t)m->id.size;
+			if (reads[i].offset <= size && reads[i].len <= size - reads[i].offset)
+				memcpy(reads[i].dst, m->mem + reads[i].offset, reads[i].len);
+			else if (!r->mem_err) {
+				r->mem_err = -ENODATA;
+				r->mem_failed = base + i;
+			}
+			continue;
+		}
 		if (reads[i].src->remote) {
 			r->ridx[r->rn] = base + i;
 			r->rreads[r->rn++] = (struct remote_read){ .obj = reads[i].src->remote, .offset = reads[i].offset,
@@ -567,6 +596,12 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	if (e == 0)
 		e = source_verify_finish(r, ret_failed);
 	source_verify_clear(r);
+	if (e == 0 && r->mem_err) {
+		e = r->mem_err;
+		if (ret_failed)
+			*ret_failed = r->mem_failed;
+	}
+	r->mem_err = 0;
 	return e;
 }
 

@@ -64,6 +64,13 @@ int source_open(const char *name, struct source **ret, char *err, size_t errlen)
 bool source_is_remote(const char *name);
 /* Whether name (an object in storage) is known not to exist without a request (a listing of this load left it out). */
 bool source_known_absent(const char *name);
+/*
+ * A source over len bytes in memory (bytes: malloc'ed, taken, freed with the
+ * source; a copy made in memory, say), named `name` in messages. Its reads
+ * are copies made at submission; it has no fd, no identity but its size,
+ * and no checksums. Returns 0 or -ENOMEM with a message (bytes freed).
+ */
+int source_open_mem(const char *name, void *bytes, size_t len, struct source **ret, char *err, size_t errlen);
 struct source *source_close(struct source *s);
 
 const char *source_name(const struct source *s);

@@ -18,6 +18,7 @@ void tokenize_scratch_done(struct tokenize_scratch *t)
 	free(t->seg);
 	free(t->seg_text);
 	tok_part_free(t->part);
+	free(t->held);
 	format_state_done(&t->fmt);
 	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
 		tok_state_free(t->toks[i].st);
@@ -105,10 +106,75 @@ static bool streamed(const struct tokenize_params *p, const struct shard *s, uin
 	       (s->format == &format_jsonl || s->format == &format_text) && tok_part_supported(p->tok);
 }
 
+static int read_docs(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
+		     struct tokenize_chunk *c);
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+static void release_held(struct tokenize_scratch *t, const struct tokenize_params *p)
+{
+	for (size_t i = 0; i < t->n_held; i++)
+		format_release(p->shards[t->held[i]]);
+	t->n_held = 0;
+}
+
+/*
+ * Makes the chunk's shards readable (format_acquire: a text copy in the
+ * cache opened, made first when evicted) for as long as tokenize_read()
+ * reads them; each distinct shard once.
+ */
+static int acquire_shards(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
+			  struct tokenize_chunk *c)
+{
+	size_t n = 0;
+	t->n_held = 0;
+	for (uint32_t i = 0; i < c->n; i++) {
+		uint32_t s = ORDER_DOC_SHARD(c->docs[i]);
+		if (!p->shards[s]->lazy || (n && t->held[n - 1] == s))
+			continue;
+		if (grow((void **)&t->held, &t->held_cap, n + 1, sizeof(*t->held)) < 0)
+			return oom(c);
+		t->held[n++] = s;
+	}
+	if (n > 1)
+		qsort(t->held, n, sizeof(*t->held), cmp_u32);
+	size_t u = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!u || t->held[u - 1] != t->held[i])
+			t->held[u++] = t->held[i];
+	for (size_t i = 0; i < u; i++) {
+		int e = format_acquire(p->shards[t->held[i]], r, c->note, sizeof(c->note), c->error, sizeof(c->error));
+		if (e < 0) {
+			release_held(t, p);
+			return e;
+		}
+		t->n_held = i + 1;
+	}
+	return 0;
+}
+
 int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
 		  struct tokenize_chunk *c)
 {
 	t->reader = r;
+	c->note[0] = 0;
+	int e = acquire_shards(t, r, p, c);
+	if (e < 0)
+		return e;
+	e = read_docs(t, r, p, c);
+	if (e < 0)
+		release_held(t, p);
+	/* Otherwise held until tokenize_encode() is done: a streamed document is read there. */
+	return e;
+}
+
+static int read_docs(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
+		     struct tokenize_chunk *c)
+{
 	/* Every document of the chunk in one batch of reads, all in flight at once. */
 	size_t bytes = 0, n = 0;
 	t->n_reqs = 0;
@@ -294,7 +360,7 @@ static int encode_text(struct tokenize_scratch *t, const struct tokenize_params 
 	return 0;
 }
 
-int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c)
+static int encode_chunk(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c)
 {
 	const uint64_t max = p->max_doc_bytes;
 	int r;
@@ -394,4 +460,12 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 oom_ids:
 	tok_ids_done(&out);
 	return oom(c);
+}
+
+int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c)
+{
+	/* The shards tokenize_read() acquired stay readable while documents are streamed from them. */
+	int r = encode_chunk(t, p, c);
+	release_held(t, p);
+	return r;
 }

@@ -51,6 +51,7 @@ struct tokenize_chunk {
 	uint64_t tokens;
 	uint64_t replaced;    /* invalid UTF-8 sequences replaced */
 	char error[512];      /* the failure, or the first skipped record's reason */
+	char note[384];       /* tokenize_read(): a damaged cache copy that was made again (for the caller to log) */
 };
 
 /* A thread's reusable buffers and tokenizer states. */
@@ -59,6 +60,8 @@ struct tokenize_scratch {
 	size_t text_cap;
 	struct source_read *reqs;
 	size_t reqs_cap, n_reqs;
+	uint32_t *held;       /* shards whose copies tokenize_read() holds while it reads (format_acquire) */
+	size_t held_cap, n_held;
 	struct format_state fmt;
 	struct source_reader *reader; /* tokenize_read()'s, for documents read a segment at a time */
 	uint8_t *seg;                 /* a streamed document's segment, and its decoded text */
@@ -85,8 +88,10 @@ void tokenize_scratch_done(struct tokenize_scratch *t);
 
 /*
  * Phase 1: reads the chunk's documents into t->text through r (but the
- * streamed ones, which phase 2 reads through r). Returns 0;
- * or a negative errno with a message naming the file and byte in c->error.
+ * streamed ones, which phase 2 reads through r). Returns 0, the chunk's
+ * lazy shards (text copies) held for phase 2, which must follow and lets
+ * go of them; or a negative errno with a message naming the file and byte
+ * in c->error, nothing held.
  */
 int tokenize_read(struct tokenize_scratch *t, struct source_reader *r, const struct tokenize_params *p,
 		  struct tokenize_chunk *c);

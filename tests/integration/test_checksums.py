@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: MIT
 """Checksummed caches and shards (issue #16 part B, docs/checksums.md), with a real feedd.
 
-- a flipped byte in a cache copy is found at load, named (file and offset), the entry rebuilt, and the
+- a flipped byte in a cache copy is found when the shard is first read after load, named (file and offset), the entry rebuilt, and the
   batches stay bit-identical to a fresh run; found while serving, it stops the session with the same message;
 - a Megatron shard with an X.bin.sums sidecar and a flipped byte in .bin fails the feed naming file and offset,
   and serves the same batches as without a sidecar while intact;
 - a crash while the cache is built leaves NAME.tmp-PID, which the next start removes;
-- cache_max_bytes is never passed on disk across several shards and feedd processes, a copy in use is never
+- cache_max_bytes is never passed on disk across several shards and feedd processes (a copy is made when its
+  shard is first read), a copy in use is never
   evicted, and an entry alone over the cap is refused with a clear message.
 
 Text feeds need the cl100k rank file (scripts/fetch-tok-data.sh) and zstd; those tests skip without them.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,7 +94,8 @@ def same(a, b, data_identity=True):
 
 @needs_text
 def test_a_flipped_byte_in_a_cache_copy_is_named_and_the_copy_rebuilt(daemon, tmp_path):
-    shard = zst_jsonl(tmp_path / "web.jsonl.zst", 3000, seed=1)
+    # Over 4 MiB decompressed: its copy is a file in cache_dir (a smaller one's is made in memory).
+    shard = zst_jsonl(tmp_path / "web.jsonl.zst", 30000, seed=1)
     cache = tmp_path / "cache"
     conf = text_conf(cache, {"web": [shard]})
     d = daemon(conf)
@@ -104,26 +107,33 @@ def test_a_flipped_byte_in_a_cache_copy_is_named_and_the_copy_rebuilt(daemon, tm
     flip(copy, at)
     assert copy.stat().st_size == size
 
-    # At load: found, named, rebuilt; the batches are those of a fresh cache, bit for bit.
+    # When the shard is first read after load (its copy is opened on use): found, named, rebuilt;
+    # the batches are those of a fresh cache, bit for bit.
     d2 = daemon(conf)
     block = at // 4096 * 4096
+    after = d2.dump("web", tmp_path / "after", batches=40)
     log = d2.log_text()
     assert f"{copy}: block at byte {block} " in log and "rebuilt" in log, log
-    same(d2.dump("web", tmp_path / "after", batches=40), fresh)
+    same(after, fresh)
     with open(copy, "rb") as f:
         f.seek(at)
         assert f.read(1) != b""  # the copy is there again, whole
     assert d2.stop() == 0
 
-    # While serving: the session stops with the file and offset before any batch from the damaged block.
+    # While serving (the copy open and checked whole already): the session stops with the file and
+    # offset before any batch from a damaged block (every block of the text damaged: the shard is too
+    # large for 400 batches to reach one given block).
     d3 = daemon(conf)
-    flip(copy, at)
+    d3.dump("web", tmp_path / "opened", batches=1)
+    for b in range(0, size - size // 50, 4096):
+        flip(copy, b + 100)
     p = d3.dump("web", tmp_path / "serving", batches=400, check=False)
     assert not isinstance(p, dict) and p.returncode != 0, "a damaged block was served"
-    assert f"{copy}: block at byte {block} " in p.stderr, p.stderr
+    m = re.search(re.escape(str(copy)) + r": block at byte (\d+) ", p.stderr)
+    assert m and int(m.group(1)) % 4096 == 0, p.stderr
     assert "does not match its checksum" in p.stderr
     st = next(f for f in d3.status()["feeds"] if f["name"] == "web")
-    assert st["state"] == "failed" and f"{copy}: block at byte {block} " in st["error"], st
+    assert st["state"] == "failed" and f"{copy}: block at byte " in st["error"], st
 
 
 @pytest.fixture
@@ -226,6 +236,14 @@ def test_a_crash_while_the_cache_is_built_leaves_a_tmp_file_the_next_start_remov
     cache = tmp_path / "cache"
     conf = text_conf(cache, {"big": [tmp_path / "big.jsonl.zst"]})
     proc, log = start_feedd(tmp_path, conf, "crash")
+    # The copy is made when the shard is first read: a client asks for a batch.
+    sock = str(tmp_path / "crash.sock")
+    deadline = time.time() + 60
+    while time.time() < deadline and not Path(sock).exists():
+        time.sleep(0.01)
+    reader = subprocess.Popen([str(FEEDCTL), "--socket", sock, "dump", "big", "--rank", "0", "--world", "1",
+                               "--batches", "1", "--out", str(tmp_path / "crash-dump")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     tmp = []
     while time.time() < deadline and proc.poll() is None:
@@ -236,6 +254,8 @@ def test_a_crash_while_the_cache_is_built_leaves_a_tmp_file_the_next_start_remov
     assert tmp, "feedd never started writing its cache copy:\n" + log.read_text()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    reader.kill()
+    reader.wait()
     assert tmp[0].exists(), "the killed build left no temporary file"
     # The next start (any feed on this cache_dir) removes it.
     d = daemon(text_conf(cache, {"small": [zst_jsonl(tmp_path / "small.jsonl.zst", 200, seed=3)]}))
@@ -259,8 +279,9 @@ def du(cache):
 def test_cache_max_bytes_is_never_passed_and_a_copy_in_use_is_never_evicted(daemon, tmp_path):
     paths = {n: zst_jsonl(tmp_path / f"{n}.jsonl.zst", 60000, seed=i) for i, n in enumerate("abcd")}
     cache = tmp_path / "cache"
-    # Learn an entry's size with no cap.
+    # Learn an entry's size with no cap (the copy is made when the shard is first read).
     probe = daemon(text_conf(tmp_path / "probe", {"a": [paths["a"]]}))
+    probe.dump("a", tmp_path / "probe-dump", batches=1)
     entry = du(tmp_path / "probe")
     probe.stop()
     cap = int(entry * 2.6)
@@ -292,16 +313,16 @@ def test_cache_max_bytes_is_never_passed_and_a_copy_in_use_is_never_evicted(daem
         copies = {p.name.split("-", 1)[1] for p in data_files(cache)}
         assert copies == {"a.jsonl.zst.data", "c.jsonl.zst.data"}, copies
         same(d1.dump("a", tmp_path / "a1", batches=20), a_before)
-        # feedd 4 finds a and c pinned: d cannot fit, and says so; nothing pinned is removed.
+        # feedd 4 finds a and c pinned: d cannot fit, and says so when d is read; nothing pinned is removed.
         d4 = daemon(text_conf(cache, {"d": [paths["d"]]}, extra))
-        st = next(f for f in d4.status()["feeds"] if f["name"] == "d")
-        assert st["state"] == "failed" and "no room in the cache" in st["error"], st
+        p = d4.dump("d", tmp_path / "d0", batches=1, check=False)
+        assert not isinstance(p, dict) and "no room in the cache" in p.stderr, p
         copies = {p.name.split("-", 1)[1] for p in data_files(cache)}
         assert copies == {"a.jsonl.zst.data", "c.jsonl.zst.data"}, copies
         # An entry alone over the cap is refused with a clear message.
         d5 = daemon(text_conf(tmp_path / "tiny", {"a": [paths["a"]]}, f"cache_max_bytes = {entry // 2}\n"))
-        st = next(f for f in d5.status()["feeds"] if f["name"] == "a")
-        assert st["state"] == "failed" and "would pass cache_max_bytes" in st["error"], st
+        p = d5.dump("a", tmp_path / "a5", batches=1, check=False)
+        assert not isinstance(p, dict) and "would pass cache_max_bytes" in p.stderr, p
     finally:
         stop.set()
         w.join()

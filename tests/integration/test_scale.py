@@ -3,15 +3,24 @@
 to validate at load is mapped, served at once and validated after load on the
 scanner thread; a fault found there fails the feed with the load's words;
 shuffled windows are built ahead and shared. The stream stays the contract's
-(tests/ref/feed_ref.py).
+(tests/ref/feed_ref.py). Compressed text shards are only indexed at load: their
+copies are made when their windows are read (a small shard's in memory, never
+in cache_dir), and a whole epoch stays under a small cache_max_bytes with the
+same batches.
 
 Runs with Debian's /usr/bin/python3.
 """
 
+import base64
+import json
+import shutil
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference, with_io_engine
 from test_reload_conf import Timed
@@ -173,3 +182,118 @@ def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
         c.wait_batches(len(c.times) + 20)
     finally:
         c.stop()
+
+
+# ---- text: compressed shards indexed at load, copied (in memory when small) only when read (issue #22) ----
+
+def write_zst_shards(folder, n_shards, docs):
+    """n_shards .jsonl.zst shards of `docs` short documents, and a rank file mapping each byte to itself."""
+    folder.mkdir(parents=True)
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+    for i in range(n_shards):
+        lines = [json.dumps({"text": " ".join(words[(i * 7 + k + j) % len(words)] for j in range(3 + (i + k) % 9))})
+                 for k in range(docs)]
+        (folder / f"t{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    subprocess.run(["sh", "-c", f"cd {folder} && ls | grep '[.]jsonl$' | xargs zstd -q --rm"], check=True)
+    (folder / "bytes.tiktoken").write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                                   for i in range(256)))
+
+
+def text_scale_conf(folder, cache, cap=0, window=4):
+    extra = f"cache_max_bytes = {cap}\n" if cap else ""
+    return (f"[feedd]\ncache_dir = {cache}\nring_slots = 2\n{extra}[feed.t]\nformat = jsonl\nshards = {folder}/t*.jsonl.zst\n"
+            f"tokenizer = {folder}/bytes.tiktoken\ntokenizer_preset = gpt2\nseq_len = 128\nbatch_size = 4\n"
+            f"seed = 3\nshuffle = true\nshuffle_window = {window}\neos = 10\n")
+
+
+def cache_bytes(cache):
+    total = 0
+    for p in Path(cache).iterdir():
+        try:
+            if p.name != ".lock":
+                total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path):
+    """1,000 small .jsonl.zst shards: the first batch needs only the copies of the windows reached (not one per
+    shard, as before #22), made in memory (no file per shard in cache_dir: neither copies nor, under 64 KiB of
+    text, indexes); a whole epoch under a small cache_max_bytes never passes it on disk, and the batches equal
+    those of an uncapped cache bit for bit (copies dropped and made again serve the same bytes)."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 1000, 3)
+    free = tmp_path / "free"
+    d = daemon(text_scale_conf(folder, free))
+    t0 = time.monotonic()
+    first = d.dump("t", tmp_path / "first", batches=1)
+    took = time.monotonic() - t0
+    # Small shards: their copies are made in memory, never as files in cache_dir.
+    assert not [p for p in free.iterdir() if p.name.endswith(".data")]
+    wa = d.status()["feeds"][0]["work_ahead"]
+    print(f"first batch after {took:.2f} s with {wa['text_copies_made']} copies of 1000 shards")
+    # Status shows them: made since load (the windows tokenized ahead, a chunk of 16 KiB spans ~150 of these
+    # shards, plus the copy maker's read-ahead of up to 32 shards; never the corpus), and open now (in use or
+    # idle, at most 64 idle per process).
+    assert 1 <= wa["text_copies_made"] <= 400 and wa["text_copies_open"] <= 100, wa
+    # Their indexes are kept in memory only (under 64 KiB of text each: indexed again at the next start).
+    assert wa["index_shards_pending"] == 0, wa
+    assert not [p for p in free.iterdir() if p.name.endswith(".idx")]
+    # An epoch: 1,000 shards of 3 documents of ~35 bytes, 512 tokens a batch.
+    n = 210
+    want = d.dump("t", tmp_path / "want", batches=n)
+    assert d.stop() == 0
+    assert np.array_equal(first["input_ids"], want["input_ids"][:1])
+
+    cache = tmp_path / "capped"
+    cap = 64 << 10
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if cache.exists():
+                peak[0] = max(peak[0], cache_bytes(cache))
+            time.sleep(0.002)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        d2 = daemon(text_scale_conf(folder, cache, cap))
+        got = d2.dump("t", tmp_path / "got", batches=n)
+    finally:
+        stop.set()
+        w.join()
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], want[k]), k
+    assert peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
+    assert d2.stop() == 0
+
+    # A resume late in the epoch on an empty cache_dir makes only the copies of the windows it reads from there.
+    cold = tmp_path / "cold"
+    d3 = daemon(text_scale_conf(folder, cold))
+    at = 150
+    late = d3.dump("t", tmp_path / "late", batches=5, cursor=want["cursors"][at])
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
+    made = d3.status()["feeds"][0]["work_ahead"]["text_copies_made"]
+    assert 1 <= made <= 400, made
+    assert d3.stop() == 0
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+def test_a_small_shard_changed_after_load_fails_the_read_of_its_memory_copy(daemon, tmp_path):
+    """A small shard's copy is made in memory when first read, from the source as it was at load: a shard
+    rewritten since then fails the read (the file named) instead of serving other documents."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 1, 20)
+    d = daemon(text_scale_conf(folder, tmp_path / "cache", window=1))
+    shard = folder / "t00000.jsonl.zst"
+    raw = folder / "t00000.jsonl"
+    raw.write_text(json.dumps({"text": "something else entirely"}) + "\n")
+    subprocess.run(["zstd", "-q", "-f", "--rm", str(raw), "-o", str(shard)], check=True)
+    p = d.dump("t", tmp_path / "changed", batches=1, check=False)
+    assert not isinstance(p, dict) and p.returncode != 0, "a shard changed since load was served"
+    assert f"{shard}: changed" in p.stderr, p.stderr

@@ -176,6 +176,42 @@ static void test_glob(void)
 	CHECK_CONTAINS(err, "matches no file");
 }
 
+/* A source over bytes in memory: read with files in one batch; a read past its end named by its index. */
+static void test_mem(void)
+{
+	char pa[128], err[512];
+	struct source *a = NULL, *m = NULL;
+	write_file("ma", "0123456789", pa, sizeof(pa));
+	REQUIRE(source_open(pa, &a, err, sizeof(err)) == 0, "%s", err);
+	char *bytes = strdup("abcdefghij");
+	REQUIRE(bytes && source_open_mem("copy of ma", bytes, 10, &m, err, sizeof(err)) == 0, "%s", err);
+	CHECK_U64(source_size(m), 10);
+	CHECK(strcmp(source_name(m), "copy of ma") == 0, "name %s", source_name(m));
+	struct source_reader *r = NULL;
+	REQUIRE(source_reader_new(IO_ENGINE_AUTO, 4, &r) == 0, "source_reader_new");
+	char x[4] = "", y[4] = "", z[4] = "";
+	struct source_read reads[3] = {
+		{ .src = m, .offset = 7, .len = 3, .dst = x },
+		{ .src = a, .offset = 1, .len = 3, .dst = y },
+		{ .src = m, .offset = 0, .len = 3, .dst = z },
+	};
+	size_t failed = 99;
+	CHECK_INT(source_read(r, reads, 3, &failed), 0);
+	CHECK(memcmp(x, "hij", 3) == 0 && memcmp(y, "123", 3) == 0 && memcmp(z, "abc", 3) == 0, "wrong bytes: %.3s %.3s %.3s",
+	      x, y, z);
+	struct source_read bad[2] = {
+		{ .src = a, .offset = 0, .len = 2, .dst = x },
+		{ .src = m, .offset = 9, .len = 2, .dst = y },
+	};
+	CHECK_INT(source_read(r, bad, 2, &failed), -ENODATA);
+	CHECK_U64(failed, 1);
+	/* The error is the batch's only: the next one reads. */
+	CHECK_INT(source_read(r, reads, 1, &failed), 0);
+	source_reader_free(r);
+	source_close(a);
+	source_close(m);
+}
+
 int main(void)
 {
 	char tmpl[] = "/tmp/feedd-source-XXXXXX";
@@ -187,6 +223,7 @@ int main(void)
 	test_reads(IO_ENGINE_PREAD);
 	test_reads(IO_ENGINE_AUTO);
 	test_glob();
+	test_mem();
 
 	nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
 	return unit_exit("test-source");
