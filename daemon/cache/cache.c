@@ -35,7 +35,10 @@ struct cache_pin {
 	int fd;
 };
 
-/* "NAME.tmp-DIGITS": a build's temporary file. */
+/* Builds of this process, numbering their temporary files. */
+static unsigned build_seq;
+
+/* "NAME.tmp-DIGITS" (a sequence number of 10 digits, then the pid): a build's temporary file. */
 static bool is_tmp(const char *name)
 {
 	const char *t = strstr(name, ".tmp-");
@@ -254,13 +257,15 @@ int cache_build_begin(const char *dir, uint64_t max_bytes, const char *path, uin
 	b->max_bytes = max_bytes;
 	b->block = block;
 	if (!(b->dir = strdup(dir)) || !(b->path = strdup(path)) ||
-	    asprintf(&b->tmp, "%s.tmp-%d", path, (int)getpid()) < 0) {
+	    asprintf(&b->tmp, "%s.tmp-%010u%d", path, __atomic_fetch_add(&build_seq, 1, __ATOMIC_RELAXED),
+		     (int)getpid()) < 0) {
 		b->tmp = NULL;
 		cache_build_abort(b);
 		return -ENOMEM;
 	}
 	int r;
-	b->fd = open(b->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* Its own name (a build of the same entry may run on another thread, or in another process): never truncates one. */
+	b->fd = open(b->tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (b->fd < 0 || flock(b->fd, LOCK_EX) < 0) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create: %s", b->tmp, strerror(-r));

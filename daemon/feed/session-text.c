@@ -265,8 +265,9 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	if (session_root(s)->failed || session_root(s)->closed)
 		return;
 	if (c->result < 0) {
-		if (c->result == -ENODATA || c->result == -ESTALE) /* a shard changed: its feed too, now */
-			producer_recheck(s->producer, f);
+		/* A shard changed: the feed clients attached to (a mixture's, not its source's) too, now. */
+		if (c->result == -ENODATA || c->result == -ESTALE)
+			producer_recheck(s->producer, session_root(s)->feed);
 		if (c->result == -EUCLEAN) /* a damaged block (docs/checksums.md): the feed fails, not only this session */
 			feed_fail(f, -EUCLEAN, c->t.error);
 		session_fail(s, c->result, c->t.error);

@@ -476,11 +476,16 @@ struct decode_ctx {
 	size_t out_cap;
 	char *err;
 	size_t errlen;
+	const bool *cancel; /* set: the copy is no longer wanted (its shard is being freed) */
 };
 
 static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 {
 	struct decode_ctx *c = ctx;
+	if (c->cancel && __atomic_load_n(c->cancel, __ATOMIC_ACQUIRE)) {
+		snprintf(c->err, c->errlen, "%s: its copy was given up (the shard is no longer served)", c->b->s->path);
+		return -ECANCELED;
+	}
 	return decode(c->d, c->b, p, n, at, c->dst, c->out, c->out_cap, c->err, c->errlen);
 }
 
@@ -526,7 +531,7 @@ static int build_index(struct text_shard *s, struct source *src, const struct te
 		}
 		err[0] = 0;
 		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .out_cap = out_cap, .err = err,
-					.errlen = errlen };
+					.errlen = errlen, .cancel = o->cancel };
 		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
 		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
 			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
@@ -715,7 +720,7 @@ static int copy_again(struct text_shard *s, struct source_reader *io, uint8_t *m
 		return r;
 	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
 	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
-					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key, .cancel = &s->cancel };
 	r = build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
 	free(t.offsets);
 	free(t.lines);

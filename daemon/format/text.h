@@ -89,6 +89,7 @@ struct text_shard {
 	char *idx_path;        /* store_pending: where text_store_index() writes the index */
 	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
 	bool make_queued, making;
+	bool cancel; /* being freed: a copy under way is given up between blocks (text_cache.c, maker_forget) */
 	char maker_note[384];  /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
@@ -141,6 +142,7 @@ struct text_open_opts {
 	uint64_t max_doc_bytes;    /* a longer document is indexed with this many bytes + 1, and refused when read */
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
+	const bool *cancel;        /* a compressed shard's copy: given up (-ECANCELED) once *cancel is set */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */

@@ -208,12 +208,21 @@ static int copy_open(struct text_shard *s, struct source_reader *io, char *note,
 		s->pin = cache_unpin(s->pin);
 		if (r != -ENOENT)
 			snprintf(note, notelen, "%s; rebuilt", why);
-		if ((r = copy_build(s, io, err, errlen)) < 0)
-			return r;
-		r = text_open_copy(s, s->data_path, io, false, err, errlen);
-		if (r < 0) {
+		/*
+		 * A build's entry is unlocked from its rename until this open
+		 * pins it: another build's eviction can take it in between
+		 * (everything older pinned, a tight cache_max_bytes). Made
+		 * again then, a few times at most.
+		 */
+		for (unsigned attempt = 0;; attempt++) {
+			if ((r = copy_build(s, io, err, errlen)) < 0)
+				return r;
+			r = text_open_copy(s, s->data_path, io, false, err, errlen);
+			if (r == 0)
+				break;
 			s->pin = cache_unpin(s->pin);
-			return r;
+			if (r != -ENOENT || attempt == 2)
+				return r;
 		}
 	}
 	s->verified = true;
@@ -354,6 +363,9 @@ static void maker_forget(struct text_shard *s)
 		}
 		s->make_queued = false;
 	}
+	/* Not a whole build's wait on the main loop (a feed freed there): the build stops at its next block. */
+	if (s->making)
+		__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
 	while (s->making)
 		pthread_cond_wait(&made_cond, &make_lock);
 	pthread_mutex_unlock(&make_lock);

@@ -8,6 +8,7 @@
  * cap refused, LRU eviction that spares pinned entries and builds, and
  * crashed builds' temporary files removed.
  */
+#include <glob.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -372,10 +373,27 @@ static void test_cache(void)
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "cache_clean removed exactly the stale file");
 	snprintf(p, sizeof(p), "%s/x.data.tmp-999999", cdir);
 	CHECK(access(p, F_OK) != 0, "stale tmp left");
-	snprintf(p, sizeof(p), "%s/y.data.tmp-%d", cdir, (int)getpid());
-	CHECK(access(p, F_OK) == 0, "a live build's tmp was removed");
+	/* The live build's tmp: "y.data.tmp-" then digits (a sequence number of its process, and its pid). */
+	snprintf(p, sizeof(p), "%s/y.data.tmp-*", cdir);
+	glob_t g = { 0 };
+	CHECK(glob(p, 0, NULL, &g) == 0 && g.gl_pathc == 1, "a live build's tmp was removed");
+	if (g.gl_pathc == 1)
+		snprintf(p, sizeof(p), "%s", g.gl_pathv[0]);
+	globfree(&g);
 	cache_build_abort(live);
 	CHECK(access(p, F_OK) != 0, "abort leaves its tmp");
+
+	/* Two builds of one entry at once (two feeds over one shard): each its own tmp, neither truncates the other. */
+	struct cache_build *b1 = NULL, *b2 = NULL;
+	snprintf(p, sizeof(p), "%s/z.data", cdir);
+	CHECK_INT(cache_build_begin(cdir, 0, p, 4096, &b1, err, sizeof(err)), 0);
+	CHECK_INT(cache_build_begin(cdir, 0, p, 4096, &b2, err, sizeof(err)), 0);
+	snprintf(p, sizeof(p), "%s/z.data.tmp-*", cdir);
+	g = (glob_t){ 0 };
+	CHECK(glob(p, 0, NULL, &g) == 0 && g.gl_pathc == 2, "two builds of one entry share a tmp file");
+	globfree(&g);
+	cache_build_abort(b1);
+	cache_build_abort(b2);
 }
 
 int main(void)
