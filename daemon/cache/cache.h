@@ -6,8 +6,8 @@
  * docs/configuration.md (cache_dir, cache_max_bytes) describe it.
  *
  *   cache_clean()       at start: removes temporary files of builds that
- *                       crashed (NAME.tmp-PID that no live build holds).
- *   cache_build_*()     writes one entry: a locked NAME.tmp-PID, every
+ *                       crashed (NAME.tmp-N that no live build holds).
+ *   cache_build_*()     writes one entry: a locked NAME.tmp-N of its own, every
  *                       block checksummed (daemon/io/sums.h, a trailer),
  *                       room made as it grows (cache_evict), renamed into
  *                       place at commit. An entry that alone would pass
