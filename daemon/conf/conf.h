@@ -61,6 +61,7 @@ struct conf_feed {
 	uint64_t pack_buffer;      /* bestfit buffer, in positions; 0: 64 * seq_len */
 	int64_t pad_id;            /* padding token; CONF_TOKEN_NONE: eos when it is an id, else 0 */
 	uint32_t virtual_ranks;    /* elastic streams (docs/sample-order.md, section 17); 0: one stream per rank */
+	bool virtual_ranks_set;    /* given in the file; unset, a first world above it is served per rank (17.1) */
 	char *sources_text;        /* `sources` as written, its lines joined; parsed into mix after the file */
 	struct mix_spec *mix;      /* `sources`: names and weights; NULL for a feed of one stream */
 	struct conf_feed *sources; /* mix->n sources, each from its [feed.NAME.SOURCE] section; order keys copied from the feed */

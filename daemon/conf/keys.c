@@ -720,7 +720,10 @@ int conf_key(struct parse *p, const char *section, const char *name, const char 
 		struct conf_feed *f = feed_for(p, section + 5);
 		if (!f)
 			return conf_bad(p, "out of memory");
-		return feed_key(p, f, name, value);
+		int r = feed_key(p, f, name, value);
+		if (r == 1 && strcmp(name, "virtual_ranks") == 0)
+			f->virtual_ranks_set = true;
+		return r;
 	}
 	return conf_bad(p, "unknown section [%s] (expected [feedd], [diagnosis] or [feed.NAME])", section);
 }

@@ -406,7 +406,16 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	 * exactly the stream it was taken on, one rank's of sections 3 to 16 (with V' = R it becomes the state of
 	 * stream r instead, below).
 	 */
-	const bool plain = f->vranks && c && !state && c->fingerprint == f->fingerprint_plain && world != f->vranks;
+	bool plain = f->vranks && c && !state && c->fingerprint == f->fingerprint_plain && world != f->vranks;
+	/*
+	 * Section 17.1: with virtual_ranks left at its default, a job larger
+	 * than it starts (attach with no cursor) on one stream per rank, as
+	 * before the default, instead of being refused; only a value the
+	 * config sets is a promise to refuse larger worlds.
+	 */
+	const bool plain_start = f->vranks && !c && !state && world > f->vranks && !f->conf.virtual_ranks_set;
+	if (plain_start)
+		plain = true;
 	const uint32_t vranks = plain ? 0 : f->vranks;
 	if (f->state != FEED_READY) {
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);

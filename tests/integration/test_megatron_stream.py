@@ -216,12 +216,30 @@ def test_world_larger_than_documents_is_refused(daemon, tmp_path):
     d = daemon(feed_conf("few", f"{data}/*.idx"))
     p = d.dump("few", tmp_path / "o", rank=0, world=3, batches=1, check=False)
     assert p.returncode == 1 and "2 non-empty documents, fewer than the world size 3" in p.stderr, p.stderr
-    # With feedd's default virtual_ranks: V' = 3 documents (section 17.4); a world of 4 is refused, saying so.
+    # With feedd's default virtual_ranks: V' = 3 documents (section 17.4). A world of 4 starts per rank (17.1,
+    # the key is not set) and is refused for its documents, as without virtual ranks.
     d2 = daemon(feed_conf("few", f"{data}/*.idx", vranks=None))
     p = d2.dump("few", tmp_path / "o2", rank=0, world=4, batches=1, check=False)
+    assert p.returncode == 1 and "fewer than the world size 4" in p.stderr, p.stderr
+    assert d2.dump("few", tmp_path / "o3", rank=2, world=3, batches=2)["input_ids"].shape[0] == 2
+    # A virtual_ranks the config sets is a promise: a larger world is refused, saying which key to raise.
+    d3 = daemon(feed_conf("few", f"{data}/*.idx", vranks=3))
+    p = d3.dump("few", tmp_path / "o4", rank=0, world=4, batches=1, check=False)
     assert p.returncode == 1 and "has 3 virtual ranks" in p.stderr and "fewer than the world size 4" in p.stderr, \
         p.stderr
-    assert d2.dump("few", tmp_path / "o3", rank=2, world=3, batches=2)["input_ids"].shape[0] == 2
+
+
+def test_a_world_above_the_default_virtual_ranks_starts_per_rank(daemon, tmp_path):
+    """Section 17.1: left at its default (1024), virtual_ranks does not refuse a larger job; it starts on one
+    stream per rank (sections 3 to 16), batches as the reference's per-rank stream; set explicitly, it refuses."""
+    data = tmp_path / "many"
+    gen_megatron.main([str(data), "--shards", "2", "--docs-per-shard", "700", "--seed", "3"])
+    d = daemon(feed_conf("big", f"{data}/shard_*.idx", vranks=None))
+    got = d.dump("big", tmp_path / "o", rank=1030, world=1100, batches=3)
+    assert_batches_equal(got, reference(f"{data}/shard_*.idx", 1030, 1100, 3))
+    d2 = daemon(feed_conf("big", f"{data}/shard_*.idx", vranks=1024))
+    p = d2.dump("big", tmp_path / "o2", rank=0, world=1100, batches=1, check=False)
+    assert p.returncode == 1 and "has 1024 virtual ranks" in p.stderr and "raise virtual_ranks" in p.stderr, p.stderr
 
 
 def test_pread_fallback_serves_the_same_batches(daemon, dataset, tmp_path):
