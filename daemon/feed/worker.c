@@ -110,6 +110,20 @@ static int emit_range(void *userdata, struct source *src, uint64_t byte_offset, 
 	return 0;
 }
 
+/* How text feed f's documents become tokens; a huge document's ids are not held (tokenize.h). */
+static struct tokenize_params text_params(const struct feed *f)
+{
+	return (struct tokenize_params){
+		.shards = f->shards,
+		.tok = f->tok,
+		.tok_generation = f->tok_generation,
+		.max_doc_bytes = f->conf.max_document_bytes,
+		.encode_specials = f->conf.encode_special_tokens,
+		.skip_bad_records = f->conf.skip_bad_records,
+		.lazy_tokens = TOKENIZE_LAZY_TOKENS,
+	};
+}
+
 /*
  * Lays out positions offset .. offset + count - 1 of a document's contribution
  * (document `doc` of feed sf, `length` positions) at batch positions pos ..:
@@ -138,6 +152,23 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 			*lookahead = tokens[lo - bos];
 		else
 			memcpy(ids + pos + (lo - offset), tokens + (lo - bos), (hi - lo) * sizeof(int32_t));
+	} else if (lo < hi && sf->kind == FEED_TEXT) {
+		/* A huge document whose chunk kept only its count: its ids made again (tokenize_pool_get()). */
+		const struct tokenize_params p = text_params(sf);
+		int32_t one;
+		const bool ahead = pos >= n;
+		int r = sf->huge ? tokenize_pool_get(sf->huge, &p, w->io, doc, lo - bos, ahead ? 1 : (size_t)(hi - lo),
+						     ahead ? &one : ids + pos + (lo - offset), err, errlen)
+				 : -EINVAL;
+		if (r < 0) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : sf->huge ? err : "no cursors");
+			snprintf(err, errlen, "%s: document %" PRIu32 ": tokens %" PRIu64 "..%" PRIu64 ": %s", sf->shards[s]->name,
+				 d, lo - bos, hi - bos, why);
+			return r;
+		}
+		if (ahead)
+			*lookahead = one;
 	} else if (lo < hi) {
 		c->feed = sf;
 		c->shard = sf->shards[s];
@@ -407,14 +438,7 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 
 int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t)
 {
-	const struct tokenize_params p = {
-		.shards = f->shards,
-		.tok = f->tok,
-		.tok_generation = f->tok_generation,
-		.max_doc_bytes = f->conf.max_document_bytes,
-		.encode_specials = f->conf.encode_special_tokens,
-		.skip_bad_records = f->conf.skip_bad_records,
-	};
+	const struct tokenize_params p = text_params(f);
 	struct stage_clock clock;
 	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;
