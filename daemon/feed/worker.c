@@ -157,7 +157,9 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 		const struct tokenize_params p = text_params(sf);
 		int32_t one;
 		const bool ahead = pos >= n;
-		int r = sf->huge ? tokenize_pool_get(sf->huge, &p, w->io, doc, lo - bos, ahead ? 1 : (size_t)(hi - lo),
+		struct tok_state *st = tokenize_scratch_state(&w->tk, &p);
+		int r = !st ? -ENOMEM
+		    : sf->huge ? tokenize_pool_get(sf->huge, &p, w->io, st, doc, lo - bos, ahead ? 1 : (size_t)(hi - lo),
 						     ahead ? &one : ids + pos + (lo - offset), err, errlen)
 				 : -EINVAL;
 		if (r < 0) {

@@ -118,7 +118,6 @@ struct tokenize_cursor {
 	const struct tok *tok;
 	struct tokenize_stream z;
 	bool open, end;
-	struct tok_state *st;
 	uint8_t *seg, *seg_text;
 	int32_t *ids;    /* ids [lo, pos) */
 	size_t n, cap;
@@ -136,15 +135,14 @@ static void cursor_free(struct tokenize_cursor *k)
 		return;
 	if (k->open)
 		tokenize_stream_done(&k->z);
-	tok_state_free(k->st);
 	free(k->seg);
 	free(k->seg_text);
 	free(k->ids);
 	free(k);
 }
 
-/* The ids kept: at least TOKENIZE_CURSOR_KEEP of the last ones. */
-#define TOKENIZE_CURSOR_KEEP (1u << 20)
+/* The ids kept: at least TOKENIZE_CURSOR_KEEP of the last ones (2 MiB), room for a quarter more. */
+#define TOKENIZE_CURSOR_KEEP (512u << 10)
 
 static int cursor_sink(const int32_t *ids, size_t n, void *userdata)
 {
@@ -162,7 +160,7 @@ static int cursor_sink(const int32_t *ids, size_t n, void *userdata)
 			k->lo += drop;
 		}
 		if (k->n + n > k->cap) {
-			size_t cap = MAX(k->n + n, 2 * (size_t)TOKENIZE_CURSOR_KEEP);
+			size_t cap = MAX(k->n + n, (size_t)TOKENIZE_CURSOR_KEEP + TOKENIZE_CURSOR_KEEP / 4);
 			int32_t *q = realloc(k->ids, cap * sizeof(*q));
 			if (!q)
 				return -ENOMEM;
@@ -200,9 +198,7 @@ static int cursor_new(const struct tokenize_params *p, uint64_t doc, struct toke
 	k->tok = p->tok;
 	k->seg = malloc(TOKENIZE_SEGMENT);
 	k->seg_text = malloc(TOKENIZE_SEGMENT);
-	int r = k->seg && k->seg_text ? tok_state_new(p->tok, &k->st) : -ENOMEM;
-	if (r == 0)
-		r = cursor_rewind(k, p);
+	int r = k->seg && k->seg_text ? cursor_rewind(k, p) : -ENOMEM;
 	if (r < 0) {
 		cursor_free(k);
 		return r;
@@ -212,7 +208,7 @@ static int cursor_new(const struct tokenize_params *p, uint64_t doc, struct toke
 }
 
 static int cursor_get(struct tokenize_cursor *k, const struct tokenize_params *p, struct source_reader *rd,
-		      uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen)
+		      struct tok_state *st, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen)
 {
 	int r;
 	if (from < k->lo && (r = cursor_rewind(k, p)) < 0) {
@@ -234,7 +230,7 @@ static int cursor_get(struct tokenize_cursor *k, const struct tokenize_params *p
 				 (unsigned long long)k->pos, (unsigned long long)to);
 			return -EIO;
 		}
-		r = tokenize_stream_step(&k->z, rd, k->st, cursor_sink, k, err, errlen);
+		r = tokenize_stream_step(&k->z, rd, st, cursor_sink, k, err, errlen);
 		if (r == TOKENIZE_STREAM_END)
 			k->end = true;
 		else if (r == TOKENIZE_STREAM_WHOLE || r == TOKENIZE_STREAM_BAD) {
@@ -304,7 +300,7 @@ static struct tokenize_cursor *pool_take(struct tokenize_pool *pl, const struct 
 }
 
 int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p, struct source_reader *rd,
-		      uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen)
+		      struct tok_state *st, uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&pl->lock);
 	struct tokenize_cursor *k = pool_take(pl, p->tok, doc, from);
@@ -314,7 +310,7 @@ int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p,
 		snprintf(err, errlen, "cannot tokenize a huge document again: %s", strerror(-r));
 		return r;
 	}
-	r = cursor_get(k, p, rd, from, count, dst, err, errlen);
+	r = cursor_get(k, p, rd, st, from, count, dst, err, errlen);
 	/* Back into the pool (in place of the least recently used idle cursor); a failed one is dropped. */
 	pthread_mutex_lock(&pl->lock);
 	k->busy = false;

@@ -78,8 +78,7 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 	return 0;
 }
 
-/* This thread's state for the tokenizer, made on first use. */
-static struct tok_state *tok_state_for(struct tokenize_scratch *t, const struct tokenize_params *p)
+struct tok_state *tokenize_scratch_state(struct tokenize_scratch *t, const struct tokenize_params *p)
 {
 	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
 		if (t->toks[i].st && t->toks[i].generation == p->tok_generation)
@@ -248,7 +247,7 @@ int tokenize_encode(struct tokenize_scratch *t, const struct tokenize_params *p,
 {
 	const uint64_t max = p->max_doc_bytes;
 	int r;
-	struct tok_state *st = tok_state_for(t, p);
+	struct tok_state *st = tokenize_scratch_state(t, p);
 	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
 	if (!st || !c->start)
 		return oom(c);

@@ -81,6 +81,8 @@ struct tokenize_scratch {
 };
 
 void tokenize_scratch_done(struct tokenize_scratch *t);
+/* This thread's state for p's tokenizer (made on first use), or NULL when out of memory. */
+struct tok_state *tokenize_scratch_state(struct tokenize_scratch *t, const struct tokenize_params *p);
 
 /*
  * A document over this many bytes (jsonl and text formats, byte-level
@@ -181,8 +183,9 @@ struct tokenize_pool;
 int tokenize_pool_new(struct tokenize_pool **ret);
 struct tokenize_pool *tokenize_pool_free(struct tokenize_pool *pl);
 /*
- * Writes ids [from, from + count) of document doc (by p, read through r)
- * to dst. Returns 0; -ENOMEM; another negative errno with err set.
+ * Writes ids [from, from + count) of document doc (by p, read through r,
+ * with the calling thread's tokenizer state st) to dst. Returns 0; -ENOMEM;
+ * another negative errno with err set.
  */
 int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p, struct source_reader *r,
-		      uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen);
+		      struct tok_state *st, uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen);

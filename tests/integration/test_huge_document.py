@@ -237,3 +237,95 @@ def test_128_mb_of_escaped_words_streamed(daemon, tmp_path, fmt):
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(again[k], first[k][1:]), k
     assert peak_rss_mb(d.proc.pid) - idle < 2 * ids_mb + 64
+
+
+# A huge document's ids are not held at all (finding 9's second step): the chunk keeps its token count and
+# the rows' ids are made again from the document (daemon/tokenize/tokenize-cursor.c). The bound: the
+# daemon's peak RSS over idle stays under 64 MB whatever the document's size (the ids alone are 32 MB for
+# the one word and 298 MB for the escaped words; before this step the latter grew RSS by about 310 MB).
+BOUND_MB = 64
+L, B = 16384, 4
+
+
+def huge_doc(tmp_path, fmt, kind):
+    """The 128 MB document (alone in its shard), and the ids its text has, repeated: (path, unit, tokens)."""
+    import random
+    vocab, eot, _ = make_tokenizer(tmp_path / "tokenizer.json")
+    path = tmp_path / f"huge.{fmt}"
+    if kind == "word":
+        with open(path, "w") as f:
+            f.write('{"text": "' + "a" * SIZE + '"}\n' if fmt == "jsonl" else "a" * SIZE)
+        return path, np.array([vocab["a" * 16]], dtype=np.int64), SIZE // 16, eot
+    block = escaped_block(random.Random(3), 40000)
+    text = json.loads('"' + block + '"')
+    copies = SIZE // len(block)
+    small = tmp_path / f"small.{fmt}"
+    small.write_text('{"text": "' + block + '"}\n' if fmt == "jsonl" else text, encoding="utf-8")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"text": "' + block * copies + '"}\n' if fmt == "jsonl" else text * copies)
+    unit = prep_ids(tmp_path, "small", fmt, small, tmp_path / "tokenizer.json").astype(np.int64)
+    return path, unit, copies * len(unit), eot
+
+
+def expected(unit, tokens, eot, lo, n):
+    """Stream positions lo .. lo + n - 1 of the document repeated (its ids, then eos)."""
+    p = np.arange(lo, lo + n, dtype=np.int64) % (tokens + 1)
+    return np.where(p < tokens, unit[p % len(unit)], eot)
+
+
+def stream(d, feed, batches, cursor=None):
+    """stream-client's (hash, cursor) of each batch, the batches not kept."""
+    p = d.client(feed, 0, 1, batches, cursor=cursor)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    return [tuple(line.split()[3:5]) for line in out.splitlines() if line.startswith("batch")]
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("kind", ["word", "escaped"])
+def test_huge_document_ids_are_not_held(daemon, tmp_path, fmt, kind):
+    path, unit, tokens, eot = huge_doc(tmp_path, fmt, kind)
+    tok = tmp_path / "tokenizer.json"
+    d = daemon(f"[feedd]\nthreads = 2\n[feed.t]\nformat = {fmt}\nshards = {path}\ntokenizer = {tok}\n"
+               f"seq_len = {L}\nbatch_size = {B}\neos = <|endoftext|>\nshuffle = false\n")
+    idle = rss_now_mb(d.proc.pid)
+    first = d.dump("t", tmp_path / "first", batches=2)
+    assert np.array_equal(first["input_ids"].reshape(-1), expected(unit, tokens, eot, 0, 2 * B * L))
+
+    # Through the middle of the document and past its end into the next epoch's copy, the batches not
+    # kept: then a cursor in the middle resumes bit-identically, with the ids the document has there.
+    per = B * L
+    mid = tokens // 2 // per
+    total = (tokens + 1) // per + 2
+    whole = stream(d, "t", total)
+    assert len(whole) == total
+    again = stream(d, "t", 3, cursor=whole[mid][1])
+    assert again == whole[mid + 1:mid + 4]
+    there = d.dump("t", tmp_path / "there", batches=1, cursor=whole[mid][1])
+    assert np.array_equal(there["input_ids"].reshape(-1), expected(unit, tokens, eot, (mid + 1) * per, per))
+    # The epoch's end: the document's last ids, its eos, then the document again from its start.
+    end = d.dump("t", tmp_path / "end", batches=2, cursor=whole[total - 4][1])
+    assert np.array_equal(end["input_ids"].reshape(-1), expected(unit, tokens, eot, (total - 3) * per, 2 * per))
+
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"{fmt}, 128 MB {kind}: {tokens} tokens ({4 * tokens / 2**20:.0f} MB of ids), {total} batches, "
+          f"feedd peak RSS {rss:.0f} MB (idle {idle:.0f} MB)")
+    assert rss - idle < BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("kind", ["word", "escaped"])
+def test_huge_document_padded(daemon, tmp_path, fmt, kind):
+    """pad: every row is the document's first L ids, made again from its start (only as far as L)."""
+    path, unit, tokens, eot = huge_doc(tmp_path, fmt, kind)
+    d = daemon(f"[feedd]\nthreads = 2\n[feed.p]\nformat = {fmt}\nshards = {path}\n"
+               f"tokenizer = {tmp_path / 'tokenizer.json'}\nseq_len = {L}\nbatch_size = {B}\n"
+               "eos = <|endoftext|>\nshuffle = false\npacking = pad\npad_id = 0\n")
+    idle = rss_now_mb(d.proc.pid)
+    pad = d.dump("p", tmp_path / "pad", batches=3)
+    assert np.array_equal(pad["input_ids"], np.broadcast_to(expected(unit, tokens, eot, 0, L), (3, B, L)))
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"pad, {fmt}, 128 MB {kind}: feedd peak RSS {rss:.0f} MB (idle {idle:.0f} MB)")
+    assert rss - idle < BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
