@@ -88,7 +88,7 @@ struct tok_state *tokenize_scratch_state(struct tokenize_scratch *t, const struc
  * A document over this many bytes (jsonl and text formats, byte-level
  * tokenizers) is not read whole: phase 2 reads it TOKENIZE_SEGMENT bytes at
  * a time, JSON-decodes and tokenizes each segment as it comes (tok_part_*),
- * with the same ids; only its ids are held whole.
+ * with the same ids; past lazy_tokens not even its ids are held.
  */
 #define TOKENIZE_STREAM_BYTES (4u << 20)
 #define TOKENIZE_SEGMENT (1u << 20)

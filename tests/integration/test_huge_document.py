@@ -16,14 +16,15 @@ peak RSS under 512 MB for either document.
 
 A document over 4 MiB is now read, JSON-decoded and tokenized 1 MiB at a
 time (daemon/tokenize/tokenize.c, tok_part_*, jsonl_stream_*): neither its
-bytes nor its decoded text are held whole, only its ids (4 bytes a token,
-until planning takes a document's tokens as they come). The tests below
+bytes nor its decoded text are held whole. The tests below
 check that bound (peak RSS over the idle daemon under the ids plus 48 MB)
 on 128 MB of words full of JSON escapes (backslash-u escapes, surrogate pairs,
 escaped quotes and newlines, raw multibyte UTF-8) in JSONL and in a plain
 text file, that every id of the document is the known construction (the
 block's own ids repeated: `feedctl prep` runs the same tokenize path over
 the whole document), and that a cursor inside the document resumes there.
+Past 1 M tokens its ids are not held either (daemon/tokenize/tokenize-cursor.c):
+the last tests stream whole epochs of both documents under a 64 MB bound.
 """
 
 import json
