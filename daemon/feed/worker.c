@@ -124,6 +124,28 @@ static struct tokenize_params text_params(const struct feed *f)
 	};
 }
 
+/* Ids [from, from + count) of text feed sf's document doc, whose chunk kept only its count, into dst. */
+static int lay_huge(struct worker *w, const struct feed *sf, uint64_t doc, uint64_t from, size_t count, int32_t *dst,
+		    char *err, size_t errlen)
+{
+	const struct tokenize_params p = text_params(sf);
+	struct tok_state *st = tokenize_scratch_state(&w->tk, &p);
+	char why[256] = "out of memory";
+	int r = -ENOMEM;
+	if (st && sf->huge)
+		r = tokenize_pool_get(sf->huge, &p, w->io, st, doc, from, count, dst, why, sizeof(why));
+	else if (st)
+		r = -EINVAL; /* not a feed that tokenizes its own shards */
+	if (r == -ENOMEM)
+		snprintf(why, sizeof(why), "out of memory");
+	else if (r == -EINVAL && !sf->huge)
+		snprintf(why, sizeof(why), "no cursors for huge documents");
+	if (r < 0)
+		snprintf(err, errlen, "%s: document %" PRIu32 ": tokens %" PRIu64 "..%" PRIu64 ": %s",
+			 sf->shards[ORDER_DOC_SHARD(doc)]->name, ORDER_DOC_INDEX(doc), from, from + count, why);
+	return r;
+}
+
 /*
  * Lays out positions offset .. offset + count - 1 of a document's contribution
  * (document `doc` of feed sf, `length` positions) at batch positions pos ..:
@@ -153,23 +175,13 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 		else
 			memcpy(ids + pos + (lo - offset), tokens + (lo - bos), (hi - lo) * sizeof(int32_t));
 	} else if (lo < hi && sf->kind == FEED_TEXT) {
-		/* A huge document whose chunk kept only its count: its ids made again (tokenize_pool_get()). */
-		const struct tokenize_params p = text_params(sf);
+		/* A huge document whose chunk kept only its count: its ids made again. */
 		int32_t one;
-		const bool ahead = pos >= n;
-		struct tok_state *st = tokenize_scratch_state(&w->tk, &p);
-		int r = !st ? -ENOMEM
-		    : sf->huge ? tokenize_pool_get(sf->huge, &p, w->io, st, doc, lo - bos, ahead ? 1 : (size_t)(hi - lo),
-						     ahead ? &one : ids + pos + (lo - offset), err, errlen)
-				 : -EINVAL;
-		if (r < 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : sf->huge ? err : "no cursors");
-			snprintf(err, errlen, "%s: document %" PRIu32 ": tokens %" PRIu64 "..%" PRIu64 ": %s", sf->shards[s]->name,
-				 d, lo - bos, hi - bos, why);
+		int r = lay_huge(w, sf, doc, lo - bos, pos >= n ? 1 : (size_t)(hi - lo),
+				 pos >= n ? &one : ids + pos + (lo - offset), err, errlen);
+		if (r < 0)
 			return r;
-		}
-		if (ahead)
+		if (pos >= n)
 			*lookahead = one;
 	} else if (lo < hi) {
 		c->feed = sf;
