@@ -110,8 +110,8 @@ int tokenize_stream_step(struct tokenize_stream *z, struct source_reader *rd, st
 
 /*
  * A cursor: one huge document tokenized again from its start, keeping the
- * ids of about the last segment (ids [lo, pos)) for the rows that ask for
- * them next.
+ * ids around the last request (ids [lo, pos): keep before it, the rest of
+ * the last segment after it) for the rows that ask for them next.
  */
 struct tokenize_cursor {
 	uint64_t doc;
@@ -122,6 +122,7 @@ struct tokenize_cursor {
 	int32_t *ids;    /* ids [lo, pos) */
 	size_t n, cap;
 	uint64_t lo, pos;
+	size_t keep;     /* ids kept at least: TOKENIZE_CURSOR_KEEP, or twice the largest request */
 	uint64_t used;   /* the pool's clock when last handed out */
 	bool busy;
 	/* the request being served */
@@ -141,7 +142,12 @@ static void cursor_free(struct tokenize_cursor *k)
 	free(k);
 }
 
-/* The ids kept: at least TOKENIZE_CURSOR_KEEP of the last ones (2 MiB), room for a quarter more. */
+/*
+ * The ids kept: those from TOKENIZE_CURSOR_KEEP (2 MiB of them), or twice
+ * the largest request (rows of a batch: a worker laying the batch before
+ * still finds its ids), before the request's start, to the last segment's
+ * end; so at most keep + the request + one segment's ids.
+ */
 #define TOKENIZE_CURSOR_KEEP (512u << 10)
 
 static int cursor_sink(const int32_t *ids, size_t n, void *userdata)
@@ -153,14 +159,16 @@ static int cursor_sink(const int32_t *ids, size_t n, void *userdata)
 	if (a < b)
 		memcpy(k->dst + (a - k->from), ids + (a - at), (size_t)(b - a) * sizeof(*ids));
 	if (k->n + n > k->cap) {
-		if (k->n > TOKENIZE_CURSOR_KEEP) {
-			const size_t drop = k->n - TOKENIZE_CURSOR_KEEP;
-			memmove(k->ids, k->ids + drop, TOKENIZE_CURSOR_KEEP * sizeof(*k->ids));
+		/* Ids more than keep before the request's start go; the rest stay (a segment's ids at most past it). */
+		const uint64_t floor = k->from > k->keep ? k->from - k->keep : 0;
+		if (floor > k->lo) {
+			const size_t drop = (size_t)MIN(floor - k->lo, (uint64_t)k->n);
+			memmove(k->ids, k->ids + drop, (k->n - drop) * sizeof(*k->ids));
 			k->n -= drop;
 			k->lo += drop;
 		}
 		if (k->n + n > k->cap) {
-			size_t cap = MAX(k->n + n, (size_t)TOKENIZE_CURSOR_KEEP + TOKENIZE_CURSOR_KEEP / 4);
+			size_t cap = MAX(MAX(k->n + n, k->cap + k->cap / 2), k->keep + k->keep / 4);
 			int32_t *q = realloc(k->ids, cap * sizeof(*q));
 			if (!q)
 				return -ENOMEM;
@@ -196,6 +204,7 @@ static int cursor_new(const struct tokenize_params *p, uint64_t doc, struct toke
 		return -ENOMEM;
 	k->doc = doc;
 	k->tok = p->tok;
+	k->keep = TOKENIZE_CURSOR_KEEP;
 	k->seg = malloc(TOKENIZE_SEGMENT);
 	k->seg_text = malloc(TOKENIZE_SEGMENT);
 	int r = k->seg && k->seg_text ? cursor_rewind(k, p) : -ENOMEM;
@@ -216,6 +225,7 @@ static int cursor_get(struct tokenize_cursor *k, const struct tokenize_params *p
 		return r;
 	}
 	const uint64_t to = from + count;
+	k->keep = MAX(k->keep, 2 * count);
 	/* What the kept ids hold already. */
 	if (from < k->pos) {
 		const uint64_t b = MIN(to, k->pos);
@@ -252,6 +262,7 @@ static int cursor_get(struct tokenize_cursor *k, const struct tokenize_params *p
 
 struct tokenize_pool {
 	pthread_mutex_t lock;
+	pthread_cond_t idle; /* a cursor was given back */
 	struct tokenize_cursor *c[TOKENIZE_POOL_MAX];
 	uint64_t clock;
 };
@@ -262,6 +273,7 @@ int tokenize_pool_new(struct tokenize_pool **ret)
 	if (!pl)
 		return -ENOMEM;
 	pthread_mutex_init(&pl->lock, NULL);
+	pthread_cond_init(&pl->idle, NULL);
 	*ret = pl;
 	return 0;
 }
@@ -272,31 +284,39 @@ struct tokenize_pool *tokenize_pool_free(struct tokenize_pool *pl)
 		return NULL;
 	for (size_t i = 0; i < TOKENIZE_POOL_MAX; i++)
 		cursor_free(pl->c[i]);
+	pthread_cond_destroy(&pl->idle);
 	pthread_mutex_destroy(&pl->lock);
 	free(pl);
 	return NULL;
 }
 
 /*
- * An idle cursor of doc that can serve from without starting again (the one
- * furthest on), else one of doc furthest on before from, else NULL; marked
- * busy. Under the lock.
+ * The cursor of doc that serves from without starting again (ids kept from
+ * before it), the one closest behind it, marked busy; when that one is busy,
+ * waits for it (its holder only reads and tokenizes, never waits in turn):
+ * workers laying consecutive batches take turns on one cursor instead of
+ * each tokenizing the document from its start. NULL when none serves from:
+ * the caller makes a new one (which replaces the least recently used idle
+ * cursor when it is given back), so that two readers of one document (a
+ * session and a resumed one) do not restart each other's. Under the lock.
  */
 static struct tokenize_cursor *pool_take(struct tokenize_pool *pl, const struct tok *tok, uint64_t doc,
 					 uint64_t from)
 {
-	struct tokenize_cursor *best = NULL;
-	for (size_t i = 0; i < TOKENIZE_POOL_MAX; i++) {
-		struct tokenize_cursor *k = pl->c[i];
-		if (!k || k->busy || k->doc != doc || k->tok != tok)
-			continue;
-		const bool serves = from >= k->lo, best_serves = best && from >= best->lo;
-		if (!best || (serves && !best_serves) || (serves == best_serves && k->pos > best->pos))
-			best = k;
+	for (;;) {
+		struct tokenize_cursor *best = NULL;
+		for (size_t i = 0; i < TOKENIZE_POOL_MAX; i++) {
+			struct tokenize_cursor *k = pl->c[i];
+			if (k && k->doc == doc && k->tok == tok && k->lo <= from && (!best || k->lo > best->lo))
+				best = k;
+		}
+		if (!best || !best->busy) {
+			if (best)
+				best->busy = true;
+			return best;
+		}
+		pthread_cond_wait(&pl->idle, &pl->lock);
 	}
-	if (best)
-		best->busy = true;
-	return best;
 }
 
 int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p, struct source_reader *rd,
@@ -333,6 +353,7 @@ int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p,
 		gone = pl->c[slot];
 		pl->c[slot] = k;
 	}
+	pthread_cond_broadcast(&pl->idle);
 	pthread_mutex_unlock(&pl->lock);
 	cursor_free(gone);
 	return r;
