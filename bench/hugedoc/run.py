@@ -8,7 +8,11 @@ Two documents per size, in JSONL, with the small byte-level BPE
 tokenizer.json of tests/integration/test_huge_document.py (no fetched data):
 one word of 'a's (merged in 256 KiB chunks) and words full of JSON escapes
 and multibyte UTF-8. Each build gets a fresh feedd per document: started,
-asked for one batch (`feedctl dump --batches 1`), its VmHWM read, stopped.
+asked for one batch (`feedctl dump --batches 1`), its VmHWM read; then a
+second feed over the same document (seq_len 16384, batch_size 4) streams
+one whole epoch, every id of the document (tests/integration/stream-client,
+until the first batch of epoch 1: "epoch" columns, its CPU the daemon's for
+that epoch, its peak the whole process's VmHWM by then); stopped.
 The peak is feedd's whole process (the idle daemon is printed beside it);
 feedd's CPU seconds (user + system, start to first batch) are printed too,
 since on a loaded machine the wall time mostly measures the load.
@@ -45,11 +49,33 @@ def status_kib(pid, key):
     return 0
 
 
-def first_batch(build, tmp, shard, tok, size):
+def whole_epoch(client, sock):
+    """stream-client on feed w until its first batch of epoch 1: every id of the document delivered."""
+    c = subprocess.Popen([str(client), sock, "w", "0", "1", "1000000000"], stdout=subprocess.PIPE, text=True)
+    n = 0
+    try:
+        for line in c.stdout:
+            f = line.split()
+            if f[0] == "batch":
+                n += 1
+                if int(f[2]) > 0:
+                    break
+            elif f[0] == "error":
+                raise SystemExit(f"stream-client: {line}")
+    finally:
+        c.kill()
+        c.wait()
+    return n
+
+
+def first_batch(build, tmp, shard, tok, size, client):
     conf = tmp / "feedd.conf"
     sock = str(tmp / "feedd.sock")
     conf.write_text(f"[feedd]\nthreads = 2\n[feed.t]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
                     f"seq_len = 1024\nbatch_size = 2\neos = <|endoftext|>\nshuffle = false\n"
+                    f"max_document_bytes = {2 * size + (1 << 20)}\n"
+                    f"[feed.w]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
+                    f"seq_len = 16384\nbatch_size = 4\neos = <|endoftext|>\nshuffle = false\n"
                     f"max_document_bytes = {2 * size + (1 << 20)}\n")
     p = subprocess.Popen([str(build / "daemon" / "feedd"), "-c", str(conf), "-s", sock],
                          stdout=subprocess.DEVNULL, stderr=open(tmp / "feedd.log", "w"))
@@ -70,12 +96,21 @@ def first_batch(build, tmp, shard, tok, size):
             raise SystemExit(f"{build}: feedctl dump failed: {r.stderr}{(tmp / 'feedd.log').read_text()[-2000:]}")
         took = time.monotonic() - t0
         peak = status_kib(p.pid, "VmHWM") / 1024
-        f = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
-        cpu = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = cpu_s(p.pid)
+        t0 = time.monotonic()
+        whole_epoch(client, sock)
+        whole = time.monotonic() - t0
+        whole_cpu = cpu_s(p.pid) - cpu
+        whole_peak = status_kib(p.pid, "VmHWM") / 1024
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait()
-    return took, peak, idle, cpu
+    return took, peak, idle, cpu, whole, whole_cpu, whole_peak
+
+
+def cpu_s(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_docs(tmp, size):
@@ -103,7 +138,9 @@ def main():
         print(f"peer: no build at {builds[1][1]} (pass --peer-build); this build only, no ratio", flush=True)
         builds = builds[:1]
     rows = []
-    print(f"{'document':>22} {'build':>5} {'first batch s':>14} {'feedd CPU s':>12} {'peak RSS MB':>12} {'idle MB':>8}")
+    client = Path(a.build).resolve() / "tests" / "integration" / "stream-client"
+    print(f"{'document':>22} {'build':>5} {'first batch s':>14} {'feedd CPU s':>12} {'peak RSS MB':>12} {'idle MB':>8}"
+          f" {'epoch s':>8} {'epoch CPU s':>12} {'epoch peak MB':>14}")
     with tempfile.TemporaryDirectory(prefix="bench-hugedoc-") as d:
         tmp = Path(d)
         tok = tmp / "tokenizer.json"
@@ -114,11 +151,11 @@ def main():
                 for bname, build in builds:
                     best = None
                     for _ in range(a.rounds):
-                        r = first_batch(build, tmp, shard, tok, mb << 20)
+                        r = first_batch(build, tmp, shard, tok, mb << 20, client)
                         best = r if best is None or r[0] < best[0] else best
                     got[bname] = best
                     print(f"{f'{mb} MB {name}':>22} {bname:>5} {best[0]:14.2f} {best[3]:12.2f} {best[1]:12.0f} "
-                          f"{best[2]:8.0f}",
+                          f"{best[2]:8.0f} {best[4]:8.2f} {best[5]:12.2f} {best[6]:14.0f}",
                           flush=True)
                 t, p = got["this"], got.get("peer")
                 rows.append({"size_mb": mb, "document": name, "this": t, "peer": p})
@@ -126,7 +163,7 @@ def main():
                 if p is None:
                     continue
                 print(f"{'':>22} ratio this/peer: first batch {t[0] / p[0]:.2f}x, CPU {t[3] / max(p[3], 0.01):.2f}x, "
-                      f"peak RSS {t[1] / p[1]:.2f}x",
+                      f"peak RSS {t[1] / p[1]:.2f}x; epoch CPU {t[5] / max(p[5], 0.01):.2f}x, epoch peak RSS {t[6] / p[6]:.2f}x",
                       flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

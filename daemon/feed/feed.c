@@ -411,6 +411,10 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		feed_unref(f);
 		return -ENOMEM;
 	}
+	if (f->kind == FEED_TEXT && tokenize_pool_new(&f->huge) < 0) {
+		feed_unref(f);
+		return -ENOMEM;
+	}
 	if (f->kind == FEED_TEXT) {
 		struct stat st;
 		struct source_id tid = { 0 };
@@ -462,6 +466,7 @@ struct feed *feed_unref(struct feed *f)
 	for (uint32_t i = 0; f->counters.tok_seen && i < f->n_shards; i++)
 		free(f->counters.tok_seen[i]);
 	free(f->counters.tok_seen);
+	tokenize_pool_free(f->huge);
 	tok_free(f->tok);
 	free(f->shards);
 	free(f->shard_docs);

@@ -29,6 +29,8 @@
 #include "daemon/pack/pad.h"
 #include "daemon/feed/stage.h"
 
+struct tokenize_pool;
+
 struct tok;
 
 enum feed_kind {
@@ -80,6 +82,7 @@ struct feed {
 	const struct format *format;     /* how documents are found in the shards (daemon/format/format.h) */
 	struct shard **shards;
 	struct tok *tok;                 /* the feed's tokenizer, if it names one */
+	struct tokenize_pool *huge;      /* text: cursors making huge documents' ids again (tokenize.h) */
 	uint64_t tok_generation;         /* tells apart toks that reuse an address, for per-thread states */
 	int32_t bos_id, eos_id;          /* -1: none */
 	uint32_t n_shards;

@@ -43,8 +43,8 @@ int session_text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_t
 	if (!c || !c->done)
 		return -EAGAIN;
 	uint32_t i = (uint32_t)(seq - c->first_seq);
-	*ret_tokens = c->t.start[i + 1] - c->t.start[i];
-	*ret_ids = c->t.ids + c->t.start[i];
+	*ret_tokens = tokenize_chunk_tokens(&c->t, i);
+	*ret_ids = tokenize_chunk_ids(&c->t, i); /* NULL for a huge document: the worker makes them (lay_piece()) */
 	return 0;
 }
 
@@ -60,7 +60,7 @@ uint64_t session_text_ready(struct session_src *x, uint64_t need)
 	for (; c && c->done && have < need + st->offset; c = c->next) {
 		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
 		     i < c->t.n && have < need + st->offset; i++)
-			have += stream_doc_length(st, c->t.start[i + 1] - c->t.start[i]);
+			have += stream_doc_length(st, tokenize_chunk_tokens(&c->t, i));
 	}
 	return have > st->offset ? have - st->offset : 0;
 }
@@ -274,9 +274,9 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 		return;
 	}
 	c->src->tok_bytes += c->t.bytes;
-	c->src->tok_tokens += c->t.start[c->t.n];
+	c->src->tok_tokens += c->t.tokens;
 	for (uint32_t i = 0; i < c->t.n; i++) {
-		if (feed_count_tokens(f, c->t.docs[i], c->t.start[i + 1] - c->t.start[i]) < 0) {
+		if (feed_count_tokens(f, c->t.docs[i], tokenize_chunk_tokens(&c->t, i)) < 0) {
 			session_fail(s, -ENOMEM, "out of memory counting tokens");
 			return;
 		}

@@ -111,6 +111,42 @@ static int emit_range(void *userdata, struct source *src, uint64_t byte_offset, 
 	return 0;
 }
 
+/* How text feed f's documents become tokens; a huge document's ids are not held (tokenize.h). */
+static struct tokenize_params text_params(const struct feed *f)
+{
+	return (struct tokenize_params){
+		.shards = f->shards,
+		.tok = f->tok,
+		.tok_generation = f->tok_generation,
+		.max_doc_bytes = f->conf.max_document_bytes,
+		.encode_specials = f->conf.encode_special_tokens,
+		.skip_bad_records = f->conf.skip_bad_records,
+		.lazy_tokens = TOKENIZE_LAZY_TOKENS,
+	};
+}
+
+/* Ids [from, from + count) of text feed sf's document doc, whose chunk kept only its count, into dst. */
+static int lay_huge(struct worker *w, const struct feed *sf, uint64_t doc, uint64_t from, size_t count, int32_t *dst,
+		    char *err, size_t errlen)
+{
+	const struct tokenize_params p = text_params(sf);
+	struct tok_state *st = tokenize_scratch_state(&w->tk, &p);
+	char why[256] = "out of memory";
+	int r = -ENOMEM;
+	if (st && sf->huge)
+		r = tokenize_pool_get(sf->huge, &p, w->io, st, doc, from, count, dst, why, sizeof(why));
+	else if (st)
+		r = -EINVAL; /* not a feed that tokenizes its own shards */
+	if (r == -ENOMEM)
+		snprintf(why, sizeof(why), "out of memory");
+	else if (r == -EINVAL && !sf->huge)
+		snprintf(why, sizeof(why), "no cursors for huge documents");
+	if (r < 0)
+		snprintf(err, errlen, "%s: document %" PRIu32 ": tokens %" PRIu64 "..%" PRIu64 ": %s",
+			 sf->shards[ORDER_DOC_SHARD(doc)]->name, ORDER_DOC_INDEX(doc), from, from + count, why);
+	return r;
+}
+
 /*
  * Lays out positions offset .. offset + count - 1 of a document's contribution
  * (document `doc` of feed sf, `length` positions) at batch positions pos ..:
@@ -139,6 +175,15 @@ static int lay_piece(struct worker *w, struct emit_ctx *c, const struct feed *sf
 			*lookahead = tokens[lo - bos];
 		else
 			memcpy(ids + pos + (lo - offset), tokens + (lo - bos), (hi - lo) * sizeof(int32_t));
+	} else if (lo < hi && sf->kind == FEED_TEXT) {
+		/* A huge document whose chunk kept only its count: its ids made again. */
+		int32_t one;
+		int r = lay_huge(w, sf, doc, lo - bos, pos >= n ? 1 : (size_t)(hi - lo),
+				 pos >= n ? &one : ids + pos + (lo - offset), err, errlen);
+		if (r < 0)
+			return r;
+		if (pos >= n)
+			*lookahead = one;
 	} else if (lo < hi) {
 		c->feed = sf;
 		c->shard = sf->shards[s];
@@ -408,14 +453,7 @@ int worker_produce_rows(struct worker *w, const struct feed *f, const struct pad
 
 int worker_tokenize(struct worker *w, struct feed *f, struct tokenize_chunk *t)
 {
-	const struct tokenize_params p = {
-		.shards = f->shards,
-		.tok = f->tok,
-		.tok_generation = f->tok_generation,
-		.max_doc_bytes = f->conf.max_document_bytes,
-		.encode_specials = f->conf.encode_special_tokens,
-		.skip_bad_records = f->conf.skip_bad_records,
-	};
+	const struct tokenize_params p = text_params(f);
 	struct stage_clock clock;
 	const struct io_stats *io = source_reader_stats(w->io);
 	uint64_t io_bytes = io->bytes, depth_sum = io->depth_sum, depth_n = io->depth_n;

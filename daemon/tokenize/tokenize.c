@@ -32,6 +32,8 @@ void tokenize_chunk_done(struct tokenize_chunk *c)
 	free(c->bad);
 	free(c->start);
 	free(c->ids);
+	free(c->lazy);
+	c->lazy = NULL;
 	c->bad = NULL;
 	c->start = NULL;
 	c->ids = NULL;
@@ -77,8 +79,7 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 	return 0;
 }
 
-/* This thread's state for the tokenizer, made on first use. */
-static struct tok_state *tok_state_for(struct tokenize_scratch *t, const struct tokenize_params *p)
+struct tok_state *tokenize_scratch_state(struct tokenize_scratch *t, const struct tokenize_params *p)
 {
 	for (size_t i = 0; i < ARRAY_SIZE(t->toks); i++)
 		if (t->toks[i].st && t->toks[i].generation == p->tok_generation)
@@ -211,9 +212,29 @@ static int read_docs(struct tokenize_scratch *t, struct source_reader *r, const 
 	return 0;
 }
 
+/* A streamed document's ids: appended to out, or only counted past lazy_tokens. */
+struct stream_out {
+	struct tok_ids *out;
+	size_t before;    /* out->n when the document began */
+	uint64_t limit;   /* lazy_tokens, or 0 */
+	uint64_t counted; /* when lazy: the document's tokens so far */
+	bool lazy;
+};
+
 static int stream_append(const int32_t *ids, size_t n, void *userdata)
 {
-	struct tok_ids *v = userdata;
+	struct stream_out *o = userdata;
+	struct tok_ids *v = o->out;
+	if (!o->lazy && o->limit && v->n - o->before + n > o->limit) {
+		/* Past the limit: the ids so far are dropped, the count goes on. */
+		o->lazy = true;
+		o->counted = v->n - o->before;
+		v->n = o->before;
+	}
+	if (o->lazy) {
+		o->counted += n;
+		return 0;
+	}
 	if (tok_ids_reserve(v, n) < 0)
 		return -ENOMEM;
 	memcpy(v->ids + v->n, ids, n * sizeof(*ids));
@@ -221,37 +242,18 @@ static int stream_append(const int32_t *ids, size_t n, void *userdata)
 	return 0;
 }
 
-/* Bytes [at, at + len) of document q into dst through the reader phase 1 used. */
-static int stream_read(struct tokenize_scratch *t, struct tokenize_chunk *c, const struct source_read *doc, uint64_t at,
-		       size_t len, uint8_t *dst)
-{
-	struct source_read q = { .src = doc->src, .offset = doc->offset + at, .len = len, .dst = dst };
-	size_t failed = 0;
-	int e = source_read(t->reader, &q, 1, &failed);
-	if (e == -EUCLEAN)
-		snprintf(c->error, sizeof(c->error), "%s", source_reader_error(t->reader));
-	else if (e < 0 && e != -ENOMEM)
-		source_read_error(c->error, sizeof(c->error), e, source_name(q.src), "index", q.offset, q.len);
-	return e;
-}
-
 /*
  * Reads, JSON-decodes and tokenizes a big document TOKENIZE_SEGMENT bytes at a
- * time, appending its ids to out: what the whole document would give
- * (tok_part_*, jsonl_stream_*), in memory bounded by the segment. Returns 0
+ * time (tokenize_stream_*), appending its ids to o's (or counting them): what
+ * the whole document would give, in memory bounded by the segment. Returns 0
  * (a tokenizer failure in why); 1 when the record must be read whole (the
- * scanner leaves it to jansson: the caller drops the ids appended); -ENOMEM;
- * another negative errno for a read failure, with c->error set.
+ * caller drops the ids appended); -ENOMEM; another negative errno for a read
+ * failure, with c->error set.
  */
 static int encode_streamed(struct tokenize_scratch *t, const struct tokenize_params *p, struct tokenize_chunk *c,
-			   const struct shard *s, uint32_t d, struct tok_state *st, unsigned flags, struct tok_ids *out,
+			   uint64_t doc, struct tok_state *st, unsigned flags, struct stream_out *o,
 			   size_t *ret_replaced, char *why, size_t whylen)
 {
-	struct source_read q;
-	format_doc_read(s, d, &q);
-	const bool json = s->format == &format_jsonl;
-	const struct text_shard *ts = s->impl;
-	const char *key = ts->text_key ? ts->text_key : "text";
 	if (t->seg_cap < TOKENIZE_SEGMENT) {
 		free(t->seg);
 		free(t->seg_text);
@@ -261,76 +263,23 @@ static int encode_streamed(struct tokenize_scratch *t, const struct tokenize_par
 		if (!t->seg_cap)
 			return -ENOMEM;
 	}
-	struct tok_part *part = NULL;
-	int r = tok_part_new(p->tok, flags, &part);
-	if (r < 0)
-		return r == -ENOMEM ? r : 1;
-	size_t have = 0;
-	uint64_t at = 0;
-	bool in_text = !json;
-	for (;;) {
-		const size_t want = (size_t)MIN((uint64_t)(TOKENIZE_SEGMENT - have), q.len - at);
-		if (want) {
-			r = stream_read(t, c, &q, at, want, t->seg + have);
-			if (r < 0)
-				goto out;
-			at += want;
-			have += want;
-		}
-		const bool last = at == q.len;
-		size_t used = 0, tn, tused;
-		if (!in_text) {
-			if (jsonl_stream_begin(t->seg, have, key, &used) != 1) {
-				r = 1;
-				goto out;
-			}
-			in_text = true;
-		}
-		const uint8_t *text = t->seg + used;
-		bool done;
-		if (json) {
-			if (jsonl_stream_text(t->seg + used, have - used, last, t->seg_text, &tn, &tused, &done) < 0) {
-				r = 1;
-				goto out;
-			}
-			text = t->seg_text;
-		} else {
-			tn = tused = have - used;
-			done = last;
-		}
-		r = tok_part_feed(part, st, (const char *)text, tn, done, stream_append, out);
-		if (r == -ENOMEM)
-			goto out;
-		if (r < 0) {
-			snprintf(why, whylen, "the tokenizer failed: %s", strerror(-r));
-			r = 0;
-			goto out;
-		}
-		used += tused;
-		memmove(t->seg, t->seg + used, have - used);
-		have -= used;
-		if (done)
-			break;
+	struct tokenize_stream z;
+	int r = tokenize_stream_begin(&z, p, doc, flags, t->seg, t->seg_text);
+	if (r != 0)
+		return r < 0 ? r : 1;
+	do
+		r = tokenize_stream_step(&z, t->reader, st, stream_append, o, c->error, sizeof(c->error));
+	while (r == 0);
+	if (r == TOKENIZE_STREAM_END) {
+		*ret_replaced = tok_part_replaced(z.part);
+		r = 0;
+	} else if (r == TOKENIZE_STREAM_BAD) {
+		snprintf(why, whylen, "the tokenizer failed: %s", strerror(z.tok_error));
+		r = 0;
+	} else if (r == TOKENIZE_STREAM_WHOLE) {
+		r = 1;
 	}
-	if (json) {
-		/* The members after the text: in what is left of one segment, or the record is read whole. */
-		if (q.len - at > TOKENIZE_SEGMENT - have) {
-			r = 1;
-			goto out;
-		}
-		r = stream_read(t, c, &q, at, (size_t)(q.len - at), t->seg + have);
-		if (r < 0)
-			goto out;
-		have += (size_t)(q.len - at);
-		if (jsonl_stream_end(t->seg, have, key) != 1) {
-			r = 1;
-			goto out;
-		}
-	}
-	*ret_replaced = tok_part_replaced(part);
-	r = 0;
-out:
-	tok_part_free(part);
+	tokenize_stream_done(&z);
 	return r;
 }
 
@@ -364,13 +313,14 @@ static int encode_chunk(struct tokenize_scratch *t, const struct tokenize_params
 {
 	const uint64_t max = p->max_doc_bytes;
 	int r;
-	struct tok_state *st = tok_state_for(t, p);
+	struct tok_state *st = tokenize_scratch_state(t, p);
 	c->start = malloc(((size_t)c->n + 1) * sizeof(*c->start));
 	if (!st || !c->start)
 		return oom(c);
 	struct tok_ids out = { 0 };
 	const unsigned flags = p->encode_specials ? TOK_ENCODE_SPECIALS : 0;
 	size_t at = 0, replaced_total = 0, streamed_bytes = 0;
+	uint64_t tokens_lazy = 0;
 	char why[384];
 	/*
 	 * Room for the ids up front (a token per 3 bytes; this corpus has ~4),
@@ -394,15 +344,21 @@ static int encode_chunk(struct tokenize_scratch *t, const struct tokenize_params
 		if (format_doc_bytes(s, d) > max) {
 			snprintf(why, sizeof(why), "the document is longer than max_document_bytes (%" PRIu64 " bytes)", max);
 		} else if (streamed(p, s, d)) {
-			r = encode_streamed(t, p, c, s, d, st, flags, &out, &replaced, why, sizeof(why));
+			struct stream_out o = { .out = &out, .before = before, .limit = p->lazy_tokens };
+			r = encode_streamed(t, p, c, c->docs[i], st, flags, &o, &replaced, why, sizeof(why));
+			if (r == 0 && o.lazy && !why[0]) {
+				if (!c->lazy && !(c->lazy = calloc(c->n, sizeof(*c->lazy))))
+					goto oom_ids;
+				c->lazy[i] = o.counted;
+				tokens_lazy += o.counted;
+			}
 			if (r == 1) {
 				/* Read whole after all: what the scanner leaves to jansson. */
 				out.n = before;
 				uint8_t *whole = malloc(MAX(len, (size_t)1));
 				if (!whole)
 					goto oom_ids;
-				r = stream_read(t, c, &(struct source_read){ .src = q.src, .offset = q.offset, .len = len },
-						0, len, whole);
+				r = tokenize_stream_read(t->reader, &q, 0, len, whole, c->error, sizeof(c->error));
 				if (r == 0)
 					r = encode_text(t, p, s, d, st, flags, whole, len, &out, &replaced, why, sizeof(why));
 				free(whole);
@@ -447,7 +403,7 @@ static int encode_chunk(struct tokenize_scratch *t, const struct tokenize_params
 	if (!c->ids)
 		return oom(c);
 	c->read_bytes = at + streamed_bytes;
-	c->tokens = out.n;
+	c->tokens = out.n + tokens_lazy;
 	c->replaced = replaced_total;
 	/* One huge document must not keep its text buffer for the worker's lifetime. */
 	if (t->text_cap > TOKENIZE_KEEP_BYTES) {

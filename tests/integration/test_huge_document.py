@@ -16,14 +16,15 @@ peak RSS under 512 MB for either document.
 
 A document over 4 MiB is now read, JSON-decoded and tokenized 1 MiB at a
 time (daemon/tokenize/tokenize.c, tok_part_*, jsonl_stream_*): neither its
-bytes nor its decoded text are held whole, only its ids (4 bytes a token,
-until planning takes a document's tokens as they come). The tests below
+bytes nor its decoded text are held whole. The tests below
 check that bound (peak RSS over the idle daemon under the ids plus 48 MB)
 on 128 MB of words full of JSON escapes (backslash-u escapes, surrogate pairs,
 escaped quotes and newlines, raw multibyte UTF-8) in JSONL and in a plain
 text file, that every id of the document is the known construction (the
 block's own ids repeated: `feedctl prep` runs the same tokenize path over
 the whole document), and that a cursor inside the document resumes there.
+Past 1 M tokens its ids are not held either (daemon/tokenize/tokenize-cursor.c):
+the last tests stream whole epochs of both documents under a 64 MB bound.
 """
 
 import json
@@ -237,3 +238,104 @@ def test_128_mb_of_escaped_words_streamed(daemon, tmp_path, fmt):
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(again[k], first[k][1:]), k
     assert peak_rss_mb(d.proc.pid) - idle < 2 * ids_mb + 64
+
+
+# A huge document's ids are not held at all (finding 9's second step): the chunk keeps its token count and
+# the rows' ids are made again from the document (daemon/tokenize/tokenize-cursor.c). The bound: the
+# daemon's peak RSS over idle stays under 64 MB whatever the document's size (the ids alone are 32 MB for
+# the one word and 298 MB for the escaped words; before this step the latter grew RSS by about 310 MB).
+BOUND_MB = 64
+# pad and bestfit: each row of pad is another epoch's visit of the one document, so both workers may be counting
+# it at once (a long word's BPE scratch is about 15 MB each) beside the cursors; measured 45-59 MB.
+PACKED_BOUND_MB = 80
+L, B = 16384, 4
+
+
+def huge_doc(tmp_path, fmt, kind):
+    """The 128 MB document (alone in its shard), and the ids its text has, repeated: (path, unit, tokens)."""
+    import random
+    vocab, eot, _ = make_tokenizer(tmp_path / "tokenizer.json")
+    path = tmp_path / f"huge.{fmt}"
+    if kind == "word":
+        with open(path, "w") as f:
+            f.write('{"text": "' + "a" * SIZE + '"}\n' if fmt == "jsonl" else "a" * SIZE)
+        return path, np.array([vocab["a" * 16]], dtype=np.int64), SIZE // 16, eot
+    block = escaped_block(random.Random(3), 40000)
+    text = json.loads('"' + block + '"')
+    copies = SIZE // len(block)
+    small = tmp_path / f"small.{fmt}"
+    small.write_text('{"text": "' + block + '"}\n' if fmt == "jsonl" else text, encoding="utf-8")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"text": "' + block * copies + '"}\n' if fmt == "jsonl" else text * copies)
+    unit = prep_ids(tmp_path, "small", fmt, small, tmp_path / "tokenizer.json").astype(np.int64)
+    return path, unit, copies * len(unit), eot
+
+
+def expected(unit, tokens, eot, lo, n):
+    """Stream positions lo .. lo + n - 1 of the document repeated (its ids, then eos)."""
+    p = np.arange(lo, lo + n, dtype=np.int64) % (tokens + 1)
+    return np.where(p < tokens, unit[p % len(unit)], eot)
+
+
+def stream(d, feed, batches, cursor=None):
+    """stream-client's (hash, cursor) of each batch, the batches not kept."""
+    p = d.client(feed, 0, 1, batches, cursor=cursor)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    return [tuple(line.split()[3:5]) for line in out.splitlines() if line.startswith("batch")]
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("kind", ["word", "escaped"])
+def test_huge_document_ids_are_not_held(daemon, tmp_path, fmt, kind):
+    path, unit, tokens, eot = huge_doc(tmp_path, fmt, kind)
+    tok = tmp_path / "tokenizer.json"
+    d = daemon(f"[feedd]\nthreads = 2\n[feed.t]\nformat = {fmt}\nshards = {path}\ntokenizer = {tok}\n"
+               f"seq_len = {L}\nbatch_size = {B}\neos = <|endoftext|>\nshuffle = false\n")
+    idle = rss_now_mb(d.proc.pid)
+    first = d.dump("t", tmp_path / "first", batches=2)
+    assert np.array_equal(first["input_ids"].reshape(-1), expected(unit, tokens, eot, 0, 2 * B * L))
+
+    # Through the middle of the document and past its end into the next epoch's copy, the batches not
+    # kept: then a cursor in the middle resumes bit-identically, with the ids the document has there.
+    per = B * L
+    mid = tokens // 2 // per
+    total = (tokens + 1) // per + 2
+    whole = stream(d, "t", total)
+    assert len(whole) == total
+    again = stream(d, "t", 3, cursor=whole[mid][1])
+    assert again == whole[mid + 1:mid + 4]
+    there = d.dump("t", tmp_path / "there", batches=1, cursor=whole[mid][1])
+    assert np.array_equal(there["input_ids"].reshape(-1), expected(unit, tokens, eot, (mid + 1) * per, per))
+    # The epoch's end: the document's last ids, its eos, then the document again from its start.
+    end = d.dump("t", tmp_path / "end", batches=2, cursor=whole[total - 4][1])
+    assert np.array_equal(end["input_ids"].reshape(-1), expected(unit, tokens, eot, (total - 3) * per, 2 * per))
+
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"{fmt}, 128 MB {kind}: {tokens} tokens ({4 * tokens / 2**20:.0f} MB of ids), {total} batches, "
+          f"feedd peak RSS {rss:.0f} MB (idle {idle:.0f} MB)")
+    assert rss - idle < BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
+
+
+@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("kind", ["word", "escaped"])
+@pytest.mark.parametrize("packing", ["pad", "bestfit"])
+def test_huge_document_packed(daemon, tmp_path, fmt, kind, packing):
+    """pad: every row is the document's first L ids, made again from its start (only as far as L);
+    bestfit: the document, longer than a row, is cut into rows in order."""
+    path, unit, tokens, eot = huge_doc(tmp_path, fmt, kind)
+    d = daemon(f"[feedd]\nthreads = 2\n[feed.p]\nformat = {fmt}\nshards = {path}\n"
+               f"tokenizer = {tmp_path / 'tokenizer.json'}\nseq_len = {L}\nbatch_size = {B}\n"
+               f"eos = <|endoftext|>\nshuffle = false\npacking = {packing}\npad_id = 0\n")
+    idle = rss_now_mb(d.proc.pid)
+    n = 3 if packing == "pad" else 40
+    got = d.dump("p", tmp_path / "out", batches=n)
+    if packing == "pad":
+        assert np.array_equal(got["input_ids"], np.broadcast_to(expected(unit, tokens, eot, 0, L), (n, B, L)))
+    else:
+        assert np.array_equal(got["input_ids"].reshape(-1), expected(unit, tokens, eot, 0, n * B * L))
+    rss = peak_rss_mb(d.proc.pid)
+    print(f"{packing}, {fmt}, 128 MB {kind}: feedd peak RSS {rss:.0f} MB (idle {idle:.0f} MB)")
+    assert rss - idle < PACKED_BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
