@@ -322,15 +322,32 @@ static struct tokenize_cursor *pool_take(struct tokenize_pool *pl, const struct 
 int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p, struct source_reader *rd,
 		      struct tok_state *st, uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen)
 {
+	/*
+	 * A lazy shard's copy (a compressed shard's, text_cache.c) is held
+	 * while this request reads it; between requests it may be closed, or
+	 * made again as another source, so the cursor's document is named
+	 * again (same bytes: a copy made again is checked to hold them).
+	 */
+	const struct shard *sh = p->shards[ORDER_DOC_SHARD(doc)];
+	char note[384];
+	int r = format_acquire(sh, rd, note, sizeof(note), err, errlen);
+	if (r < 0)
+		return r;
 	pthread_mutex_lock(&pl->lock);
 	struct tokenize_cursor *k = pool_take(pl, p->tok, doc, from);
 	pthread_mutex_unlock(&pl->lock);
-	int r = 0;
+	if (k && k->open) {
+		struct source_read q;
+		format_doc_read(sh, ORDER_DOC_INDEX(doc), &q);
+		k->z.q.src = q.src;
+	}
 	if (!k && (r = cursor_new(p, doc, &k)) < 0) {
+		format_release(sh);
 		snprintf(err, errlen, "cannot tokenize a huge document again: %s", strerror(-r));
 		return r;
 	}
 	r = cursor_get(k, p, rd, st, from, count, dst, err, errlen);
+	format_release(sh);
 	/* Back into the pool (in place of the least recently used idle cursor); a failed one is dropped. */
 	pthread_mutex_lock(&pl->lock);
 	k->busy = false;
