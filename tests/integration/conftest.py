@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +266,25 @@ def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shu
     shards = feed_ref.load_shards(feed_ref.expand_globs([str(shard_glob)]))
     rs = feed_ref.RankStream(shards, seed, shuffle, window, world, rank, bos=bos, eos=eos)
     return list(rs.batches(seq_len, batch_size, start_batch=start, count=n))
+
+
+@contextmanager
+def peak_size(folder, size_of):
+    """Polls size_of(folder) every 2 ms while the block runs (once folder exists): yields a list whose [0] is
+    the largest size seen, for caps that must hold at every moment, not only at the end."""
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if folder.exists():
+                peak[0] = max(peak[0], size_of(folder))
+            time.sleep(0.002)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        w.join()

@@ -19,14 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import BUILD, FEEDCTL, FEEDD, SRC, feed_conf, with_io_engine
+from conftest import BUILD, FEEDCTL, FEEDD, SRC, feed_conf, peak_size, with_io_engine
 
 sys.path.insert(0, str(SRC / "scripts"))
 import gen_megatron  # noqa: E402
@@ -285,18 +284,7 @@ def test_cache_max_bytes_is_never_passed_and_a_copy_in_use_is_never_evicted(daem
     entry = du(tmp_path / "probe")
     probe.stop()
     cap = int(entry * 2.6)
-    peak = [0]
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            if cache.exists():
-                peak[0] = max(peak[0], du(cache))
-            time.sleep(0.002)
-
-    w = threading.Thread(target=watch)
-    w.start()
-    try:
+    with peak_size(cache, du) as peak:
         extra = f"cache_max_bytes = {cap}\n"
         # feedd 1 serves a (pinned) for the whole test.
         d1 = daemon(text_conf(cache, {"a": [paths["a"]]}, extra))
@@ -323,7 +311,4 @@ def test_cache_max_bytes_is_never_passed_and_a_copy_in_use_is_never_evicted(daem
         d5 = daemon(text_conf(tmp_path / "tiny", {"a": [paths["a"]]}, f"cache_max_bytes = {entry // 2}\n"))
         p = d5.dump("a", tmp_path / "a5", batches=1, check=False)
         assert not isinstance(p, dict) and "would pass cache_max_bytes" in p.stderr, p
-    finally:
-        stop.set()
-        w.join()
     assert 0 < peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"

@@ -15,14 +15,13 @@ import base64
 import json
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, reference, with_io_engine
+from conftest import FEEDD, assert_batches_equal, feed_conf, gen_megatron, peak_size, reference, with_io_engine
 from test_reload_conf import Timed
 
 # Above the daemon's FEED_SCAN_AT_LOAD (2^22 index entries, S + D): validated after load.
@@ -249,23 +248,9 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
 
     cache = tmp_path / "capped"
     cap = 64 << 10
-    peak = [0]
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            if cache.exists():
-                peak[0] = max(peak[0], cache_bytes(cache))
-            time.sleep(0.002)
-
-    w = threading.Thread(target=watch)
-    w.start()
-    try:
+    with peak_size(cache, cache_bytes) as peak:
         d2 = daemon(text_scale_conf(folder, cache, cap))
         got = d2.dump("t", tmp_path / "got", batches=n)
-    finally:
-        stop.set()
-        w.join()
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(got[k], want[k]), k
     assert peak[0] <= cap, f"cache_dir held {peak[0]} bytes, cap {cap}"
