@@ -118,14 +118,15 @@ def date():
     return os.environ.get("BENCH_DATE") or time.strftime("%Y-%m-%d")
 
 
-def start_feedd(build, conf_text, tmp, name="feedd"):
-    """Starts build/daemon/feedd on its own config and socket; returns (Popen, socket path)."""
+def start_feedd(build, conf_text, tmp, name="feedd", env=None):
+    """Starts build/daemon/feedd on its own config and socket (env: its environment, None: ours); returns
+    (Popen, socket path) once it listens."""
     tmp = Path(tmp)
     conf = tmp / f"{name}.conf"
     conf.write_text(conf_text)
     sock = str(tmp / f"{name}.sock")
     log = tmp / f"{name}.log"
-    p = subprocess.Popen([str(Path(build) / "daemon/feedd"), "-c", str(conf), "-s", sock],
+    p = subprocess.Popen([str(Path(build) / "daemon/feedd"), "-c", str(conf), "-s", sock], env=env,
                          stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     for _ in range(800):
         if p.poll() is not None:

@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2]
 sys.modules.setdefault("conftest", types.SimpleNamespace(DAEMON_WRAPPER=None, FEEDCTL=None))
 sys.path.insert(0, str(SRC / "tests" / "integration"))
+sys.path.insert(0, str(SRC / "bench"))
+import common  # noqa: E402
 import test_huge_document as T  # noqa: E402  (the tokenizer and the escaped words)
 
 
@@ -69,25 +70,13 @@ def whole_epoch(client, sock):
 
 
 def first_batch(build, tmp, shard, tok, size, client):
-    conf = tmp / "feedd.conf"
-    sock = str(tmp / "feedd.sock")
-    conf.write_text(f"[feedd]\nthreads = 2\n[feed.t]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
+    p, sock = common.start_feedd(build, f"[feedd]\nthreads = 2\n[feed.t]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
                     f"seq_len = 1024\nbatch_size = 2\neos = <|endoftext|>\nshuffle = false\n"
                     f"max_document_bytes = {2 * size + (1 << 20)}\n"
                     f"[feed.w]\nformat = jsonl\nshards = {shard}\ntokenizer = {tok}\n"
                     f"seq_len = 16384\nbatch_size = 4\neos = <|endoftext|>\nshuffle = false\n"
-                    f"max_document_bytes = {2 * size + (1 << 20)}\n")
-    p = subprocess.Popen([str(build / "daemon" / "feedd"), "-c", str(conf), "-s", sock],
-                         stdout=subprocess.DEVNULL, stderr=open(tmp / "feedd.log", "w"))
+                    f"max_document_bytes = {2 * size + (1 << 20)}\n", tmp)
     try:
-        for _ in range(1000):
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-                s.close()
-                break
-            except OSError:
-                time.sleep(0.02)
         idle = status_kib(p.pid, "VmRSS") / 1024
         t0 = time.monotonic()
         r = subprocess.run([str(build / "client" / "feedctl" / "feedctl"), "--socket", sock, "dump", "t", "--batches",

@@ -20,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import socket
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRC / "scripts"))
+sys.path.insert(0, str(SRC / "bench"))
+import common  # noqa: E402
 import gen_megatron  # noqa: E402
 
 
@@ -63,25 +64,14 @@ def rss_parts(pid):
 
 
 def run_variant(build, data, tmp, tunables, waves, clients, batches):
-    conf = tmp / "feedd.conf"
-    conf.write_text("[feedd]\nmax_connections = 4000\nmax_connections_per_uid = 4000\n"
-                    f"[feed.web]\nshards = {data}/shard_*.idx\nseq_len = 2048\nbatch_size = 8\n")
-    sock = str(tmp / "feedd.sock")
     env = dict(os.environ)
     env.pop("GLIBC_TUNABLES", None)
     if tunables:
         env["GLIBC_TUNABLES"] = tunables
-    d = subprocess.Popen([str(build / "daemon" / "feedd"), "-c", str(conf), "-s", sock], env=env,
-                         stdout=subprocess.DEVNULL, stderr=open(tmp / "feedd.log", "w"))
+    d, sock = common.start_feedd(build, "[feedd]\nmax_connections = 4000\nmax_connections_per_uid = 4000\n"
+                                 f"[feed.web]\nshards = {data}/shard_*.idx\nseq_len = 2048\nbatch_size = 8\n", tmp,
+                                 env=env)
     try:
-        for _ in range(500):
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-                s.close()
-                break
-            except OSError:
-                time.sleep(0.02)
         time.sleep(0.5)
         start = rss_mib(d.pid)
         fds0 = len(os.listdir(f"/proc/{d.pid}/fd"))
