@@ -347,13 +347,34 @@ static const uint8_t *scan_text(struct jsonl_record *r, const uint8_t *p, const 
 }
 
 /*
+ * A member's name at p (a string without escapes), its colon: the value's
+ * start, *ret_match saying whether the name is key; NULL where jansson must
+ * decide.
+ */
+static const uint8_t *member_value(const uint8_t *p, const uint8_t *end, const char *key, size_t key_len,
+				   bool *ret_match)
+{
+	size_t esc;
+	if (p >= end || *p != '"')
+		return NULL;
+	const uint8_t *k = p + 1, *ke = scan_string(k, end, &esc);
+	if (!ke || esc)
+		return NULL;
+	p = skip_ws(ke + 1, end);
+	if (p >= end || *p != ':')
+		return NULL;
+	*ret_match = (size_t)(ke - k) == key_len && memcmp(k, key, key_len) == 0;
+	return skip_ws(p + 1, end);
+}
+
+/*
  * The scanner: 1 with r->text set when line is a JSON object whose last
  * `key` member is a string, 0 where jansson must decide, -ENOMEM.
  */
 static int scan_record(struct jsonl_record *r, const uint8_t *line, size_t len, const char *key)
 {
 	const uint8_t *end = line + len, *p = skip_ws(line, end);
-	size_t key_len = strlen(key), esc;
+	size_t key_len = strlen(key);
 	bool text = false, oom = false;
 
 	if (p >= end || *p != '{')
@@ -362,16 +383,9 @@ static int scan_record(struct jsonl_record *r, const uint8_t *line, size_t len, 
 	if (p < end && *p == '}')
 		return 0; /* no member: jansson says so */
 	for (;;) {
-		if (p >= end || *p != '"')
+		bool match;
+		if (!(p = member_value(p, end, key, key_len, &match)))
 			return 0;
-		const uint8_t *k = p + 1, *ke = scan_string(k, end, &esc);
-		if (!ke || esc)
-			return 0;
-		p = skip_ws(ke + 1, end);
-		if (p >= end || *p != ':')
-			return 0;
-		p = skip_ws(p + 1, end);
-		bool match = (size_t)(ke - k) == key_len && memcmp(k, key, key_len) == 0;
 		if (match) {
 			/* A repeated key: jansson keeps the last value. */
 			if (p >= end || *p != '"')
@@ -481,21 +495,15 @@ void jsonl_record_done(struct jsonl_record *r)
 int jsonl_stream_begin(const uint8_t *line, size_t len, const char *key, size_t *ret_used)
 {
 	const uint8_t *end = line + len, *p = skip_ws(line, end);
-	size_t key_len = strlen(key), esc;
+	size_t key_len = strlen(key);
 	if (p >= end || *p != '{')
 		return 0;
 	p = skip_ws(p + 1, end);
 	for (;;) {
-		if (p >= end || *p != '"')
+		bool match;
+		if (!(p = member_value(p, end, key, key_len, &match)))
 			return 0;
-		const uint8_t *k = p + 1, *ke = scan_string(k, end, &esc);
-		if (!ke || esc)
-			return 0;
-		p = skip_ws(ke + 1, end);
-		if (p >= end || *p != ':')
-			return 0;
-		p = skip_ws(p + 1, end);
-		if ((size_t)(ke - k) == key_len && memcmp(k, key, key_len) == 0) {
+		if (match) {
 			if (p >= end || *p != '"')
 				return 0;
 			*ret_used = (size_t)(p + 1 - line);
