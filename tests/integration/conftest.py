@@ -31,6 +31,11 @@ STREAM_CLIENT = BUILD / "tests" / "integration" / "stream-client"
 # ("valgrind --error-exitcode=99 ..."; "ASAN_OPTIONS=detect_leaks=1"), and stretch the start and stop
 # time limits by FEEDD_TEST_TIME_SCALE.
 DAEMON_WRAPPER = shlex.split(os.environ.get("FEEDD_DAEMON_WRAPPER", ""))
+# Whether feedd's RSS is its own: under a wrapper (valgrind) or a sanitizer's allocator (which keeps what is
+# freed in quarantine) it is not, and a test bounding RSS skips (the feedd binary's libasan link says which).
+RSS_IS_FEEDDS = not DAEMON_WRAPPER and "libasan" not in subprocess.run(
+    ["ldd", str(FEEDD)], capture_output=True, text=True).stdout
+RSS_SKIP_REASON = "RSS is the allocator's: valgrind's or a sanitizer's (it keeps what is freed in quarantine)"
 DAEMON_ENV = dict(kv.split("=", 1) for kv in shlex.split(os.environ.get("FEEDD_DAEMON_ENV", "")))
 TIME_SCALE = float(os.environ.get("FEEDD_TEST_TIME_SCALE", "1"))
 # Valgrind cannot see the kernel write io_uring's reads into memory (every token would look uninitialised),

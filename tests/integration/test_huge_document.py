@@ -28,14 +28,13 @@ the last tests stream whole epochs of both documents under a 64 MB bound.
 """
 
 import json
-import os
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from conftest import DAEMON_WRAPPER, FEEDCTL
+from conftest import FEEDCTL, RSS_IS_FEEDDS, RSS_SKIP_REASON
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "then", "in", "an", "at", "on",
          "there", "where", "here", "data", "feed", "hello", "end"]
@@ -122,7 +121,7 @@ def first_batch(daemon, tmp_path, shard, tok):
     return d, got, took
 
 
-@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
 def test_one_word_of_128_mb(daemon, tmp_path):
     vocab, eot, _ = make_tokenizer(tmp_path / "tokenizer.json")
     shard = tmp_path / "word.jsonl"
@@ -140,7 +139,7 @@ def test_one_word_of_128_mb(daemon, tmp_path):
     assert rss < 512, f"feedd's peak RSS was {rss:.0f} MB"
 
 
-@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
 def test_128_mb_of_ordinary_words(daemon, tmp_path):
     import random
     vocab, eot, ranks = make_tokenizer(tmp_path / "tokenizer.json")
@@ -192,7 +191,7 @@ def rss_now_mb(pid):
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
 @pytest.mark.parametrize("fmt", ["jsonl", "text"])
 def test_128_mb_of_escaped_words_streamed(daemon, tmp_path, fmt):
     import random
@@ -288,7 +287,7 @@ def stream(d, feed, batches, cursor=None):
     return [tuple(line.split()[3:5]) for line in out.splitlines() if line.startswith("batch")]
 
 
-@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
 @pytest.mark.parametrize("fmt", ["jsonl", "text"])
 @pytest.mark.parametrize("kind", ["word", "escaped"])
 def test_huge_document_ids_are_not_held(daemon, tmp_path, fmt, kind):
@@ -321,7 +320,7 @@ def test_huge_document_ids_are_not_held(daemon, tmp_path, fmt, kind):
     assert rss - idle < BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
 
 
-@pytest.mark.skipif(bool(DAEMON_WRAPPER), reason="peak RSS under a wrapper (valgrind) is the wrapper's")
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
 @pytest.mark.parametrize("fmt", ["jsonl", "text"])
 @pytest.mark.parametrize("kind", ["word", "escaped"])
 @pytest.mark.parametrize("packing", ["pad", "bestfit"])

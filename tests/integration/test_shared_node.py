@@ -25,11 +25,9 @@ removed after it, and act through setpriv. Without root the tests skip
 
 import os
 import pwd
-import re
 import secrets
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -39,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DAEMON_WRAPPER, FEEDCTL, FEEDD, STREAM_CLIENT, Daemon, feed_conf, open_fds, use_feed_package
+from conftest import FEEDCTL, RSS_IS_FEEDDS, RSS_SKIP_REASON, STREAM_CLIENT, Daemon, feed_conf, open_fds, use_feed_package
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes users with useradd and acts as them "
                                                           "(setpriv)")
@@ -459,8 +457,8 @@ def rss_mb(pid):
 
 
 def test_10_memory_returns_after_1500_clients_came_and_went(dataset, tmp_path, started):
-    if DAEMON_WRAPPER or "libasan" in subprocess.run(["ldd", str(FEEDD)], capture_output=True, text=True).stdout:
-        pytest.skip("RSS is the allocator's: a sanitizer's or valgrind's keeps what it frees (quarantine)")
+    if not RSS_IS_FEEDDS:
+        pytest.skip(RSS_SKIP_REASON)
     d = Daemon(tmp_path, "[feedd]\nmax_connections = 4000\nmax_connections_per_uid = 4000\n" +
                feed_conf("web", f"{dataset}/shard_*.idx", seq_len=2048, batch_size=8))
     started.append(d)
