@@ -111,6 +111,12 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
     got = [d.dump("web", tmp_path / f"out{r}", rank=r, world=2, batches=60) for r in (0, 1)]
     for r in (0, 1):
         assert_batches_equal(got[r], reference(glob, r, 2, 60, seq_len=128, batch_size=4, window=1))
+    # A dump takes batches as fast as they come, so on a loaded machine its walk can cross every 20-document
+    # window before the builder thread has run once; a trainer paced like one (a batch every 10 ms) gives the
+    # builder its time, and some crossing must then find its window built ahead.
+    c = d.client("web", 0, 2, 40, sleep_ms=10)
+    _, err = c.communicate(timeout=120)
+    assert c.returncode == 0, err
     wa = d.status()["feeds"][0]["work_ahead"]
     assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
     # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
