@@ -26,6 +26,7 @@
 #include "daemon/sd/service.h"
 #include "daemon/server/server-internal.h"
 #include "daemon/source/remote.h"
+#include "daemon/tokenize/tokenize.h"
 
 /* The feed that takes attaches under `name`; NULL, with *ret_draining set when only a draining one exists. */
 struct feed *server_find_feed(struct server *s, const char *name, bool *ret_draining)
@@ -201,6 +202,34 @@ static void check_shards(struct server *s)
 		log_warning("cannot start the shard check: %s", strerror(-r));
 }
 
+/*
+ * A text feed's cursors over huge documents (tokenize.h, tokenize_pool_*)
+ * hold 5-8 MB each, up to 4 a feed, until another document needs the slot.
+ * One unused for CURSOR_IDLE_S once the feed's clients have gone is freed,
+ * so that a document read once does not keep them until the feed goes;
+ * while clients are attached, only one unused for CURSOR_IDLE_ATTACHED_S:
+ * a cursor freed mid-document makes the document again from its start, and
+ * a trainer with long steps asks for its next batch only every few seconds.
+ */
+#define CURSOR_IDLE_S 5
+#define CURSOR_IDLE_ATTACHED_S 60
+static void trim_idle_cursors(struct server *s, uint64_t now)
+{
+	unsigned freed = 0;
+	for (size_t i = 0; i < s->n_feeds; i++) {
+		struct feed *f = s->feeds[i].feed;
+		unsigned idle = s->feeds[i].clients ? CURSOR_IDLE_ATTACHED_S : CURSOR_IDLE_S;
+		unsigned n = f->huge ? tokenize_pool_trim(f->huge, now, (uint64_t)idle * NSEC_PER_SEC) : 0;
+		if (n)
+			log_debug("feed %s: freed %u tokenize cursor(s) over huge documents unused for %u s", f->name, n,
+				  idle);
+		freed += n;
+	}
+	/* Their buffers were made on the workers' arenas, which keep what is freed (see on_tick). */
+	if (freed)
+		malloc_trim(0);
+}
+
 /* Once a second: shards still unchanged? delivery rates, stuck clients, the service manager's status line. */
 static void on_tick(evutil_socket_t fd, short what, void *userdata)
 {
@@ -255,6 +284,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 		listen_linger_close(s->linger[i]);
 	s->n_linger = 0;
 	drop_removed_feeds(s);
+	trim_idle_cursors(s, now);
 	uint64_t tick = telemetry_tick_begin(s->tm);
 	for (size_t i = 0; i < s->n_feeds; i++)
 		telemetry_tick_feed(s->tm, s->feeds[i].feed);

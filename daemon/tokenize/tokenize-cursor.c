@@ -124,6 +124,7 @@ struct tokenize_cursor {
 	uint64_t lo, pos;
 	size_t keep;     /* ids kept at least: TOKENIZE_CURSOR_KEEP, or twice the largest request */
 	uint64_t used;   /* the pool's clock when last handed out */
+	uint64_t used_ns; /* when last given back (now_ns()), for tokenize_pool_trim */
 	bool busy;
 	/* the request being served */
 	int32_t *dst;
@@ -352,6 +353,7 @@ int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p,
 	pthread_mutex_lock(&pl->lock);
 	k->busy = false;
 	k->used = ++pl->clock;
+	k->used_ns = now_ns();
 	size_t at = SIZE_MAX, slot = SIZE_MAX;
 	for (size_t i = 0; i < TOKENIZE_POOL_MAX; i++) {
 		if (pl->c[i] == k)
@@ -374,4 +376,22 @@ int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p,
 	pthread_mutex_unlock(&pl->lock);
 	cursor_free(gone);
 	return r;
+}
+
+unsigned tokenize_pool_trim(struct tokenize_pool *pl, uint64_t now, uint64_t idle_ns)
+{
+	struct tokenize_cursor *gone[TOKENIZE_POOL_MAX];
+	unsigned n = 0;
+	pthread_mutex_lock(&pl->lock);
+	for (size_t i = 0; i < TOKENIZE_POOL_MAX; i++) {
+		struct tokenize_cursor *k = pl->c[i];
+		if (k && !k->busy && now >= k->used_ns && now - k->used_ns >= idle_ns) {
+			gone[n++] = k;
+			pl->c[i] = NULL;
+		}
+	}
+	pthread_mutex_unlock(&pl->lock);
+	for (unsigned i = 0; i < n; i++)
+		cursor_free(gone[i]);
+	return n;
 }

@@ -194,3 +194,10 @@ struct tokenize_pool *tokenize_pool_free(struct tokenize_pool *pl);
  */
 int tokenize_pool_get(struct tokenize_pool *pl, const struct tokenize_params *p, struct source_reader *r,
 		      struct tok_state *st, uint64_t doc, uint64_t from, size_t count, int32_t *dst, char *err, size_t errlen);
+/*
+ * Frees the cursors not in use and given back idle_ns or longer before now
+ * (now_ns()): each holds a segment's bytes, its decoded text and the ids
+ * kept (5-8 MB), which a document read once should not keep until the feed
+ * goes. Returns how many were freed.
+ */
+unsigned tokenize_pool_trim(struct tokenize_pool *pl, uint64_t now, uint64_t idle_ns);

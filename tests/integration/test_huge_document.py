@@ -341,3 +341,25 @@ def test_huge_document_packed(daemon, tmp_path, fmt, kind, packing):
     rss = peak_rss_mb(d.proc.pid)
     print(f"{packing}, {fmt}, 128 MB {kind}: feedd peak RSS {rss:.0f} MB (idle {idle:.0f} MB)")
     assert rss - idle < PACKED_BOUND_MB, f"feedd's peak RSS grew by {rss - idle:.0f} MB over idle"
+
+
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason=RSS_SKIP_REASON)
+def test_idle_cursors_over_a_huge_document_are_freed(daemon, tmp_path):
+    """A huge document read once: its cursors (a segment's bytes and text, the ids kept: 5-8 MB each, up to 4
+    a feed) are freed once unused for 5 s after the feed's clients left (60 s while some are attached:
+    server.c, trim_idle_cursors), not kept until the feed goes."""
+    tok = tmp_path / "tokenizer.json"
+    make_tokenizer(tok)
+    path = tmp_path / "word.jsonl"
+    path.write_text('{"text": "' + "a" * (32 << 20) + '"}\n')  # 2 M ids: past the 1 M a chunk holds
+    d = daemon(f"[feedd]\nthreads = 2\n[feed.t]\nformat = jsonl\nshards = {path}\ntokenizer = {tok}\n"
+               f"seq_len = {L}\nbatch_size = {B}\neos = <|endoftext|>\nshuffle = false\n", extra=["-l", "debug"])
+    d.dump("t", tmp_path / "out", batches=4)
+    held = rss_now_mb(d.proc.pid)
+    deadline = time.monotonic() + 15
+    while "tokenize cursor(s) over huge documents unused" not in d.log_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    after = rss_now_mb(d.proc.pid)
+    print(f"feedd RSS {held:.1f} MB with the cursors, {after:.1f} MB once they were idle")
+    assert "tokenize cursor(s) over huge documents unused for 5 s" in d.log_text()
+    assert after < held - 4, f"RSS {held:.1f} MB with the cursors, {after:.1f} MB after they were freed"
