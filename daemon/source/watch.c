@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,103 @@
 
 /* Descriptors the watch opened itself and holds, in preps or under leases: process-wide (fd_budget). */
 static atomic_uint own_open;
+
+/*
+ * The process's shared inotify descriptor. A prep made past the watch's
+ * share of descriptors (by_name) adds its inotify watch on it, by path, on
+ * the preparing thread (a loader's), so that the main loop looks up no path;
+ * the first watch made takes it as its own (a second watch in one process,
+ * in tests only, makes its own and watches such preps by path as before).
+ * Inotify gives one wd per inode, which preps and a node may hold at once:
+ * each wd on it is counted (wd_hold) and removed when its count drops to 0.
+ */
+static pthread_once_t shared_once = PTHREAD_ONCE_INIT;
+static int shared_ifd = -1, shared_err;
+static atomic_bool shared_taken;
+static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
+struct wd_count {
+	int wd; /* 0: an empty slot (inotify's wds start at 1) */
+	uint32_t n;
+};
+static struct wd_count *wd_counts; /* open addressing, linear probing; wd_cap a power of two */
+static size_t wd_cap, wd_used;
+
+static void shared_init(void)
+{
+	shared_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	shared_err = shared_ifd < 0 ? -errno : 0;
+}
+
+static size_t wd_home(int wd)
+{
+	return ((uint32_t)wd * 2654435761u) & (wd_cap - 1);
+}
+
+static size_t wd_find(int wd)
+{
+	size_t i = wd_home(wd);
+	while (wd_counts[i].wd && wd_counts[i].wd != wd)
+		i = (i + 1) & (wd_cap - 1);
+	return i;
+}
+
+/*
+ * Counts one more (d = 1) or one fewer (d = -1) holder of wd on the shared
+ * descriptor; the last one's release removes the inotify watch. Any thread.
+ * Returns 0, or -ENOMEM (not counted: the watch is then never removed).
+ */
+static int wd_hold(int wd, int d)
+{
+	if (wd <= 0)
+		return 0;
+	pthread_mutex_lock(&wd_lock);
+	if (d > 0 && 2 * (wd_used + 1) > wd_cap) {
+		size_t cap = wd_cap ? 2 * wd_cap : 64;
+		struct wd_count *t = calloc(cap, sizeof(*t)), *old = wd_counts;
+		if (!t) {
+			pthread_mutex_unlock(&wd_lock);
+			return -ENOMEM;
+		}
+		size_t old_cap = wd_cap;
+		wd_counts = t;
+		wd_cap = cap;
+		for (size_t i = 0; i < old_cap; i++)
+			if (old[i].wd)
+				wd_counts[wd_find(old[i].wd)] = old[i];
+		free(old);
+	}
+	size_t i = wd_cap ? wd_find(wd) : 0;
+	if (!wd_cap || !wd_counts[i].wd) {
+		if (d > 0) {
+			wd_counts[i] = (struct wd_count){ .wd = wd, .n = 1 };
+			wd_used++;
+		}
+		pthread_mutex_unlock(&wd_lock);
+		return 0;
+	}
+	if (d > 0 || --wd_counts[i].n > 0) {
+		wd_counts[i].n += d > 0;
+		pthread_mutex_unlock(&wd_lock);
+		return 0;
+	}
+	(void)inotify_rm_watch(shared_ifd, wd);
+	/* Backward-shift deletion: the slots after i that probed past it move up. */
+	size_t j = i;
+	for (;;) {
+		j = (j + 1) & (wd_cap - 1);
+		if (!wd_counts[j].wd)
+			break;
+		size_t h = wd_home(wd_counts[j].wd);
+		if ((j > i && (h <= i || h > j)) || (j < i && h <= i && h > j)) {
+			wd_counts[i] = wd_counts[j];
+			i = j;
+		}
+	}
+	wd_counts[i] = (struct wd_count){ 0 };
+	wd_used--;
+	pthread_mutex_unlock(&wd_lock);
+	return 0;
+}
 
 struct watch_node {
 	uint64_t dev, ino;
@@ -60,6 +158,7 @@ struct watcher {
 
 struct source_watch {
 	int ifd;
+	bool shared; /* ifd is shared_ifd */
 	int signo;
 	pid_t tid; /* leases are signalled to this thread */
 	struct watcher *e;
@@ -76,7 +175,14 @@ int source_watch_new(int signo, struct source_watch **ret)
 	struct source_watch *w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	pthread_once(&shared_once, shared_init);
+	bool no = false;
+	w->shared = shared_ifd >= 0 && atomic_compare_exchange_strong(&shared_taken, &no, true);
+	w->ifd = w->shared ? shared_ifd : inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	/* What a watch freed before left queued (IN_IGNORED of its removals) is not this one's. */
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	while (w->shared && read(w->ifd, buf, sizeof(buf)) > 0)
+		;
 	if (w->ifd < 0) {
 		int r = -errno;
 		free(w);
@@ -122,7 +228,10 @@ static void inotify_drop(struct source_watch *w, struct watch_node *x)
 {
 	if (x->wd < 0)
 		return;
-	(void)inotify_rm_watch(w->ifd, x->wd);
+	if (w->shared)
+		wd_hold(x->wd, -1);
+	else
+		(void)inotify_rm_watch(w->ifd, x->wd);
 	x->wd = -1;
 	w->n_inotify--;
 }
@@ -203,7 +312,10 @@ struct source_watch *source_watch_free(struct source_watch *w)
 			lease_drop(w, &w->nodes[i]);
 			inotify_drop(w, &w->nodes[i]);
 		}
-	close(w->ifd);
+	if (w->shared)
+		atomic_store(&shared_taken, false); /* kept open: preps may hold watches on it */
+	else
+		close(w->ifd);
 	free(w->e);
 	free(w->nodes);
 	free(w->bucket);
@@ -240,9 +352,33 @@ static bool fd_budget(void)
 	return atomic_load(&own_open) < rl.rlim_cur / 4;
 }
 
+/*
+ * A by_name prep's inotify watch, added by path on the shared descriptor on
+ * the calling thread (a loader's) and held (wd_hold) until the prep is added
+ * or dropped. Always returns 0: a failure is in p->wd_err, for the add.
+ */
+static int prep_by_name(const char *path, struct source_watch_prep *p)
+{
+	pthread_once(&shared_once, shared_init);
+	p->wd_err = shared_err;
+	if (shared_ifd < 0)
+		return 0;
+	int wd = inotify_add_watch(shared_ifd, path, WATCH_MASK);
+	if (wd < 0) {
+		p->wd_err = -errno;
+		return 0;
+	}
+	if (wd_hold(wd, 1) < 0) {
+		p->wd_err = -ENOMEM;
+		return 0;
+	}
+	p->wd = wd;
+	return 0;
+}
+
 int source_watch_prepare(const char *path, const struct source_id *loaded, struct source_watch_prep *ret)
 {
-	*ret = (struct source_watch_prep){ .fd = -1 };
+	*ret = (struct source_watch_prep){ .fd = -1, .wd = -1 };
 	struct source_id id;
 	if (!loaded) { /* a source may hold the file open: its descriptor, found by the name's identity */
 		struct stat st;
@@ -253,19 +389,19 @@ int source_watch_prepare(const char *path, const struct source_id *loaded, struc
 	}
 	int fd = fdshare_ref(loaded);
 	if (fd >= 0) {
-		*ret = (struct source_watch_prep){ .fd = fd, .id = *loaded };
+		*ret = (struct source_watch_prep){ .fd = fd, .id = *loaded, .wd = -1 };
 		return 0;
 	}
-	/* Past the watch's share of descriptors: inotify by name, on the main loop (watch.h). */
-	*ret = (struct source_watch_prep){ .fd = -1, .err = -EMFILE, .id = *loaded, .by_name = true };
+	/* Past the watch's share of descriptors: inotify by name, here (watch.h). */
+	*ret = (struct source_watch_prep){ .fd = -1, .err = -EMFILE, .id = *loaded, .by_name = true, .wd = -1 };
 	if (!fd_budget())
-		return 0;
+		return prep_by_name(path, ret);
 	/* O_NONBLOCK: the name may have become a FIFO since it was loaded. */
 	_cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	struct stat now;
 	if (nfd < 0 && (errno == EMFILE || errno == ENFILE))
-		return 0;
-	*ret = (struct source_watch_prep){ .fd = -1 };
+		return prep_by_name(path, ret);
+	*ret = (struct source_watch_prep){ .fd = -1, .wd = -1 };
 	if (nfd < 0 || fstat(nfd, &now) < 0)
 		return ret->err = -errno;
 	if (!S_ISREG(now.st_mode))
@@ -276,7 +412,7 @@ int source_watch_prepare(const char *path, const struct source_id *loaded, struc
 	id_of(&now, &id);
 	int ofd = nfd;
 	fd = fdshare_take(TAKE_FD(nfd), &id);
-	*ret = (struct source_watch_prep){ .fd = fd, .own = fd == ofd, .id = id };
+	*ret = (struct source_watch_prep){ .fd = fd, .own = fd == ofd, .id = id, .wd = -1 };
 	if (ret->own)
 		atomic_fetch_add(&own_open, 1);
 	return 0;
@@ -290,6 +426,8 @@ void source_watch_prep_drop(struct source_watch_prep *p)
 		atomic_fetch_sub(&own_open, 1);
 	p->fd = -1;
 	p->own = false;
+	wd_hold(p->wd, -1);
+	p->wd = -1;
 }
 
 static void prep_dropp(struct source_watch_prep **p)
@@ -332,11 +470,25 @@ static int node_arm(struct source_watch *w, struct watch_node *x, const char *pa
 		*ret_lease_err = r;
 	if (r == 0)
 		return 0;
+	if (p->fd < 0 && w->shared) {
+		/* by_name: added by path where it was prepared; the node takes over the prep's hold. */
+		if (p->wd < 0)
+			return p->wd_err < 0 ? p->wd_err : -EBADF;
+		x->wd = p->wd;
+		p->wd = -1;
+		w->n_inotify++;
+		return 0;
+	}
 	char self[64];
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", p->fd);
+	/* By path only for a by_name prep of a watch not on the shared descriptor (a test's second watch). */
 	x->wd = inotify_add_watch(w->ifd, p->fd >= 0 ? self : path, WATCH_MASK);
 	if (x->wd < 0)
 		return -errno;
+	if (w->shared && wd_hold(x->wd, 1) < 0) {
+		x->wd = -1; /* not counted: not ours to remove, nor to keep */
+		return -ENOMEM;
+	}
 	w->n_inotify++;
 	return 0;
 }
@@ -474,7 +626,10 @@ static void read_events(struct source_watch *w)
 				if (what && !x->what)
 					x->what = what;
 				if (ev->mask & IN_IGNORED) {
-					x->wd = -1; /* the kernel dropped the watch (the inode is gone) */
+					/* The kernel dropped the watch (the inode is gone): the node's hold goes with it. */
+					if (w->shared)
+						wd_hold(x->wd, -1);
+					x->wd = -1;
 					w->n_inotify--;
 				}
 				break; /* one node per inode, so per descriptor */

@@ -87,6 +87,8 @@ struct source_watch_prep {
 	bool own;            /* opened here, not a source's */
 	bool by_name;        /* no fd: past the watch's share of descriptors (err -EMFILE), inotify by name */
 	int err;
+	int wd;              /* by_name: the inotify watch added by path when prepared (-1: none, wd_err says why) */
+	int wd_err;
 	struct source_id id; /* of the file fd is open on (by_name: as it was loaded) */
 };
 
@@ -106,10 +108,13 @@ void source_watch_prep_drop(struct source_watch_prep *p);
  * taken on p's descriptor (fcntl), or inotify watches the file through
  * /proc/self/fd/N, which names the file itself whatever its path now leads
  * to. Takes what p holds (the watch keeps or drops the descriptor). Returns
- * as source_watch_add; p->err when p has no descriptor. The one exception:
- * a prep made past the watch's share of descriptors (by_name, a file no
- * source holds open beyond a quarter of RLIMIT_NOFILE) is watched with
- * inotify_add_watch() by path, here, unless its file is watched already.
+ * as source_watch_add; p->err when p has no descriptor. A prep made past
+ * the watch's share of descriptors (by_name, a file no source holds open
+ * beyond a quarter of RLIMIT_NOFILE) has no descriptor: source_watch_prepare
+ * added its inotify watch by path, on the preparing thread, on the process's
+ * shared inotify descriptor, which the first watch made uses as its own; the
+ * add only takes that watch over (a second watch in one process, which
+ * tests make, adds such a prep by path here).
  */
 int source_watch_add_prepared(struct source_watch *w, const char *path, struct source_watch_prep *p, uint32_t *ret_id,
 			      int *ret_lease_err);
