@@ -46,11 +46,12 @@ static atomic_uint own_open;
  * in tests only, makes its own and watches such preps by path as before).
  * Inotify gives one wd per inode, which preps and a node may hold at once:
  * each wd on it is counted (wd_hold) and removed when its count drops to 0.
+ * The descriptor is opened when first needed and closed when no watch uses
+ * it and no wd is held. All of it under wd_lock.
  */
-static pthread_once_t shared_once = PTHREAD_ONCE_INIT;
-static int shared_ifd = -1, shared_err;
-static atomic_bool shared_taken;
 static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
+static int shared_ifd = -1;
+static bool shared_taken; /* a watch uses it as its own */
 struct wd_count {
 	int wd; /* 0: an empty slot (inotify's wds start at 1) */
 	uint32_t n;
@@ -58,10 +59,19 @@ struct wd_count {
 static struct wd_count *wd_counts; /* open addressing, linear probing; wd_cap a power of two */
 static size_t wd_cap, wd_used;
 
-static void shared_init(void)
+static int shared_open_locked(void)
 {
-	shared_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	shared_err = shared_ifd < 0 ? -errno : 0;
+	if (shared_ifd < 0)
+		shared_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	return shared_ifd < 0 ? -errno : 0;
+}
+
+static void shared_close_locked(void)
+{
+	if (shared_ifd >= 0 && !shared_taken && wd_used == 0) {
+		close(shared_ifd);
+		shared_ifd = -1;
+	}
 }
 
 static size_t wd_home(int wd)
@@ -82,18 +92,15 @@ static size_t wd_find(int wd)
  * descriptor; the last one's release removes the inotify watch. Any thread.
  * Returns 0, or -ENOMEM (not counted: the watch is then never removed).
  */
-static int wd_hold(int wd, int d)
+static int wd_hold_locked(int wd, int d)
 {
 	if (wd <= 0)
 		return 0;
-	pthread_mutex_lock(&wd_lock);
 	if (d > 0 && 2 * (wd_used + 1) > wd_cap) {
 		size_t cap = wd_cap ? 2 * wd_cap : 64;
 		struct wd_count *t = calloc(cap, sizeof(*t)), *old = wd_counts;
-		if (!t) {
-			pthread_mutex_unlock(&wd_lock);
+		if (!t)
 			return -ENOMEM;
-		}
 		size_t old_cap = wd_cap;
 		wd_counts = t;
 		wd_cap = cap;
@@ -108,12 +115,10 @@ static int wd_hold(int wd, int d)
 			wd_counts[i] = (struct wd_count){ .wd = wd, .n = 1 };
 			wd_used++;
 		}
-		pthread_mutex_unlock(&wd_lock);
 		return 0;
 	}
 	if (d > 0 || --wd_counts[i].n > 0) {
 		wd_counts[i].n += d > 0;
-		pthread_mutex_unlock(&wd_lock);
 		return 0;
 	}
 	(void)inotify_rm_watch(shared_ifd, wd);
@@ -131,8 +136,18 @@ static int wd_hold(int wd, int d)
 	}
 	wd_counts[i] = (struct wd_count){ 0 };
 	wd_used--;
-	pthread_mutex_unlock(&wd_lock);
+	shared_close_locked();
 	return 0;
+}
+
+static int wd_hold(int wd, int d)
+{
+	if (wd <= 0)
+		return 0;
+	pthread_mutex_lock(&wd_lock);
+	int r = wd_hold_locked(wd, d);
+	pthread_mutex_unlock(&wd_lock);
+	return r;
 }
 
 struct watch_node {
@@ -175,10 +190,13 @@ int source_watch_new(int signo, struct source_watch **ret)
 	struct source_watch *w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	pthread_once(&shared_once, shared_init);
-	bool no = false;
-	w->shared = shared_ifd >= 0 && atomic_compare_exchange_strong(&shared_taken, &no, true);
-	w->ifd = w->shared ? shared_ifd : inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	pthread_mutex_lock(&wd_lock);
+	w->shared = !shared_taken && shared_open_locked() == 0;
+	shared_taken |= w->shared;
+	w->ifd = w->shared ? shared_ifd : -1;
+	pthread_mutex_unlock(&wd_lock);
+	if (!w->shared)
+		w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	/* What a watch freed before left queued (IN_IGNORED of its removals) is not this one's. */
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 	while (w->shared && read(w->ifd, buf, sizeof(buf)) > 0)
@@ -312,10 +330,14 @@ struct source_watch *source_watch_free(struct source_watch *w)
 			lease_drop(w, &w->nodes[i]);
 			inotify_drop(w, &w->nodes[i]);
 		}
-	if (w->shared)
-		atomic_store(&shared_taken, false); /* kept open: preps may hold watches on it */
-	else
+	if (w->shared) { /* kept open while preps hold watches on it */
+		pthread_mutex_lock(&wd_lock);
+		shared_taken = false;
+		shared_close_locked();
+		pthread_mutex_unlock(&wd_lock);
+	} else {
 		close(w->ifd);
+	}
 	free(w->e);
 	free(w->nodes);
 	free(w->bucket);
@@ -359,20 +381,19 @@ static bool fd_budget(void)
  */
 static int prep_by_name(const char *path, struct source_watch_prep *p)
 {
-	pthread_once(&shared_once, shared_init);
-	p->wd_err = shared_err;
-	if (shared_ifd < 0)
-		return 0;
-	int wd = inotify_add_watch(shared_ifd, path, WATCH_MASK);
-	if (wd < 0) {
-		p->wd_err = -errno;
-		return 0;
-	}
-	if (wd_hold(wd, 1) < 0) {
-		p->wd_err = -ENOMEM;
-		return 0;
-	}
-	p->wd = wd;
+	/* Under the lock from the add to the count: a node's release of the same wd must not remove it between. */
+	pthread_mutex_lock(&wd_lock);
+	int r = shared_open_locked();
+	int wd = r < 0 ? -1 : inotify_add_watch(shared_ifd, path, WATCH_MASK);
+	if (r == 0 && wd < 0)
+		r = -errno;
+	if (r == 0 && wd_hold_locked(wd, 1) < 0)
+		r = -ENOMEM; /* not counted: left to the kernel, never removed */
+	if (r < 0)
+		shared_close_locked();
+	pthread_mutex_unlock(&wd_lock);
+	p->wd_err = r;
+	p->wd = r < 0 ? -1 : wd;
 	return 0;
 }
 
@@ -482,13 +503,18 @@ static int node_arm(struct source_watch *w, struct watch_node *x, const char *pa
 	char self[64];
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", p->fd);
 	/* By path only for a by_name prep of a watch not on the shared descriptor (a test's second watch). */
+	if (w->shared) /* from the add to the count, as in prep_by_name */
+		pthread_mutex_lock(&wd_lock);
 	x->wd = inotify_add_watch(w->ifd, p->fd >= 0 ? self : path, WATCH_MASK);
-	if (x->wd < 0)
-		return -errno;
-	if (w->shared && wd_hold(x->wd, 1) < 0) {
+	r = x->wd < 0 ? -errno : 0;
+	if (r == 0 && w->shared && wd_hold_locked(x->wd, 1) < 0) {
 		x->wd = -1; /* not counted: not ours to remove, nor to keep */
-		return -ENOMEM;
+		r = -ENOMEM;
 	}
+	if (w->shared)
+		pthread_mutex_unlock(&wd_lock);
+	if (r < 0)
+		return r;
 	w->n_inotify++;
 	return 0;
 }

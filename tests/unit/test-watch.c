@@ -217,7 +217,7 @@ static void test_leases(void)
 	CHECK_INT(open_fds(), fds0);
 	source_watch_free(w);
 	source_close(src);
-	CHECK_INT(open_fds(), fds0 - 1); /* the source's (the process's shared inotify instance stays: watch.c) */
+	CHECK_INT(open_fds(), fds0 - 2); /* the source's and the inotify instance */
 	while (sigtimedwait(&set, NULL, &(struct timespec){ 0 }) > 0)
 		;
 }
