@@ -213,18 +213,22 @@ static void check_shards(struct server *s)
  */
 #define CURSOR_IDLE_S 5
 #define CURSOR_IDLE_ATTACHED_S 60
+static unsigned trim_feed_cursors(struct feed *f, uint64_t now, unsigned idle)
+{
+	unsigned n = f->huge ? tokenize_pool_trim(f->huge, now, (uint64_t)idle * NSEC_PER_SEC) : 0;
+	if (n)
+		log_debug("feed %s: freed %u tokenize cursor(s) over huge documents unused for %u s", f->name, n, idle);
+	for (uint32_t i = 0; i < f->n_sources; i++) /* a mixture's sources have cursors of their own */
+		n += trim_feed_cursors(f->sources[i], now, idle);
+	return n;
+}
+
 static void trim_idle_cursors(struct server *s, uint64_t now)
 {
 	unsigned freed = 0;
-	for (size_t i = 0; i < s->n_feeds; i++) {
-		struct feed *f = s->feeds[i].feed;
-		unsigned idle = s->feeds[i].clients ? CURSOR_IDLE_ATTACHED_S : CURSOR_IDLE_S;
-		unsigned n = f->huge ? tokenize_pool_trim(f->huge, now, (uint64_t)idle * NSEC_PER_SEC) : 0;
-		if (n)
-			log_debug("feed %s: freed %u tokenize cursor(s) over huge documents unused for %u s", f->name, n,
-				  idle);
-		freed += n;
-	}
+	for (size_t i = 0; i < s->n_feeds; i++)
+		freed += trim_feed_cursors(s->feeds[i].feed, now,
+					   s->feeds[i].clients ? CURSOR_IDLE_ATTACHED_S : CURSOR_IDLE_S);
 	/* Their buffers were made on the workers' arenas, which keep what is freed (see on_tick). */
 	if (freed)
 		malloc_trim(0);
