@@ -28,7 +28,7 @@ for: both daemons read the same files, which stay cached between runs.
      default sizes: 1 M, 10 M, 100 M documents; --full adds 1 B (about 20 GB of .idx)
   bench/scale/run.py --sizes 1000000000 --shards 40 --mem-cap 6144 --data DIR
      the 1 B row as in docs/benchmarks.md: each daemon under a 6 GiB memory cgroup (v0.1 does not fit)
-  bench/scale/run.py --text 100,1000,10000 [--tokenizer tokenizer.json]
+  bench/scale/run.py --text 100,1000,10000 [--tokenizer tokenizer.json] [--virtual-ranks default,0]
      N .jsonl.zst shards: ready, first batch, anonymous memory, bytes in cache_dir
 """
 
@@ -234,13 +234,28 @@ def du(path):
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def run_text(build, tmp, shards, tokenizer):
+NOFILE = 524288  # systemd's default hard RLIMIT_NOFILE for a service; v0.1 holds 2 fds per text shard
+
+
+def raise_nofile():
+    """preexec_fn of a text daemon: RLIMIT_NOFILE as a systemd service gets it (root raises the hard limit)."""
+    import resource
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+    except (ValueError, OSError):
+        pass
+
+
+def run_text(build, tmp, shards, tokenizer, vranks=None):
+    """vranks: the feed's virtual_ranks (None: left to feedd's default; v0.1 has no such key)."""
     cache = Path(tmp) / "cache"
     conf = (f"[feedd]\nthreads = 2\nring_slots = 4\ncache_dir = {cache}\n[feed.b]\nformat = jsonl\n"
             f"shards = {shards}\ntokenizer = {tokenizer}\nseq_len = 1024\nbatch_size = 8\nseed = 1\n"
-            f"shuffle = true\nshuffle_window = 4\neos = 50256\n")
+            f"shuffle = true\nshuffle_window = 4\neos = 50256\n" +
+            (f"virtual_ranks = {vranks}\n" if vranks is not None else ""))
     t0 = time.monotonic()
-    d, sock = common.start_feedd(build, conf, tmp, wait_s=600)  # v0.1 indexes and copies every shard first
+    # v0.1 indexes and copies every shard before it listens
+    d, sock = common.start_feedd(build, conf, tmp, wait_s=600, preexec_fn=raise_nofile)
     ready = time.monotonic() - t0
     try:
         r = subprocess.run([str(Path(build) / "bench/consume"), sock, "b", "1", "1", "0"], capture_output=True,
@@ -260,19 +275,22 @@ def main_text(a):
     build, peer = Path(a.build), Path(a.peer)
     tokenizer = Path(a.tokenizer or (Path(a.build) / "tokdata/hf/gpt2.json"))
     counts = [int(x) for x in a.text.split(",")]
+    vranks = [None if x == "default" else int(x) for x in a.virtual_ranks.split(",")]
     data = Path(a.data or tempfile.mkdtemp(prefix="feedd-scale-"))
     rows, notes = [], []
     for n in counts:
         folder = data / f"t{n}"
         common.progress(f"scale: writing {n} .jsonl.zst shards")
         write_text_shards(folder, n)
-        for name, b in (("this", build), ("v0.1", peer)):
+        runs = [(f"this, virtual_ranks {v}" if v is not None else "this", build, v) for v in vranks]
+        for name, b, v in runs + [("v0.1", peer, None)]:
             with tempfile.TemporaryDirectory() as tmp:
                 common.progress(f"scale: {name} {n} text shards")
                 try:
-                    rows.append([name, n] + run_text(b, tmp, f"{folder}/*.jsonl.zst", tokenizer))
+                    rows.append([name, n] + run_text(b, tmp, f"{folder}/*.jsonl.zst", tokenizer, v))
                 except Exception as e:
-                    notes.append(f"{name} at {n} shards: {str(e)[:200]}")
+                    notes.append(f"{name} at {n} shards: {str(e)[:300]}")
+                    print(notes[-1], flush=True)
                     continue
             print(json.dumps(rows[-1]), flush=True)
     res = {
@@ -280,7 +298,7 @@ def main_text(a):
         "command": "bench/scale/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(a.note), "date": common.date(),
         "data": f"N .jsonl.zst shards of 50 short documents, GPT-2 tokenizer ({tokenizer.name}), shuffle_window 4",
-        "cache": "cache_dir empty at start",
+        "cache": f"cache_dir empty at start; RLIMIT_NOFILE {NOFILE} (systemd's default hard limit) for both daemons",
         "tables": [{"caption": "per daemon and shard count",
                     "columns": ["daemon", "shards", "ready s", "first batch s", "anon MiB (first batch)",
                                 "anon MiB (end)", "cache bytes", "tokens/s"], "rows": rows}],
@@ -298,6 +316,9 @@ def main():
     ap.add_argument("--shuffle", default="off,on", help="off, on or off,on")
     ap.add_argument("--text", default=None, help="comma-separated .jsonl.zst shard counts: the text table instead")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json for --text (default BUILD/tokdata/hf/gpt2.json)")
+    ap.add_argument("--virtual-ranks", default="default",
+                    help="--text: this build's virtual_ranks, comma-separated runs ('default': left unset, feedd's "
+                         "1024; 0: one stream per rank, as v0.1, which has no such key)")
     ap.add_argument("--mem-cap", type=int, default=None, metavar="MIB",
                     help="run each daemon in a cgroup v1 memory group capped at MIB (anonymous + the page cache it "
                          "reads; over it the group's OOM killer ends the daemon, reported in the notes), and write "
