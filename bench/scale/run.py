@@ -215,6 +215,17 @@ def run_one_(build, tmp, shards, shuffle, window, preexec_fn):
             "tok_s": steady["tokens_per_s"]}
 
 
+def with_ratio(rows, key_len):
+    """Each row with its tokens/s (last column) over the v0.1 row of the same key (row[1:key_len]) appended;
+    None where v0.1 has no figure (it did not load, or it is v0.1's own row)."""
+    peer = {tuple(r[1:key_len]): r[-1] for r in rows if r[0] == "v0.1"}
+    out = []
+    for r in rows:
+        p = peer.get(tuple(r[1:key_len]))
+        out.append(r + [r[-1] / p if p and r[0] != "v0.1" else None])
+    return out
+
+
 def write_text_shards(folder, n_shards, docs=50):
     """n_shards .jsonl.zst shards of `docs` short documents each (zstd(1) compresses them)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -301,7 +312,8 @@ def main_text(a):
         "cache": f"cache_dir empty at start; RLIMIT_NOFILE {NOFILE} (systemd's default hard limit) for both daemons",
         "tables": [{"caption": "per daemon and shard count",
                     "columns": ["daemon", "shards", "ready s", "first batch s", "anon MiB (first batch)",
-                                "anon MiB (end)", "cache bytes", "tokens/s"], "rows": rows}],
+                                "anon MiB (end)", "cache bytes", "tokens/s", "tokens/s / v0.1"],
+                    "rows": with_ratio(rows, 2)}],
         "notes": notes,
     }
     common.emit(res, a.json)
@@ -375,8 +387,8 @@ def main_megatron(a, cap):
             "caption": "per daemon and corpus size",
             "columns": ["daemon", "documents", "shuffle", "ready s", "first batch s", "index valid s",
                         "anon MiB (first batch)",
-                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s"],
-            "rows": rows,
+                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s", "tokens/s / v0.1"],
+            "rows": with_ratio(rows, 3),
         }],
         "notes": notes,
     }
