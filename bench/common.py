@@ -140,6 +140,7 @@ def start_feedd(build, conf_text, tmp, name="feedd", env=None, preexec_fn=None, 
         except OSError:
             time.sleep(0.025)
     p.kill()
+    p.wait()
     raise RuntimeError("feedd did not start listening:\n" + log.read_text())
 
 

@@ -145,10 +145,14 @@ class MemCap:
                 f"{last:.1f} s after exec (group peak {peak} MiB)")
 
     def close(self):
-        try:
-            self.path.rmdir()  # its charges move to the parent
-        except OSError:
-            pass
+        """Removes the group (its charges move to the parent) once its last daemon is gone."""
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+        print(f"scale: could not remove {self.path}", file=sys.stderr)
 
 
 def smaps(pid):
