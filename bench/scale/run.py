@@ -131,18 +131,22 @@ class MemCap:
         self.thread.start()
 
     def finish(self):
-        """After a daemon: stop sampling; returns None, or a sentence when the group's OOM killer killed it."""
+        """After a daemon that failed: stop sampling; returns None, or a sentence when the group's OOM killer
+        killed it or it had reached the cap."""
         self.stop_ev.set()
         self.thread.join()
-        if self.oom_kills() == self.kills0:
-            return None
         peak = int(self._read("memory.max_usage_in_bytes")) >> 20
         anon = max((x[1] for x in self.samples), default=0)
         t_full = next((t for t, a, _ in self.samples if a >= anon * 0.98), 0)
         last = self.samples[-1][0] if self.samples else 0
-        return (f"killed by the OOM killer of its {self.mib} MiB memory cgroup: {anon} MiB anonymous "
-                f"{t_full:.1f} s after exec (the group at its cap from then on, reclaiming), killed "
-                f"{last:.1f} s after exec (group peak {peak} MiB)")
+        if self.oom_kills() != self.kills0:
+            return (f"killed by the OOM killer of its {self.mib} MiB memory cgroup: {anon} MiB anonymous "
+                    f"{t_full:.1f} s after exec (the group at its cap from then on, reclaiming), killed "
+                    f"{last:.1f} s after exec (group peak {peak} MiB)")
+        if anon >= self.mib * 0.9:  # e.g. stalled in reclaim at the cap until its own load_timeout_s
+            return (f"at its {self.mib} MiB memory cgroup's cap: {anon} MiB anonymous {t_full:.1f} s after exec, "
+                    f"gone {last:.1f} s after exec (group peak {peak} MiB)")
+        return None
 
     def close(self):
         """Removes the group (its charges move to the parent) once its last daemon is gone."""
