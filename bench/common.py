@@ -118,17 +118,18 @@ def date():
     return os.environ.get("BENCH_DATE") or time.strftime("%Y-%m-%d")
 
 
-def start_feedd(build, conf_text, tmp, name="feedd", env=None):
-    """Starts build/daemon/feedd on its own config and socket (env: its environment, None: ours); returns
-    (Popen, socket path) once it listens."""
+def start_feedd(build, conf_text, tmp, name="feedd", env=None, preexec_fn=None, wait_s=20):
+    """Starts build/daemon/feedd on its own config and socket (env: its environment, None: ours;
+    preexec_fn: run in the child before exec, e.g. to join a memory cgroup); returns (Popen, socket
+    path) once it listens, within about wait_s seconds."""
     tmp = Path(tmp)
     conf = tmp / f"{name}.conf"
     conf.write_text(conf_text)
     sock = str(tmp / f"{name}.sock")
     log = tmp / f"{name}.log"
     p = subprocess.Popen([str(Path(build) / "daemon/feedd"), "-c", str(conf), "-s", sock], env=env,
-                         stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    for _ in range(800):
+                         stdout=subprocess.DEVNULL, stderr=open(log, "w"), preexec_fn=preexec_fn)
+    for _ in range(int(wait_s * 40)):
         if p.poll() is not None:
             raise RuntimeError(f"feedd exited with {p.returncode}:\n{log.read_text()}")
         try:
@@ -139,6 +140,7 @@ def start_feedd(build, conf_text, tmp, name="feedd", env=None):
         except OSError:
             time.sleep(0.025)
     p.kill()
+    p.wait()
     raise RuntimeError("feedd did not start listening:\n" + log.read_text())
 
 

@@ -26,7 +26,9 @@ for: both daemons read the same files, which stay cached between runs.
 
   bench/scale/run.py [--build build] [--peer /tmp/v01/build] [--full] [--json out.json]
      default sizes: 1 M, 10 M, 100 M documents; --full adds 1 B (about 20 GB of .idx)
-  bench/scale/run.py --text 100,1000,10000 [--tokenizer tokenizer.json]
+  bench/scale/run.py --sizes 1000000000 --shards 40 --mem-cap 6144 --data DIR
+     the 1 B row as in docs/benchmarks.md: each daemon under a 6 GiB memory cgroup (v0.1 does not fit)
+  bench/scale/run.py --text 100,1000,10000 [--tokenizer tokenizer.json] [--virtual-ranks default,0]
      N .jsonl.zst shards: ready, first batch, anonymous memory, bytes in cache_dir
 """
 
@@ -49,8 +51,11 @@ BATCHES = 2000
 ROUNDS = 2
 
 
-def write_shard(prefix, n_docs):
-    """One Megatron shard of n_docs documents of TOKENS_PER_DOC u16 tokens; .bin sparse."""
+def write_shard(prefix, n_docs, drop_cache=False):
+    """One Megatron shard of n_docs documents of TOKENS_PER_DOC u16 tokens; .bin sparse. The .idx is
+    written in chunks of 2^24 entries (~128 MB at a time, whatever n_docs); drop_cache: written to disk
+    and dropped from the page cache, so that the daemon reading it is charged for the pages it reads
+    (with --mem-cap; 40 x 25 M documents are 20 GB of .idx, near this VM's RAM)."""
     idx = Path(str(prefix) + ".idx")
     if idx.exists():
         return idx
@@ -69,8 +74,89 @@ def write_shard(prefix, n_docs):
             f.write((np.arange(a, min(a + step, n_docs), dtype="<i8") * (TOKENS_PER_DOC * 2)).tobytes())
         for a in range(0, n_docs + 1, step):
             f.write(np.arange(a, min(a + step, n_docs + 1), dtype="<i8").tobytes())
+        if drop_cache:
+            f.flush()
+            os.fdatasync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     tmp.rename(idx)
     return idx
+
+
+class MemCap:
+    """A cgroup v1 memory group that each daemon joins before exec (--mem-cap MIB): its anonymous
+    memory plus the page cache it brings in are capped at MIB, and a daemon over the cap is killed by
+    the kernel's OOM killer inside the group rather than pushing the shared machine out of memory (v0.1
+    copies ~23.5 bytes per document of .idx into RAM: ~24 GB at 1 B documents). A thread samples the
+    group's memory.stat, so that a killed daemon's last figures are known."""
+
+    ROOT = Path("/sys/fs/cgroup/memory")
+
+    def __init__(self, mib):
+        if not (self.ROOT / "cgroup.procs").exists():
+            raise SystemExit(f"--mem-cap: no cgroup v1 memory controller at {self.ROOT}")
+        self.mib = mib
+        self.path = self.ROOT / f"feedd-scale-{os.getpid()}"
+        self.path.mkdir()
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if (self.path / name).exists():
+                (self.path / name).write_text(str(mib << 20))
+        self.samples, self.stop_ev = [], None
+
+    def join(self):
+        """preexec_fn of the daemon: runs in the child, before exec."""
+        with open(self.path / "cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+
+    def _read(self, name):
+        return (self.path / name).read_text()
+
+    def oom_kills(self):
+        for line in self._read("memory.oom_control").splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def start(self):
+        """Before a daemon: reset the peak, start sampling (t from now, anon MiB, page cache MiB)."""
+        import threading
+        (self.path / "memory.max_usage_in_bytes").write_text("0")
+        self.kills0, self.t0, self.samples = self.oom_kills(), time.monotonic(), []
+        self.stop_ev = threading.Event()
+
+        def loop():
+            while not self.stop_ev.wait(0.05):
+                st = dict(line.split() for line in self._read("memory.stat").splitlines())
+                self.samples.append((time.monotonic() - self.t0, int(st["rss"]) >> 20, int(st["cache"]) >> 20))
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def finish(self):
+        """After a daemon that failed: stop sampling; returns None, or a sentence when the group's OOM killer
+        killed it or it had reached the cap."""
+        self.stop_ev.set()
+        self.thread.join()
+        peak = int(self._read("memory.max_usage_in_bytes")) >> 20
+        anon = max((x[1] for x in self.samples), default=0)
+        t_full = next((t for t, a, _ in self.samples if a >= anon * 0.98), 0)
+        last = self.samples[-1][0] if self.samples else 0
+        if self.oom_kills() != self.kills0:
+            return (f"killed by the OOM killer of its {self.mib} MiB memory cgroup: {anon} MiB anonymous "
+                    f"{t_full:.1f} s after exec (the group at its cap from then on, reclaiming), killed "
+                    f"{last:.1f} s after exec (group peak {peak} MiB)")
+        if anon >= self.mib * 0.9:  # e.g. stalled in reclaim at the cap until its own load_timeout_s
+            return (f"at its {self.mib} MiB memory cgroup's cap: {anon} MiB anonymous {t_full:.1f} s after exec, "
+                    f"gone {last:.1f} s after exec (group peak {peak} MiB)")
+        return None
+
+    def close(self):
+        """Removes the group (its charges move to the parent) once its last daemon is gone."""
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+        print(f"scale: could not remove {self.path}", file=sys.stderr)
 
 
 def smaps(pid):
@@ -88,11 +174,27 @@ def smaps(pid):
     return out
 
 
-def run_one(build, tmp, shards, shuffle, window):
+def run_one(build, tmp, shards, shuffle, window, cap=None):
+    if not cap:
+        return run_one_(build, tmp, shards, shuffle, window, None)
+    cap.start()
+    try:
+        return run_one_(build, tmp, shards, shuffle, window, cap.join)
+    except Exception as e:
+        oom = cap.finish()
+        if oom:
+            raise RuntimeError(f"{oom}; {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise
+    finally:
+        if not cap.stop_ev.is_set():
+            cap.finish()
+
+
+def run_one_(build, tmp, shards, shuffle, window, preexec_fn):
     conf = (f"[feedd]\nthreads = 2\nring_slots = 4\n[feed.b]\nshards = {shards}\nseq_len = {L}\n"
             f"batch_size = {B}\nseed = 1\nshuffle = {'true' if shuffle else 'false'}\nshuffle_window = {window}\n")
     t0 = time.monotonic()
-    d, sock = common.start_feedd(build, conf, tmp)
+    d, sock = common.start_feedd(build, conf, tmp, preexec_fn=preexec_fn, wait_s=300 if preexec_fn else 20)
     ready = time.monotonic() - t0
     try:
         r = subprocess.run([str(Path(build) / "bench/consume"), sock, "b", "1", "1", "0"], capture_output=True,
@@ -121,6 +223,17 @@ def run_one(build, tmp, shards, shuffle, window):
             "tok_s": steady["tokens_per_s"]}
 
 
+def with_ratio(rows, key_len):
+    """Each row with its tokens/s (last column) over the v0.1 row of the same key (row[1:key_len]) appended;
+    None where v0.1 has no figure (it did not load, or it is v0.1's own row)."""
+    peer = {tuple(r[1:key_len]): r[-1] for r in rows if r[0] == "v0.1"}
+    out = []
+    for r in rows:
+        p = peer.get(tuple(r[1:key_len]))
+        out.append(r + [r[-1] / p if p and r[0] != "v0.1" else None])
+    return out
+
+
 def write_text_shards(folder, n_shards, docs=50):
     """n_shards .jsonl.zst shards of `docs` short documents each (zstd(1) compresses them)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,13 +253,28 @@ def du(path):
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def run_text(build, tmp, shards, tokenizer):
+NOFILE = 524288  # systemd's default hard RLIMIT_NOFILE for a service; v0.1 holds 2 fds per text shard
+
+
+def raise_nofile():
+    """preexec_fn of a text daemon: RLIMIT_NOFILE as a systemd service gets it (root raises the hard limit)."""
+    import resource
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+    except (ValueError, OSError):
+        pass
+
+
+def run_text(build, tmp, shards, tokenizer, vranks=None):
+    """vranks: the feed's virtual_ranks (None: left to feedd's default; v0.1 has no such key)."""
     cache = Path(tmp) / "cache"
     conf = (f"[feedd]\nthreads = 2\nring_slots = 4\ncache_dir = {cache}\n[feed.b]\nformat = jsonl\n"
             f"shards = {shards}\ntokenizer = {tokenizer}\nseq_len = 1024\nbatch_size = 8\nseed = 1\n"
-            f"shuffle = true\nshuffle_window = 4\neos = 50256\n")
+            f"shuffle = true\nshuffle_window = 4\neos = 50256\n" +
+            (f"virtual_ranks = {vranks}\n" if vranks is not None else ""))
     t0 = time.monotonic()
-    d, sock = common.start_feedd(build, conf, tmp)
+    # v0.1 indexes and copies every shard before it listens
+    d, sock = common.start_feedd(build, conf, tmp, wait_s=600, preexec_fn=raise_nofile)
     ready = time.monotonic() - t0
     try:
         r = subprocess.run([str(Path(build) / "bench/consume"), sock, "b", "1", "1", "0"], capture_output=True,
@@ -166,19 +294,22 @@ def main_text(a):
     build, peer = Path(a.build), Path(a.peer)
     tokenizer = Path(a.tokenizer or (Path(a.build) / "tokdata/hf/gpt2.json"))
     counts = [int(x) for x in a.text.split(",")]
+    vranks = [None if x == "default" else int(x) for x in a.virtual_ranks.split(",")]
     data = Path(a.data or tempfile.mkdtemp(prefix="feedd-scale-"))
     rows, notes = [], []
     for n in counts:
         folder = data / f"t{n}"
         common.progress(f"scale: writing {n} .jsonl.zst shards")
         write_text_shards(folder, n)
-        for name, b in (("this", build), ("v0.1", peer)):
+        runs = [(f"this, virtual_ranks {v}" if v is not None else "this", build, v) for v in vranks]
+        for name, b, v in runs + [("v0.1", peer, None)]:
             with tempfile.TemporaryDirectory() as tmp:
                 common.progress(f"scale: {name} {n} text shards")
                 try:
-                    rows.append([name, n] + run_text(b, tmp, f"{folder}/*.jsonl.zst", tokenizer))
+                    rows.append([name, n] + run_text(b, tmp, f"{folder}/*.jsonl.zst", tokenizer, v))
                 except Exception as e:
-                    notes.append(f"{name} at {n} shards: {str(e)[:200]}")
+                    notes.append(f"{name} at {n} shards: {str(e)[:300]}")
+                    print(notes[-1], flush=True)
                     continue
             print(json.dumps(rows[-1]), flush=True)
     res = {
@@ -186,10 +317,11 @@ def main_text(a):
         "command": "bench/scale/run.py " + " ".join(sys.argv[1:]),
         "machine": common.machine(a.note), "date": common.date(),
         "data": f"N .jsonl.zst shards of 50 short documents, GPT-2 tokenizer ({tokenizer.name}), shuffle_window 4",
-        "cache": "cache_dir empty at start",
+        "cache": f"cache_dir empty at start; RLIMIT_NOFILE {NOFILE} (systemd's default hard limit) for both daemons",
         "tables": [{"caption": "per daemon and shard count",
                     "columns": ["daemon", "shards", "ready s", "first batch s", "anon MiB (first batch)",
-                                "anon MiB (end)", "cache bytes", "tokens/s"], "rows": rows}],
+                                "anon MiB (end)", "cache bytes", "tokens/s", "tokens/s / v0.1"],
+                    "rows": with_ratio(rows, 2)}],
         "notes": notes,
     }
     common.emit(res, a.json)
@@ -204,9 +336,25 @@ def main():
     ap.add_argument("--shuffle", default="off,on", help="off, on or off,on")
     ap.add_argument("--text", default=None, help="comma-separated .jsonl.zst shard counts: the text table instead")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json for --text (default BUILD/tokdata/hf/gpt2.json)")
+    ap.add_argument("--virtual-ranks", default="default",
+                    help="--text: this build's virtual_ranks, comma-separated runs ('default': left unset, feedd's "
+                         "1024; 0: one stream per rank, as v0.1, which has no such key)")
+    ap.add_argument("--mem-cap", type=int, default=None, metavar="MIB",
+                    help="run each daemon in a cgroup v1 memory group capped at MIB (anonymous + the page cache it "
+                         "reads; over it the group's OOM killer ends the daemon, reported in the notes), and write "
+                         "the shards out of the page cache; for --full on a shared machine")
     a = ap.parse_args()
     if a.text:
         return main_text(a)
+    cap = MemCap(a.mem_cap) if a.mem_cap else None
+    try:
+        main_megatron(a, cap)
+    finally:
+        if cap:
+            cap.close()
+
+
+def main_megatron(a, cap):
     build, peer = Path(a.build), Path(a.peer)
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else [10**6, 10**7, 10**8] + ([10**9] if a.full else [])
     data = Path(a.data or tempfile.mkdtemp(prefix="feedd-scale-"))
@@ -216,7 +364,7 @@ def main():
         folder.mkdir(parents=True, exist_ok=True)
         common.progress(f"scale: writing {a.shards} shards of {n // a.shards} documents")
         for i in range(a.shards):
-            write_shard(folder / f"s{i:05d}", n // a.shards)
+            write_shard(folder / f"s{i:05d}", n // a.shards, drop_cache=cap is not None)
         shards = str(folder / "*.idx")
         for shuffle in [x == "on" for x in a.shuffle.split(",")]:
             for name, b in (("this", build), ("v0.1", peer)):
@@ -226,9 +374,10 @@ def main():
                 with tempfile.TemporaryDirectory() as tmp:
                     common.progress(f"scale: {name} {n} documents shuffle={shuffle}")
                     try:
-                        res = run_one(b, tmp, shards, shuffle, 4)
+                        res = run_one(b, tmp, shards, shuffle, 4, cap)
                     except Exception as e:  # the peer may not fit in memory at the largest sizes
-                        notes.append(f"{name} at {n} documents, shuffle {shuffle}: {str(e)[:200]}")
+                        notes.append(f"{name} at {n} documents, shuffle {shuffle}: {str(e)[:300]}")
+                        print(notes[-1], flush=True)
                         continue
                 rows.append([name, n, "on" if shuffle else "off", res["ready_s"], res["first_batch_s"], res["index_s"],
                              res["anon_mib"], res["anon_end_mib"], res["file_mib"], res["hwm_mib"], res["tok_s"]])
@@ -240,13 +389,14 @@ def main():
         "date": common.date(),
         "data": f"Megatron, {a.shards} shards of 8-token u16 documents (sparse .bin), shuffle_window 4, "
                 f"B={B} L={L}, one client, {BATCHES} batches for tokens/s",
-        "cache": "page-cached (both daemons read the same files)",
+        "cache": (f"each daemon in a memory cgroup capped at {a.mem_cap} MiB (anonymous + page cache), shards "
+                  "written out of the page cache" if cap else "page-cached (both daemons read the same files)"),
         "tables": [{
             "caption": "per daemon and corpus size",
             "columns": ["daemon", "documents", "shuffle", "ready s", "first batch s", "index valid s",
                         "anon MiB (first batch)",
-                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s"],
-            "rows": rows,
+                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s", "tokens/s / v0.1"],
+            "rows": with_ratio(rows, 3),
         }],
         "notes": notes,
     }

@@ -7,6 +7,14 @@
  * memory.limit_in_bytes, memory.usage_in_bytes). Read afresh at each attach:
  * limits change, and other processes of the group use memory too.
  *
+ * A group's usage counts its page cache, which the kernel reclaims before
+ * its OOM killer runs: the pages on the file LRU lists (memory.stat
+ * active_file + inactive_file; v1 total_*, the group and its children, as
+ * usage is) are room, not use. Mapped .idx pages are such cache, and a
+ * corpus of a billion documents maps ~20 GB of them: once the index scan
+ * had read them, a group capped below that refused every attach. The rings
+ * (shared memory) are on the anonymous lists and stay counted.
+ *
  * The cgroup file systems are looked for where systemd mounts them:
  * /sys/fs/cgroup (v2), /sys/fs/cgroup/unified (hybrid), /sys/fs/cgroup/memory
  * (v1). A group whose files cannot be read sets no bound.
@@ -35,9 +43,29 @@ static uint64_t read_u64(const char *path)
 	return end == line ? UINT64_MAX : (uint64_t)v;
 }
 
-/* Bounds *best by limit - usage for the group at mount/rel and every ancestor, noting the tightest in what. */
+/* Bytes on the file LRU lists of the group's memory.stat at path (keys prefix + "active_file", prefix +
+ * "inactive_file"); 0 if it cannot be read. */
+static uint64_t file_lru(const char *path, const char *prefix)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	char line[256], key[64];
+	unsigned long long v;
+	uint64_t sum = 0;
+	size_t n = strlen(prefix);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%63s %llu", key, &v) == 2 && strncmp(key, prefix, n) == 0 &&
+		    (strcmp(key + n, "active_file") == 0 || strcmp(key + n, "inactive_file") == 0))
+			sum += v;
+	fclose(f);
+	return sum;
+}
+
+/* Bounds *best by limit - (usage - page cache) for the group at mount/rel and every ancestor, noting the
+ * tightest in what. stat_prefix: memory.stat's prefix for counts that include child groups ("total_" in v1). */
 static void walk_groups(const char *mount, const char *rel, const char *limit_file, const char *usage_file,
-			uint64_t *best, char *what, size_t whatlen)
+			const char *stat_prefix, uint64_t *best, char *what, size_t whatlen)
 {
 	char path[4096];
 	char group[2048];
@@ -49,11 +77,16 @@ static void walk_groups(const char *mount, const char *rel, const char *limit_fi
 			snprintf(path, sizeof(path), "%s%s/%s", mount, group, usage_file);
 			uint64_t usage = read_u64(path);
 			if (usage != UINT64_MAX) {
-				uint64_t room = usage < limit ? limit - usage : 0;
+				snprintf(path, sizeof(path), "%s%s/memory.stat", mount, group);
+				uint64_t cache = file_lru(path, stat_prefix);
+				uint64_t used = usage > cache ? usage - cache : 0;
+				uint64_t room = used < limit ? limit - used : 0;
 				if (room < *best) {
 					*best = room;
-					snprintf(what, whatlen, "memory cgroup %s (%s %" PRIu64 " MiB, %" PRIu64 " MiB in use)",
-						 group[0] ? group : "/", limit_file, limit >> 20, usage >> 20);
+					snprintf(what, whatlen,
+						 "memory cgroup %s (%s %" PRIu64 " MiB, %" PRIu64 " MiB in use besides %" PRIu64
+						 " MiB of page cache)",
+						 group[0] ? group : "/", limit_file, limit >> 20, used >> 20, cache >> 20);
 				}
 			}
 		}
@@ -94,11 +127,12 @@ int headroom_read(uint64_t *ret, char *what, size_t whatlen)
 		if (strcmp(rel, "/") == 0)
 			rel = "";
 		if (!*controllers) {
-			walk_groups("/sys/fs/cgroup", rel, "memory.max", "memory.current", &best, what, whatlen);
-			walk_groups("/sys/fs/cgroup/unified", rel, "memory.max", "memory.current", &best, what, whatlen);
+			walk_groups("/sys/fs/cgroup", rel, "memory.max", "memory.current", "", &best, what, whatlen);
+			walk_groups("/sys/fs/cgroup/unified", rel, "memory.max", "memory.current", "", &best, what,
+				    whatlen);
 		} else if (strstr(controllers, "memory")) {
-			walk_groups("/sys/fs/cgroup/memory", rel, "memory.limit_in_bytes", "memory.usage_in_bytes", &best,
-				    what, whatlen);
+			walk_groups("/sys/fs/cgroup/memory", rel, "memory.limit_in_bytes", "memory.usage_in_bytes",
+				    "total_", &best, what, whatlen);
 		}
 	}
 	fclose(f);
