@@ -424,11 +424,14 @@ int main(int argc, char **argv)
 	 * number ever added to the loop and kept for good, were otherwise made
 	 * in malloc's heap between the connections of a wave of clients, and
 	 * after they left pinned a page each that malloc_trim could not give
-	 * back (docs/benchmarks.md, "RSS after clients left"). Not under ASan,
-	 * which should see libevent's objects as it sees ours.
+	 * back (docs/benchmarks.md, "RSS after clients left"). Not under ASan
+	 * or valgrind (whose preload is in LD_PRELOAD), which should see
+	 * libevent's objects as they see ours.
 	 */
 #ifndef __SANITIZE_ADDRESS__
-	event_set_mem_functions(slab_malloc, slab_realloc, slab_free);
+	const char *preload = getenv("LD_PRELOAD");
+	if (!preload || !strstr(preload, "vgpreload"))
+		event_set_mem_functions(slab_malloc, slab_realloc, slab_free);
 #endif
 	struct daemon d = { .config_path = DEFAULT_CONFIG };
 	const char *socket_arg = NULL, *level_arg = NULL;
