@@ -94,6 +94,17 @@ struct text_shard {
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	bool store_pending;
+	bool defer_store;      /* text_open_opts.defer_store */
+
+	/*
+	 * Deferred (text_open_opts.defer_index): load only stat'ed the file;
+	 * text_index() reads it when its window comes up. indexed is set
+	 * (release) once n_docs, offsets, lengths, lines, bytes, truncated and
+	 * (plain shards) data are; a failure stays, in index_error/index_err.
+	 */
+	bool indexed;
+	int index_error;
+	char index_err[384];
 
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
@@ -143,6 +154,7 @@ struct text_open_opts {
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
 	const bool *cancel;        /* a compressed shard's copy: given up (-ECANCELED) once *cancel is set */
+	bool defer_index;          /* stat the file only; text_index() reads it when first needed (local files) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -156,6 +168,22 @@ enum text_codec text_codec_of(const char *path);
 int text_open(const char *path, const struct text_open_opts *o, struct source_reader *io, struct text_shard **ret,
 	      char *err, size_t errlen);
 struct text_shard *text_free(struct text_shard *s);
+
+/* Whether s's index is there (n_docs and the documents' places); any thread. */
+static inline bool text_indexed(const struct text_shard *s)
+{
+	return __atomic_load_n(&s->indexed, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Indexes a deferred shard now (any thread; others wait for it): its cached
+ * index, or a pass over the file, which must still be the file load saw
+ * (-ESTALE). io may be NULL (a reader of its own). An index built here is
+ * written to cache_dir at once. Returns 0 (and at once when indexed
+ * already), or a negative errno with a message naming the file in err; a
+ * failure is kept and returned again.
+ */
+int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 
 /* The 1-based line of document d (for messages). */
 static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)

@@ -254,6 +254,9 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
 		 size_t errlen)
 {
+	int r = text_index(s, io, err, errlen);
+	if (r < 0)
+		return r;
 	return s->lazy ? acquire(s, io, false, note, notelen, err, errlen) : 0;
 }
 
@@ -305,8 +308,10 @@ static void *maker_main(void *unused)
 		s->make_queued = false;
 		s->making = true;
 		pthread_mutex_unlock(&make_lock);
-		char err[8];
-		if (io && acquire(s, io, true, NULL, 0, err, sizeof(err)) == 0)
+		/* A deferred shard is indexed first (its window comes up); a failure stays in it for the walk to report. */
+		char err[512];
+		if (io && text_index(s, io, err, sizeof(err)) == 0 && s->lazy &&
+		    acquire(s, io, true, NULL, 0, err, sizeof(err)) == 0)
 			text_release(s);
 		pthread_mutex_lock(&make_lock);
 		s->making = false;
@@ -318,7 +323,7 @@ static void *maker_main(void *unused)
 
 void text_prepare(struct text_shard *s)
 {
-	if (!s->lazy || __atomic_load_n(&s->open_now, __ATOMIC_RELAXED))
+	if ((!s->lazy && text_indexed(s)) || __atomic_load_n(&s->open_now, __ATOMIC_RELAXED))
 		return;
 	pthread_mutex_lock(&make_lock);
 	if (!maker_started) {

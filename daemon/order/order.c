@@ -4,6 +4,7 @@
  * building a window's document list is O(documents in the window), which is
  * what makes resuming from a cursor independent of how far into the epoch it is.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,28 @@ void order_epoch_clear(struct order_epoch *ep)
 	*ep = (struct order_epoch){ 0 };
 }
 
+/* Extends ep's known starts past win_hi while the counts are known (ask: by p->count) up to window `upto`. */
+static int extend(const struct order_params *p, struct order_epoch *ep, uint32_t upto, bool ask)
+{
+	while (ep->win_hi < MIN(upto, ep->n_windows)) {
+		uint32_t w = ep->win_hi;
+		uint64_t k = ep->win_start[w];
+		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+		for (uint32_t i = w * p->window; i < end; i++) {
+			uint32_t n;
+			if (!ask && !order_shard_docs_known(p, ep->perm[i], &n))
+				return 0;
+			int r = order_shard_docs(p, ep->perm[i], &n);
+			if (r < 0)
+				return r;
+			k += n;
+		}
+		ep->win_start[w + 1] = k;
+		ep->win_hi = w + 1;
+	}
+	return 0;
+}
+
 int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epoch *ep)
 {
 	uint32_t n_windows = (uint32_t)(((uint64_t)p->n_shards + p->window - 1) / p->window);
@@ -75,15 +98,7 @@ int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epo
 		struct order_rng rng = order_rng_init(key);
 		order_shuffle_u32(perm, p->n_shards, &rng);
 	}
-
-	uint64_t k = 0;
-	for (uint32_t w = 0; w < n_windows; w++) {
-		win_start[w] = k;
-		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
-		for (uint32_t i = w * p->window; i < end; i++)
-			k += p->shard_docs[perm[i]];
-	}
-	win_start[n_windows] = k;
+	win_start[0] = 0;
 
 	order_epoch_clear(ep);
 	*ep = (struct order_epoch){
@@ -93,6 +108,43 @@ int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epo
 		.perm = TAKE_PTR(perm),
 		.win_start = TAKE_PTR(win_start),
 	};
+	/* As far as the counts are known: all of it for stored tokens. */
+	return extend(p, ep, n_windows, false);
+}
+
+int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uint32_t w)
+{
+	if (w >= ep->n_windows)
+		return -EINVAL;
+	if (!order_epoch_has(ep, w)) {
+		if (w < ep->win_lo) {
+			/* Before a seeded start: counted from the epoch's start (what a cursor's k_w spares). */
+			ep->win_lo = ep->win_hi = 0;
+			ep->win_start[0] = 0;
+		}
+		int r = extend(p, ep, w + 1, true);
+		if (r < 0)
+			return r;
+	}
+	/* The window's own shards made ready for reading (p->count: indexed again if its index was let go). */
+	uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	for (uint32_t i = w * p->window; p->count && i < end; i++) {
+		uint32_t n;
+		int r = p->count(p->count_ctx, ep->perm[i], &n);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)
+{
+	if (w >= ep->n_windows)
+		return -EINVAL;
+	if (ep->win_lo <= w && w <= ep->win_hi)
+		return ep->win_start[w] == k ? 0 : -EINVAL;
+	ep->win_lo = ep->win_hi = w;
+	ep->win_start[w] = k;
 	return 0;
 }
 
@@ -130,7 +182,9 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
 		for (uint32_t i = w * p->window; i < end; i++) {
 			uint32_t s = ep->perm[i];
-			for (uint32_t d = 0; d < p->shard_docs[s]; d++)
+			uint32_t nd = 0;
+			order_shard_docs_known(p, s, &nd); /* known: the window is (order_epoch_has) */
+			for (uint32_t d = 0; d < nd; d++)
 				all[j++] = ORDER_DOC(s, d);
 		}
 		struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
@@ -150,8 +204,8 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 		size_t m = 0;
 		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
 		for (uint32_t pi = w * p->window; pi < end && m < mine; pi++) {
-			uint32_t s = ep->perm[pi];
-			uint64_t nd = p->shard_docs[s];
+			uint32_t s = ep->perm[pi], nd = 0;
+			order_shard_docs_known(p, s, &nd);
 			while (next < i + nd && m < mine) {
 				docs[m++] = ORDER_DOC(s, next - i);
 				next += world;
@@ -191,6 +245,7 @@ void order_window_leave(struct order_window *win)
 int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
 		       uint32_t world, struct order_window *ret)
 {
+	assert(order_epoch_has(ep, w));
 	struct order_window win = { .world = world };
 	uint64_t k0 = ep->win_start[w];
 	win.n = ep->win_start[w + 1] - k0;
@@ -206,9 +261,11 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 		goto oom;
 	uint64_t at = 0;
 	for (uint32_t i = 0; i < win.n_shards; i++) {
+		uint32_t nd = 0;
 		win.shard[i] = ep->perm[lo + i];
 		win.start[i] = at;
-		at += p->shard_docs[win.shard[i]];
+		order_shard_docs_known(p, win.shard[i], &nd); /* known: the window is (order_epoch_has) */
+		at += nd;
 	}
 	win.start[win.n_shards] = at;
 
@@ -273,6 +330,7 @@ int order_window_shuffle(const struct order_params *p, const struct order_epoch 
 	 * their positions 0 .. n-1, so shuffling the positions shuffles the
 	 * pairs: the same draws, half the bytes of document ids.
 	 */
+	assert(order_epoch_has(ep, w));
 	uint64_t n = ep->win_start[w + 1] - ep->win_start[w];
 	if (order_window_permuted(p, n))
 		return -EOVERFLOW;

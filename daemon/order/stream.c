@@ -26,7 +26,11 @@ static int load_window(struct doc_walk *w, uint32_t window)
 	/* The window being left is released first: at most one window's list is held. */
 	order_window_leave(&w->win);
 	w->n_docs = 0;
-	int r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
+	/* Its start and end: counting its shards (and any before it not counted yet) when not known (issue #22). */
+	int r = order_epoch_window(w->params, &w->ep, window);
+	if (r < 0)
+		return r;
+	r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
 		return r;
 	w->n_docs = w->win.mine;
@@ -36,10 +40,12 @@ static int load_window(struct doc_walk *w, uint32_t window)
 	if (ws && w->params->shuffle) {
 		/* A window over list_max has no list to build ahead (section 3.1). */
 		if (window + 1 < w->ep.n_windows) {
-			if (!order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
-				ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+			/* Not counted yet: the builder counts it (and drops it if it is over list_max). */
+			if (!order_epoch_has(&w->ep, window + 1) ||
+			    !order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
+				ws->prefetch(ws->ctx, w->ep.epoch, window + 1, w->ep.win_start[window + 1]);
 		} else {
-			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0);
 		}
 	}
 	w->window = window;
@@ -68,8 +74,8 @@ void doc_walk_ahead(struct doc_walk *w)
 		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
 }
 
-int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
-		  uint64_t epoch, uint32_t window, size_t at)
+int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at)
 {
 	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world };
 	int r = order_epoch_build(params, epoch, &w->ep);
@@ -77,6 +83,9 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 		goto fail;
 	r = -EINVAL;
 	if (window >= w->ep.n_windows)
+		goto fail;
+	/* A cursor's k_w: the shards before the window are not counted (or checked against it when they are). */
+	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
 		goto fail;
 	r = load_window(w, window);
 	if (r < 0)
@@ -90,6 +99,12 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 fail:
 	doc_walk_clear(w);
 	return r;
+}
+
+int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		  uint64_t epoch, uint32_t window, size_t at)
+{
+	return doc_walk_seek_k(w, params, rank, world, epoch, window, NULL, at);
 }
 
 /*
@@ -193,8 +208,11 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 	int r;
 	*s = (struct stream){ .src = *src, .bos = bos, .eos = eos };
 	uint64_t epoch_docs = 0;
-	for (uint32_t i = 0; i < params->n_shards; i++)
-		epoch_docs += params->shard_docs[i];
+	for (uint32_t i = 0; i < params->n_shards && !epoch_docs; i++) {
+		uint32_t n;
+		/* A shard not counted yet is not looked at (the feed's load found a document). */
+		epoch_docs += order_shard_docs_known(params, i, &n) ? n : 1;
+	}
 	if (world == 0 || rank >= world || epoch_docs == 0)
 		return -EINVAL;
 
@@ -210,7 +228,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		if (r < 0)
 			goto fail;
 	} else {
-		r = doc_walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, SIZE_MAX);
+		r = doc_walk_seek_k(&s->walk, params, rank, world, pos->epoch, pos->window, pos->has_k ? &pos->k : NULL,
+				    SIZE_MAX);
 		if (r < 0)
 			goto fail;
 		s->walk.prefetch = src->prefetch;
@@ -259,6 +278,9 @@ struct stream_pos stream_tell(const struct stream *s)
 		.window = s->walk.window,
 		.index = doc_walk_index(&s->walk),
 		.offset = s->offset,
+		/* Only where counts may be unknown (text, issue #22): stored tokens' cursors stay as they were. */
+		.k = s->walk.ep.win_start ? s->walk.ep.win_start[s->walk.window] : 0,
+		.has_k = s->walk.ep.win_start && s->walk.params && s->walk.params->count,
 	};
 }
 

@@ -24,6 +24,13 @@ struct stream_pos {
 	uint32_t window;
 	uint64_t index;  /* the document's index in the window's full order */
 	uint64_t offset; /* position inside the document's contribution */
+	/*
+	 * k_w, the documents of the epoch before window `window` (section 3),
+	 * when has_k: a resume places the window without counting the shards
+	 * before it (issue #22; fc1 cursors carry it, section 7.1).
+	 */
+	uint64_t k;
+	bool has_k;
 };
 
 /* A run of consecutive stream positions inside one document's contribution. */
@@ -93,6 +100,9 @@ struct doc_walk {
  */
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at);
+/* doc_walk_seek() with the window's start k_w given (k: NULL when not known), checked when it is known. */
+int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at);
 /*
  * Moves to the rank's next document, crossing windows and epochs; *ret_epochs
  * gets the number of epoch boundaries crossed. Returns 0; -ENOMEM; -ENODATA
