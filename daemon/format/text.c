@@ -157,7 +157,8 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	int64_t size = r < 0 ? r : sums_check_buffer(buf, source_size(file), idx_path, why, sizeof(why));
 	source_close(file);
 	if (size == -EBADMSG)
-		snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
+		if (!s->cache_note && asprintf(&s->cache_note, "%s; rebuilt", why) < 0)
+			s->cache_note = NULL;
 	if (size < (int64_t)sizeof(struct text_index_header))
 		return 0;
 	struct text_index_header h;
@@ -223,6 +224,9 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->path);
 	free(s->cache_dir);
 	free(s->idx_path);
+	free(s->maker_note);
+	free(s->index_err);
+	free(s->cache_note);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
 	return NULL;
@@ -376,7 +380,7 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 	int r = 0;
 	if (s->index_error < 0) {
 		r = s->index_error;
-		snprintf(err, errlen, "%s", s->index_err);
+		snprintf(err, errlen, "%s", s->index_err ? s->index_err : strerror(-r));
 	} else if (!s->indexed) {
 		struct source_reader *own = NULL;
 		if (!io && (r = source_reader_new(IO_ENGINE_PREAD, 4, &own)) < 0)
@@ -387,7 +391,7 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 		if (r < 0) {
 			drop_index(s);
 			s->index_error = r;
-			snprintf(s->index_err, sizeof(s->index_err), "%s", err);
+			s->index_err = strdup(err); /* NULL: its errno is said again */
 		}
 	}
 	pthread_mutex_unlock(&s->lock);

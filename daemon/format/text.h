@@ -27,8 +27,9 @@
  * open and pinned while in use and a little after (a few idle shards per
  * process), and otherwise left to the cache's LRU eviction under
  * cache_max_bytes (a memory copy: freed); an evicted copy is made again
- * from the source when the shard is read again. Load only indexes it: one
- * streaming pass that keeps nothing of the text (issue #22;
+ * from the source when the shard is read again. The daemon's load does not
+ * even index it (defer_index: a stat); text_index() does, when its window
+ * comes up: one streaming pass that keeps nothing of the text (issue #22;
  * docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
@@ -90,7 +91,7 @@ struct text_shard {
 	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
 	bool make_queued, making;
 	bool cancel; /* being freed: a copy under way is given up between blocks (text_cache.c, maker_forget) */
-	char maker_note[384];  /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return */
+	char *maker_note;      /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return; NULL: none */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	bool store_pending;
@@ -104,7 +105,7 @@ struct text_shard {
 	 */
 	bool indexed;
 	int index_error;
-	char index_err[384];
+	char *index_err;       /* NULL until it fails (every shard holds these: kept small) */
 
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
@@ -120,7 +121,7 @@ struct text_shard {
 	 */
 	char truncated[256];
 	/* A damaged cache entry found at open, and rebuilt (for the feed to log); empty when none. */
-	char cache_note[384];
+	char *cache_note;      /* NULL when none */
 };
 
 /*

@@ -235,11 +235,14 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 		   size_t errlen)
 {
 	pthread_mutex_lock(&s->lock);
-	int r = s->data ? 0 : copy_open(s, io, maker ? s->maker_note : note, maker ? sizeof(s->maker_note) : notelen,
-					err, errlen);
-	if (r == 0 && !maker && s->maker_note[0]) { /* what the copy maker repaired: for this reader to log */
+	char made[384] = "";
+	int r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
+	if (maker && made[0] && !s->maker_note)
+		s->maker_note = strdup(made); /* NULL: not said */
+	if (r == 0 && !maker && s->maker_note) { /* what the copy maker repaired: for this reader to log */
 		snprintf(note, notelen, "%s", s->maker_note);
-		s->maker_note[0] = 0;
+		free(s->maker_note);
+		s->maker_note = NULL;
 	}
 	if (r == 0) {
 		s->users++;
