@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
 #include "proto/macro.h"
 
@@ -497,6 +498,13 @@ static void text_work(const struct feed *f, uint64_t *indexed, uint64_t *pending
 		text_work(f->sources[i], indexed, pending, cached, counts);
 }
 
+void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending)
+{
+	uint64_t cached = 0, counts = 0;
+	*ret_indexed = *ret_pending = 0;
+	text_work(f, ret_indexed, ret_pending, &cached, &counts);
+}
+
 json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
@@ -517,6 +525,9 @@ json_t *feed_work_ahead_json(const struct feed *f)
 		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)text_pending));
 		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)cached));
 		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)counts));
+		/* What cache_dir holds now, every feed's and process's: copies, indexes, counts (a scan of the folder). */
+		int64_t bytes = f->conf.cache_dir && (indexed || text_pending) ? cache_usage(f->conf.cache_dir) : 0;
+		json_object_set_new(o, "cache_bytes", json_integer((json_int_t)MAX(bytes, INT64_C(0))));
 	}
 	return o;
 }

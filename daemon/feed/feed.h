@@ -267,6 +267,8 @@ void feed_windows_free(struct feed *f);
 void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret);
 /* The feed's (and a mixture's sources') windows, and its shards whose index is still being validated. */
 void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending);
+/* Text shards counted (indexed once, or their count read from cache_dir) and not yet; a mixture's sums. */
+void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending);
 /* The same as the status JSON's feeds[].work_ahead (docs/telemetry.md): a new object, NULL on no memory. */
 struct json_t *feed_work_ahead_json(const struct feed *f);
 
