@@ -99,7 +99,8 @@ struct order_epoch {
 	uint64_t epoch;
 	uint64_t key;        /* K = mix(seed ^ mix(e + 1)) */
 	uint32_t n_windows;
-	uint32_t *perm;      /* n_shards entries: P */
+	const uint32_t *perm; /* n_shards entries: P (shared by every epoch of the same order, read only) */
+	void *perm_ref;       /* the shared copy's hold, given back by order_epoch_clear */
 	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document, valid for win_lo .. win_hi */
 	uint32_t win_lo, win_hi;
 };
