@@ -245,14 +245,19 @@ static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
 		text_copies(f->sources[i], open, made);
 }
 
-uint64_t feed_text_cached(const struct feed *f)
+uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory)
 {
-	uint64_t n = 0;
+	uint64_t n = 0, mem = 0;
 	for (uint32_t i = 0; f->shards && !f->n_sources && i < f->n_shards; i++) {
 		const struct shard *s = f->shards[i];
 		const struct text_shard *t = s->impl;
-		n += s->deferred && text_indexed(t) && t->cached;
+		/* relaxed: for status (cached is set before indexed is published) */
+		bool in = s->deferred && text_indexed(t);
+		n += in && __atomic_load_n(&t->cached, __ATOMIC_RELAXED);
+		mem += in;
 	}
+	if (ret_in_memory)
+		*ret_in_memory = mem;
 	return n;
 }
 
@@ -381,6 +386,14 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	}
 	*ret = n;
 	return 0;
+}
+
+void feed_hold_shard(void *ctx, uint32_t i, bool on)
+{
+	struct feed *f = ctx;
+	const struct shard *s = f->shards[i];
+	if (s->deferred)
+		text_hold(s->impl, on);
 }
 
 int feed_count_until(struct feed *f, uint64_t want)

@@ -485,34 +485,37 @@ void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint3
 }
 
 /* Text shards counted (indexed at least once) and waiting for their window, indexes read from cache_dir; a mixture's sums. */
-static void text_work(const struct feed *f, uint64_t *indexed, uint64_t *pending, uint64_t *cached, uint64_t *counts)
+static void text_work(const struct feed *f, uint64_t *indexed, uint64_t *pending, uint64_t *cached, uint64_t *counts,
+		      uint64_t *in_memory)
 {
 	if (f->kind == FEED_TEXT && !f->n_sources) {
 		uint32_t n = __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE);
+		uint64_t mem = 0;
 		*indexed += n;
 		*pending += f->n_shards - n;
-		*cached += f->n_cached + feed_text_cached(f);
+		*cached += f->n_cached + feed_text_cached(f, &mem);
 		*counts += f->counts_loaded;
+		*in_memory += mem;
 	}
 	for (uint32_t i = 0; i < f->n_sources; i++)
-		text_work(f->sources[i], indexed, pending, cached, counts);
+		text_work(f->sources[i], indexed, pending, cached, counts, in_memory);
 }
 
 void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending)
 {
-	uint64_t cached = 0, counts = 0;
+	uint64_t cached = 0, counts = 0, mem = 0;
 	*ret_indexed = *ret_pending = 0;
-	text_work(f, ret_indexed, ret_pending, &cached, &counts);
+	text_work(f, ret_indexed, ret_pending, &cached, &counts, &mem);
 }
 
 json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
 	uint32_t pending;
-	uint64_t copies_open, copies_made, indexed = 0, text_pending = 0, cached = 0, counts = 0;
+	uint64_t copies_open, copies_made, indexed = 0, text_pending = 0, cached = 0, counts = 0, in_memory = 0;
 	feed_work_ahead(f, &w, &pending);
 	feed_text_copies(f, &copies_open, &copies_made);
-	text_work(f, &indexed, &text_pending, &cached, &counts);
+	text_work(f, &indexed, &text_pending, &cached, &counts, &in_memory);
 	json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
 			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
@@ -525,6 +528,7 @@ json_t *feed_work_ahead_json(const struct feed *f)
 		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)text_pending));
 		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)cached));
 		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)counts));
+		json_object_set_new(o, "text_indexes_in_memory", json_integer((json_int_t)in_memory));
 		/* What cache_dir holds now, every feed's and process's: copies, indexes, counts (a scan of the folder). */
 		int64_t bytes = f->conf.cache_dir && (indexed || text_pending) ? cache_usage(f->conf.cache_dir) : 0;
 		json_object_set_new(o, "cache_bytes", json_integer((json_int_t)MAX(bytes, INT64_C(0))));

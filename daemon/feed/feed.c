@@ -430,6 +430,7 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		.list_max = f->conf.shuffle_list_max,
 		.count = f->kind == FEED_TEXT ? feed_count_shard : NULL,
 		.count_ctx = f,
+		.hold = f->kind == FEED_TEXT ? feed_hold_shard : NULL,
 	};
 	/*
 	 * Stored tokens: the first non-empty document answers, wherever the

@@ -218,6 +218,8 @@ int feed_count_shard(void *ctx, uint32_t shard, uint32_t *ret);
  */
 int feed_counts_load(struct feed *f);
 int feed_counts_store(struct feed *f);
+/* Text: order_params.hold (a walk enters or leaves a window of the shard: its line index is kept while held). */
+void feed_hold_shard(void *ctx, uint32_t shard, bool on);
 /* Marks the calling thread as not the main one, for feed_count_shard's failures. */
 void feed_off_main_thread(void);
 /*
@@ -231,8 +233,12 @@ int feed_count_until(struct feed *f, uint64_t want);
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);
 uint32_t feed_scan_shards_left(const struct feed *f);
-/* Text: the shards indexed since load (deferred) whose index came from cache_dir (one feed, not a mixture's sum). */
-uint64_t feed_text_cached(const struct feed *f);
+/*
+ * Text: the shards indexed now (deferred: since load) whose index came from
+ * cache_dir, and in *ret_in_memory (may be NULL) those whose line index is
+ * in memory now (one feed, not a mixture's sum).
+ */
+uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory);
 /* Text: shards whose cache copies are open now (in use or idle), and copies made since load; a mixture's sums. */
 void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made);
 void feed_scan_free(struct feed *f);

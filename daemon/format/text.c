@@ -209,11 +209,14 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 }
 
 /* ---- open ----------------------------------------------------------------- */
+static void unheld_forget(struct text_shard *s);
+
 struct text_shard *text_free(struct text_shard *s)
 {
 	if (!s)
 		return NULL;
 	text_idle_forget(s);
+	unheld_forget(s);
 	source_close(s->data);
 	cache_unpin(s->pin);
 	free(s->text_key);
@@ -289,7 +292,7 @@ static int index_now(struct text_shard *s, struct source *src_in, struct source_
 	}
 	if (s->lazy)
 		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
-	else
+	else if (!s->data) /* indexed again after its index was let go: the source stays the one open */
 		__atomic_store_n(&s->data, TAKE_PTR(src), __ATOMIC_RELEASE);
 	__atomic_store_n(&s->indexed, true, __ATOMIC_RELEASE);
 	return 0;
@@ -372,8 +375,114 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	return 0;
 }
 
+/* ---- indexes let go when no walk holds them (issue #22) ---------------- */
+
+static pthread_mutex_t unheld_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct text_shard *unheld_head, *unheld_tail;
+static unsigned n_unheld;
+static uint64_t unheld_bytes, n_in_memory;
+
+static uint64_t index_bytes(const struct text_shard *s)
+{
+	return (uint64_t)s->n_docs * (8 + 4 + (s->lines ? 8 : 0));
+}
+
+/* unheld_lock held. */
+static void unheld_unlink(struct text_shard *s)
+{
+	if (!s->unheld)
+		return;
+	if (s->uh_prev)
+		s->uh_prev->uh_next = s->uh_next;
+	else
+		unheld_head = s->uh_next;
+	if (s->uh_next)
+		s->uh_next->uh_prev = s->uh_prev;
+	else
+		unheld_tail = s->uh_prev;
+	s->uh_prev = s->uh_next = NULL;
+	s->unheld = false;
+	n_unheld--;
+	unheld_bytes -= index_bytes(s);
+}
+
+/* unheld_lock held: lets go of the oldest unheld indexes past the bounds (their shards only try-locked). */
+static void unheld_trim(void)
+{
+	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > TEXT_UNHELD_MAX || unheld_bytes > TEXT_UNHELD_BYTES);
+	     v = next) {
+		next = v->uh_next;
+		if (pthread_mutex_trylock(&v->lock) != 0)
+			continue;
+		unheld_unlink(v);
+		/* Nobody reads it: no walk holds it, no read has it acquired, the copy maker is not on it. */
+		if (!v->holds && !v->users && !v->making && v->indexed) {
+			__atomic_store_n(&v->indexed, false, __ATOMIC_RELEASE);
+			drop_index(v);
+			v->cached = false;
+			v->truncated[0] = 0;
+			n_in_memory--;
+		}
+		pthread_mutex_unlock(&v->lock);
+	}
+}
+
+void text_hold(struct text_shard *s, bool on)
+{
+	pthread_mutex_lock(&s->lock);
+	if (on)
+		s->holds++;
+	else if (s->holds)
+		s->holds--;
+	pthread_mutex_lock(&unheld_lock);
+	if (on)
+		unheld_unlink(s);
+	else if (!s->holds && s->indexed && !s->unheld) {
+		s->uh_prev = unheld_tail;
+		s->uh_next = NULL;
+		if (unheld_tail)
+			unheld_tail->uh_next = s;
+		else
+			unheld_head = s;
+		unheld_tail = s;
+		s->unheld = true;
+		n_unheld++;
+		unheld_bytes += index_bytes(s);
+	}
+	pthread_mutex_unlock(&s->lock); /* trim only try-locks shards: s's lock may go first */
+	if (!on)
+		unheld_trim();
+	pthread_mutex_unlock(&unheld_lock);
+}
+
+uint64_t text_indexes_in_memory(void)
+{
+	pthread_mutex_lock(&unheld_lock);
+	uint64_t n = n_in_memory;
+	pthread_mutex_unlock(&unheld_lock);
+	return n;
+}
+
+/* Before s is freed: off the unheld list. */
+static void unheld_forget(struct text_shard *s)
+{
+	pthread_mutex_lock(&unheld_lock);
+	unheld_unlink(s);
+	if (s->indexed && s->defer_index_counted)
+		n_in_memory--;
+	pthread_mutex_unlock(&unheld_lock);
+}
+
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
+	/*
+	 * Off the unheld list first, whatever happens: a shard asked for again
+	 * (a window of it entered, or read ahead) is not let go until a walk
+	 * that holds it lets it go.
+	 */
+	pthread_mutex_lock(&unheld_lock);
+	unheld_unlink(s);
+	pthread_mutex_unlock(&unheld_lock);
 	if (text_indexed(s))
 		return 0;
 	pthread_mutex_lock(&s->lock);
@@ -388,6 +497,12 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 		if (r == 0)
 			r = index_now(s, NULL, io ? io : own, true, err, errlen);
 		source_reader_free(own);
+		if (r == 0) {
+			pthread_mutex_lock(&unheld_lock);
+			n_in_memory++;
+			s->defer_index_counted = true;
+			pthread_mutex_unlock(&unheld_lock);
+		}
 		if (r < 0) {
 			drop_index(s);
 			s->index_error = r;

@@ -104,6 +104,17 @@ struct text_shard {
 	 * (plain shards) data are; a failure stays, in index_error/index_err.
 	 */
 	bool indexed;
+	/*
+	 * Walks in a window of this shard (text_hold). When the last leaves, the
+	 * index goes on the process's list of unheld indexes, and the oldest
+	 * of those are let go (TEXT_UNHELD_MAX) and rebuilt when a window of
+	 * the shard comes up again: memory follows the windows in use, not
+	 * the shards read so far. Under lock.
+	 */
+	unsigned holds;
+	bool unheld;
+	bool defer_index_counted; /* counted in text_indexes_in_memory() while indexed */
+	struct text_shard *uh_prev, *uh_next;
 	int index_error;
 	char *index_err;       /* NULL until it fails (every shard holds these: kept small) */
 
@@ -185,6 +196,22 @@ static inline bool text_indexed(const struct text_shard *s)
  * failure is kept and returned again.
  */
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+
+/*
+ * Line indexes of shards no walk holds are kept, most recently released
+ * last, up to this many shards and bytes per process; older ones are let go.
+ */
+#define TEXT_UNHELD_MAX 256u
+#define TEXT_UNHELD_BYTES (UINT64_C(64) << 20)
+
+/*
+ * A walk enters (on) or leaves (!on) a window holding s (any thread): a
+ * held shard's index stays; one no walk holds may be let go (above), and
+ * text_index() builds it again. Never blocks on I/O.
+ */
+void text_hold(struct text_shard *s, bool on);
+/* Shards whose line index is in memory now, process-wide (status). */
+uint64_t text_indexes_in_memory(void);
 
 /* The 1-based line of document d (for messages). */
 static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)

@@ -53,6 +53,12 @@ struct order_params {
 	 */
 	int (*count)(void *ctx, uint32_t shard, uint32_t *ret);
 	void *count_ctx;
+	/*
+	 * NULL, or told (count_ctx) when a walk enters (on) and leaves a window
+	 * of shard `shard`, so that what the shard holds for reading (a text
+	 * shard's line index) lives while some walk is in one of its windows.
+	 */
+	void (*hold)(void *ctx, uint32_t shard, bool on);
 	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
 	uint64_t list_max; /* shuffle: a window of more documents is permuted by the bijection (section 3.1); 0: never */
 };

@@ -14,14 +14,51 @@
 #include "daemon/order/stream.h"
 #include "proto/macro.h"
 
+/* Lets go of the shards held (params->hold), and of the list. */
+static void unhold(const struct doc_walk *w, uint32_t *held, uint32_t n)
+{
+	for (uint32_t i = 0; w->hold_fn && i < n; i++)
+		w->hold_fn(w->hold_ctx, held[i], false);
+	free(held);
+}
+
 void doc_walk_clear(struct doc_walk *w)
 {
+	unhold(w, w->held, w->n_held);
 	order_epoch_clear(&w->ep);
 	order_window_clear(&w->win);
 	*w = (struct doc_walk){ 0 };
 }
 
+static int enter_window(struct doc_walk *w, uint32_t window);
+
 static int load_window(struct doc_walk *w, uint32_t window)
+{
+	/* The new window's shards are held before they are made ready, the old one's let go after. */
+	uint32_t *prev = w->held, n_prev = w->n_held;
+	w->held = NULL;
+	w->n_held = 0;
+	const struct order_params *p = w->params;
+	if (w->hold && p->hold && window < w->ep.n_windows) {
+		uint32_t lo = window * p->window, hi = (uint32_t)MIN((uint64_t)(window + 1) * p->window, (uint64_t)p->n_shards);
+		w->hold_fn = p->hold;
+		w->hold_ctx = p->count_ctx;
+		w->held = malloc(MAX(hi - lo, 1u) * sizeof(*w->held));
+		if (!w->held) {
+			unhold(w, prev, n_prev);
+			return -ENOMEM;
+		}
+		for (uint32_t i = lo; i < hi; i++) {
+			w->held[w->n_held++] = w->ep.perm[i];
+			p->hold(p->count_ctx, w->ep.perm[i], true);
+		}
+	}
+	int r = enter_window(w, window);
+	unhold(w, prev, n_prev);
+	return r;
+}
+
+static int enter_window(struct doc_walk *w, uint32_t window)
 {
 	/* The window being left is released first: at most one window's list is held. */
 	order_window_leave(&w->win);
@@ -74,10 +111,10 @@ void doc_walk_ahead(struct doc_walk *w)
 		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
 }
 
-int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
-		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at)
+static int walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		     uint64_t epoch, uint32_t window, const uint64_t *k, size_t at, bool hold)
 {
-	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world };
+	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world, .hold = hold };
 	int r = order_epoch_build(params, epoch, &w->ep);
 	if (r < 0)
 		goto fail;
@@ -101,10 +138,16 @@ fail:
 	return r;
 }
 
+int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at)
+{
+	return walk_seek(w, params, rank, world, epoch, window, k, at, false);
+}
+
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at)
 {
-	return doc_walk_seek_k(w, params, rank, world, epoch, window, NULL, at);
+	return walk_seek(w, params, rank, world, epoch, window, NULL, at, false);
 }
 
 /*
@@ -218,7 +261,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 
 	if (!pos) {
 		/* The rank's first document may lie in a later window. */
-		r = doc_walk_seek(&s->walk, params, rank, world, 0, 0, SIZE_MAX);
+		r = walk_seek(&s->walk, params, rank, world, 0, 0, NULL, SIZE_MAX, true);
 		if (r < 0)
 			goto fail;
 		s->walk.prefetch = src->prefetch;
@@ -228,8 +271,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		if (r < 0)
 			goto fail;
 	} else {
-		r = doc_walk_seek_k(&s->walk, params, rank, world, pos->epoch, pos->window, pos->has_k ? &pos->k : NULL,
-				    SIZE_MAX);
+		r = walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, pos->has_k ? &pos->k : NULL, SIZE_MAX,
+			      true);
 		if (r < 0)
 			goto fail;
 		s->walk.prefetch = src->prefetch;

@@ -90,6 +90,17 @@ struct doc_walk {
 	uint64_t ahead[DOC_WALK_AHEAD];
 	void (*prefetch)(void *ctx, uint64_t doc, unsigned stage);
 	void *prefetch_ctx;
+	uint32_t *held;   /* params->hold: the shards of the window held (n_held) */
+	uint32_t n_held;
+	/* params->hold and its context, kept: they are called when the walk is cleared, params maybe gone */
+	void (*hold_fn)(void *ctx, uint32_t shard, bool on);
+	void *hold_ctx;
+	/*
+	 * Holds its windows' shards (params->hold): a stream's walk, whose
+	 * documents are settled (their text read) before it leaves a window;
+	 * not a walk that only hands documents out ahead of it.
+	 */
+	bool hold;
 };
 
 /*
