@@ -263,15 +263,16 @@ static inline void format_doc_read(const struct shard *s, uint32_t doc, struct s
 	s->format->doc_read(s, doc, ret);
 }
 
+/* Lazy shards (a copy) and deferred ones (an index that may be let go between windows) are held while read. */
 static inline int format_acquire(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
 				 size_t errlen)
 {
-	return s->lazy ? s->format->acquire(s, r, note, notelen, err, errlen) : 0;
+	return s->lazy || s->deferred ? s->format->acquire(s, r, note, notelen, err, errlen) : 0;
 }
 
 static inline void format_release(const struct shard *s)
 {
-	if (s->lazy)
+	if (s->lazy || s->deferred)
 		s->format->release(s);
 }
 

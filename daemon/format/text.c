@@ -429,15 +429,20 @@ static void unheld_trim(void)
 
 void text_hold(struct text_shard *s, bool on)
 {
+	/* s->unheld changes only with s->lock held too: the global lock is taken only to move s on or off the list. */
 	pthread_mutex_lock(&s->lock);
 	if (on)
 		s->holds++;
 	else if (s->holds)
 		s->holds--;
+	if (on ? !s->unheld : s->holds || !s->indexed || s->unheld) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	pthread_mutex_lock(&unheld_lock);
 	if (on)
 		unheld_unlink(s);
-	else if (!s->holds && s->indexed && !s->unheld) {
+	else {
 		s->uh_prev = unheld_tail;
 		s->uh_next = NULL;
 		if (unheld_tail)
@@ -480,12 +485,19 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 	 * (a window of it entered, or read ahead) is not let go until a walk
 	 * that holds it lets it go.
 	 */
-	pthread_mutex_lock(&unheld_lock);
-	unheld_unlink(s);
-	pthread_mutex_unlock(&unheld_lock);
-	if (text_indexed(s))
-		return 0;
 	pthread_mutex_lock(&s->lock);
+	int r = text_index_locked(s, io, err, errlen);
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	if (s->unheld) {
+		pthread_mutex_lock(&unheld_lock);
+		unheld_unlink(s);
+		pthread_mutex_unlock(&unheld_lock);
+	}
 	int r = 0;
 	if (s->index_error < 0) {
 		r = s->index_error;
@@ -509,7 +521,6 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 			s->index_err = strdup(err); /* NULL: its errno is said again */
 		}
 	}
-	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 

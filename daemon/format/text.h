@@ -196,13 +196,22 @@ static inline bool text_indexed(const struct text_shard *s)
  * failure is kept and returned again.
  */
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+/* text_index() with s->lock held (text_cache.c: indexed and acquired under one hold of the lock). */
+int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 
 /*
  * Line indexes of shards no walk holds are kept, most recently released
  * last, up to this many shards and bytes per process; older ones are let go.
+ * Generous on purpose: with the default 1,024 virtual streams the shards a
+ * feed reads at once span many windows (each stream's walk and its
+ * tokenizing ahead), and bounds of 256 shards / 64 MiB measured a 20-30x
+ * drop of tokens/s at 1,000 small shards (indexes let go and built again
+ * over and over). These bound the memory of a corpus of billions of
+ * documents (48 GB of line indexes at DCLM's size) to about 1 GiB plus the
+ * windows in use.
  */
-#define TEXT_UNHELD_MAX 256u
-#define TEXT_UNHELD_BYTES (UINT64_C(64) << 20)
+#define TEXT_UNHELD_MAX 65536u
+#define TEXT_UNHELD_BYTES (UINT64_C(1) << 30)
 
 /*
  * A walk enters (on) or leaves (!on) a window holding s (any thread): a

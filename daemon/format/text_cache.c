@@ -236,7 +236,18 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 {
 	pthread_mutex_lock(&s->lock);
 	char made[384] = "";
-	int r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
+	/*
+	 * Indexed under the same hold of the lock as users is counted: an index
+	 * let go (text_hold) since is built again, and is not let go while used.
+	 */
+	int r = text_index_locked(s, io, err, errlen);
+	if (r == 0 && !s->lazy) {
+		s->users++;
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	if (r == 0)
+		r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
 	if (maker && made[0] && !s->maker_note)
 		s->maker_note = strdup(made); /* NULL: not said */
 	if (r == 0 && !maker && s->maker_note) { /* what the copy maker repaired: for this reader to log */
@@ -257,17 +268,17 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
 		 size_t errlen)
 {
-	int r = text_index(s, io, err, errlen);
-	if (r < 0)
-		return r;
-	return s->lazy ? acquire(s, io, false, note, notelen, err, errlen) : 0;
+	return acquire(s, io, false, note, notelen, err, errlen);
 }
 
 void text_release(struct text_shard *s)
 {
-	if (!s->lazy)
-		return;
 	pthread_mutex_lock(&s->lock);
+	if (!s->lazy) { /* a plain shard: only its index was held */
+		s->users--;
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	if (--s->users == 0 && s->data) {
 		pthread_mutex_lock(&idle_lock);
 		s->idle_prev = idle_tail;
