@@ -121,6 +121,16 @@ int feed_scan_start(struct feed *f)
 
 void feed_scan_poll(struct feed *f)
 {
+	int lazy = __atomic_load_n(&f->lazy_code, __ATOMIC_ACQUIRE);
+	if (lazy < 0 && f->state == FEED_READY) {
+		/* A shard indexed off the main loop failed (read-ahead): its window fails with it. */
+		feed_fail(f, lazy, f->lazy_err);
+		return;
+	}
+	/* Text: every shard counted once (epoch 0 walked): the counts kept for the next start, once. */
+	if (f->kind == FEED_TEXT && f->counts_stored != f->n_shards &&
+	    __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards && feed_counts_store(f) < 0)
+		f->counts_stored = f->n_shards; /* not again every second; feed_unref() tries once more */
 	struct feed_scan *sc = f->scan;
 	if (!sc || sc->folded || !__atomic_load_n(&sc->done, __ATOMIC_ACQUIRE))
 		return;
@@ -235,6 +245,22 @@ static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
 		text_copies(f->sources[i], open, made);
 }
 
+uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory)
+{
+	uint64_t n = 0, mem = 0;
+	for (uint32_t i = 0; f->shards && !f->n_sources && i < f->n_shards; i++) {
+		const struct shard *s = f->shards[i];
+		const struct text_shard *t = s->impl;
+		/* relaxed: for status (cached is set before indexed is published) */
+		bool in = s->deferred && text_indexed(t);
+		n += in && __atomic_load_n(&t->cached, __ATOMIC_RELAXED);
+		mem += in;
+	}
+	if (ret_in_memory)
+		*ret_in_memory = mem;
+	return n;
+}
+
 void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made)
 {
 	*ret_open = *ret_made = 0;
@@ -265,6 +291,8 @@ int feed_nonempty_at_least(struct feed *f, uint64_t want)
 	if (f->state != FEED_READY)
 		return f->error_code < 0 ? f->error_code : -EIO;
 	struct feed_scan *sc = f->scan;
+	if (f->kind == FEED_TEXT)
+		return feed_count_until(f, want);
 	if (!sc || sc->folded || f->kind != FEED_MEGATRON)
 		return f->n_nonempty >= want;
 	/* The shards counted at open, then as far into the others as the question needs (usually `want` documents). */
@@ -286,4 +314,103 @@ int feed_nonempty_at_least(struct feed *f, uint64_t want)
 		sc->at_doc++;
 	}
 	return f->n_nonempty + sc->found >= want;
+}
+
+/* ---- text shards counted when their window comes up (issue #22) ---------- */
+
+static __thread bool off_main;
+static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void feed_off_main_thread(void)
+{
+	off_main = true;
+}
+
+/* A shard could not be counted: the feed fails now (main thread, load) or at the next poll. */
+static int count_failed(struct feed *f, int r, const char *err)
+{
+	if (r != -ENOMEM && r != -ESTALE)
+		r = -EBADMSG;
+	if (!off_main) {
+		feed_fail(f, r, err);
+		return r;
+	}
+	pthread_mutex_lock(&lazy_lock);
+	if (!f->lazy_code) {
+		snprintf(f->lazy_err, sizeof(f->lazy_err), "%s", err);
+		__atomic_store_n(&f->lazy_code, r, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lazy_lock);
+	return r;
+}
+
+int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
+{
+	struct feed *f = ctx;
+	const struct shard *s = f->shards[i];
+	uint32_t n = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
+	char err[512];
+	if (n != ORDER_DOCS_UNKNOWN) {
+		/* Counted (maybe by the background count, or from cache_dir's record): its index made ready. */
+		int r = s->deferred ? s->format->index(s, NULL, &n, err, sizeof(err)) : 0;
+		if (r < 0)
+			return count_failed(f, r, err);
+		*ret = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
+		return 0;
+	}
+	int r = s->format->index ? s->format->index(s, NULL, &n, err, sizeof(err)) : -EINVAL;
+	if (r == -EINVAL && !s->format->index)
+		snprintf(err, sizeof(err), "%s: not counted at load", s->name);
+	if (r == 0 && s->truncated && s->truncated[0] && !f->conf.skip_bad_records) {
+		/* The cut line is a bad record: the policy decides, as at load. */
+		snprintf(err, sizeof(err), "%s (on_bad_record = fail)", s->truncated);
+		r = -EBADMSG;
+	}
+	if (r < 0)
+		return count_failed(f, r, err);
+	uint32_t unknown = ORDER_DOCS_UNKNOWN;
+	if (__atomic_compare_exchange_n(&f->shard_docs[i], &unknown, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		/* The first to count it adds it to the feed's totals (of the shards counted so far). */
+		const struct text_shard *t = s->impl;
+		__atomic_add_fetch(&f->n_docs, n, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&f->n_nonempty, n, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&f->n_bytes, t->bytes, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&f->n_indexed, 1, __ATOMIC_RELEASE);
+		if (s->truncated && s->truncated[0]) {
+			/* on_bad_record = skip: counted once, as load did; the poll logs it. */
+			pthread_mutex_lock(&lazy_lock);
+			__atomic_add_fetch(&f->counters.bad_records, 1, __ATOMIC_RELAXED);
+			snprintf(f->counters.last_bad, sizeof(f->counters.last_bad), "%s", s->truncated);
+			pthread_mutex_unlock(&lazy_lock);
+		}
+	}
+	*ret = n;
+	return 0;
+}
+
+void feed_hold_shard(void *ctx, uint32_t i, bool on)
+{
+	struct feed *f = ctx;
+	const struct shard *s = f->shards[i];
+	if (s->deferred)
+		text_hold(s->impl, on);
+}
+
+int feed_count_until(struct feed *f, uint64_t want)
+{
+	if (f->state != FEED_READY)
+		return f->error_code < 0 ? f->error_code : -EIO;
+	if (f->kind != FEED_TEXT || __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards)
+		return __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) >= want;
+	/* Epoch 0's order: the shards its first windows need anyway. */
+	struct order_epoch ep = { 0 };
+	int r = order_epoch_build(&f->params, 0, &ep);
+	for (uint32_t i = 0; r == 0 && i < f->n_shards && __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) < want; i++) {
+		uint32_t n;
+		r = feed_count_shard(f, ep.perm[i], &n);
+	}
+	order_epoch_clear(&ep);
+	if (r < 0)
+		return r;
+	return __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) >= want;
 }

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
 #include "proto/macro.h"
 
@@ -39,6 +40,8 @@ struct entry {
 	struct entry *next;
 	uint64_t epoch;
 	uint32_t w;
+	uint64_t k;     /* its start k_w, from the walk that asked (a window ahead is never counted from the epoch's start) */
+	bool has_k;
 	enum entry_state state;
 	unsigned refs;
 	bool used;      /* a walk got it once: freed when the last one leaves */
@@ -113,8 +116,11 @@ static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct en
 	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
 	uint64_t start[hi - lo + 1];
 	start[0] = 0;
-	for (uint32_t i = lo; i < hi; i++)
-		start[i - lo + 1] = start[i - lo] + p->shard_docs[perm[i]];
+	for (uint32_t i = lo; i < hi; i++) {
+		uint32_t nd = 0;
+		order_shard_docs_known(p, perm[i], &nd); /* known: the window is */
+		start[i - lo + 1] = start[i - lo] + nd;
+	}
 	char err[512];
 	for (uint64_t i = 0; i < e->n; i++) {
 		/* A feed being freed waits for its builder: let it stop early. */
@@ -186,6 +192,8 @@ static void fill_counts(struct feed_windows *fw, struct entry *e)
 	int r = 0;
 	if (!fw->ep.perm || fw->ep.epoch != e->epoch)
 		r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+	if (r == 0)
+		r = order_epoch_window(fw->params, &fw->ep, e->w);
 	uint16_t *counts = NULL;
 	if (r == 0)
 		r = build_counts(fw, fw->ep.perm, e, &counts);
@@ -214,6 +222,7 @@ static void finish(struct feed_windows *fw, struct entry *e, int r, uint64_t t0)
 static void *builder(void *userdata)
 {
 	struct feed_windows *fw = userdata;
+	feed_off_main_thread();
 	pthread_mutex_lock(&fw->lock);
 	for (;;) {
 		struct entry *e = NULL, *fill = NULL;
@@ -240,6 +249,11 @@ static void *builder(void *userdata)
 		int r = 0;
 		if (!fw->ep.perm || fw->ep.epoch != e->epoch)
 			r = order_epoch_build(fw->params, e->epoch, &fw->ep);
+		/* Text: the window's shards indexed here, one window ahead of the walks (issue #22). */
+		if (r == 0 && e->has_k && !order_epoch_has(&fw->ep, e->w))
+			r = order_epoch_seed(&fw->ep, e->w, e->k);
+		if (r == 0)
+			r = order_epoch_window(fw->params, &fw->ep, e->w);
 		if (r == 0)
 			r = build(fw, &fw->ep, e, true);
 		pthread_mutex_lock(&fw->lock);
@@ -374,7 +388,7 @@ static unsigned make_room(struct feed_windows *fw)
 	}
 }
 
-static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
+static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
@@ -382,7 +396,7 @@ static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w)
 	struct entry *e = NULL;
 	if (waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
 		drop_kept(fw, NULL);
-		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .state = QUEUED };
+		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .k = k, .has_k = true, .state = QUEUED };
 		fw->head = e;
 		if (!start_builder(fw))
 			unlink_free(fw, e); /* no thread: walks build their own */
@@ -470,17 +484,54 @@ void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint3
 	work_ahead(f, ret, ret_index_pending);
 }
 
+/* Text shards counted (indexed at least once) and waiting for their window, indexes read from cache_dir; a mixture's sums. */
+static void text_work(const struct feed *f, uint64_t *indexed, uint64_t *pending, uint64_t *cached, uint64_t *counts,
+		      uint64_t *in_memory)
+{
+	if (f->kind == FEED_TEXT && !f->n_sources) {
+		uint32_t n = __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE);
+		uint64_t mem = 0;
+		*indexed += n;
+		*pending += f->n_shards - n;
+		*cached += f->n_cached + feed_text_cached(f, &mem);
+		*counts += f->counts_loaded;
+		*in_memory += mem;
+	}
+	for (uint32_t i = 0; i < f->n_sources; i++)
+		text_work(f->sources[i], indexed, pending, cached, counts, in_memory);
+}
+
+void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending)
+{
+	uint64_t cached = 0, counts = 0, mem = 0;
+	*ret_indexed = *ret_pending = 0;
+	text_work(f, ret_indexed, ret_pending, &cached, &counts, &mem);
+}
+
 json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
 	uint32_t pending;
-	uint64_t copies_open, copies_made;
+	uint64_t copies_open, copies_made, indexed = 0, text_pending = 0, cached = 0, counts = 0, in_memory = 0;
 	feed_work_ahead(f, &w, &pending);
 	feed_text_copies(f, &copies_open, &copies_made);
-	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
+	text_work(f, &indexed, &text_pending, &cached, &counts, &in_memory);
+	json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
 			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
 			 "windows_found_ready", (json_int_t)w.ready_ahead, "windows_evicted", (json_int_t)w.evicted, "last_window_build_seconds",
 			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending, "text_copies_open",
 			 (json_int_t)copies_open, "text_copies_made", (json_int_t)copies_made);
+	if (o) {
+		/* Issue #22: text shards are indexed when their window comes up (feed_count_shard). */
+		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)indexed));
+		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)text_pending));
+		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)cached));
+		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)counts));
+		json_object_set_new(o, "text_indexes_in_memory", json_integer((json_int_t)in_memory));
+		/* What cache_dir holds now, every feed's and process's: copies, indexes, counts (a scan of the folder). */
+		int64_t bytes = f->conf.cache_dir && (indexed || text_pending) ? cache_usage(f->conf.cache_dir) : 0;
+		json_object_set_new(o, "cache_bytes", json_integer((json_int_t)MAX(bytes, INT64_C(0))));
+	}
+	return o;
 }

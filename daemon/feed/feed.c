@@ -54,7 +54,7 @@ static void hash_permutation(uint64_t *h, const struct feed *f)
  * the tokenizer file and its settings, the document size limit) and every
  * order parameter.
  */
-static uint64_t fingerprint_text(const struct feed *f, const struct source_id *tok_id)
+static uint64_t fingerprint_text(const struct feed *f, const struct source_id *tok_id, uint64_t *ret_alt)
 {
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
 	const struct conf_feed *c = &f->conf;
@@ -70,7 +70,19 @@ static uint64_t fingerprint_text(const struct feed *f, const struct source_id *t
 			      (uint64_t)f->eos_id, c->encode_special_tokens, c->max_document_bytes };
 	for (size_t i = 0; i < ARRAY_SIZE(params); i++)
 		hash_u64(&h, params[i]);
-	hash_permutation(&h, f);
+	/*
+	 * Section 8: whether a window can exceed shuffle_list_max needs every
+	 * shard's count, which a text feed knows only once each is indexed
+	 * (issue #22), and the fingerprint is of metadata only. So it never
+	 * names the bijection; what the old rule added is kept as the
+	 * alternative cursors made by it are accepted under.
+	 */
+	if (f->conf.shuffle && f->conf.shuffle_list_max) {
+		uint64_t alt = h;
+		hash_bytes(&alt, "feistel8-v1", 11);
+		hash_u64(&alt, f->params.list_max);
+		*ret_alt = order_mix(alt);
+	}
 	return order_mix(h);
 }
 
@@ -131,13 +143,19 @@ static uint64_t fingerprint_packed(const struct feed *f, uint64_t stream)
  * one document per epoch; the fingerprint then names V' too, so a cursor
  * without virtual ranks is never resumed as one with them, or the other way.
  */
-static void virtualize(struct feed *f)
+static int virtualize(struct feed *f)
 {
 	uint64_t v = f->conf.virtual_ranks;
 	if (!v)
-		return;
-	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++)
-		v = MIN(v, (f->n_sources ? f->sources[i] : f)->n_docs);
+		return 0;
+	for (uint32_t i = 0; i < MAX(f->n_sources, 1u); i++) {
+		struct feed *sf = f->n_sources ? f->sources[i] : f;
+		/* Text: counted only until V documents are known (section 17.1: "at least V" is all V' needs). */
+		int r = feed_count_until(sf, v);
+		if (r < 0)
+			return r;
+		v = MIN(v, sf->n_docs);
+	}
 	f->vranks = (uint32_t)MAX(v, UINT64_C(1));
 	f->fingerprint_plain = f->fingerprint;
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
@@ -145,6 +163,14 @@ static void virtualize(struct feed *f)
 	hash_u64(&h, f->fingerprint);
 	hash_u64(&h, f->vranks);
 	f->fingerprint = order_mix(h);
+	if (f->fingerprint_alt) {
+		h = UINT64_C(0xcbf29ce484222325);
+		hash_bytes(&h, "feedd-virtual-v1", 16);
+		hash_u64(&h, f->fingerprint_alt);
+		hash_u64(&h, f->vranks);
+		f->fingerprint_alt = order_mix(h);
+	}
+	return 0;
 }
 
 /* A mixture: the packing, then each source's name, weight and own fingerprint, in `sources` order. */
@@ -219,6 +245,7 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 		.max_doc_bytes = f->conf.max_document_bytes,
 		.text_key = f->conf.text_key,
 		.defer_store = true,
+		.defer_index = true, /* text: a stat per shard; indexed when its window comes up (issue #22) */
 	};
 	/* Creates cache_dir, and removes what crashed builds left in it (daemon/cache/cache.h). */
 	int cleaned = f->kind == FEED_TEXT && o.cache_dir ? cache_clean(o.cache_dir, err, errlen) : 0;
@@ -235,6 +262,11 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 			return r;
 		f->shards[i] = t;
 		f->n_shards++;
+		if (t->deferred) {
+			f->shard_docs[i] = ORDER_DOCS_UNKNOWN; /* feed_count_shard() */
+			continue;
+		}
+		f->n_indexed++;
 		f->shard_docs[i] = t->n_docs;
 		f->n_docs += t->n_docs;
 		f->n_nonempty += t->n_nonempty;
@@ -256,6 +288,10 @@ static int load_shards(struct feed *f, char **paths, size_t n, struct source_rea
 	}
 	if (f->kind != FEED_TEXT)
 		return 0;
+	/* Counts a previous start kept: the windows' starts and the totals known without reading a shard. */
+	int known = feed_counts_load(f);
+	if (known < 0)
+		return known;
 	/* Text: every document counts, and the token counts are known only once tokenized. */
 	f->n_nonempty = f->n_docs;
 	const struct feed_counters *k = &f->counters;
@@ -340,7 +376,10 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 			f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
 			f->fingerprint = fingerprint_mixture(f);
 			f->data_id = feed_data_identity(f);
-			virtualize(f);
+			if ((r = virtualize(f)) < 0) {
+				*ret = f; /* failed with the source that could not be counted */
+				return 0;
+			}
 			log_info("feed %s: a mixture of %u sources, %" PRIu64 " documents, packing %s", f->name,
 				 f->n_sources, f->n_docs, feed_packing_name(f->conf.packing));
 		}
@@ -382,13 +421,28 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		feed_unref(f);
 		return r;
 	}
-	/* Stored tokens: the first non-empty document answers, wherever the scan is. */
-	int any = r == 0 && f->kind == FEED_MEGATRON ? feed_nonempty_at_least(f, 1) : 1;
+	f->params = (struct order_params){
+		.seed = f->conf.seed,
+		.shuffle = f->conf.shuffle,
+		.window = f->conf.shuffle_window,
+		.n_shards = f->n_shards,
+		.shard_docs = f->shard_docs,
+		.list_max = f->conf.shuffle_list_max,
+		.count = f->kind == FEED_TEXT ? feed_count_shard : NULL,
+		.count_ctx = f,
+		.hold = f->kind == FEED_TEXT ? feed_hold_shard : NULL,
+	};
+	/*
+	 * Stored tokens: the first non-empty document answers, wherever the
+	 * scan is. Text: shards counted in epoch 0's order until one document
+	 * is found (usually the first shard of window 0).
+	 */
+	int any = r == 0 ? feed_nonempty_at_least(f, 1) : 1;
 	if (any < 0) {
 		*ret = f;
 		return 0;
 	}
-	if (r == 0 && (f->kind == FEED_MEGATRON ? !any : f->n_nonempty == 0)) {
+	if (r == 0 && !any) {
 		snprintf(err, sizeof(err), "the shards hold no %s (%" PRIu64 " documents, all empty)",
 			 f->kind == FEED_TEXT ? "documents" : "tokens", f->n_docs);
 		r = -ENODATA;
@@ -399,14 +453,6 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		return 0;
 	}
 
-	f->params = (struct order_params){
-		.seed = f->conf.seed,
-		.shuffle = f->conf.shuffle,
-		.window = f->conf.shuffle_window,
-		.n_shards = f->n_shards,
-		.shard_docs = f->shard_docs,
-		.list_max = f->conf.shuffle_list_max,
-	};
 	if (feed_windows_new(f) < 0) {
 		feed_unref(f);
 		return -ENOMEM;
@@ -420,9 +466,9 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 		struct source_id tid = { 0 };
 		if (stat(f->conf.tokenizer, &st) == 0)
 			tid = (struct source_id){ .size = (uint64_t)st.st_size, .mtime = st.st_mtim };
-		f->fingerprint = fingerprint_text(f, &tid);
-		log_info("feed %s: %u %s shards, %" PRIu64 " documents, %" PRIu64 " bytes of text (%u indexes from the cache), read with %s",
-			 f->name, f->n_shards, f->conf.format, f->n_docs, f->n_bytes, f->n_cached, f->io_engine);
+		f->fingerprint = fingerprint_text(f, &tid, &f->fingerprint_alt);
+		log_info("feed %s: %u %s shards (%u counted so far, %u of them from cache_dir; the others when their window comes up), read with %s",
+			 f->name, f->n_shards, f->conf.format, f->n_indexed, f->counts_loaded, f->io_engine);
 	} else {
 		f->fingerprint = fingerprint_of(f);
 		if (feed_scan_pending(f))
@@ -433,8 +479,11 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 				 f->n_shards, f->n_docs, f->n_tokens, f->io_engine);
 	}
 	f->pad_id = f->conf.pad_id != CONF_TOKEN_NONE ? (int32_t)f->conf.pad_id : f->eos_id >= 0 ? f->eos_id : 0;
-	if (f->conf.packing != CONF_PACKING_CONCAT)
+	if (f->conf.packing != CONF_PACKING_CONCAT) {
 		f->fingerprint = fingerprint_packed(f, f->fingerprint);
+		if (f->fingerprint_alt)
+			f->fingerprint_alt = fingerprint_packed(f, f->fingerprint_alt);
+	}
 	f->data_id = feed_data_identity(f);
 	virtualize(f);
 	*ret = f;
@@ -458,6 +507,9 @@ struct feed *feed_unref(struct feed *f)
 	feed_watch_prep_release(f); /* the descriptors the loader readied for a watch it never got */
 	feed_scan_free(f); /* it reads the shards */
 	feed_windows_free(f);
+	if (feed_counts_store(f) < 0)
+		log_warning("feed %s: cannot keep its shards' counts in cache_dir %s", f->name, f->conf.cache_dir);
+	f->counts_pin = cache_unpin(f->counts_pin);
 	for (uint32_t i = 0; f->shards && i < f->n_shards; i++)
 		format_close(f->shards[i]);
 	for (uint32_t i = 0; f->counters.bad_seen && i < f->n_shards; i++)
@@ -494,7 +546,7 @@ int feed_mark_bad(struct feed *f, uint64_t doc, const char *why)
 	if (k->bad_seen[s][d / 64] & bit)
 		return 0;
 	k->bad_seen[s][d / 64] |= bit;
-	k->bad_records++;
+	__atomic_add_fetch(&k->bad_records, 1, __ATOMIC_RELAXED); /* feed_count_shard() adds truncated shards off the main loop */
 	snprintf(k->last_bad, sizeof(k->last_bad), "%s", why);
 	/* Logged, but not a line per record for a feed full of them. */
 	if (k->bad_records <= 10)
@@ -535,10 +587,10 @@ void feed_count_batch(struct feed *f, const struct pack_counters *counts, const 
 int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens)
 {
 	struct feed_counters *k = &f->counters;
-	if (f->kind != FEED_TEXT || k->tok_counted_docs >= f->n_docs)
+	if (f->kind != FEED_TEXT || k->tok_done)
 		return 0;
 	uint32_t s = ORDER_DOC_SHARD(doc), d = ORDER_DOC_INDEX(doc);
-	if (s >= f->n_shards || d >= f->shard_docs[s])
+	if (s >= f->n_shards || d >= __atomic_load_n(&f->shard_docs[s], __ATOMIC_ACQUIRE))
 		return 0;
 	if (!k->tok_seen && !(k->tok_seen = calloc(f->n_shards, sizeof(*k->tok_seen))))
 		return -ENOMEM;
@@ -549,7 +601,10 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens)
 		return 0;
 	k->tok_seen[s][d / 64] |= bit;
 	k->tok_counted += tokens;
-	if (++k->tok_counted_docs == f->n_docs) {
+	/* Every document of the feed: only once every shard is counted (indexed when its window came up). */
+	if (++k->tok_counted_docs == __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) &&
+	    __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards) {
+		k->tok_done = true;
 		f->n_tokens = k->tok_counted;
 		for (uint32_t i = 0; i < f->n_shards; i++)
 			free(k->tok_seen[i]);

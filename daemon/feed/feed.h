@@ -58,6 +58,7 @@ struct feed_counters {
 	/* text: token counts. feed->n_tokens is set once every document was tokenized once. */
 	uint64_t **tok_seen;     /* per shard, a bit per document once counted (freed when all are) */
 	uint64_t tok_counted_docs, tok_counted;
+	bool tok_done;           /* every document counted: n_tokens is known */
 };
 
 /* A measured epoch length (daemon/feed/session-epoch.c): per rank, world and epoch. */
@@ -100,8 +101,27 @@ struct feed {
 	struct feed **sources;           /* a mixture's sources, each loaded as a feed of its own; NULL for one stream */
 	uint32_t n_sources;
 	struct mix mix;                  /* which source the k-th document comes from */
-	uint64_t n_docs, n_nonempty, n_tokens, n_bytes; /* text: n_nonempty = n_docs, n_tokens unknown (0), n_bytes of text */
-	uint32_t n_cached;      /* text shards whose index came from the cache */
+	/*
+	 * text: n_nonempty = n_docs, n_tokens unknown (0), n_bytes of text; all
+	 * four of the shards indexed so far (n_indexed of n_shards: a shard is
+	 * indexed when its window first comes up, feed_count_shard), added to
+	 * with atomics by whichever thread indexes.
+	 */
+	uint64_t n_docs, n_nonempty, n_tokens, n_bytes;
+	uint32_t n_cached;      /* text shards indexed at load (not deferred: remote ones) whose index came from the cache */
+	uint32_t n_indexed;     /* text shards counted (shard_docs[] known); n_shards for stored tokens */
+	/*
+	 * text with shuffle: the fingerprint section 8's old rule gave a feed
+	 * some window of which could exceed shuffle_list_max (it hashed
+	 * "feistel8-v1"); cursors made with it resume too (0: none).
+	 */
+	uint64_t fingerprint_alt;
+	/* A shard's indexing failed off the main loop: folded into feed_fail() by feed_scan_poll(). */
+	int lazy_code;
+	char lazy_err[512];
+	/* text: shards' counts kept in cache_dir (feed-counts.c): read at load, written since (main thread) */
+	uint32_t counts_loaded, counts_stored;
+	struct cache_pin *counts_pin;
 
 	/* tokenizing, updated by workers only (relaxed atomics; time and bytes are in the stages) */
 	uint64_t tok_docs, tok_tokens;
@@ -180,10 +200,45 @@ void feed_scan_poll(struct feed *f);
  * error code once FAILED (a mixture fails with its source).
  */
 int feed_scan_fold(struct feed *f);
+/*
+ * Text, issue #22: order_params.count of a text feed. Shard `shard`'s
+ * document count, indexing it now when it is not known (any thread;
+ * blocking). Applies the bad-record policy to a truncated shard. On the
+ * main thread (or at load) a failure fails the feed; on a thread marked
+ * with feed_off_main_thread() it is kept for feed_scan_poll(). 0 or a
+ * negative errno (-EBADMSG, -ESTALE, -ENOMEM).
+ */
+int feed_count_shard(void *ctx, uint32_t shard, uint32_t *ret);
+/*
+ * Text: the shards' counts kept in cache_dir (daemon/feed/feed-counts.c).
+ * feed_counts_load() (load) takes the counts of the shards unchanged since
+ * they were written: returns how many, or -ENOMEM. feed_counts_store()
+ * (main thread) writes every count known now, when there are new ones:
+ * 0 or a negative errno.
+ */
+int feed_counts_load(struct feed *f);
+int feed_counts_store(struct feed *f);
+/* Text: order_params.hold (a walk enters or leaves a window of the shard: its line index is kept while held). */
+void feed_hold_shard(void *ctx, uint32_t shard, bool on);
+/* Marks the calling thread as not the main one, for feed_count_shard's failures. */
+void feed_off_main_thread(void);
+/*
+ * Text: counts shards, in epoch 0's window order, until the feed has at
+ * least `want` documents or every shard is counted (load: at least one
+ * document, V' = min(V, N); attach: at least R). Returns 1 when there are
+ * at least `want`, 0 when fewer, or a negative errno (the feed FAILED).
+ */
+int feed_count_until(struct feed *f, uint64_t want);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);
 uint32_t feed_scan_shards_left(const struct feed *f);
+/*
+ * Text: the shards indexed now (deferred: since load) whose index came from
+ * cache_dir, and in *ret_in_memory (may be NULL) those whose line index is
+ * in memory now (one feed, not a mixture's sum).
+ */
+uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory);
 /* Text: shards whose cache copies are open now (in use or idle), and copies made since load; a mixture's sums. */
 void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made);
 void feed_scan_free(struct feed *f);
@@ -218,6 +273,8 @@ void feed_windows_free(struct feed *f);
 void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret);
 /* The feed's (and a mixture's sources') windows, and its shards whose index is still being validated. */
 void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending);
+/* Text shards counted (indexed once, or their count read from cache_dir) and not yet; a mixture's sums. */
+void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending);
 /* The same as the status JSON's feeds[].work_ahead (docs/telemetry.md): a new object, NULL on no memory. */
 struct json_t *feed_work_ahead_json(const struct feed *f);
 

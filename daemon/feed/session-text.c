@@ -105,7 +105,7 @@ static void ahead_prefetch(struct session_src *x)
 			break;
 		for (uint64_t i = win * p->window; i < MIN((win + 1) * p->window, (uint64_t)p->n_shards); i++) {
 			const struct shard *sh = w->ep.perm[i] < f->n_shards ? f->shards[w->ep.perm[i]] : NULL;
-			if (sh && sh->lazy) {
+			if (sh && (sh->lazy || sh->deferred)) { /* deferred: indexed ahead too (issue #22) */
 				format_prefetch(sh);
 				shards++;
 				bytes += sh->bytes;

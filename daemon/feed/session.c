@@ -197,7 +197,12 @@ void session_pump(struct session *s)
 				continue;
 			int r = session_text_submit(s, &s->srcs[i]);
 			if (r < 0) {
-				session_fail(s, r, "cannot queue documents to tokenize: out of memory");
+				/* A shard of a window reached that could not be indexed (issue #22) failed its feed, naming it. */
+				const struct feed *tf = s->srcs[i].feed;
+				char why[640];
+				snprintf(why, sizeof(why), "cannot queue documents to tokenize: %s",
+					 tf->state == FEED_FAILED ? tf->error : strerror(-r));
+				session_fail(s, r, why);
 				return;
 			}
 		}
@@ -297,7 +302,9 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
-		r = doc_walk_seek(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, w->at);
+		/* The stream's window start: a resume counts nothing before it twice (issue #22). */
+		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, &w->ep.win_start[w->window],
+				    w->at);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
@@ -326,9 +333,12 @@ int session_open_streams(struct session *s, const struct cursor *c, char *err, s
 {
 	struct feed *f = s->feed;
 	const uint32_t rank = s->rank, world = s->world;
-	const uint64_t fingerprint = session_fingerprint(s);
+	uint64_t fingerprint = session_fingerprint(s);
 	int r;
 	const bool by_docs = f->n_sources > 0 || f->conf.packing != CONF_PACKING_CONCAT;
+	/* Section 8: a text feed's cursor made under the old feistel8 rule names the same order. */
+	if (c && !s->plain && f->fingerprint_alt && c->fingerprint == f->fingerprint_alt)
+		fingerprint = f->fingerprint_alt;
 	if (c) {
 		/* Same shards, sizes, mtimes and parameters, other data: a shard rewritten in place (issue #16). */
 		if (c->has_data && c->data != f->data_id && c->fingerprint == fingerprint) {
@@ -390,6 +400,21 @@ int session_open_streams(struct session *s, const struct cursor *c, char *err, s
 		r = src_open(s, x, pos, err, errlen);
 		if (r < 0)
 			return r;
+		/*
+		 * Section 8: a text cursor without k_w made with the fingerprint that
+		 * names no bijection was made by a feedd that shuffled every window
+		 * with Fisher-Yates; resuming inside a window over shuffle_list_max
+		 * would then change its order mid-window. Refused there only.
+		 */
+		if (pos && !pos->has_k && !s->parent && x->feed->kind == FEED_TEXT && !f->n_sources &&
+		    c->fingerprint != f->fingerprint_alt &&
+		    x->stream->walk.win.permuted) {
+			snprintf(err, errlen,
+				 "cursor of feed %s was made by a feedd that shuffled windows over shuffle_list_max (%" PRIu64
+				 ") as lists, and resumes inside one: its order there is not this one's (docs/sample-order.md, section 8)",
+				 f->name, f->conf.shuffle_list_max);
+			return -EINVAL;
+		}
 	}
 	if (by_docs && (r = session_plan_init(s, c, err, errlen)) < 0)
 		return r;

@@ -35,7 +35,8 @@
  * Laziness (issue #22): n_docs is what the sample order needs up front;
  * everything else is asked per document. Megatron maps its index and does
  * nothing proportional to the documents at open (beyond scan_budget);
- * text formats still index a shard at open.
+ * text formats, opened with defer_index, only stat the file at open and
+ * index it (index()) when its window comes up.
  */
 #pragma once
 
@@ -59,6 +60,7 @@ struct format_opts {
 	const char *text_key;   /* jsonl (and columnar formats): the member/column holding the text */
 	uint64_t *scan_budget;  /* index entries a format may still validate whole at open (charged); NULL: no limit */
 	bool defer_store;       /* text: an index built at open is written to cache_dir later, by store() */
+	bool defer_index;       /* text: open only stats the file; index() reads it when its window comes up */
 };
 
 /*
@@ -98,6 +100,12 @@ struct shard {
 	/* the bytes are a copy made on use: doc_read()'s source is valid only between acquire() and release() */
 	bool lazy;
 	bool store_pending;          /* its index is to be written to cache_dir by store() (format_opts.defer_store) */
+	/*
+	 * Opened with format_opts.defer_index: n_docs, bytes, cached and
+	 * truncated mean nothing until index() has returned; the feed keeps
+	 * the count (feed.h, shard_docs).
+	 */
+	bool deferred;
 };
 
 /* Per-thread scratch for doc_text() (reused; freed by format_state_done). */
@@ -196,6 +204,14 @@ struct format {
 	void (*prepare)(const struct shard *s);
 	/* FORMAT_TEXT, for s->store_pending: writes the index open built to cache_dir. Any thread. 0 or -errno, message. */
 	int (*store)(const struct shard *s, char *err, size_t errlen);
+	/*
+	 * FORMAT_TEXT, for s->deferred: reads the shard's index now (its cached
+	 * one, or a pass over the file) and returns its document count. Any
+	 * thread; concurrent calls wait for one another; r may be NULL. 0, or
+	 * a negative errno with a message naming the file (kept: later calls
+	 * fail the same way).
+	 */
+	int (*index)(const struct shard *s, struct source_reader *r, uint32_t *ret_docs, char *err, size_t errlen);
 };
 
 /* The format named `name` ("megatron", "jsonl", "text", "parquet"), or NULL. */
@@ -247,15 +263,16 @@ static inline void format_doc_read(const struct shard *s, uint32_t doc, struct s
 	s->format->doc_read(s, doc, ret);
 }
 
+/* Lazy shards (a copy) and deferred ones (an index that may be let go between windows) are held while read. */
 static inline int format_acquire(const struct shard *s, struct source_reader *r, char *note, size_t notelen, char *err,
 				 size_t errlen)
 {
-	return s->lazy ? s->format->acquire(s, r, note, notelen, err, errlen) : 0;
+	return s->lazy || s->deferred ? s->format->acquire(s, r, note, notelen, err, errlen) : 0;
 }
 
 static inline void format_release(const struct shard *s)
 {
-	if (s->lazy)
+	if (s->lazy || s->deferred)
 		s->format->release(s);
 }
 
@@ -275,6 +292,10 @@ static inline int format_prefetch_emit(void *ctx, struct source *src, uint64_t b
 static inline void format_prefetch(const struct shard *s)
 {
 	struct source *src = NULL;
+	if (s->format && s->deferred && s->format->prepare) { /* indexed (and copied) ahead, on the copy maker */
+		s->format->prepare(s);
+		return;
+	}
 	if (!s->format || !s->n_docs)
 		return;
 	if (s->lazy) { /* a copy made on use: made ahead instead */

@@ -22,18 +22,16 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
-#include <zstd.h>
 
 #include "daemon/cache/cache.h"
 #include "daemon/format/format.h"
+#include "daemon/format/text-internal.h"
 #include "daemon/format/text.h"
 #include "daemon/io/sums.h"
 #include "daemon/order/order.h"
 #include "proto/macro.h"
 
 #define INDEX_MAGIC "FDTXIDX2"
-#define BLOCK (8u << 20) /* bytes per read while indexing */
 
 struct text_index_header {
 	char magic[8];
@@ -59,7 +57,7 @@ enum text_codec text_codec_of(const char *path)
 	return TEXT_CODEC_NONE;
 }
 
-static const char *codec_name(enum text_codec c)
+const char *text_codec_name(enum text_codec c)
 {
 	return c == TEXT_CODEC_GZIP ? "gzip" : c == TEXT_CODEC_ZSTD ? "zstd" : "plain";
 }
@@ -75,239 +73,6 @@ static uint64_t hash_words(uint64_t h, const void *p, size_t n)
 	for (; n; n--, b++)
 		h = order_mix(h ^ *b) + 1;
 	return h;
-}
-
-/* ---- building: documents as lines ---------------------------------------- */
-
-struct builder {
-	struct text_shard *s;
-	uint64_t max_doc_bytes;
-	uint64_t pos;         /* data offset of the next byte scanned */
-	uint64_t line;        /* 1-based line being scanned */
-	uint64_t line_start;
-	bool content;         /* the line so far holds a non-whitespace byte */
-	size_t cap;
-	bool need_lines;      /* some line was blank, so lines[] is needed */
-	uint8_t *mem;         /* non-NULL: the copy is written here, not to the cache ... */
-	uint64_t mem_cap;     /* ... and holds at most this many bytes */
-};
-
-static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
-{
-	struct text_shard *s = b->s;
-	if (s->n_docs == UINT32_MAX - 1)
-		return -E2BIG;
-	if (s->n_docs == b->cap) {
-		size_t cap = b->cap ? b->cap * 2 : 1024;
-		uint64_t *o = realloc(s->offsets, cap * sizeof(*o));
-		if (o)
-			s->offsets = o;
-		uint64_t *l = realloc(s->lines, cap * sizeof(*l));
-		if (l)
-			s->lines = l;
-		uint32_t *n = realloc(s->lengths, cap * sizeof(*n));
-		if (n)
-			s->lengths = n;
-		if (!o || !l || !n)
-			return -ENOMEM;
-		b->cap = cap;
-	}
-	s->offsets[s->n_docs] = offset;
-	s->lengths[s->n_docs] = (uint32_t)MIN(len, b->max_doc_bytes + 1);
-	s->lines[s->n_docs] = b->line;
-	if (b->line != (uint64_t)s->n_docs + 1)
-		b->need_lines = true;
-	s->n_docs++;
-	return 0;
-}
-
-static inline bool json_space(uint8_t c)
-{
-	return c == ' ' || c == '\t' || c == '\r' || c == '\n';
-}
-
-/* Scans decompressed bytes data[0..n) that sit at b->pos in the data file. */
-static int scan(struct builder *b, const uint8_t *data, size_t n)
-{
-	const uint8_t *p = data, *end = data + n;
-	while (p < end) {
-		const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
-		const uint8_t *stop = nl ? nl : end;
-		for (const uint8_t *q = p; !b->content && q < stop; q++)
-			b->content = !json_space(*q);
-		if (!nl)
-			break;
-		uint64_t at = b->pos + (uint64_t)(nl - data);
-		if (b->content) {
-			int r = add_doc(b, b->line_start, at - b->line_start);
-			if (r < 0)
-				return r;
-		}
-		b->line++;
-		b->line_start = at + 1;
-		b->content = false;
-		p = nl + 1;
-	}
-	b->pos += n;
-	return 0;
-}
-
-/* The last line, when the data does not end with a newline. */
-static int scan_end(struct builder *b)
-{
-	if (!b->content)
-		return 0;
-	b->content = false;
-	return add_doc(b, b->line_start, b->pos - b->line_start);
-}
-
-/* ---- decompression into the cache ----------------------------------------- */
-
-struct decoder {
-	enum text_codec codec;
-	z_stream z;
-	bool z_init;
-	bool z_member_done; /* the last gzip member ended; anything after must start another */
-	ZSTD_DStream *zs;
-	size_t zs_last;     /* ZSTD_decompressStream's last hint: 0 = at a frame boundary */
-};
-
-/*
- * A zstd stream per thread, kept between shards: creating one took a tenth
- * of a worker's time when thousands of small shards are copied on use. One
- * that grew past ZSTD_KEEP_MAX (a large frame window) is not kept.
- */
-#define ZSTD_KEEP_MAX (1u << 20)
-static pthread_key_t zs_key;
-static pthread_once_t zs_once = PTHREAD_ONCE_INIT;
-
-static void zs_free(void *p)
-{
-	ZSTD_freeDStream(p);
-}
-
-static void zs_key_init(void)
-{
-	if (pthread_key_create(&zs_key, zs_free) != 0)
-		zs_key = (pthread_key_t)-1;
-}
-
-static void decoder_done(struct decoder *d)
-{
-	if (d->z_init)
-		inflateEnd(&d->z);
-	if (d->zs && zs_key != (pthread_key_t)-1 && !pthread_getspecific(zs_key) &&
-	    ZSTD_sizeof_DStream(d->zs) <= ZSTD_KEEP_MAX && pthread_setspecific(zs_key, d->zs) == 0)
-		return;
-	ZSTD_freeDStream(d->zs);
-}
-
-static int decoder_init(struct decoder *d, enum text_codec codec)
-{
-	*d = (struct decoder){ .codec = codec, .zs_last = 0 };
-	if (codec == TEXT_CODEC_GZIP) {
-		if (inflateInit2(&d->z, 15 + 16) != Z_OK)
-			return -ENOMEM;
-		d->z_init = true;
-		return 0;
-	}
-	pthread_once(&zs_once, zs_key_init);
-	if (zs_key != (pthread_key_t)-1 && (d->zs = pthread_getspecific(zs_key)))
-		pthread_setspecific(zs_key, NULL);
-	else
-		d->zs = ZSTD_createDStream();
-	if (!d->zs || ZSTD_isError(ZSTD_initDStream(d->zs)))
-		return -ENOMEM;
-	return 0;
-}
-
-/* Appends decompressed bytes to the copy in the cache and indexes them. */
-static int emit(struct builder *b, struct cache_build *out, const uint8_t *data, size_t n, char *err, size_t errlen)
-{
-	if (!n)
-		return 0;
-	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
-	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
-	if (r == 0 && b->mem) {
-		if (b->pos + n > b->mem_cap) /* more than at load: the source changed */
-			return -ESTALE;
-		memcpy(b->mem + b->pos, data, n);
-	}
-	return r < 0 ? r : scan(b, data, n);
-}
-
-/*
- * Decompresses in[0..n) (compressed bytes from `in_pos` on), appending the
- * output to the cache entry dst and scanning it. Returns 0 or a negative
- * errno with a message.
- */
-static int decode(struct decoder *d, struct builder *b, const uint8_t *in, size_t n, uint64_t in_pos,
-		  struct cache_build *dst, uint8_t *out, size_t out_cap, char *err, size_t errlen)
-{
-	int r;
-	const char *path = b->s->path;
-	if (d->codec == TEXT_CODEC_GZIP) {
-		size_t used = 0;
-		while (used < n) {
-			if (d->z_member_done) {
-				/* Concatenated members, as gzip(1) writes with cat a.gz b.gz. */
-				if (inflateReset(&d->z) != Z_OK)
-					return -ENOMEM;
-				d->z_member_done = false;
-			}
-			d->z.next_in = (Bytef *)(in + used);
-			d->z.avail_in = (uInt)MIN(n - used, (size_t)UINT32_MAX);
-			size_t before = d->z.avail_in;
-			int zr;
-			do {
-				d->z.next_out = out;
-				d->z.avail_out = (uInt)out_cap;
-				zr = inflate(&d->z, Z_NO_FLUSH);
-				if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
-					snprintf(err, errlen, "%s: corrupt gzip data near compressed byte %" PRIu64 ": %s", path,
-						 in_pos + used + (before - d->z.avail_in), d->z.msg ? d->z.msg : "inflate failed");
-					return -EBADMSG;
-				}
-				if ((r = emit(b, dst, out, out_cap - d->z.avail_out, err, errlen)) < 0)
-					return r;
-			} while (zr == Z_OK && d->z.avail_out == 0);
-			used += before - d->z.avail_in;
-			if (zr == Z_STREAM_END)
-				d->z_member_done = true;
-			else if (before == d->z.avail_in)
-				break; /* needs more input */
-		}
-		return 0;
-	}
-
-	ZSTD_inBuffer ib = { .src = in, .size = n, .pos = 0 };
-	bool full = false;
-	/* Until the input is used up and the decoder has no more output for it. */
-	while (ib.pos < ib.size || full) {
-		ZSTD_outBuffer ob = { .dst = out, .size = out_cap, .pos = 0 };
-		size_t at = ib.pos;
-		size_t zr = ZSTD_decompressStream(d->zs, &ob, &ib);
-		if (ZSTD_isError(zr)) {
-			snprintf(err, errlen, "%s: corrupt zstd data near compressed byte %" PRIu64 ": %s", path,
-				 in_pos + at, ZSTD_getErrorName(zr));
-			return -EBADMSG;
-		}
-		/* A call that moved nothing says nothing about frames (after one ends it hints at the next). */
-		if (ob.pos || ib.pos != at)
-			d->zs_last = zr;
-		full = ob.pos == ob.size;
-		if ((r = emit(b, dst, out, ob.pos, err, errlen)) < 0)
-			return r;
-	}
-	return 0;
-}
-
-/* Whether the stream stopped inside a gzip member or zstd frame. */
-static bool decoder_truncated(const struct decoder *d, bool saw_input)
-{
-	if (d->codec == TEXT_CODEC_GZIP)
-		return saw_input ? !d->z_member_done : true;
-	return d->zs_last != 0 || !saw_input;
 }
 
 /* ---- the cache ------------------------------------------------------------ */
@@ -392,7 +157,8 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 	int64_t size = r < 0 ? r : sums_check_buffer(buf, source_size(file), idx_path, why, sizeof(why));
 	source_close(file);
 	if (size == -EBADMSG)
-		snprintf(s->cache_note, sizeof(s->cache_note), "%s; rebuilt", why);
+		if (!s->cache_note && asprintf(&s->cache_note, "%s; rebuilt", why) < 0)
+			s->cache_note = NULL;
 	if (size < (int64_t)sizeof(struct text_index_header))
 		return 0;
 	struct text_index_header h;
@@ -443,135 +209,14 @@ static int cache_load(struct text_shard *s, const char *idx_path, struct source_
 }
 
 /* ---- open ----------------------------------------------------------------- */
-
-/* Reads the whole of src (size bytes) in large blocks, handing each to fn. */
-static int read_blocks(struct source_reader *io, struct source *src, uint64_t size, uint8_t *buf,
-		       int (*fn)(void *ctx, const uint8_t *p, size_t n, uint64_t at), void *ctx)
-{
-	for (uint64_t at = 0; at < size;) {
-		size_t n = (size_t)MIN((uint64_t)BLOCK, size - at);
-		struct source_read req = { .src = src, .offset = at, .len = n, .dst = buf };
-		size_t failed;
-		int r = source_read(io, &req, 1, &failed);
-		if (r < 0)
-			return r;
-		r = fn(ctx, buf, n, at);
-		if (r < 0)
-			return r;
-		at += n;
-	}
-	return 0;
-}
-
-static int scan_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
-{
-	return scan(ctx, p, n);
-}
-
-struct decode_ctx {
-	struct decoder *d;
-	struct builder *b;
-	struct cache_build *dst;
-	uint8_t *out;
-	size_t out_cap;
-	char *err;
-	size_t errlen;
-	const bool *cancel; /* set: the copy is no longer wanted (its shard is being freed) */
-};
-
-static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
-{
-	struct decode_ctx *c = ctx;
-	if (c->cancel && __atomic_load_n(c->cancel, __ATOMIC_ACQUIRE)) {
-		snprintf(c->err, c->errlen, "%s: its copy was given up (the shard is no longer served)", c->b->s->path);
-		return -ECANCELED;
-	}
-	return decode(c->d, c->b, p, n, at, c->dst, c->out, c->out_cap, c->err, c->errlen);
-}
-
-/*
- * Indexes the shard; a compressed or Parquet one's copy is written to the
- * cache entry data_path (with its checksums, within cache_max_bytes).
- */
-static int build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
-		       uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
-{
-	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap };
-	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
-	const uint64_t size = (uint64_t)s->id.size;
-	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));
-	if (!buf)
-		return -ENOMEM;
-	int r;
-	struct cache_build *dst = NULL;
-	if (data_path && (r = cache_build_begin(o->cache_dir, o->cache_max_bytes, data_path, SUMS_BLOCK_DEFAULT, &dst,
-						err, errlen)) < 0)
-		return r;
-	if (s->kind == TEXT_PARQUET) {
-		r = text_parquet_build(s, src, io, o->text_key ? o->text_key : "text", o->max_doc_bytes, dst, err, errlen);
-		return r < 0 ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
-	} else if (s->kind == TEXT_PLAIN && s->codec == TEXT_CODEC_NONE) {
-		/* The whole file is the document; nothing to scan. */
-		b.pos = (uint64_t)s->id.size;
-		r = add_doc(&b, 0, b.pos);
-	} else if (s->codec == TEXT_CODEC_NONE) {
-		r = read_blocks(io, src, (uint64_t)s->id.size, buf, scan_block, &b);
-		if (r == 0)
-			r = scan_end(&b);
-		if (r < 0 && r != -ENOMEM && r != -E2BIG)
-			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
-	} else {
-		const size_t out_cap = size < (1u << 20) ? 256u << 10 : BLOCK;
-		_cleanup_free_ uint8_t *out = malloc(out_cap);
-		struct decoder d;
-		r = out ? decoder_init(&d, s->codec) : -ENOMEM;
-		if (r < 0) {
-			cache_build_abort(dst);
-			return r;
-		}
-		err[0] = 0;
-		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .out_cap = out_cap, .err = err,
-					.errlen = errlen, .cancel = o->cancel };
-		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
-		if (r < 0 && !err[0] && r != -ENOMEM && r != -E2BIG)
-			snprintf(err, errlen, "%s: cannot read: %s", s->path, strerror(-r));
-		if (r == 0 && decoder_truncated(&d, s->id.size > 0)) {
-			/* Keep what is whole; the line cut short is not a document. */
-			snprintf(s->truncated, sizeof(s->truncated),
-				 "%s: %s stream ends early (truncated after %" PRIu64 " compressed bytes, line %" PRIu64
-				 "); the %" PRIu32 " documents before the cut are served",
-				 s->path, codec_name(s->codec), (uint64_t)s->id.size, b.line, s->n_docs);
-			b.content = false;
-		}
-		if (r == 0)
-			r = scan_end(&b);
-		decoder_done(&d);
-		if (r == 0 && s->kind == TEXT_PLAIN) {
-			/* A compressed text file is still one document: everything that decompressed. */
-			s->n_docs = 0;
-			b.line = 1;
-			r = add_doc(&b, 0, b.pos);
-		}
-		r = r < 0 || !dst ? (cache_build_abort(dst), r) : cache_build_commit(dst, err, errlen);
-	}
-	if (r == -E2BIG)
-		snprintf(err, errlen, "%s: more than %u documents in one shard; split it", s->path, UINT32_MAX - 2);
-	if (r < 0)
-		return r;
-	s->bytes = b.pos;
-	if (!b.need_lines) {
-		free(s->lines);
-		s->lines = NULL;
-	}
-	return 0;
-}
+static void unheld_forget(struct text_shard *s);
 
 struct text_shard *text_free(struct text_shard *s)
 {
 	if (!s)
 		return NULL;
-	if (s->lazy)
-		text_idle_forget(s);
+	text_idle_forget(s);
+	unheld_forget(s);
 	source_close(s->data);
 	cache_unpin(s->pin);
 	free(s->text_key);
@@ -582,8 +227,10 @@ struct text_shard *text_free(struct text_shard *s)
 	free(s->path);
 	free(s->cache_dir);
 	free(s->idx_path);
-	if (s->lazy)
-		pthread_mutex_destroy(&s->lock);
+	free(s->maker_note);
+	free(s->index_err);
+	free(s->cache_note);
+	pthread_mutex_destroy(&s->lock);
 	free(s);
 	return NULL;
 }
@@ -593,6 +240,64 @@ static void source_closep(struct source **s)
 	source_close(*s);
 }
 
+/*
+ * Indexes s (s->lock held, or s not shared yet): its cached index if one
+ * describes this very source, else a pass over it. src: the source opened
+ * already (load), or NULL (deferred: opened now, after checking that it is
+ * the file load saw). store_now: write an index built here to cache_dir at
+ * once (deferred: this runs off the load path) rather than leave it pending.
+ */
+static int index_now(struct text_shard *s, struct source *src_in, struct source_reader *io, bool store_now, char *err,
+		     size_t errlen)
+{
+	int r;
+	_cleanup_(source_closep) struct source *src = src_in;
+	if (!src) {
+		if ((r = source_check(s->path, &s->id, err, errlen)) < 0)
+			return r;
+		if ((r = source_open(s->path, &src, err, errlen)) < 0)
+			return r;
+	}
+	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
+					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key, .cancel = &s->cancel };
+	if (s->idx_path && cache_load(s, s->idx_path, io, s->max_doc_bytes) == 1)
+		s->cached = true;
+	if (!s->cached) {
+		/*
+		 * A compressed shard is only indexed here: its copy is made when it
+		 * is read (text_acquire). A Parquet column is decoded into its copy
+		 * now, in the same pass; the cache may evict it until it is read.
+		 */
+		r = text_build_index(s, src, &o, s->kind == TEXT_PARQUET ? s->data_path : NULL, NULL, 0, io, err, errlen);
+		if (r < 0)
+			return r;
+		/*
+		 * A truncated stream is not cached: it says so again on every load.
+		 * Nor is a small shard's index (TEXT_STORE_MIN).
+		 */
+		if (s->idx_path && s->defer_store && s->kind != TEXT_PARQUET && s->bytes < TEXT_STORE_MIN) {
+			/* indexed again at the next start */
+		} else if (s->idx_path && !s->truncated[0] && s->defer_store && s->kind != TEXT_PARQUET && !store_now) {
+			/* Written after load, off the load path (the feed's scanner thread): a file per shard costs. */
+			s->store_pending = true;
+		} else if (s->idx_path && !s->truncated[0]) {
+			r = cache_store(s, s->idx_path, &o, err, errlen);
+			if (r < 0 && s->lazy && !store_now) {
+				unlink(s->data_path);
+				return r;
+			}
+			/* A plain shard still works with its index in memory only; so does a deferred one. */
+		}
+		s->verified = s->kind == TEXT_PARQUET;
+	}
+	if (s->lazy)
+		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
+	else if (!s->data) /* indexed again after its index was let go: the source stays the one open */
+		__atomic_store_n(&s->data, TAKE_PTR(src), __ATOMIC_RELEASE);
+	__atomic_store_n(&s->indexed, true, __ATOMIC_RELEASE);
+	return 0;
+}
+
 int text_open(const char *path, const struct text_open_opts *o, struct source_reader *io, struct text_shard **ret,
 	      char *err, size_t errlen)
 {
@@ -600,21 +305,33 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 	struct text_shard *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	pthread_mutex_init(&s->lock, NULL);
 	s->kind = o->kind;
 	s->codec = text_codec_of(path);
 	s->path = strdup(path);
 	s->text_key = strdup(o->text_key ? o->text_key : "text");
+	s->defer_store = o->defer_store;
+	s->max_doc_bytes = o->max_doc_bytes;
 	if (!s->path || !s->text_key) {
 		text_free(s);
 		return -ENOMEM;
 	}
+	/* Deferred: the file's identity now (a stat), its text when its window comes up (text_index). */
+	const bool defer = o->defer_index && !source_is_remote(path);
 	_cleanup_(source_closep) struct source *src = NULL;
-	r = source_open(path, &src, err, errlen);
+	if (defer) {
+		r = source_identify(path, &s->id);
+		if (r < 0)
+			snprintf(err, errlen, "%s: %s", path, strerror(-r));
+	} else {
+		r = source_open(path, &src, err, errlen);
+		if (r == 0)
+			s->id = *source_identity(src);
+	}
 	if (r < 0) {
 		text_free(s);
 		return r;
 	}
-	s->id = *source_identity(src);
 
 	_cleanup_free_ char *idx_path = NULL, *data_path = NULL;
 	const bool copy = s->codec != TEXT_CODEC_NONE || s->kind == TEXT_PARQUET;
@@ -630,83 +347,188 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		idx_path = cache_name(o->cache_dir, path, sfx_idx);
 		if (copy)
 			data_path = cache_name(o->cache_dir, path, sfx_data);
-		if (!idx_path || (copy && !data_path)) {
-			text_free(s);
-			return -ENOMEM;
-		}
-	} else if (copy) {
-		snprintf(err, errlen, "%s: a %s shard is served from a decompressed copy, and there is no cache_dir to keep it in",
-			 path, s->kind == TEXT_PARQUET ? "Parquet" : codec_name(s->codec));
-		text_free(s);
-		return -EINVAL;
-	}
-
-	if (idx_path && cache_load(s, idx_path, io, o->max_doc_bytes) == 1)
-		s->cached = true;
-	if (!s->cached) {
-		/*
-		 * A compressed shard is only indexed here: its copy is made when it
-		 * is read (text_acquire). A Parquet column is decoded into its copy
-		 * now, in the same pass; the cache may evict it until it is read.
-		 */
-		r = build_index(s, src, o, s->kind == TEXT_PARQUET ? data_path : NULL, NULL, 0, io, err, errlen);
-		if (r < 0) {
-			text_free(s);
-			return r;
-		}
-		/*
-		 * A truncated stream is not cached: it says so again on every load.
-		 * Nor is a small shard's index at load (TEXT_STORE_MIN).
-		 */
-		if (idx_path && o->defer_store && s->kind != TEXT_PARQUET && s->bytes < TEXT_STORE_MIN) {
-			/* indexed again at the next start */
-		} else if (idx_path && !s->truncated[0] && o->defer_store && s->kind != TEXT_PARQUET) {
-			/* Written after load, off the load path (the feed's scanner thread): a file per shard costs. */
-			s->store_pending = true;
-			s->idx_path = TAKE_PTR(idx_path);
-		} else if (idx_path && !s->truncated[0]) {
-			r = cache_store(s, idx_path, o, err, errlen);
-			if (r < 0 && data_path) {
-				unlink(data_path);
-				text_free(s);
-				return r;
-			}
-			/* A plain shard still works with its index in memory only. */
-		}
-		s->verified = s->kind == TEXT_PARQUET;
-	}
-
-	if (o->cache_dir) {
 		s->cache_dir = strdup(o->cache_dir);
-		if (!s->cache_dir) {
+		if (!idx_path || (copy && !data_path) || !s->cache_dir) {
 			text_free(s);
 			return -ENOMEM;
 		}
 		s->cache_max_bytes = o->cache_max_bytes;
-		s->max_doc_bytes = o->max_doc_bytes;
+	} else if (copy) {
+		snprintf(err, errlen, "%s: a %s shard is served from a decompressed copy, and there is no cache_dir to keep it in",
+			 path, s->kind == TEXT_PARQUET ? "Parquet" : text_codec_name(s->codec));
+		text_free(s);
+		return -EINVAL;
 	}
+	s->idx_path = TAKE_PTR(idx_path);
 	if (data_path) {
-		pthread_mutex_init(&s->lock, NULL);
 		s->lazy = true;
-		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
 		s->data_path = TAKE_PTR(data_path);
-	} else {
-		s->data_path = strdup(path);
-		if (!s->data_path) {
-			text_free(s);
-			return -ENOMEM;
-		}
-		s->data = TAKE_PTR(src);
+	} else if (!(s->data_path = strdup(path))) {
+		text_free(s);
+		return -ENOMEM;
+	}
+	if (!defer && (r = index_now(s, TAKE_PTR(src), io, false, err, errlen)) < 0) {
+		text_free(s);
+		return r;
 	}
 	*ret = s;
 	return 0;
+}
+
+/* ---- indexes let go when no walk holds them (issue #22) ---------------- */
+
+static pthread_mutex_t unheld_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct text_shard *unheld_head, *unheld_tail;
+static unsigned n_unheld;
+static uint64_t unheld_bytes, n_in_memory;
+
+static uint64_t index_bytes(const struct text_shard *s)
+{
+	return (uint64_t)s->n_docs * (8 + 4 + (s->lines ? 8 : 0));
+}
+
+/* unheld_lock held. */
+static void unheld_unlink(struct text_shard *s)
+{
+	if (!s->unheld)
+		return;
+	if (s->uh_prev)
+		s->uh_prev->uh_next = s->uh_next;
+	else
+		unheld_head = s->uh_next;
+	if (s->uh_next)
+		s->uh_next->uh_prev = s->uh_prev;
+	else
+		unheld_tail = s->uh_prev;
+	s->uh_prev = s->uh_next = NULL;
+	s->unheld = false;
+	n_unheld--;
+	unheld_bytes -= index_bytes(s);
+}
+
+/* unheld_lock held: lets go of the oldest unheld indexes past the bounds (their shards only try-locked). */
+static void unheld_trim(void)
+{
+	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > TEXT_UNHELD_MAX || unheld_bytes > TEXT_UNHELD_BYTES);
+	     v = next) {
+		next = v->uh_next;
+		if (pthread_mutex_trylock(&v->lock) != 0)
+			continue;
+		unheld_unlink(v);
+		/* Nobody reads it: no walk holds it, no read has it acquired, the copy maker is not on it. */
+		if (!v->holds && !v->users && !v->making && v->indexed) {
+			__atomic_store_n(&v->indexed, false, __ATOMIC_RELEASE);
+			drop_index(v);
+			v->cached = false;
+			v->truncated[0] = 0;
+			n_in_memory--;
+		}
+		pthread_mutex_unlock(&v->lock);
+	}
+}
+
+void text_hold(struct text_shard *s, bool on)
+{
+	/* s->unheld changes only with s->lock held too: the global lock is taken only to move s on or off the list. */
+	pthread_mutex_lock(&s->lock);
+	if (on)
+		s->holds++;
+	else if (s->holds)
+		s->holds--;
+	if (on ? !s->unheld : s->holds || !s->indexed || s->unheld) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	pthread_mutex_lock(&unheld_lock);
+	if (on)
+		unheld_unlink(s);
+	else {
+		s->uh_prev = unheld_tail;
+		s->uh_next = NULL;
+		if (unheld_tail)
+			unheld_tail->uh_next = s;
+		else
+			unheld_head = s;
+		unheld_tail = s;
+		s->unheld = true;
+		n_unheld++;
+		unheld_bytes += index_bytes(s);
+	}
+	pthread_mutex_unlock(&s->lock); /* trim only try-locks shards: s's lock may go first */
+	if (!on)
+		unheld_trim();
+	pthread_mutex_unlock(&unheld_lock);
+}
+
+uint64_t text_indexes_in_memory(void)
+{
+	pthread_mutex_lock(&unheld_lock);
+	uint64_t n = n_in_memory;
+	pthread_mutex_unlock(&unheld_lock);
+	return n;
+}
+
+/* Before s is freed: off the unheld list. */
+static void unheld_forget(struct text_shard *s)
+{
+	pthread_mutex_lock(&unheld_lock);
+	unheld_unlink(s);
+	if (s->indexed && s->defer_index_counted)
+		n_in_memory--;
+	pthread_mutex_unlock(&unheld_lock);
+}
+
+int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	/*
+	 * Off the unheld list first, whatever happens: a shard asked for again
+	 * (a window of it entered, or read ahead) is not let go until a walk
+	 * that holds it lets it go.
+	 */
+	pthread_mutex_lock(&s->lock);
+	int r = text_index_locked(s, io, err, errlen);
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
+{
+	if (s->unheld) {
+		pthread_mutex_lock(&unheld_lock);
+		unheld_unlink(s);
+		pthread_mutex_unlock(&unheld_lock);
+	}
+	int r = 0;
+	if (s->index_error < 0) {
+		r = s->index_error;
+		snprintf(err, errlen, "%s", s->index_err ? s->index_err : strerror(-r));
+	} else if (!s->indexed) {
+		struct source_reader *own = NULL;
+		if (!io && (r = source_reader_new(IO_ENGINE_PREAD, 4, &own)) < 0)
+			snprintf(err, errlen, "%s: cannot index: %s", s->path, strerror(-r));
+		if (r == 0)
+			r = index_now(s, NULL, io ? io : own, true, err, errlen);
+		source_reader_free(own);
+		if (r == 0) {
+			pthread_mutex_lock(&unheld_lock);
+			n_in_memory++;
+			s->defer_index_counted = true;
+			pthread_mutex_unlock(&unheld_lock);
+		}
+		if (r < 0) {
+			drop_index(s);
+			s->index_error = r;
+			s->index_err = strdup(err); /* NULL: its errno is said again */
+		}
+	}
+	return r;
 }
 
 int text_store_index(const struct text_shard *s, char *err, size_t errlen)
 {
 	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
 					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key };
-	return s->idx_path ? cache_store(s, s->idx_path, &o, err, errlen) : 0;
+	return s->idx_path && s->store_pending ? cache_store(s, s->idx_path, &o, err, errlen) : 0;
 }
 
 /* Decompresses s's source again into its cache entry, or into mem (s->bytes), checked to hold what load indexed. */
@@ -721,7 +543,7 @@ static int copy_again(struct text_shard *s, struct source_reader *io, uint8_t *m
 	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
 	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
 					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key, .cancel = &s->cancel };
-	r = build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
+	r = text_build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
 	free(t.offsets);
 	free(t.lines);
 	free(t.lengths);

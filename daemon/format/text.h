@@ -27,8 +27,9 @@
  * open and pinned while in use and a little after (a few idle shards per
  * process), and otherwise left to the cache's LRU eviction under
  * cache_max_bytes (a memory copy: freed); an evicted copy is made again
- * from the source when the shard is read again. Load only indexes it: one
- * streaming pass that keeps nothing of the text (issue #22;
+ * from the source when the shard is read again. The daemon's load does not
+ * even index it (defer_index: a stat); text_index() does, when its window
+ * comes up: one streaming pass that keeps nothing of the text (issue #22;
  * docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
@@ -90,10 +91,32 @@ struct text_shard {
 	struct text_shard *make_next; /* on the copy maker's queue (text_prepare) */
 	bool make_queued, making;
 	bool cancel; /* being freed: a copy under way is given up between blocks (text_cache.c, maker_forget) */
-	char maker_note[384];  /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return */
+	char *maker_note;      /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return; NULL: none */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	bool store_pending;
+	bool defer_store;      /* text_open_opts.defer_store */
+
+	/*
+	 * Deferred (text_open_opts.defer_index): load only stat'ed the file;
+	 * text_index() reads it when its window comes up. indexed is set
+	 * (release) once n_docs, offsets, lengths, lines, bytes, truncated and
+	 * (plain shards) data are; a failure stays, in index_error/index_err.
+	 */
+	bool indexed;
+	/*
+	 * Walks in a window of this shard (text_hold). When the last leaves, the
+	 * index goes on the process's list of unheld indexes, and the oldest
+	 * of those are let go (TEXT_UNHELD_MAX) and rebuilt when a window of
+	 * the shard comes up again: memory follows the windows in use, not
+	 * the shards read so far. Under lock.
+	 */
+	unsigned holds;
+	bool unheld;
+	bool defer_index_counted; /* counted in text_indexes_in_memory() while indexed */
+	struct text_shard *uh_prev, *uh_next;
+	int index_error;
+	char *index_err;       /* NULL until it fails (every shard holds these: kept small) */
 
 	uint32_t n_docs;
 	uint64_t *offsets;     /* n_docs: first byte of each document in data_path */
@@ -109,7 +132,7 @@ struct text_shard {
 	 */
 	char truncated[256];
 	/* A damaged cache entry found at open, and rebuilt (for the feed to log); empty when none. */
-	char cache_note[384];
+	char *cache_note;      /* NULL when none */
 };
 
 /*
@@ -143,6 +166,7 @@ struct text_open_opts {
 	const char *text_key;      /* jsonl: the member holding the text; parquet: the column (NULL: "text") */
 	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
 	const bool *cancel;        /* a compressed shard's copy: given up (-ECANCELED) once *cancel is set */
+	bool defer_index;          /* stat the file only; text_index() reads it when first needed (local files) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -156,6 +180,47 @@ enum text_codec text_codec_of(const char *path);
 int text_open(const char *path, const struct text_open_opts *o, struct source_reader *io, struct text_shard **ret,
 	      char *err, size_t errlen);
 struct text_shard *text_free(struct text_shard *s);
+
+/* Whether s's index is there (n_docs and the documents' places); any thread. */
+static inline bool text_indexed(const struct text_shard *s)
+{
+	return __atomic_load_n(&s->indexed, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Indexes a deferred shard now (any thread; others wait for it): its cached
+ * index, or a pass over the file, which must still be the file load saw
+ * (-ESTALE). io may be NULL (a reader of its own). An index built here is
+ * written to cache_dir at once. Returns 0 (and at once when indexed
+ * already), or a negative errno with a message naming the file in err; a
+ * failure is kept and returned again.
+ */
+int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+/* text_index() with s->lock held (text_cache.c: indexed and acquired under one hold of the lock). */
+int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+
+/*
+ * Line indexes of shards no walk holds are kept, most recently released
+ * last, up to this many shards and bytes per process; older ones are let go.
+ * Generous on purpose: with the default 1,024 virtual streams the shards a
+ * feed reads at once span many windows (each stream's walk and its
+ * tokenizing ahead), and bounds of 256 shards / 64 MiB measured a 20-30x
+ * drop of tokens/s at 1,000 small shards (indexes let go and built again
+ * over and over). These bound the memory of a corpus of billions of
+ * documents (48 GB of line indexes at DCLM's size) to about 1 GiB plus the
+ * windows in use.
+ */
+#define TEXT_UNHELD_MAX 65536u
+#define TEXT_UNHELD_BYTES (UINT64_C(1) << 30)
+
+/*
+ * A walk enters (on) or leaves (!on) a window holding s (any thread): a
+ * held shard's index stays; one no walk holds may be let go (above), and
+ * text_index() builds it again. Never blocks on I/O.
+ */
+void text_hold(struct text_shard *s, bool on);
+/* Shards whose line index is in memory now, process-wide (status). */
+uint64_t text_indexes_in_memory(void);
 
 /* The 1-based line of document d (for messages). */
 static inline uint64_t text_doc_line(const struct text_shard *s, uint32_t d)

@@ -235,11 +235,25 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 		   size_t errlen)
 {
 	pthread_mutex_lock(&s->lock);
-	int r = s->data ? 0 : copy_open(s, io, maker ? s->maker_note : note, maker ? sizeof(s->maker_note) : notelen,
-					err, errlen);
-	if (r == 0 && !maker && s->maker_note[0]) { /* what the copy maker repaired: for this reader to log */
+	char made[384] = "";
+	/*
+	 * Indexed under the same hold of the lock as users is counted: an index
+	 * let go (text_hold) since is built again, and is not let go while used.
+	 */
+	int r = text_index_locked(s, io, err, errlen);
+	if (r == 0 && !s->lazy) {
+		s->users++;
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	if (r == 0)
+		r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
+	if (maker && made[0] && !s->maker_note)
+		s->maker_note = strdup(made); /* NULL: not said */
+	if (r == 0 && !maker && s->maker_note) { /* what the copy maker repaired: for this reader to log */
 		snprintf(note, notelen, "%s", s->maker_note);
-		s->maker_note[0] = 0;
+		free(s->maker_note);
+		s->maker_note = NULL;
 	}
 	if (r == 0) {
 		s->users++;
@@ -254,14 +268,17 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 int text_acquire(struct text_shard *s, struct source_reader *io, char *note, size_t notelen, char *err,
 		 size_t errlen)
 {
-	return s->lazy ? acquire(s, io, false, note, notelen, err, errlen) : 0;
+	return acquire(s, io, false, note, notelen, err, errlen);
 }
 
 void text_release(struct text_shard *s)
 {
-	if (!s->lazy)
-		return;
 	pthread_mutex_lock(&s->lock);
+	if (!s->lazy) { /* a plain shard: only its index was held */
+		s->users--;
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	if (--s->users == 0 && s->data) {
 		pthread_mutex_lock(&idle_lock);
 		s->idle_prev = idle_tail;
@@ -305,8 +322,10 @@ static void *maker_main(void *unused)
 		s->make_queued = false;
 		s->making = true;
 		pthread_mutex_unlock(&make_lock);
-		char err[8];
-		if (io && acquire(s, io, true, NULL, 0, err, sizeof(err)) == 0)
+		/* A deferred shard is indexed first (its window comes up); a failure stays in it for the walk to report. */
+		char err[512];
+		if (io && text_index(s, io, err, sizeof(err)) == 0 && s->lazy &&
+		    acquire(s, io, true, NULL, 0, err, sizeof(err)) == 0)
 			text_release(s);
 		pthread_mutex_lock(&make_lock);
 		s->making = false;
@@ -318,7 +337,7 @@ static void *maker_main(void *unused)
 
 void text_prepare(struct text_shard *s)
 {
-	if (!s->lazy || __atomic_load_n(&s->open_now, __ATOMIC_RELAXED))
+	if ((!s->lazy && text_indexed(s)) || __atomic_load_n(&s->open_now, __ATOMIC_RELAXED))
 		return;
 	pthread_mutex_lock(&make_lock);
 	if (!maker_started) {

@@ -197,6 +197,11 @@ static void pq_prepare(const struct shard *sh)
 	text_prepare(sh->impl);
 }
 
+static int pq_index(const struct shard *sh, struct source_reader *r, uint32_t *ret_docs, char *err, size_t errlen)
+{
+	return format_text.index(sh, r, ret_docs, err, errlen);
+}
+
 static void pq_doc_where(const struct shard *sh, uint32_t doc, char *buf, size_t n)
 {
 	snprintf(buf, n, ": row %" PRIu32, doc);
@@ -215,4 +220,5 @@ const struct format format_parquet = {
 	.acquire = pq_acquire,
 	.release = pq_release,
 	.prepare = pq_prepare,
+	.index = pq_index,
 };

@@ -24,6 +24,7 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.max_doc_bytes = o->max_doc_bytes,
 		.text_key = o->text_key,
 		.defer_store = o->defer_store,
+		.defer_index = o->defer_index,
 	};
 	struct text_shard *t;
 	int e = text_open(name, &to, r, &t, err, errlen);
@@ -42,7 +43,18 @@ static int fmt_open(struct shard *sh, const char *name, const struct format_opts
 		.cache_note = t->cache_note,
 		.lazy = t->lazy,
 		.store_pending = t->store_pending,
+		.deferred = !text_indexed(t),
 	};
+	return 0;
+}
+
+static int fmt_index(const struct shard *sh, struct source_reader *r, uint32_t *ret_docs, char *err, size_t errlen)
+{
+	const struct text_shard *t = sh->impl;
+	int e = text_index(sh->impl, r, err, errlen);
+	if (e < 0)
+		return e;
+	*ret_docs = t->n_docs;
 	return 0;
 }
 
@@ -134,6 +146,7 @@ const struct format format_jsonl = {
 	.release = fmt_release,
 	.prepare = fmt_prepare,
 	.store = fmt_store,
+	.index = fmt_index,
 };
 
 const struct format format_text = {
@@ -150,4 +163,5 @@ const struct format format_text = {
 	.release = fmt_release,
 	.prepare = fmt_prepare,
 	.store = fmt_store,
+	.index = fmt_index,
 };

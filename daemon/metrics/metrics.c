@@ -269,6 +269,14 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 			    wa[i].built_on_demand);
 		FEED_FAMILY("feedd_feed_index_shards_pending", "gauge",
 			    "Shards whose index is still being validated after load.", pend[i]);
+		/* Text (issue #22): shards are indexed when their window first comes up. */
+		uint64_t tix[in->n_feeds ? in->n_feeds : 1], tpend[in->n_feeds ? in->n_feeds : 1];
+		for (size_t i = 0; i < in->n_feeds; i++)
+			feed_text_shards(in->feeds[i], &tix[i], &tpend[i]);
+		FEED_FAMILY("feedd_feed_text_shards_indexed", "gauge",
+			    "Text shards whose document count is known (indexed once, or read from cache_dir).", tix[i]);
+		FEED_FAMILY("feedd_feed_text_shards_pending", "gauge",
+			    "Text shards not indexed yet: they are when their shuffle window first comes up.", tpend[i]);
 	}
 	family(o, "feedd_feed_source_documents_total", "counter",
 	       "A mixture's documents packed, per source (docs/sample-order.md, 14); their shares follow the weights.");

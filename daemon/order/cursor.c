@@ -60,6 +60,9 @@ int cursor_format(const struct cursor *c, char *buf, size_t cap)
 	}
 	if (ok && c->has_data)
 		ok = append(buf, cap, &n, "-%016" PRIx64, c->data);
+	/* fc1's k_w (issue #22) follows the data identity: a cursor without data has none. */
+	if (ok && c->has_data && !c->n_sources && c->pos.has_k)
+		ok = append(buf, cap, &n, "-%" PRIx64, c->pos.k);
 	if (!ok || !append(buf, cap, &n, "-%08" PRIx32, check_of(buf, n)))
 		return -ENOBUFS;
 	return (int)n;
@@ -105,6 +108,16 @@ int cursor_parse(const char *text, struct cursor *ret)
 		if (vstate_hex_field(&p, &check) < 0)
 			return -EINVAL;
 	}
+	/* fc1: k_w, when one more field follows the data identity. */
+	uint64_t k = 0;
+	bool has_k = false;
+	if (*p == '-' && has_data && !mixed) {
+		k = check;
+		has_k = true;
+		start = p;
+		if (vstate_hex_field(&p, &check) < 0)
+			return -EINVAL;
+	}
 	size_t body = (size_t)(start - text);
 	if (*p != 0 || p - start != 9)
 		return -EINVAL;
@@ -117,7 +130,8 @@ int cursor_parse(const char *text, struct cursor *ret)
 	if (!mixed) {
 		if (f[5] > UINT32_MAX)
 			return -EINVAL;
-		c.pos = (struct stream_pos){ .epoch = f[4], .window = (uint32_t)f[5], .index = f[6], .offset = f[7] };
+		c.pos = (struct stream_pos){ .epoch = f[4], .window = (uint32_t)f[5], .index = f[6], .offset = f[7],
+					     .k = k, .has_k = has_k };
 	} else {
 		c.k = f[4];
 		c.offset = f[5];

@@ -4,7 +4,7 @@
  * daemon resumes without replaying it. Formats (docs/sample-order.md,
  * sections 7.1, 12.5 and 14.4):
  *
- *   fc1-<fingerprint>-<world>-<rank>-<batch>-<epoch>-<window>-<index>-<offset>[-<data>]-<check>
+ *   fc1-<fingerprint>-<world>-<rank>-<batch>-<epoch>-<window>-<index>-<offset>[-<data>[-<kw>]]-<check>
  *   fc2-<fingerprint>-<world>-<rank>-<batch>-<k>-<offset>-<row>-<n>{-<epoch>-<window>-<index>}xn[-<data>]-<check>
  *
  * fc1 names a place in one stream (with packing bestfit or pad, <offset>
@@ -13,6 +13,9 @@
  * digits of a hash over everything before it. Only [0-9a-f-] and "fc1" /
  * "fc2": safe in any shell. <data> (16 digits, issue #16) is the feed's data
  * identity when the cursor was made; cursors from before it have none.
+ * <kw> (issue #22) is k_w, the documents of the epoch before the cursor's
+ * window, so that a resume does not count the shards before it; cursors
+ * from before it have none (pos.has_k false).
  */
 #pragma once
 

@@ -4,7 +4,9 @@
  * building a window's document list is O(documents in the window), which is
  * what makes resuming from a cursor independent of how far into the epoch it is.
  */
+#include <assert.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,46 +55,156 @@ void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng)
 	SHUFFLE(uint64_t);
 }
 
+/*
+ * Epoch permutations shared by every walk that holds one (issue #22): P
+ * depends only on the seed, shuffle, S and e, and every rank's walk, every
+ * virtual stream's (1,024 by default) and the window builder hold the
+ * epoch they are in: one copy of 4 S bytes instead of one per walk (at
+ * 30,000 shards, 120 MB and a shuffle of S per stream at attach). Freed
+ * with its last holder.
+ */
+struct shared_perm {
+	struct shared_perm *next;
+	uint64_t seed, epoch;
+	uint32_t n;
+	bool shuffle;
+	unsigned refs;
+	uint32_t perm[];
+};
+
+static pthread_mutex_t perm_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_perm *perms;
+
+static struct shared_perm *perm_get(const struct order_params *p, uint64_t e, uint64_t key)
+{
+	pthread_mutex_lock(&perm_lock);
+	for (struct shared_perm *x = perms; x; x = x->next)
+		if (x->seed == p->seed && x->epoch == e && x->n == p->n_shards && x->shuffle == p->shuffle) {
+			x->refs++;
+			pthread_mutex_unlock(&perm_lock);
+			return x;
+		}
+	pthread_mutex_unlock(&perm_lock);
+	/* Built outside the lock (O(S)); a racing builder's copy is simply a second entry. */
+	struct shared_perm *x = malloc(sizeof(*x) + MAX(p->n_shards, 1u) * sizeof(uint32_t));
+	if (!x)
+		return NULL;
+	*x = (struct shared_perm){ .seed = p->seed, .epoch = e, .n = p->n_shards, .shuffle = p->shuffle, .refs = 1 };
+	for (uint32_t s = 0; s < p->n_shards; s++)
+		x->perm[s] = s;
+	if (p->shuffle) {
+		struct order_rng rng = order_rng_init(key);
+		order_shuffle_u32(x->perm, p->n_shards, &rng);
+	}
+	pthread_mutex_lock(&perm_lock);
+	x->next = perms;
+	perms = x;
+	pthread_mutex_unlock(&perm_lock);
+	return x;
+}
+
+static void perm_put(struct shared_perm *x)
+{
+	pthread_mutex_lock(&perm_lock);
+	if (--x->refs == 0) {
+		for (struct shared_perm **pp = &perms; *pp; pp = &(*pp)->next)
+			if (*pp == x) {
+				*pp = x->next;
+				break;
+			}
+		free(x);
+	}
+	pthread_mutex_unlock(&perm_lock);
+}
+
 void order_epoch_clear(struct order_epoch *ep)
 {
-	free(ep->perm);
+	if (ep->perm_ref)
+		perm_put(ep->perm_ref);
 	free(ep->win_start);
 	*ep = (struct order_epoch){ 0 };
+}
+
+/* Extends ep's known starts past win_hi while the counts are known (ask: by p->count) up to window `upto`. */
+static int extend(const struct order_params *p, struct order_epoch *ep, uint32_t upto, bool ask)
+{
+	while (ep->win_hi < MIN(upto, ep->n_windows)) {
+		uint32_t w = ep->win_hi;
+		uint64_t k = ep->win_start[w];
+		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+		for (uint32_t i = w * p->window; i < end; i++) {
+			uint32_t n;
+			if (!ask && !order_shard_docs_known(p, ep->perm[i], &n))
+				return 0;
+			int r = order_shard_docs(p, ep->perm[i], &n);
+			if (r < 0)
+				return r;
+			k += n;
+		}
+		ep->win_start[w + 1] = k;
+		ep->win_hi = w + 1;
+	}
+	return 0;
 }
 
 int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epoch *ep)
 {
 	uint32_t n_windows = (uint32_t)(((uint64_t)p->n_shards + p->window - 1) / p->window);
-	_cleanup_free_ uint32_t *perm = malloc(MAX(p->n_shards, 1u) * sizeof(*perm));
 	_cleanup_free_ uint64_t *win_start = malloc(((size_t)n_windows + 1) * sizeof(*win_start));
-	if (!perm || !win_start)
+	if (!win_start)
 		return -ENOMEM;
-
 	uint64_t key = order_mix(p->seed ^ order_mix(e + 1));
-	for (uint32_t s = 0; s < p->n_shards; s++)
-		perm[s] = s;
-	if (p->shuffle) {
-		struct order_rng rng = order_rng_init(key);
-		order_shuffle_u32(perm, p->n_shards, &rng);
-	}
-
-	uint64_t k = 0;
-	for (uint32_t w = 0; w < n_windows; w++) {
-		win_start[w] = k;
-		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
-		for (uint32_t i = w * p->window; i < end; i++)
-			k += p->shard_docs[perm[i]];
-	}
-	win_start[n_windows] = k;
+	struct shared_perm *sp = perm_get(p, e, key);
+	if (!sp)
+		return -ENOMEM;
+	win_start[0] = 0;
 
 	order_epoch_clear(ep);
 	*ep = (struct order_epoch){
 		.epoch = e,
 		.key = key,
 		.n_windows = n_windows,
-		.perm = TAKE_PTR(perm),
+		.perm = sp->perm,
+		.perm_ref = sp,
 		.win_start = TAKE_PTR(win_start),
 	};
+	/* As far as the counts are known: all of it for stored tokens. */
+	return extend(p, ep, n_windows, false);
+}
+
+int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uint32_t w)
+{
+	if (w >= ep->n_windows)
+		return -EINVAL;
+	if (!order_epoch_has(ep, w)) {
+		if (w < ep->win_lo) {
+			/* Before a seeded start: counted from the epoch's start (what a cursor's k_w spares). */
+			ep->win_lo = ep->win_hi = 0;
+			ep->win_start[0] = 0;
+		}
+		int r = extend(p, ep, w + 1, true);
+		if (r < 0)
+			return r;
+	}
+	/* The window's own shards made ready for reading (p->count: indexed again if its index was let go). */
+	uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	for (uint32_t i = w * p->window; p->count && i < end; i++) {
+		uint32_t n;
+		int r = p->count(p->count_ctx, ep->perm[i], &n);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)
+{
+	if (w >= ep->n_windows)
+		return -EINVAL;
+	if (ep->win_lo <= w && w <= ep->win_hi)
+		return ep->win_start[w] == k ? 0 : -EINVAL;
+	ep->win_lo = ep->win_hi = w;
+	ep->win_start[w] = k;
 	return 0;
 }
 
@@ -130,7 +242,9 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
 		for (uint32_t i = w * p->window; i < end; i++) {
 			uint32_t s = ep->perm[i];
-			for (uint32_t d = 0; d < p->shard_docs[s]; d++)
+			uint32_t nd = 0;
+			order_shard_docs_known(p, s, &nd); /* known: the window is (order_epoch_has) */
+			for (uint32_t d = 0; d < nd; d++)
 				all[j++] = ORDER_DOC(s, d);
 		}
 		struct order_rng rng = order_rng_init(order_mix(ep->key ^ order_mix((uint64_t)w + 1)));
@@ -150,8 +264,8 @@ int order_window_rank_docs(const struct order_params *p, const struct order_epoc
 		size_t m = 0;
 		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
 		for (uint32_t pi = w * p->window; pi < end && m < mine; pi++) {
-			uint32_t s = ep->perm[pi];
-			uint64_t nd = p->shard_docs[s];
+			uint32_t s = ep->perm[pi], nd = 0;
+			order_shard_docs_known(p, s, &nd);
 			while (next < i + nd && m < mine) {
 				docs[m++] = ORDER_DOC(s, next - i);
 				next += world;
@@ -191,6 +305,7 @@ void order_window_leave(struct order_window *win)
 int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
 		       uint32_t world, struct order_window *ret)
 {
+	assert(order_epoch_has(ep, w));
 	struct order_window win = { .world = world };
 	uint64_t k0 = ep->win_start[w];
 	win.n = ep->win_start[w + 1] - k0;
@@ -206,9 +321,11 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 		goto oom;
 	uint64_t at = 0;
 	for (uint32_t i = 0; i < win.n_shards; i++) {
+		uint32_t nd = 0;
 		win.shard[i] = ep->perm[lo + i];
 		win.start[i] = at;
-		at += p->shard_docs[win.shard[i]];
+		order_shard_docs_known(p, win.shard[i], &nd); /* known: the window is (order_epoch_has) */
+		at += nd;
 	}
 	win.start[win.n_shards] = at;
 
@@ -273,6 +390,7 @@ int order_window_shuffle(const struct order_params *p, const struct order_epoch 
 	 * their positions 0 .. n-1, so shuffling the positions shuffles the
 	 * pairs: the same draws, half the bytes of document ids.
 	 */
+	assert(order_epoch_has(ep, w));
 	uint64_t n = ep->win_start[w + 1] - ep->win_start[w];
 	if (order_window_permuted(p, n))
 		return -EOVERFLOW;

@@ -25,13 +25,40 @@ void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng);
 
 struct order_windows;
 
+/*
+ * A shard whose document count is not known yet (a text shard not indexed
+ * yet, issue #22): order_params.count finds it when the order needs it.
+ */
+#define ORDER_DOCS_UNKNOWN UINT32_MAX
+
 /* What the order depends on. shard_docs[s] = documents in shard s. */
 struct order_params {
 	uint64_t seed;
 	bool shuffle;
 	uint32_t window; /* shards per shuffle window, >= 1 */
 	uint32_t n_shards;
+	/*
+	 * Read with atomic loads: with count set, an entry may be
+	 * ORDER_DOCS_UNKNOWN until count() (any thread) has stored it.
+	 */
 	const uint32_t *shard_docs;
+	/*
+	 * NULL: every count is in shard_docs. Else called for a shard whose
+	 * entry is ORDER_DOCS_UNKNOWN, when the order reaches the first window
+	 * that needs it (that window, or one after it): finds the count
+	 * (indexes the shard, blocking), stores it in shard_docs and returns
+	 * it. Also called for every shard of a window a walk enters
+	 * (order_epoch_window), known or not, so that the shard is ready to
+	 * be read. 0 or a negative errno (the caller's walk fails with it).
+	 */
+	int (*count)(void *ctx, uint32_t shard, uint32_t *ret);
+	void *count_ctx;
+	/*
+	 * NULL, or told (count_ctx) when a walk enters (on) and leaves a window
+	 * of shard `shard`, so that what the shard holds for reading (a text
+	 * shard's line index) lives while some walk is in one of its windows.
+	 */
+	void (*hold)(void *ctx, uint32_t shard, bool on);
 	const struct order_windows *windows; /* where walks get shuffled windows (shared, built ahead); NULL: build their own */
 	uint64_t list_max; /* shuffle: a window of more documents is permuted by the bijection (section 3.1); 0: never */
 };
@@ -49,18 +76,70 @@ static inline bool order_window_permuted(const struct order_params *p, uint64_t 
  */
 bool order_may_permute(const struct order_params *p);
 
-/* One epoch's shard permutation and where each window starts in the epoch's order. */
+/* Shard s's document count when known, without asking p->count: true and *ret. */
+static inline bool order_shard_docs_known(const struct order_params *p, uint32_t s, uint32_t *ret)
+{
+	uint32_t n = __atomic_load_n(&p->shard_docs[s], __ATOMIC_ACQUIRE);
+	if (n == ORDER_DOCS_UNKNOWN && p->count)
+		return false;
+	*ret = n;
+	return true;
+}
+
+/* Shard s's document count, found by p->count when unknown (blocking). 0 or a negative errno. */
+static inline int order_shard_docs(const struct order_params *p, uint32_t s, uint32_t *ret)
+{
+	if (order_shard_docs_known(p, s, ret))
+		return 0;
+	return p->count(p->count_ctx, s, ret);
+}
+
+/*
+ * One epoch's shard permutation and where each window starts in the epoch's
+ * order. With counts not known yet (order_params.count) the starts are
+ * known only over a range of windows: k_w is a prefix sum of the counts of
+ * the shards before window w (section 3), so window w's start needs every
+ * earlier shard counted, or k_w given (order_epoch_seed: a cursor's).
+ */
 struct order_epoch {
 	uint64_t epoch;
 	uint64_t key;        /* K = mix(seed ^ mix(e + 1)) */
 	uint32_t n_windows;
-	uint32_t *perm;      /* n_shards entries: P */
-	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document */
+	const uint32_t *perm; /* n_shards entries: P (shared by every epoch of the same order, read only) */
+	void *perm_ref;       /* the shared copy's hold, given back by order_epoch_clear */
+	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document, valid for win_lo .. win_hi */
+	uint32_t win_lo, win_hi;
 };
 
-/* Fills *ep for epoch e (freeing what it held). Returns 0 or -ENOMEM. */
+/*
+ * Fills *ep for epoch e (freeing what it held), the windows' starts as far
+ * as the counts are known (never asking p->count). Returns 0 or -ENOMEM.
+ */
 int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epoch *ep);
 void order_epoch_clear(struct order_epoch *ep);
+
+/* Whether window w's start and end (win_start[w], win_start[w + 1]) are known. */
+static inline bool order_epoch_has(const struct order_epoch *ep, uint32_t w)
+{
+	return w < ep->n_windows && ep->win_lo <= w && w + 1 <= ep->win_hi;
+}
+
+/*
+ * Makes window w's start and end known, counting (p->count) the shards of
+ * window w and of the windows between the known range and w, and, when w
+ * is before the range (a seeded start), every shard before w; then asks
+ * p->count for each of window w's shards (ready to read). 0 or a negative
+ * errno from p->count.
+ */
+int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uint32_t w);
+
+/*
+ * Sets window w's start to k (a cursor's k_w), when it is not known: the
+ * known range becomes window w alone, until order_epoch_window() extends
+ * it. 0; -EINVAL when it is known and not k (the cursor is not of this
+ * order).
+ */
+int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k);
 
 /*
  * The documents of window w that belong to `rank` of `world`, in epoch order:
@@ -103,6 +182,7 @@ struct order_window {
 
 /*
  * Builds window w of ep for `rank` of `world` (O(documents in the window)
+ * once its start and end are known: order_epoch_has, order_epoch_window)
  * time and 4 bytes per document transiently with shuffle, O(W) without).
  * Returns 0 or -ENOMEM.
  */
@@ -129,12 +209,13 @@ struct order_windows {
 	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w,
 			       const uint16_t *const **ret_counts_ref, void **ret_handle);
 	void (*put)(void *ctx, void *handle, bool keep); /* keep: the walk ends here (it may come back) */
-	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w);
+	/* k: window w's start k_w (the walk knows it: the end of the window it entered), so nothing before it is counted */
+	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w, uint64_t k);
 	void *ctx;
 };
 
 /*
- * Window w of ep shuffled, as positions in its unshuffled list: a malloc'd
+ * Window w of ep (known: order_epoch_has) shuffled, as positions in its unshuffled list: a malloc'd
  * array of n entries (n < 2^32; *ret_n = n). Returns 0, -ENOMEM, -E2BIG
  * (2^32 documents or more), -EOVERFLOW (a window over list_max: never a
  * list, order_window_permuted). Any thread.

@@ -14,19 +14,60 @@
 #include "daemon/order/stream.h"
 #include "proto/macro.h"
 
+/* Lets go of the shards held (params->hold), and of the list. */
+static void unhold(const struct doc_walk *w, uint32_t *held, uint32_t n)
+{
+	for (uint32_t i = 0; w->hold_fn && i < n; i++)
+		w->hold_fn(w->hold_ctx, held[i], false);
+	free(held);
+}
+
 void doc_walk_clear(struct doc_walk *w)
 {
+	unhold(w, w->held, w->n_held);
 	order_epoch_clear(&w->ep);
 	order_window_clear(&w->win);
 	*w = (struct doc_walk){ 0 };
 }
 
+static int enter_window(struct doc_walk *w, uint32_t window);
+
 static int load_window(struct doc_walk *w, uint32_t window)
+{
+	/* The new window's shards are held before they are made ready, the old one's let go after. */
+	uint32_t *prev = w->held, n_prev = w->n_held;
+	w->held = NULL;
+	w->n_held = 0;
+	const struct order_params *p = w->params;
+	if (w->hold && p->hold && window < w->ep.n_windows) {
+		uint32_t lo = window * p->window, hi = (uint32_t)MIN((uint64_t)(window + 1) * p->window, (uint64_t)p->n_shards);
+		w->hold_fn = p->hold;
+		w->hold_ctx = p->count_ctx;
+		w->held = malloc(MAX(hi - lo, 1u) * sizeof(*w->held));
+		if (!w->held) {
+			unhold(w, prev, n_prev);
+			return -ENOMEM;
+		}
+		for (uint32_t i = lo; i < hi; i++) {
+			w->held[w->n_held++] = w->ep.perm[i];
+			p->hold(p->count_ctx, w->ep.perm[i], true);
+		}
+	}
+	int r = enter_window(w, window);
+	unhold(w, prev, n_prev);
+	return r;
+}
+
+static int enter_window(struct doc_walk *w, uint32_t window)
 {
 	/* The window being left is released first: at most one window's list is held. */
 	order_window_leave(&w->win);
 	w->n_docs = 0;
-	int r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
+	/* Its start and end: counting its shards (and any before it not counted yet) when not known (issue #22). */
+	int r = order_epoch_window(w->params, &w->ep, window);
+	if (r < 0)
+		return r;
+	r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
 		return r;
 	w->n_docs = w->win.mine;
@@ -36,10 +77,12 @@ static int load_window(struct doc_walk *w, uint32_t window)
 	if (ws && w->params->shuffle) {
 		/* A window over list_max has no list to build ahead (section 3.1). */
 		if (window + 1 < w->ep.n_windows) {
-			if (!order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
-				ws->prefetch(ws->ctx, w->ep.epoch, window + 1);
+			/* Not counted yet: the builder counts it (and drops it if it is over list_max). */
+			if (!order_epoch_has(&w->ep, window + 1) ||
+			    !order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
+				ws->prefetch(ws->ctx, w->ep.epoch, window + 1, w->ep.win_start[window + 1]);
 		} else {
-			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0);
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0);
 		}
 	}
 	w->window = window;
@@ -68,15 +111,18 @@ void doc_walk_ahead(struct doc_walk *w)
 		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
 }
 
-int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
-		  uint64_t epoch, uint32_t window, size_t at)
+static int walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		     uint64_t epoch, uint32_t window, const uint64_t *k, size_t at, bool hold)
 {
-	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world };
+	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world, .hold = hold };
 	int r = order_epoch_build(params, epoch, &w->ep);
 	if (r < 0)
 		goto fail;
 	r = -EINVAL;
 	if (window >= w->ep.n_windows)
+		goto fail;
+	/* A cursor's k_w: the shards before the window are not counted (or checked against it when they are). */
+	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
 		goto fail;
 	r = load_window(w, window);
 	if (r < 0)
@@ -90,6 +136,18 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 fail:
 	doc_walk_clear(w);
 	return r;
+}
+
+int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at)
+{
+	return walk_seek(w, params, rank, world, epoch, window, k, at, false);
+}
+
+int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		  uint64_t epoch, uint32_t window, size_t at)
+{
+	return walk_seek(w, params, rank, world, epoch, window, NULL, at, false);
 }
 
 /*
@@ -193,14 +251,17 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 	int r;
 	*s = (struct stream){ .src = *src, .bos = bos, .eos = eos };
 	uint64_t epoch_docs = 0;
-	for (uint32_t i = 0; i < params->n_shards; i++)
-		epoch_docs += params->shard_docs[i];
+	for (uint32_t i = 0; i < params->n_shards && !epoch_docs; i++) {
+		uint32_t n;
+		/* A shard not counted yet is not looked at (the feed's load found a document). */
+		epoch_docs += order_shard_docs_known(params, i, &n) ? n : 1;
+	}
 	if (world == 0 || rank >= world || epoch_docs == 0)
 		return -EINVAL;
 
 	if (!pos) {
 		/* The rank's first document may lie in a later window. */
-		r = doc_walk_seek(&s->walk, params, rank, world, 0, 0, SIZE_MAX);
+		r = walk_seek(&s->walk, params, rank, world, 0, 0, NULL, SIZE_MAX, true);
 		if (r < 0)
 			goto fail;
 		s->walk.prefetch = src->prefetch;
@@ -210,7 +271,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		if (r < 0)
 			goto fail;
 	} else {
-		r = doc_walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, SIZE_MAX);
+		r = walk_seek(&s->walk, params, rank, world, pos->epoch, pos->window, pos->has_k ? &pos->k : NULL, SIZE_MAX,
+			      true);
 		if (r < 0)
 			goto fail;
 		s->walk.prefetch = src->prefetch;
@@ -259,6 +321,9 @@ struct stream_pos stream_tell(const struct stream *s)
 		.window = s->walk.window,
 		.index = doc_walk_index(&s->walk),
 		.offset = s->offset,
+		/* Only where counts may be unknown (text, issue #22): stored tokens' cursors stay as they were. */
+		.k = s->walk.ep.win_start ? s->walk.ep.win_start[s->walk.window] : 0,
+		.has_k = s->walk.ep.win_start && s->walk.params && s->walk.params->count,
 	};
 }
 

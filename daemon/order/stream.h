@@ -24,6 +24,13 @@ struct stream_pos {
 	uint32_t window;
 	uint64_t index;  /* the document's index in the window's full order */
 	uint64_t offset; /* position inside the document's contribution */
+	/*
+	 * k_w, the documents of the epoch before window `window` (section 3),
+	 * when has_k: a resume places the window without counting the shards
+	 * before it (issue #22; fc1 cursors carry it, section 7.1).
+	 */
+	uint64_t k;
+	bool has_k;
 };
 
 /* A run of consecutive stream positions inside one document's contribution. */
@@ -83,6 +90,17 @@ struct doc_walk {
 	uint64_t ahead[DOC_WALK_AHEAD];
 	void (*prefetch)(void *ctx, uint64_t doc, unsigned stage);
 	void *prefetch_ctx;
+	uint32_t *held;   /* params->hold: the shards of the window held (n_held) */
+	uint32_t n_held;
+	/* params->hold and its context, kept: they are called when the walk is cleared, params maybe gone */
+	void (*hold_fn)(void *ctx, uint32_t shard, bool on);
+	void *hold_ctx;
+	/*
+	 * Holds its windows' shards (params->hold): a stream's walk, whose
+	 * documents are settled (their text read) before it leaves a window;
+	 * not a walk that only hands documents out ahead of it.
+	 */
+	bool hold;
 };
 
 /*
@@ -93,6 +111,9 @@ struct doc_walk {
  */
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at);
+/* doc_walk_seek() with the window's start k_w given (k: NULL when not known), checked when it is known. */
+int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at);
 /*
  * Moves to the rank's next document, crossing windows and epochs; *ret_epochs
  * gets the number of epoch boundaries crossed. Returns 0; -ENOMEM; -ENODATA

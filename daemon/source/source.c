@@ -376,18 +376,27 @@ int source_glob(const char *const *patterns, size_t n_patterns, char ***ret, siz
 				globfree(&gl);
 				goto fail;
 			}
-			for (size_t j = 0; j < n; j++) {
-				if (strcmp(paths[j], real) == 0) {
-					snprintf(err, errlen, "shards: %s is listed twice", real);
-					free(real);
-					globfree(&gl);
-					r = -EINVAL;
-					goto fail;
-				}
-			}
 			paths[n++] = real;
 		}
 		globfree(&gl);
+	}
+	/* Each path once: sorted pointers compared with their neighbours (a pairwise check was seconds at 30,000 shards). */
+	if (n > 1) {
+		char **sorted = malloc(n * sizeof(*sorted));
+		if (!sorted) {
+			r = -ENOMEM;
+			goto fail;
+		}
+		memcpy(sorted, paths, n * sizeof(*sorted));
+		qsort(sorted, n, sizeof(*sorted), cmp_path);
+		for (size_t i = 1; i < n && r == 0; i++)
+			if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+				snprintf(err, errlen, "shards: %s is listed twice", sorted[i]);
+				r = -EINVAL;
+			}
+		free(sorted);
+		if (r < 0)
+			goto fail;
 	}
 	*ret = paths;
 	*ret_n = n;

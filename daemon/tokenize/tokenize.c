@@ -135,7 +135,7 @@ static int acquire_shards(struct tokenize_scratch *t, struct source_reader *r, c
 	t->n_held = 0;
 	for (uint32_t i = 0; i < c->n; i++) {
 		uint32_t s = ORDER_DOC_SHARD(c->docs[i]);
-		if (!p->shards[s]->lazy || (n && t->held[n - 1] == s))
+		if (!(p->shards[s]->lazy || p->shards[s]->deferred) || (n && t->held[n - 1] == s))
 			continue;
 		if (grow((void **)&t->held, &t->held_cap, n + 1, sizeof(*t->held)) < 0)
 			return oom(c);

@@ -3,10 +3,10 @@
 to validate at load is mapped, served at once and validated after load on the
 scanner thread; a fault found there fails the feed with the load's words;
 shuffled windows are built ahead and shared. The stream stays the contract's
-(tests/ref/feed_ref.py). Compressed text shards are only indexed at load: their
-copies are made when their windows are read (a small shard's in memory, never
-in cache_dir), and a whole epoch stays under a small cache_max_bytes with the
-same batches.
+(tests/ref/feed_ref.py). Compressed text shards are indexed, and their copies
+made, when their windows are read (a small shard's copy in memory, never in
+cache_dir; test_lazy_text.py checks what load and a resume index), and a whole
+epoch stays under a small cache_max_bytes with the same batches.
 
 Runs with Debian's /usr/bin/python3.
 """
@@ -189,7 +189,7 @@ def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
         c.stop()
 
 
-# ---- text: compressed shards indexed at load, copied (in memory when small) only when read (issue #22) ----
+# ---- text: compressed shards indexed and copied (in memory when small) only when read (issue #22) ----
 
 def write_zst_shards(folder, n_shards, docs):
     """n_shards .jsonl.zst shards of `docs` short documents, and a rank file mapping each byte to itself."""

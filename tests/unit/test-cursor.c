@@ -118,8 +118,19 @@ static void test_data_identity(void)
 	      "a cursor with data identity (\"%s\") does not parse", text);
 	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-ff", text, sizeof(text));
 	rejected("a 2-digit data identity", text);
-	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff-1", text, sizeof(text));
-	rejected("a field after the data identity", text);
+	/* k_w (issue #22): one more field after the data identity; nothing after it. */
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff-1f", text, sizeof(text));
+	CHECK(cursor_parse(text, &d) == 0 && d.has_data && d.data == 0xff && d.pos.has_k && d.pos.k == 0x1f,
+	      "a cursor with k_w (\"%s\") does not parse", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff-1f-1", text, sizeof(text));
+	rejected("a field after k_w", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-1f-00000000000000ff", text, sizeof(text));
+	rejected("k_w without the data identity", text);
+	struct cursor kc = { .fingerprint = 7, .world = 3, .rank = 2, .batch = 9, .has_data = true, .data = 5,
+			     .pos = { .epoch = 1, .window = 4, .index = 2, .offset = 0, .k = UINT64_MAX, .has_k = true } };
+	int kn = cursor_format(&kc, text, sizeof(text));
+	CHECK(kn > 0 && cursor_parse(text, &d) == 0 && d.pos.has_k && d.pos.k == UINT64_MAX && d.pos.window == 4,
+	      "fc1 with k_w \"%s\" does not round-trip", text);
 	struct cursor m = { .fingerprint = 1, .world = 2, .rank = 1, .batch = 5, .n_sources = 2, .k = 9, .row = 3,
 			    .has_data = true, .data = UINT64_C(0xabcdef0123456789) };
 	int n = cursor_format(&m, text, sizeof(text));

@@ -297,7 +297,7 @@ static void check_stream(const struct stream_case *c)
 		bool boundary = i == 0 || ref[i].window != ref[i - 1].window || ref[i].epoch != ref[i - 1].epoch;
 		if (i % 3 != 0 && !boundary)
 			continue;
-		struct stream_pos pos = { ref[i].epoch, ref[i].window, ref[i].index, ref[i].offset };
+		struct stream_pos pos = { .epoch = ref[i].epoch, .window = ref[i].window, .index = ref[i].index, .offset = ref[i].offset };
 		r = stream_init(&s, &c->p, c->tokens, c->rank, c->world, c->bos, c->eos, &pos);
 		if (r < 0) {
 			unit_fail(__FILE__, __LINE__, "%s: stream_init at position %zu (epoch %" PRIu64 ", window %u, index %" PRIu64
@@ -311,7 +311,8 @@ static void check_stream(const struct stream_case *c)
 
 	/* Positions that are not this rank's, or not inside a document, are refused. */
 	for (size_t i = 0; i < n; i += 11) {
-		struct stream_pos good = { ref[i].epoch, ref[i].window, ref[i].index, ref[i].offset }, bad;
+		struct stream_pos good = { .epoch = ref[i].epoch, .window = ref[i].window, .index = ref[i].index,
+					    .offset = ref[i].offset }, bad;
 		struct ref_epoch ep;
 		ref_epoch_build(c->p.seed, c->p.shuffle, c->p.window, c->p.n_shards, c->p.shard_docs, good.epoch, &ep);
 		uint64_t window_docs = ep.win_start[good.window + 1] - ep.win_start[good.window];

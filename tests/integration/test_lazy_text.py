@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: MIT
+"""Text shards indexed only when their window comes up (issue #22), with a real
+feedd: load only stats each shard; the first batches index the shards of the
+first windows (and a read-ahead), never the corpus; a shard that cannot be
+read in a late window fails only when its window comes up, naming the file; a
+resume from a cursor late in the epoch on an empty cache_dir indexes only
+the windows it reads from there (the cursor carries k_w); the batches are
+the same as an uninterrupted run's; anonymous memory at the first batch does
+not grow with the number of shards.
+
+Runs with Debian's /usr/bin/python3.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import RSS_IS_FEEDDS
+from test_scale import text_scale_conf, write_zst_shards
+
+pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+
+
+def conf(folder, cache, shuffle="true", window=4, extra="virtual_ranks = 0\n"):
+    return text_scale_conf(folder, cache, window=window).replace("shuffle = true", f"shuffle = {shuffle}") + extra
+
+
+def check_of(body):
+    """A cursor's <check> (docs/sample-order.md, section 7.1): low 32 bits of mix(FNV1a64(body))."""
+    m = (1 << 64) - 1
+    h = 0xcbf29ce484222325
+    for b in body.encode():
+        h = ((h ^ b) * 0x100000001b3) & m
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & m
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & m
+    h ^= h >> 31
+    return h & 0xffffffff
+
+
+def work(d):
+    return d.status()["feeds"][0]
+
+
+def anon_kib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+def test_first_batch_indexes_only_the_first_windows_and_a_bad_late_shard_fails_when_reached(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 300, 3)
+    # The last shard (window 74 of 75 without shuffle) is not a zstd stream at all.
+    bad = folder / "t00299.jsonl.zst"
+    bad.write_bytes(b"this is not zstd" * 8)
+    d = daemon(conf(folder, tmp_path / "cache", shuffle="false"))
+    st = work(d)
+    assert st["state"] == "ready", st
+    wa = st["work_ahead"]
+    # Load counted only until it found a document: one shard.
+    assert wa["text_shards_indexed"] <= 4 and wa["text_shards_pending"] >= 296, wa
+    assert st["documents"] < 300 * 3
+    first = d.dump("t", tmp_path / "first", batches=2)
+    wa = work(d)["work_ahead"]
+    # The windows tokenized ahead and the copy maker's read-ahead (at most 32 shards past them), not 300.
+    assert 1 <= wa["text_shards_indexed"] <= 200 and wa["text_shards_pending"] >= 100, wa
+    assert first["input_ids"].shape[0] == 2
+    # An epoch is ~44 batches: the bad shard's window comes up, and the read fails naming it.
+    p = d.dump("t", tmp_path / "all", batches=80, check=False)
+    assert not isinstance(p, dict) and p.returncode != 0, "a shard that is not zstd was served"
+    assert str(bad) in p.stderr, p.stderr
+    st = work(d)
+    assert st["state"] == "failed" and str(bad) in st["error"], st
+
+
+def test_resume_late_on_a_cold_cache_indexes_only_its_windows(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 400, 3)
+    d = daemon(conf(folder, tmp_path / "warm"))
+    n = 80
+    want = d.dump("t", tmp_path / "want", batches=n)
+    assert work(d)["work_ahead"]["text_shards_indexed"] == 400  # the whole epoch was read
+    assert d.stop() == 0
+    at = 60
+    cursor = want["cursors"][at]
+    assert len(cursor.split("-")) == 12, cursor  # fc1 with <data> and <kw>
+    d2 = daemon(conf(folder, tmp_path / "cold"))
+    late = d2.dump("t", tmp_path / "late", batches=5, cursor=cursor)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
+    wa = work(d2)["work_ahead"]
+    # The cursor's window and those after it (tokenizing runs ahead: a 16 KiB chunk spans ~150 of these shards),
+    # and a little of the next epoch: never the 4 * window shards before it, which k_w spares counting.
+    window = int(cursor.split("-")[6], 16)
+    assert window >= 40, cursor
+    assert wa["text_shards_indexed"] <= 400 - 4 * window + 40, (window, wa)
+    assert d2.stop() == 0
+    # A cursor without <kw> (made before issue #22) still resumes, the same batches, counting what it must.
+    body = "-".join(cursor.split("-")[:10])
+    old = f"{body}-{check_of(body):08x}"
+    d3 = daemon(conf(folder, tmp_path / "cold2"))
+    again = d3.dump("t", tmp_path / "again", batches=5, cursor=old)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(again[k], want[k][at + 1:at + 6]), k
+    assert d3.stop() == 0
+
+
+@pytest.mark.skipif(not RSS_IS_FEEDDS, reason="feedd's RSS is not its own under a wrapper or ASan")
+def test_anonymous_memory_at_the_first_batch_does_not_grow_with_the_shards(daemon, tmp_path):
+    rss = {}
+    for n in (1000, 4000):
+        folder = tmp_path / f"zst{n}"
+        write_zst_shards(folder, n, 3)
+        d = daemon(conf(folder, tmp_path / f"cache{n}"))
+        d.dump("t", tmp_path / f"out{n}", batches=1)
+        rss[n] = anon_kib(d.proc.pid)
+        assert d.stop() == 0
+    grow = rss[4000] - rss[1000]
+    print(f"anonymous RSS at the first batch: 1000 shards {rss[1000]} KiB, 4000 shards {rss[4000]} KiB")
+    # A few hundred bytes of metadata per shard (its path, identity and cache names), nothing per document.
+    assert grow < 3000 * 4, rss
+
+
+def test_a_warm_restart_reads_the_counts_kept_in_cache_dir(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 200, 3)
+    cache = tmp_path / "cache"
+    d = daemon(conf(folder, cache))
+    want = d.dump("t", tmp_path / "want", batches=50)  # past epoch 0: every shard counted
+    st = work(d)
+    assert st["work_ahead"]["text_shards_pending"] == 0 and st["documents"] == 600, st
+    assert d.stop() == 0
+    assert [p for p in cache.iterdir() if p.name.startswith("counts-")], list(cache.iterdir())
+    d = daemon(conf(folder, cache))
+    st = work(d)
+    wa = st["work_ahead"]
+    # Known at READY, without reading a shard: the totals and every window's start.
+    assert st["documents"] == 600 and wa["text_shards_pending"] == 0 and wa["text_counts_from_cache"] == 200, st
+    assert "200 of them from cache_dir" in d.log_text()
+    again = d.dump("t", tmp_path / "again", batches=50)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(again[k], want[k]), k
+    assert d.stop() == 0
+    # A shard rewritten since is counted again; the others' counts still come from the file.
+    (folder / "t00007.jsonl.zst").touch()
+    d = daemon(conf(folder, cache))
+    wa = work(d)["work_ahead"]
+    assert wa["text_counts_from_cache"] == 199 and wa["text_shards_pending"] <= 1, wa
+    assert d.stop() == 0
+
+
+def test_two_epochs_with_shards_held_per_window_equal_a_fresh_resume(daemon, tmp_path):
+    """Two epochs over 400 shards: the shards are held while a stream's walk is in their window and let go after
+    (their indexes kept up to TEXT_UNHELD_MAX / _BYTES, far above this corpus); epoch 1's batches equal those of
+    a fresh resume there on a cold cache_dir. Shards of 100 documents, so that tokenizing ahead spans a few."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 400, 100)
+
+    def big(cache):
+        return conf(folder, cache).replace("seq_len = 128", "seq_len = 1024").replace("batch_size = 4", "batch_size = 16")
+
+    d = daemon(big(tmp_path / "a"))
+    n = 220  # an epoch is ~90 batches
+    whole = d.dump("t", tmp_path / "whole", batches=n)
+    wa = work(d)["work_ahead"]
+    assert wa["text_shards_indexed"] == 400 and 1 <= wa["text_indexes_in_memory"] <= 400, wa
+    assert d.stop() == 0
+    at = 150  # in epoch 1
+    d2 = daemon(big(tmp_path / "b"))
+    rest = d2.dump("t", tmp_path / "rest", batches=n - at - 1, cursor=whole["cursors"][at])
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(rest[k], whole[k][at + 1:]), k
+    assert d2.stop() == 0
