@@ -225,13 +225,13 @@ void print_status(json_t *root, FILE *out)
 	}
 }
 
-int fetch_status(json_t **ret)
+int fetch_status(unsigned flags, json_t **ret)
 {
 	feed_client *c;
 	if (connect_or_say(&c) < 0)
 		return -1;
 	char *text = NULL;
-	int r = feed_client_status(c, &text);
+	int r = feed_client_status_flags(c, flags, &text);
 	if (r < 0) {
 		fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
 		feed_client_close(c);
@@ -251,22 +251,24 @@ int fetch_status(json_t **ret)
 
 static int cmd_status(int argc, char **argv)
 {
-	bool json = false;
+	bool json = false, brief = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0) {
 			json = true;
+		} else if (strcmp(argv[i], "--brief") == 0) {
+			brief = true;
 		} else {
 			fprintf(stderr, "feedctl status: unknown argument '%s'\n", argv[i]);
 			return 2;
 		}
 	}
 	if (json) {
-		/* The daemon's document verbatim: everything it knows, in its own order. */
+		/* The daemon's document verbatim: everything it knows, in its own order (--brief: what the table reads). */
 		feed_client *c;
 		if (connect_or_say(&c) < 0)
 			return 1;
 		char *text = NULL;
-		int r = feed_client_status(c, &text);
+		int r = feed_client_status_flags(c, brief ? STATUS_PRINTED : 0, &text);
 		if (r < 0)
 			fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
 		else
@@ -276,7 +278,7 @@ static int cmd_status(int argc, char **argv)
 		return r < 0 ? 1 : 0;
 	}
 	json_t *root;
-	if (fetch_status(&root) < 0)
+	if (fetch_status(STATUS_PRINTED, &root) < 0)
 		return 1;
 	print_status(root, stdout);
 	json_decref(root);
@@ -435,7 +437,7 @@ static int cmd_admin(int argc, char **argv)
 
 /* Every subcommand: its name, what it runs (argv[0] is the name), and its line in --help. */
 static const struct command command_table[] = {
-	{ "status", cmd_status, "status [--json]", "daemon, feeds, clients and their diagnoses" },
+	{ "status", cmd_status, "status [--json [--brief]]", "daemon, feeds, clients and their diagnoses" },
 	{ "top", cmd_top, "top [--interval S]", "status, refreshed in place (q quits)" },
 	{ "report", cmd_report, "report --out DIR [--minutes N]", "PNG plots per client and a markdown summary" },
 	{ "dump", cmd_dump, "dump FEED --rank R --world W --batches N --out DIR [--cursor C | --state S]",

@@ -560,59 +560,12 @@ void status_input_clear(struct status_input *in)
 	*in = (struct status_input){ 0 };
 }
 
-/* Renders the document with history_max samples of history per client; NULL when out of memory. */
-static char *render(const struct status_input *in, unsigned history_max, size_t *ret_len, unsigned *ret_longest)
-{
-	unsigned longest = 0;
-	char *text = status_json(in, history_max, &longest);
-	if (text) {
-		*ret_len = strlen(text);
-		if (ret_longest)
-			*ret_longest = longest;
-	}
-	return text;
-}
-
-int server_status_json(struct server *s, size_t max_len, char **ret)
+int server_status_json(struct server *s, unsigned flags, size_t max_len, char **ret)
 {
 	_cleanup_(status_input_clear) struct status_input in = { 0 };
 	if (server_snapshot(s, &in) < 0)
 		return -ENOMEM;
-	/*
-	 * The whole history when it fits. Otherwise the newest part of every
-	 * client's history: its bytes grow with the samples kept, so the room
-	 * left by the document without history says how many fit, and the
-	 * estimate shrinks until the text does.
-	 */
-	size_t full_len, len;
-	unsigned longest;
-	_cleanup_free_ char *text = render(&in, UINT_MAX, &full_len, &longest);
-	if (!text)
-		return -ENOMEM;
-	if (full_len <= max_len) {
-		*ret = TAKE_PTR(text);
-		return 0;
-	}
-	free(TAKE_PTR(text));
-	size_t base_len;
-	_cleanup_free_ char *base = render(&in, 0, &base_len, NULL);
-	if (!base)
-		return -ENOMEM;
-	if (base_len > max_len)
-		return -EMSGSIZE;
-	unsigned keep = (unsigned)((double)longest * (double)(max_len - base_len) / (double)(full_len - base_len));
-	for (; keep > 0; keep = keep * 3 / 4) {
-		text = render(&in, keep, &len, NULL);
-		if (!text)
-			return -ENOMEM;
-		if (len <= max_len) {
-			*ret = TAKE_PTR(text);
-			return 0;
-		}
-		free(TAKE_PTR(text));
-	}
-	*ret = TAKE_PTR(base);
-	return 0;
+	return status_json_fit(&in, flags, max_len, ret);
 }
 
 void server_status_line(struct server *s, char *buf, size_t len)
