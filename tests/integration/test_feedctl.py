@@ -148,3 +148,99 @@ def test_status_answers_with_thousands_of_clients(daemon, tmp_path):
     finally:
         for c in clients:
             lib.feed_client_close(c)
+
+
+def raw_status(sock, flags):
+    """One STATUS with `flags` over the wire itself (docs/protocol.md, STATUS): the reply's JSON text, or the
+    ERROR's message."""
+    import socket
+    import struct
+
+    def header(type_, length):
+        return struct.pack("<IHHII", 0x57444546, 1, type_, length, 0)
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(sock)
+    try:
+        s.sendall(header(1, 40) + struct.pack("<HHI32s", 1, 1, os.getpid(), b"test"))
+        s.sendall(header(6, 8) + struct.pack("<II", flags, 0))
+
+        def exact(n):
+            buf = bytearray()
+            while len(buf) < n:
+                got = s.recv(min(n - len(buf), 1 << 20))
+                assert got, "feedd closed the connection"
+                buf += got
+            return bytes(buf)
+
+        for want in (2, 7):  # HELLO_REPLY, STATUS_REPLY
+            _, _, typ, length, _ = struct.unpack("<IHHII", exact(16))
+            body = exact(length)
+            why = body[8:].split(b"\0")[0]
+            assert typ == want, f"reply type {typ}, expected {want}: {why!r}"
+        return body.decode()
+    finally:
+        s.close()
+
+
+def test_status_leaves_out_what_is_asked_and_the_history_stays_available(daemon, dataset):
+    """feedctl status asks for no per-client history (nor since_attach): its reply must stay the same size
+    while every client's history grows, and the whole document, history included, must still come to whoever
+    asks for it: an old client's request (flags 0), feedctl status --json, and a request with a flag this
+    daemon does not know."""
+    import json
+
+    n = 12
+    d = daemon(feed_conf("web", f"{dataset}/shard_*.idx"))
+    ps = [d.client("web", r, n, 100000, hold=True) for r in range(n)]
+    try:
+        for p in ps:
+            holding(p)
+
+        def histories(doc):
+            return [len(c["telemetry"]["history"]["batches"]) for c in doc["clients"] if c["telemetry"]]
+
+        deadline = time.time() + 20
+        while len(histories(json.loads(raw_status(d.socket, 0)))) < n or \
+                min(histories(json.loads(raw_status(d.socket, 0)))) < 2:
+            assert time.time() < deadline, "the clients' history did not grow to 2 samples in 20 s"
+            time.sleep(0.2)
+        brief, whole = [raw_status(d.socket, 3)], [raw_status(d.socket, 0)]
+        time.sleep(4)
+        brief.append(raw_status(d.socket, 3))
+        whole.append(raw_status(d.socket, 0))
+        grew = min(histories(json.loads(whole[1]))) - min(histories(json.loads(whole[0])))
+        assert grew >= 3, f"history grew by {grew} samples in 4 s"
+        # Each sample is 7 numbers: the whole document grew with them, the brief one did not.
+        assert len(whole[1]) - len(whole[0]) >= n * grew * 7 * 2, (len(whole[0]), len(whole[1]))
+        assert abs(len(brief[1]) - len(brief[0])) <= 0.02 * len(brief[0]), (len(brief[0]), len(brief[1]))
+        assert len(brief[1]) < len(whole[1]), (len(brief[1]), len(whole[1]))
+
+        b, w = json.loads(brief[1]), json.loads(whole[1])
+        assert len(b["clients"]) == len(w["clients"]) == n
+        for bc, wc in zip(b["clients"], w["clients"]):
+            assert bc["id"] == wc["id"]
+            assert set(bc) == set(wc), set(bc) ^ set(wc)
+            assert set(bc["telemetry"]) == set(wc["telemetry"]) - {"history", "since_attach"}, bc["telemetry"].keys()
+            assert bc["telemetry"]["window"].keys() == wc["telemetry"]["window"].keys()
+        assert b.keys() == w.keys() and b["feeds"][0].keys() == w["feeds"][0].keys()
+
+        # feedctl: the table (what it prints is in the brief document), --json whole, --json --brief not.
+        table = d.ctl("status").stdout
+        ids = {int(line.split()[0]) for line in table.splitlines() if line.split() and line.split()[0].isdigit()}
+        assert ids == {c["id"] for c in b["clients"]}, table
+        assert all(c["telemetry"]["history"]["batches"] for c in d.status()["clients"])
+        cut = json.loads(d.ctl("status", "--json", "--brief").stdout)
+        assert len(cut["clients"]) == n and not any("history" in c["telemetry"] for c in cut["clients"])
+
+        # A bit this daemon does not know is ignored: the whole document, the connection not dropped.
+        other = json.loads(raw_status(d.socket, 1 << 31))
+        assert all(c["telemetry"]["history"]["batches"] and "since_attach" in c["telemetry"] for c in other["clients"])
+        assert other["daemon"]["protocol_errors"] == 0
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            p.stderr.close()
