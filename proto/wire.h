@@ -314,3 +314,13 @@ const char *wire_type_name(unsigned type);
  * and then $FEEDD_SOCKET win when set. Returns 0 or -ENAMETOOLONG.
  */
 int wire_socket_path(const char *override, char *buf, size_t cap);
+
+/*
+ * The operator socket beside a control socket: "feedd-operator.sock" for
+ * "feedd.sock" (a path not ending in ".sock" gets "-operator" appended).
+ * feedd binds it mode 0600, so only root and feedd's user reach it, and
+ * accepts on it ahead of everything: an operator's connection never queues
+ * behind the clients' (or a flood's) in the control socket's backlog, which
+ * the kernel hands out first come, first served. Returns 0 or -ENAMETOOLONG.
+ */
+int wire_operator_socket_path(const char *socket_path, char *buf, size_t cap);

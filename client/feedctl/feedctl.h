@@ -23,6 +23,13 @@ extern const char *socket_path; /* --socket, NULL: libfeed's default */
 /* Connects, or says why not on stderr. Returns 0 or a negative errno. */
 int connect_or_say(feed_client **c);
 /*
+ * The same through the operator socket beside the control socket when this
+ * user can reach it (root, feedd's user: proto/wire.h), else as
+ * connect_or_say(): status, top, report, reload and drain are then served
+ * ahead of every client and are not queued behind their connections.
+ */
+int connect_operator_or_say(feed_client **c);
+/*
  * What print_status() reads of the document: no client's history or
  * since_attach (1,000 long-lived clients: 25 MB of history), so the reply
  * and its parse stay small. An older feedd sends them anyway.

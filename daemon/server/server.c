@@ -304,6 +304,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->producer = producer;
 	s->start_ns = now_ns();
 	s->listen_fd = -1;
+	s->op_fd = -1;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
@@ -356,6 +357,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		return -ENOMEM;
 	}
 	log_info("listening on %s%s", s->path, s->own_path ? "" : " (socket passed by the service manager)");
+	listen_operator(s);
 	unsigned long nofile = listen_raise_nofile();
 	unsigned long need = 6ul * (s->max_connections + s->admin_connections) + 64;
 	if (nofile < need)
@@ -455,6 +457,7 @@ struct server *server_free(struct server *s)
 		return NULL;
 	if (s->listen_ev)
 		event_free(s->listen_ev);
+	listen_operator_close(s);
 	if (s->tick_ev)
 		event_free(s->tick_ev);
 	if (s->producer)

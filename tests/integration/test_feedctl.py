@@ -244,3 +244,53 @@ def test_status_leaves_out_what_is_asked_and_the_history_stays_available(daemon,
             p.wait()
             p.stdout.close()
             p.stderr.close()
+
+
+def test_operators_have_a_socket_of_their_own(dataset):
+    """Beside the control socket feedd binds an operator socket only root and its own user can reach (0600):
+    feedctl status, reload and drain go through it when they can, so an operator's connection is never queued
+    behind the clients' (or a flood's) in the control socket's backlog, and fall back to the control socket
+    otherwise. It is removed at exit."""
+    import json
+    import stat
+    import subprocess
+    import tempfile
+
+    from conftest import FEEDCTL, Daemon
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the operator socket is checked against an ordinary user (setpriv)")
+    top = tempfile.mkdtemp(dir="/tmp", prefix="feedd-op-")  # one others may traverse: nobody reaches the socket
+    os.chmod(top, 0o755)
+    d = Daemon(top, feed_conf("web", f"{dataset}/shard_*.idx") + "\n[feedd]\nsocket_mode = 0666\n")
+    try:
+        op = os.path.join(top, "feedd-operator.sock")
+        st = os.stat(op)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), st
+        assert f"operators (root, feedd's user) have {op}" in d.log_text()
+
+        # Root reaches feedd through it: with the control socket's name moved away, status still answers.
+        moved = d.socket + ".moved"
+        os.rename(d.socket, moved)
+        try:
+            p = d.ctl("status", "--json", check=False)
+            assert p.returncode == 0, p.stderr
+            assert json.loads(p.stdout)["daemon"]["socket"] == d.socket
+        finally:
+            os.rename(moved, d.socket)
+
+        # Another user cannot connect to it, and falls back to the control socket.
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run(nobody + ["/usr/bin/python3", "-c",
+                                     "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+                                     "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n sys.exit(13)\n",
+                                     op], capture_output=True, text=True)
+        assert r.returncode == 13, (r.returncode, r.stderr)
+        r = subprocess.run(nobody + [str(FEEDCTL), "--socket", d.socket, "status"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("feedd "), r.stderr
+    finally:
+        assert d.stop() == 0, d.log_text()
+    assert not os.path.exists(op), "the operator socket outlived feedd"
+    import shutil as sh
+    sh.rmtree(top, ignore_errors=True)
