@@ -182,6 +182,11 @@ class UnitLayout:
         self.made = []
 
 
+def operator_socket(sock):
+    """The operator socket feedd binds beside `sock` (proto/wire.h, wire_operator_socket_path)."""
+    return sock[:-5] + "-operator.sock" if sock.endswith(".sock") else sock + "-operator"
+
+
 def raw_status_ms(sock, flags):
     """One STATUS round trip over the protocol itself (docs/protocol.md), without starting a process: feedd's
     own latency, for the request `flags` (feedctl status's by default). Returns milliseconds, or inf when
@@ -232,7 +237,7 @@ def pct(xs, q):
 def phase(build, sock, daemon, users, flood_user, a, layout, flood_nice=0, burn_pct=0):
     """One run: the trainers, with the flood when flood_user is not False. Returns its figures."""
     client = str(Path(build) / "bench/lt-client")
-    lat, raw, stop = [], [], threading.Event()
+    lat, raw, ctl, stop = [], [], [], threading.Event()
 
     def sample():
         while not stop.is_set():
@@ -240,7 +245,10 @@ def phase(build, sock, daemon, users, flood_user, a, layout, flood_nice=0, burn_
             p = subprocess.run([str(Path(build) / "client/feedctl/feedctl"), "--socket", sock, "status"],
                                capture_output=True, text=True)
             lat.append((time.monotonic() - t0) * 1000 if p.returncode == 0 else float("inf"))
-            raw.append(raw_status_ms(sock, a.raw_flags))
+            # feedd's share of it, through the socket feedctl used; and the same request as a client would send it.
+            op = operator_socket(sock)
+            raw.append(raw_status_ms(op if os.path.exists(op) else sock, a.raw_flags))
+            ctl.append(raw_status_ms(sock, a.raw_flags))
             time.sleep(0.25)
 
     sampler = threading.Thread(target=sample)
@@ -282,6 +290,8 @@ def phase(build, sock, daemon, users, flood_user, a, layout, flood_nice=0, burn_
             "raw_p99_ms": pct(raw, 0.99), "raw_max_ms": max(raw) if raw else None,
             "raw_over_100": sum(x >= 100 for x in raw), "raw_refused": len(raw) - len(rfin),
             "status_over_100": sum(x >= 100 for x in lat), "load_avg": os.getloadavg()[0],
+            "ctl_p50_ms": statistics.median(ctl) if ctl else None, "ctl_p99_ms": pct(ctl, 0.99),
+            "ctl_max_ms": max(ctl) if ctl else None,
             "flood": flood_out.split() if flood_out and not burn_pct else None, "flood_nice": flood_nice,
             "failures": whys}
 
@@ -406,11 +416,13 @@ def main():
     if not a.no_burner:
         print("# burner: the control, no flood but a process spinning as much CPU as the flooder used (its share of "
               "the VM); the flood's cost to feedd is the gap between the two rows")
-    print(f"# status: `feedctl status` wall time (a process start included) and one STATUS round trip over the "
-          f"socket with flags {a.raw_flags} (feedd's own latency), p50 / p99 / max, sampled every 0.25 s; >=100: "
-          "feedctl samples of 100 ms or more; CPU in % of one core")
+    print(f"# status: `feedctl status` wall time (a process start included); one STATUS round trip (connect, HELLO, "
+          f"STATUS with flags {a.raw_flags}) over the operator socket feedctl uses (feedd's own latency); the same over "
+          "the control socket, where a connection queues behind the clients' in the accept backlog; p50 / p99 / max, "
+          "sampled every 0.25 s; >=100: feedctl samples of 100 ms or more; CPU in % of one core")
     print(f"{'layout':<7} {'run':<26} {'batches/s':>9} {'ratio':>6} {'attaches':>8} {'failed':>6} "
-          f"{'feedctl p50/p99/max ms':>23} {'STATUS p50/p99/max ms':>22} {'>=100':>7} {'feedd':>6} {'clients':>7} "
+          f"{'feedctl p50/p99/max ms':>23} {'STATUS p50/p99/max ms':>22} {'control p50/p99/max ms':>23} {'>=100':>7} "
+          f"{'feedd':>6} {'clients':>7} "
           f"{'flooder':>7} {'load':>5}")
     for lname, runs, start, end in results:
         peer = runs[0][1]["batches_per_s"]
@@ -419,6 +431,7 @@ def main():
                   f"{r['attaches']:>8} {r['failed']:>6} "
                   f"{r['status_p50_ms']:>7.1f}/{r['status_p99_ms']:>6.1f}/{r['status_max_ms']:>7.1f} "
                   f"{r['raw_p50_ms']:>7.1f}/{r['raw_p99_ms']:>6.1f}/{r['raw_max_ms']:>6.1f} "
+                  f"{r['ctl_p50_ms']:>7.1f}/{r['ctl_p99_ms']:>6.1f}/{r['ctl_max_ms']:>7.1f} "
                   f"{r['status_over_100']:>3}/{r['status_samples']:<3}{r['daemon_cpu_pct']:>5.0f}% "
                   f"{r['clients_cpu_pct']:>6.0f}% {r['flood_cpu_pct']:>6.0f}% {r['load_avg']:>5.1f}")
             if r["flood"]:
