@@ -30,8 +30,10 @@ Each of those runs in every --layouts, with a feedd of its own:
   this process, the operator's shell with its feedctl and STATUS prober, in
   "user-0.slice". cgroup v2 where its root has the cpu controller, else v1's
   cpu hierarchy; skipped with a message where neither is writable. The
-  groups are made beside this machine's own (feedd-lt-TAG-system.slice,
-  feedd-lt-TAG-user.slice) and removed at the end.
+  groups are made in one group, feedd-lt-TAG, at this machine's cgroup
+  root, weighted 8 times an ordinary thread (the work of other users of a
+  shared test machine then weighs against the node what it weighs against
+  the single layout's thousand threads), and removed at the end.
 - single: everything in the cgroup this process is in, as every run before
   the layouts (no node runs it so: it makes feedd one thread among the
   clients' 1,000).
@@ -131,9 +133,12 @@ class UnitLayout:
         try:
             if self.v2:
                 (self.root / "cgroup.subtree_control").write_text("+cpu")
-            system = self.group(f"feedd-lt-{self.tag}-system.slice", 100, parent=True)
+            # The node's root: one group, weighted as 8 ordinary threads' worth against the other work on this
+            # (shared) machine, which the single layout's thousand threads outweighed as a node's own work would.
+            top = self.group(f"feedd-lt-{self.tag}", 800, parent=True)
+            system = self.group(f"{top}/system.slice", 100, parent=True)
             self.group(f"{system}/feedd.service", self.weight)
-            user = self.group(f"feedd-lt-{self.tag}-user.slice", 100, parent=True)
+            user = self.group(f"{top}/user.slice", 100, parent=True)
             for u in ["0"] + [str(i) for i in range(1, n_users + 1)]:
                 self.group(f"{user}/user-{u}.slice", 100)
         except OSError as e:
@@ -154,8 +159,8 @@ class UnitLayout:
         return rel
 
     def procs(self, which):
-        rel = f"feedd-lt-{self.tag}-system.slice/feedd.service" if which == "feedd" else \
-            f"feedd-lt-{self.tag}-user.slice/user-{which}.slice"
+        rel = f"feedd-lt-{self.tag}/system.slice/feedd.service" if which == "feedd" else \
+            f"feedd-lt-{self.tag}/user.slice/user-{which}.slice"
         return str(self.root / rel / "cgroup.procs")
 
     def cmd(self, argv, user):
@@ -410,7 +415,8 @@ def main():
           "refused, holds its last 200 connections and never says HELLO")
     print(f"# layouts: unit = feedd in system.slice/feedd.service (CPUWeight={weight}, Nice={nice}: the packaged "
           "unit's), each uid's clients in user.slice/user-UID.slice, the flooder and the burner in their own, "
-          "feedctl and the prober in user-0.slice; single = everything in one cgroup, as before")
+          "feedctl and the prober in user-0.slice, all in one group weighted 8 threads' worth against the rest of "
+          "this machine; single = everything in one cgroup, as before")
     if a.rt:
         print("# --rt: feedd's threads and the STATUS prober at SCHED_FIFO 10; feedctl and the clients are not")
     if not a.no_burner:
