@@ -661,13 +661,22 @@ int client_request_text(feed_client *c, const uint8_t *msg, int n, int reply_typ
 	return 0;
 }
 
-FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
+_Static_assert(FEED_STATUS_NO_HISTORY == WIRE_STATUS_NO_HISTORY && FEED_STATUS_NO_SINCE_ATTACH == WIRE_STATUS_NO_SINCE_ATTACH,
+	       "public status flags are the wire's");
+
+FEED_EXPORT int feed_client_status_flags(feed_client *c, unsigned flags, char **ret_json)
 {
 	assert_return(c && ret_json, -EINVAL);
-	struct wire_status st = { 0 };
+	assert_return(!(flags & ~(FEED_STATUS_NO_HISTORY | FEED_STATUS_NO_SINCE_ATTACH)), -EINVAL);
+	struct wire_status st = { .flags = flags };
 	uint8_t buf[WIRE_HEADER_SIZE + WIRE_STATUS_SIZE];
 	int n = wire_encode_status(buf, sizeof(buf), &st);
 	return client_request_text(c, buf, n, WIRE_STATUS_REPLY, "status", ret_json);
+}
+
+FEED_EXPORT int feed_client_status(feed_client *c, char **ret_json)
+{
+	return feed_client_status_flags(c, 0, ret_json);
 }
 
 /*

@@ -575,6 +575,17 @@ const char *wire_type_name(unsigned type)
 	return type < _WIRE_TYPE_MAX && names[type] ? names[type] : "unknown";
 }
 
+int wire_operator_socket_path(const char *socket_path, char *buf, size_t cap)
+{
+	size_t n = strlen(socket_path);
+	int k;
+	if (n > 5 && strcmp(socket_path + n - 5, ".sock") == 0)
+		k = snprintf(buf, cap, "%.*s-operator.sock", (int)(n - 5), socket_path);
+	else
+		k = snprintf(buf, cap, "%s-operator", socket_path);
+	return k < 0 || (size_t)k >= cap ? -ENAMETOOLONG : 0;
+}
+
 int wire_socket_path(const char *override, char *buf, size_t cap)
 {
 	const char *env = getenv("FEEDD_SOCKET");

@@ -153,8 +153,26 @@ struct wire_error {
 };
 #define WIRE_ERROR_SIZE (8 + WIRE_MESSAGE_MAX)
 
+/*
+ * wire_status.flags: members a STATUS leaves out of every clients[] entry
+ * of the document (docs/protocol.md, section 10.3). 0 asks for the whole
+ * document, as clients that predate the flags do. A daemon ignores the bits
+ * it does not know, and daemons that predate them ignore them all and send
+ * the whole document: the flags only ever make a reply smaller.
+ */
+enum {
+	/*
+	 * telemetry.history: the per-second samples, which grow with a client's
+	 * age up to history_s (1,000 clients of 600 s: 25 MB of a 27 MB
+	 * document) and which `feedctl status` does not print.
+	 */
+	WIRE_STATUS_NO_HISTORY = 1u << 0,
+	/* telemetry.since_attach: the period since attach (`feedctl status` prints the window's). */
+	WIRE_STATUS_NO_SINCE_ATTACH = 1u << 1,
+};
+
 struct wire_status {
-	uint32_t flags; /* reserved, 0 */
+	uint32_t flags; /* WIRE_STATUS_* */
 };
 #define WIRE_STATUS_SIZE 8
 
@@ -296,3 +314,13 @@ const char *wire_type_name(unsigned type);
  * and then $FEEDD_SOCKET win when set. Returns 0 or -ENAMETOOLONG.
  */
 int wire_socket_path(const char *override, char *buf, size_t cap);
+
+/*
+ * The operator socket beside a control socket: "feedd-operator.sock" for
+ * "feedd.sock" (a path not ending in ".sock" gets "-operator" appended).
+ * feedd binds it mode 0600, so only root and feedd's user reach it, and
+ * accepts on it ahead of everything: an operator's connection never queues
+ * behind the clients' (or a flood's) in the control socket's backlog, which
+ * the kernel hands out first come, first served. Returns 0 or -ENAMETOOLONG.
+ */
+int wire_operator_socket_path(const char *socket_path, char *buf, size_t cap);

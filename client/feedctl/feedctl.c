@@ -11,12 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "client/feedctl/feedctl.h"
 #include "client/feedctl/npy.h"
 #include "config.h"
 #include "feed/feed.h"
 #include "proto/macro.h"
+#include "proto/wire.h"
 
 const char *socket_path;
 
@@ -43,6 +46,19 @@ int connect_or_say(feed_client **c)
 	else if (r < 0)
 		fprintf(stderr, "feedctl: %s (%s)\n", why, feed_strerror(r));
 	return r;
+}
+
+int connect_operator_or_say(feed_client **c)
+{
+	char path[sizeof(((struct sockaddr_un *)NULL)->sun_path)], op[sizeof(path)];
+	if (wire_socket_path(socket_path, path, sizeof(path)) == 0 &&
+	    wire_operator_socket_path(path, op, sizeof(op)) == 0 && access(op, F_OK) == 0) {
+		char why[1024];
+		/* Anything but a connection there (another user's EACCES, a feedd gone) falls back to the control socket. */
+		if (feed_client_connect_err(op, why, sizeof(why), c) == 0)
+			return 0;
+	}
+	return connect_or_say(c);
 }
 
 void human(double v, char *buf, size_t n)
@@ -225,13 +241,13 @@ void print_status(json_t *root, FILE *out)
 	}
 }
 
-int fetch_status(json_t **ret)
+int fetch_status(unsigned flags, json_t **ret)
 {
 	feed_client *c;
-	if (connect_or_say(&c) < 0)
+	if (connect_operator_or_say(&c) < 0)
 		return -1;
 	char *text = NULL;
-	int r = feed_client_status(c, &text);
+	int r = feed_client_status_flags(c, flags, &text);
 	if (r < 0) {
 		fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
 		feed_client_close(c);
@@ -251,22 +267,24 @@ int fetch_status(json_t **ret)
 
 static int cmd_status(int argc, char **argv)
 {
-	bool json = false;
+	bool json = false, brief = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0) {
 			json = true;
+		} else if (strcmp(argv[i], "--brief") == 0) {
+			brief = true;
 		} else {
 			fprintf(stderr, "feedctl status: unknown argument '%s'\n", argv[i]);
 			return 2;
 		}
 	}
 	if (json) {
-		/* The daemon's document verbatim: everything it knows, in its own order. */
+		/* The daemon's document verbatim: everything it knows, in its own order (--brief: what the table reads). */
 		feed_client *c;
-		if (connect_or_say(&c) < 0)
+		if (connect_operator_or_say(&c) < 0)
 			return 1;
 		char *text = NULL;
-		int r = feed_client_status(c, &text);
+		int r = feed_client_status_flags(c, brief ? STATUS_PRINTED : 0, &text);
 		if (r < 0)
 			fprintf(stderr, "feedctl: status: %s\n", feed_client_error(c));
 		else
@@ -276,7 +294,7 @@ static int cmd_status(int argc, char **argv)
 		return r < 0 ? 1 : 0;
 	}
 	json_t *root;
-	if (fetch_status(&root) < 0)
+	if (fetch_status(STATUS_PRINTED, &root) < 0)
 		return 1;
 	print_status(root, stdout);
 	json_decref(root);
@@ -420,7 +438,7 @@ static int cmd_admin(int argc, char **argv)
 		return 2;
 	}
 	feed_client *c;
-	if (connect_or_say(&c) < 0)
+	if (connect_operator_or_say(&c) < 0)
 		return 1;
 	char *msg = NULL;
 	int r = drain ? feed_client_drain(c, argv[1], &msg) : feed_client_reload(c, &msg);
@@ -435,7 +453,7 @@ static int cmd_admin(int argc, char **argv)
 
 /* Every subcommand: its name, what it runs (argv[0] is the name), and its line in --help. */
 static const struct command command_table[] = {
-	{ "status", cmd_status, "status [--json]", "daemon, feeds, clients and their diagnoses" },
+	{ "status", cmd_status, "status [--json [--brief]]", "daemon, feeds, clients and their diagnoses" },
 	{ "top", cmd_top, "top [--interval S]", "status, refreshed in place (q quits)" },
 	{ "report", cmd_report, "report --out DIR [--minutes N]", "PNG plots per client and a markdown summary" },
 	{ "dump", cmd_dump, "dump FEED --rank R --world W --batches N --out DIR [--cursor C | --state S]",

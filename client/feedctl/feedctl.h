@@ -22,8 +22,25 @@ extern const char *socket_path; /* --socket, NULL: libfeed's default */
 
 /* Connects, or says why not on stderr. Returns 0 or a negative errno. */
 int connect_or_say(feed_client **c);
-/* Fetches and parses the status document. Returns 0 with *ret (caller decrefs), or -1 after saying why. */
-int fetch_status(json_t **ret);
+/*
+ * The same through the operator socket beside the control socket when this
+ * user can reach it (root, feedd's user: proto/wire.h), else as
+ * connect_or_say(): status, top, report, reload and drain are then served
+ * ahead of every client and are not queued behind their connections.
+ */
+int connect_operator_or_say(feed_client **c);
+/*
+ * What print_status() reads of the document: no client's history or
+ * since_attach (1,000 long-lived clients: 25 MB of history), so the reply
+ * and its parse stay small. An older feedd sends them anyway.
+ */
+#define STATUS_PRINTED (FEED_STATUS_NO_HISTORY | FEED_STATUS_NO_SINCE_ATTACH)
+/*
+ * Fetches and parses the status document, without what `flags`
+ * (FEED_STATUS_*) leaves out. Returns 0 with *ret (caller decrefs), or -1
+ * after saying why.
+ */
+int fetch_status(unsigned flags, json_t **ret);
 /* The human view of a status document (feedctl status, top). */
 void print_status(json_t *root, FILE *out);
 /* What the diagnosis's host rule reads (telemetry.host), in one line of words; "-" when absent. */

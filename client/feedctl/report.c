@@ -225,7 +225,7 @@ int cmd_report(int argc, char **argv)
 		return 1;
 	}
 	json_t *root;
-	if (fetch_status(&root) < 0)
+	if (fetch_status(0, &root) < 0) /* the history is what the report plots */
 		return 1;
 
 	FILE *md = create(out, "summary.md");

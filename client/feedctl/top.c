@@ -135,7 +135,7 @@ int cmd_top(int argc, char **argv)
 		char when[16];
 		strftime(when, sizeof(when), "%H:%M:%S", localtime(&t));
 		fprintf(m, "feedctl top  %s  every %.1f s, q quits\n", when, interval);
-		if (fetch_status(&root) == 0) {
+		if (fetch_status(STATUS_PRINTED, &root) == 0) {
 			json_t *worst = path(root, "telemetry", "worst", "text");
 			fprintf(m, "worst: %s\n\n", json_is_string(worst) ? json_string_value(worst) : "-");
 			print_status(root, m);

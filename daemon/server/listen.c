@@ -549,3 +549,62 @@ int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_
 	}
 	return TAKE_FD(fd);
 }
+
+/*
+ * The operator socket's read event. Only root and feedd's user can connect
+ * (mode 0600), so nothing here is a flood to take turns with: every pending
+ * connection is accepted at once, through the same checks and limits as
+ * the control socket's (admin_connections keeps their slots).
+ */
+static void on_accept_operator(evutil_socket_t fd, short what, void *userdata)
+{
+	struct server *s = userdata;
+	for (unsigned n = 0; n < ACCEPT_BATCH; n++) {
+		int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (cfd < 0) {
+			if ((errno == EMFILE || errno == ENFILE) && accept_without_fds(s, fd, errno))
+				continue;
+			return;
+		}
+		accept_one(s, cfd);
+	}
+}
+
+void listen_operator(struct server *s)
+{
+	char path[sizeof(((struct sockaddr_un *)NULL)->sun_path)], err[512] = "";
+	if (wire_operator_socket_path(s->path, path, sizeof(path)) < 0) {
+		log_info("no operator socket: the path beside %s is too long; operators use the control socket", s->path);
+		return;
+	}
+	int fd = listen_bind(path, 0600, -1, err, sizeof(err));
+	if (fd < 0) {
+		log_info("no operator socket: %s; operators use the control socket", err);
+		return;
+	}
+	s->op_fd = fd;
+	s->op_path = strdup(path);
+	s->op_ev = event_new(s->base, fd, EV_READ | EV_PERSIST, on_accept_operator, s);
+	if (!s->op_path || !s->op_ev || event_priority_set(s->op_ev, SERVER_PRIORITY_ADMIN) < 0 ||
+	    event_add(s->op_ev, NULL) < 0) {
+		log_warning("no operator socket: out of memory; operators use the control socket");
+		listen_operator_close(s);
+		return;
+	}
+	log_info("operators (root, feedd's user) have %s, served before every client", path);
+}
+
+void listen_operator_close(struct server *s)
+{
+	if (s->op_ev)
+		event_free(s->op_ev);
+	s->op_ev = NULL;
+	if (s->op_fd >= 0) {
+		close(s->op_fd);
+		if (s->op_path)
+			unlink(s->op_path);
+	}
+	s->op_fd = -1;
+	free(s->op_path);
+	s->op_path = NULL;
+}

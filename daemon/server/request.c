@@ -315,7 +315,8 @@ static int handle_status(struct conn *c, const uint8_t *p, size_t len)
 	 */
 	size_t room = c->out_bytes + WIRE_HEADER_SIZE < MAX_OUT_BYTES ? MAX_OUT_BYTES - c->out_bytes - WIRE_HEADER_SIZE : 0;
 	_cleanup_free_ char *json = NULL;
-	int r = server_status_json(c->srv, MIN(room, (size_t)WIRE_MAX_REPLY), &json);
+	/* Bits this daemon does not know are ignored (proto/wire.h): a newer client's request is answered. */
+	int r = server_status_json(c->srv, st.flags, MIN(room, (size_t)WIRE_MAX_REPLY), &json);
 	if (r == -EMSGSIZE) {
 		conn_send_error(c, r, "the status document does not fit in one reply (%u MiB), even without the "
 			        "clients' history", WIRE_MAX_REPLY >> 20);

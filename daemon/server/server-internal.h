@@ -116,6 +116,9 @@ struct server {
 	bool own_path; /* bound by us: unlink at exit */
 	int listen_fd;
 	struct event *listen_ev, *tick_ev;
+	int op_fd;           /* the operator socket (listen_operator), or -1 */
+	struct event *op_ev; /* its accepts, always before everything else */
+	char *op_path;       /* bound by us: unlinked at exit */
 	struct producer *producer;
 	struct feed_watch *watch; /* the served feeds' files under read leases or inotify (feed/integrity.h); may be NULL */
 	struct telemetry *tm; /* created with the server, freed after its connections */
@@ -173,6 +176,15 @@ int headroom_read(uint64_t *ret, char *what, size_t whatlen);
 int listen_bind(const char *path, unsigned mode, int64_t group, char *err, size_t errlen);
 /* The listening socket's read event: accepts every pending connection. */
 void listen_on_accept(evutil_socket_t fd, short what, void *userdata);
+/*
+ * Binds the operator socket beside the control socket (proto/wire.h,
+ * wire_operator_socket_path) and accepts on it at the operators' priority.
+ * Without it (a directory feedd cannot bind in, a path too long) operators
+ * use the control socket as before: logged, not an error.
+ */
+void listen_operator(struct server *s);
+/* Closes the operator socket and removes its name. */
+void listen_operator_close(struct server *s);
 /* Logs a refusal of kind (REFUSE_*), unless one of its kind was logged this tick already. */
 void listen_refusal_log(struct server *s, unsigned kind, const char *fmt, ...) _printf_(3, 4);
 /* Raises the soft fd limit to the hard one; returns the soft limit. */

@@ -338,6 +338,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->producer = producer;
 	s->start_ns = now_ns();
 	s->listen_fd = -1;
+	s->op_fd = -1;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
@@ -390,6 +391,7 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 		return -ENOMEM;
 	}
 	log_info("listening on %s%s", s->path, s->own_path ? "" : " (socket passed by the service manager)");
+	listen_operator(s);
 	unsigned long nofile = listen_raise_nofile();
 	unsigned long need = 6ul * (s->max_connections + s->admin_connections) + 64;
 	if (nofile < need)
@@ -489,6 +491,7 @@ struct server *server_free(struct server *s)
 		return NULL;
 	if (s->listen_ev)
 		event_free(s->listen_ev);
+	listen_operator_close(s);
 	if (s->tick_ev)
 		event_free(s->tick_ev);
 	if (s->producer)
@@ -594,59 +597,12 @@ void status_input_clear(struct status_input *in)
 	*in = (struct status_input){ 0 };
 }
 
-/* Renders the document with history_max samples of history per client; NULL when out of memory. */
-static char *render(const struct status_input *in, unsigned history_max, size_t *ret_len, unsigned *ret_longest)
-{
-	unsigned longest = 0;
-	char *text = status_json(in, history_max, &longest);
-	if (text) {
-		*ret_len = strlen(text);
-		if (ret_longest)
-			*ret_longest = longest;
-	}
-	return text;
-}
-
-int server_status_json(struct server *s, size_t max_len, char **ret)
+int server_status_json(struct server *s, unsigned flags, size_t max_len, char **ret)
 {
 	_cleanup_(status_input_clear) struct status_input in = { 0 };
 	if (server_snapshot(s, &in) < 0)
 		return -ENOMEM;
-	/*
-	 * The whole history when it fits. Otherwise the newest part of every
-	 * client's history: its bytes grow with the samples kept, so the room
-	 * left by the document without history says how many fit, and the
-	 * estimate shrinks until the text does.
-	 */
-	size_t full_len, len;
-	unsigned longest;
-	_cleanup_free_ char *text = render(&in, UINT_MAX, &full_len, &longest);
-	if (!text)
-		return -ENOMEM;
-	if (full_len <= max_len) {
-		*ret = TAKE_PTR(text);
-		return 0;
-	}
-	free(TAKE_PTR(text));
-	size_t base_len;
-	_cleanup_free_ char *base = render(&in, 0, &base_len, NULL);
-	if (!base)
-		return -ENOMEM;
-	if (base_len > max_len)
-		return -EMSGSIZE;
-	unsigned keep = (unsigned)((double)longest * (double)(max_len - base_len) / (double)(full_len - base_len));
-	for (; keep > 0; keep = keep * 3 / 4) {
-		text = render(&in, keep, &len, NULL);
-		if (!text)
-			return -ENOMEM;
-		if (len <= max_len) {
-			*ret = TAKE_PTR(text);
-			return 0;
-		}
-		free(TAKE_PTR(text));
-	}
-	*ret = TAKE_PTR(base);
-	return 0;
+	return status_json_fit(&in, flags, max_len, ret);
 }
 
 void server_status_line(struct server *s, char *buf, size_t len)

@@ -92,12 +92,13 @@ int server_snapshot(struct server *s, struct status_input *ret);
 
 /*
  * The status document (docs/protocol.md#status), as JSON text of at most
- * max_len bytes in *ret (caller frees). When the whole document is longer,
+ * max_len bytes in *ret (caller frees), without what `flags` (the STATUS
+ * request's WIRE_STATUS_*) leaves out. When the whole document is longer,
  * each client's per-second history keeps only its newest samples (the rest
  * counted in history.omitted). Returns 0, -EMSGSIZE (too long even with no
  * history) or -ENOMEM.
  */
-int server_status_json(struct server *s, size_t max_len, char **ret);
+int server_status_json(struct server *s, unsigned flags, size_t max_len, char **ret);
 
 /* The one-line summary for the service manager's STATUS=: feeds, clients, tokens/s, worst stall. */
 void server_status_line(struct server *s, char *buf, size_t len);

@@ -14,7 +14,9 @@
  * whose real is not finite or whose string is not UTF-8 (json_real and
  * json_string gave NULL), a whole client whose json_pack failed.
  */
+#include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@
 #include "daemon/server/status.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/macro.h"
+#include "proto/wire.h"
 
 struct jw {
 	char *p;
@@ -376,9 +379,11 @@ static double sample_value(const struct sample *x, unsigned k)
 
 /*
  * "history": the newest `keep` of each series and how many older ones were
- * left out (status.c's trim_history() on the tree). Returns the longest series.
+ * left out (status.c's trim_history() on the tree). Adds to *st the bytes
+ * of the samples it wrote, the arrays' contents (status_json_fit() sizes
+ * the next render with them).
  */
-static unsigned history(struct jw *w, const struct telemetry_client_view *v, unsigned keep)
+static void history(struct jw *w, const struct telemetry_client_view *v, unsigned keep, struct status_render *st)
 {
 	static const char *const keys[7] = { "wait_ms", "step_ms", "h2d_ms", "batches", "ring_full_pct", "ring_fill", "held" };
 	static const bool integer[7] = { false, false, false, true, false, true, true };
@@ -397,6 +402,7 @@ static unsigned history(struct jw *w, const struct telemetry_client_view *v, uns
 		unsigned skip = n[k] > keep ? n[k] - keep : 0;
 		jw_key(w, keys[k]);
 		jw_open(w, "[");
+		size_t start = w->len;
 		for (unsigned i = 0; i < v->hist_n; i++) {
 			const struct sample *x = &v->hist[(v->hist_head + i) % v->hist_cap];
 			double d = sample_value(x, k);
@@ -412,11 +418,13 @@ static unsigned history(struct jw *w, const struct telemetry_client_view *v, uns
 			else
 				jw_real_scaled(w, d, k == 4 ? 10 : 1000);
 		}
+		st->history_bytes += w->len - start;
 		jw_close(w, "]");
 	}
 	m_int(w, "omitted", omitted);
 	jw_close(w, "}");
-	return longest;
+	st->longest = MAX(st->longest, longest);
+	st->history_samples += MIN(longest, keep);
 }
 
 static void diagnosis(struct jw *w, const struct telemetry_client_view *v)
@@ -464,7 +472,8 @@ static void gpu(struct jw *w, const struct gpu_client_view *g)
 	jw_close(w, "}");
 }
 
-static void client(struct jw *w, const struct status_client *c, unsigned history_max, unsigned *longest)
+static void client(struct jw *w, const struct status_client *c, unsigned flags, unsigned history_max,
+		   struct status_render *st)
 {
 	double attached_s = (double)c->attached_ns / 1e9, full_pct = telemetry_pct(c->full_ns, c->attached_ns),
 	       wait_s = (double)c->wait_ns / 1e9, step_s = (double)c->step_ns / 1e9;
@@ -507,11 +516,13 @@ static void client(struct jw *w, const struct status_client *c, unsigned history
 		jw_key(w, "telemetry");
 		jw_open(w, "{");
 		period(w, "window", &v->window);
-		period(w, "since_attach", &v->since_attach);
+		/* What the request left out (WIRE_STATUS_*) is left out whole, key and all. */
+		if (!(flags & WIRE_STATUS_NO_SINCE_ATTACH))
+			period(w, "since_attach", &v->since_attach);
 		m_int(w, "ring_fill", (long long)v->ring_fill);
 		m_int(w, "held", (long long)v->held);
-		unsigned n = history(w, v, history_max);
-		*longest = MAX(*longest, n);
+		if (!(flags & WIRE_STATUS_NO_HISTORY))
+			history(w, v, history_max, st);
 		jw_close(w, "}");
 	} else {
 		m_null(w, "telemetry");
@@ -527,8 +538,8 @@ static void client(struct jw *w, const struct status_client *c, unsigned history
 	jw_close(w, "}");
 }
 
-char *status_clients_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest, size_t before,
-			  size_t after, size_t *ret_len)
+char *status_clients_json(const struct status_input *in, unsigned flags, unsigned history_max,
+			  struct status_render *ret_stats, size_t before, size_t after, size_t *ret_len)
 {
 	struct jw w = { .after = after };
 	/* About 2.5 KiB a client with a short history: one allocation in the common case. */
@@ -537,7 +548,7 @@ char *status_clients_json(const struct status_input *in, unsigned history_max, u
 	w.len = before;
 	jw_open(&w, "[");
 	for (size_t i = 0; i < in->n_clients; i++)
-		client(&w, &in->clients[i], history_max, ret_longest);
+		client(&w, &in->clients[i], flags, history_max, ret_stats);
 	jw_close(&w, "]");
 	if (w.oom) {
 		free(w.p);
@@ -545,4 +556,18 @@ char *status_clients_json(const struct status_input *in, unsigned history_max, u
 	}
 	*ret_len = w.len;
 	return w.p;
+}
+
+int status_client_probe(const struct status_input *in, size_t i, unsigned flags, size_t *ret_bytes,
+			struct status_render *ret_stats)
+{
+	struct jw w = { 0 };
+	struct status_render st = { 0 };
+	client(&w, &in->clients[i], flags, UINT_MAX, &st);
+	free(w.p);
+	if (w.oom)
+		return -ENOMEM;
+	*ret_bytes = w.len;
+	*ret_stats = st;
+	return 0;
 }

@@ -4,6 +4,7 @@
  * (status.h; server_snapshot() in server.c takes it). Only formats: every
  * figure is read once by the snapshot or by the module that owns it.
  */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -17,6 +18,7 @@
 #include "daemon/server/status.h"
 #include "daemon/telemetry/telemetry.h"
 #include "proto/macro.h"
+#include "proto/wire.h"
 
 /* Telemetry (docs/telemetry.md): the views telemetry fills, rendered. */
 
@@ -191,7 +193,24 @@ static json_t *fetch_json(const struct remote_stats *f)
 	return o;
 }
 
-char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest)
+/*
+ * The document without its clients: {daemon, feeds} and {telemetry, fetch}
+ * dumped by jansson once, the clients written between them by
+ * status-clients.c as often as status_json_fit() needs.
+ */
+struct frame {
+	char *head, *tail;
+	size_t head_len, tail_len; /* less the head's closing '}' and the tail's opening '{' */
+};
+
+static void frame_done(struct frame *f)
+{
+	free(f->head);
+	free(f->tail);
+	*f = (struct frame){ 0 };
+}
+
+static int frame_make(const struct status_input *in, struct frame *ret)
 {
 	int fallback = in->io_fallback;
 	char fb[160] = "";
@@ -206,38 +225,151 @@ char *status_json(const struct status_input *in, unsigned history_max, unsigned 
 				 fallback < 0 ? json_string(fb) : json_null(), "gpu", in->gpu_status, "connections_total",
 				 (json_int_t)in->counters.accepted, "protocol_errors", (json_int_t)in->counters.protocol_errors);
 	if (!root)
-		return NULL;
+		return -ENOMEM;
 	counters_json(json_object_get(root, "daemon"), in);
 	json_t *feeds = json_array();
 	for (size_t i = 0; i < in->n_feeds; i++)
 		json_array_append_new(feeds, feed_json(in, i));
 	json_object_set_new(root, "feeds", feeds);
-	/*
-	 * The clients are written without a tree (status-clients.c) between
-	 * the dumps of {daemon, feeds} and {telemetry, fetch}: the document is
-	 * the same bytes the one tree gave.
-	 */
 	json_t *tail = json_object();
 	json_object_set_new(tail, "telemetry", daemon_telemetry_json(&in->telemetry));
 	json_object_set_new(tail, "fetch", fetch_json(&in->fetch));
-	_cleanup_free_ char *head_text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-	_cleanup_free_ char *tail_text = json_dumps(tail, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	struct frame f = {
+		.head = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER),
+		.tail = json_dumps(tail, JSON_COMPACT | JSON_PRESERVE_ORDER),
+	};
 	json_decref(root);
 	json_decref(tail);
-	if (!head_text || !tail_text)
-		return NULL;
+	if (!f.head || !f.tail) {
+		frame_done(&f);
+		return -ENOMEM;
+	}
+	f.head_len = strlen(f.head) - 1;
+	f.tail_len = strlen(f.tail) - 1;
+	*ret = f;
+	return 0;
+}
+
+/*
+ * The clients are written without a tree (status-clients.c) between the
+ * dumps of {daemon, feeds} and {telemetry, fetch}: the document is the same
+ * bytes the one tree gave.
+ */
+static char *frame_render(const struct frame *f, const struct status_input *in, unsigned flags, unsigned history_max,
+			  struct status_render *ret_stats, size_t *ret_len)
+{
 	static const char clients_key[] = ",\"clients\":";
-	size_t head_len = strlen(head_text) - 1, tail_len = strlen(tail_text) - 1; /* less '}' and '{' */
-	size_t before = head_len + sizeof(clients_key) - 1, len;
-	char *text = status_clients_json(in, history_max, ret_longest, before, tail_len + 1, &len);
+	size_t before = f->head_len + sizeof(clients_key) - 1, len;
+	struct status_render st = { 0 };
+	char *text = status_clients_json(in, flags, history_max, &st, before, f->tail_len + 1, &len);
 	if (!text)
 		return NULL;
-	memcpy(text, head_text, head_len);
-	memcpy(text + head_len, clients_key, sizeof(clients_key) - 1);
+	memcpy(text, f->head, f->head_len);
+	memcpy(text + f->head_len, clients_key, sizeof(clients_key) - 1);
 	text[len] = ',';
-	memcpy(text + len + 1, tail_text + 1, tail_len);
-	text[len + 1 + tail_len] = '\0';
+	memcpy(text + len + 1, f->tail + 1, f->tail_len);
+	text[len + 1 + f->tail_len] = '\0';
+	*ret_len = len + 1 + f->tail_len;
+	if (ret_stats)
+		*ret_stats = st;
 	return text;
+}
+
+char *status_json(const struct status_input *in, unsigned flags, unsigned history_max, struct status_render *ret_stats)
+{
+	_cleanup_(frame_done) struct frame f = { 0 };
+	size_t len;
+	if (frame_make(in, &f) < 0)
+		return NULL;
+	return frame_render(&f, in, flags, history_max, ret_stats, &len);
+}
+
+/* Samples in a document that keeps the newest `keep` of each client's history. */
+static uint64_t samples_kept(const struct status_input *in, unsigned keep)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < in->n_clients; i++)
+		if (in->clients[i].tv.tracked)
+			n += MIN(in->clients[i].tv.hist_n, keep);
+	return n;
+}
+
+/*
+ * The largest keep (at most `longest`) whose document base + bps * samples
+ * is at most `target` bytes: the history's size grows with the samples
+ * kept, at about bps bytes each.
+ */
+static unsigned keep_for(const struct status_input *in, unsigned longest, double base, double bps, double target)
+{
+	unsigned lo = 0, hi = longest;
+	while (lo < hi) {
+		unsigned mid = lo + (hi - lo + 1) / 2;
+		if (base + bps * (double)samples_kept(in, mid) <= target)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+/* Clients rendered apart to estimate a document's size: spread over the array. */
+#define FIT_PROBES 8
+
+int status_json_fit(const struct status_input *in, unsigned flags, size_t max_len, char **ret)
+{
+	_cleanup_(frame_done) struct frame f = { 0 };
+	if (frame_make(in, &f) < 0)
+		return -ENOMEM;
+	unsigned longest = 0;
+	for (size_t i = 0; i < in->n_clients; i++)
+		if (in->clients[i].tv.tracked)
+			longest = MAX(longest, in->clients[i].tv.hist_n);
+	bool history = !(flags & WIRE_STATUS_NO_HISTORY) && longest > 0;
+	unsigned keep = UINT_MAX;
+	if (history) {
+		/*
+		 * A few clients rendered apart give the bytes of a client without
+		 * its history and of one sample of history: the whole document is
+		 * rendered only when that estimate is not clearly over the limit,
+		 * else the history is cut to what the estimate says fits, with
+		 * some room, and the render says how far off it was.
+		 */
+		size_t probes = MIN(in->n_clients, (size_t)FIT_PROBES), bytes = 0, hist = 0;
+		uint64_t samples = 0;
+		for (size_t k = 0; k < probes; k++) {
+			size_t b;
+			struct status_render st;
+			if (status_client_probe(in, k * in->n_clients / probes, flags, &b, &st) < 0)
+				return -ENOMEM;
+			bytes += b;
+			hist += st.history_bytes;
+			samples += st.history_samples;
+		}
+		double bps = samples ? (double)hist / (double)samples : 0;
+		double base = (double)(f.head_len + f.tail_len + 16) +
+			      (double)(bytes - hist + probes) / (double)probes * (double)in->n_clients;
+		if (base + bps * (double)samples_kept(in, longest) > (double)max_len * 1.25)
+			keep = keep_for(in, longest, base, bps, (double)max_len * 15 / 16);
+	}
+	for (;;) {
+		size_t len;
+		struct status_render st;
+		char *text = frame_render(&f, in, flags, keep, &st, &len);
+		if (!text)
+			return -ENOMEM;
+		if (len <= max_len) {
+			*ret = text;
+			return 0;
+		}
+		free(text);
+		if (!history || keep == 0)
+			return -EMSGSIZE;
+		/* What this render wrote: the document without history, and the bytes of a sample. */
+		double bps = st.history_samples ? (double)st.history_bytes / (double)st.history_samples : 0;
+		unsigned next = keep_for(in, MIN(keep, longest), (double)(len - st.history_bytes), bps,
+					 (double)max_len * 31 / 32);
+		keep = next < MIN(keep, longest) ? next : MIN(keep, longest) * 3 / 4;
+	}
 }
 
 void status_line(const struct status_input *in, char *buf, size_t len)

@@ -112,21 +112,49 @@ struct status_input {
 /* Frees what a snapshot allocated (server_snapshot) and zeroes it. */
 void status_input_clear(struct status_input *in);
 
+/* What a render of the document wrote of the clients' history. */
+struct status_render {
+	unsigned longest;          /* the longest history of a client, in samples, before trimming */
+	uint64_t history_samples;  /* samples written, summed over the clients (each of 7 series) */
+	size_t history_bytes;      /* bytes of those samples: the history arrays' contents */
+};
+
 /*
- * Returns the JSON text (caller frees), or NULL on allocation failure. Keeps
+ * Returns the JSON text (caller frees), or NULL on allocation failure.
+ * Leaves out of each client what `flags` (WIRE_STATUS_*) names, and keeps
  * the history_max newest per-second samples of each client's history
- * (UINT_MAX: all); *ret_longest is raised to the longest history seen.
+ * (UINT_MAX: all). *ret_stats (may be NULL) says what history it wrote.
  */
-char *status_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest);
+char *status_json(const struct status_input *in, unsigned flags, unsigned history_max, struct status_render *ret_stats);
+
+/*
+ * The document of status_json(in, flags, ...) in at most max_len bytes:
+ * whole when it fits, else with the newest part of every client's history,
+ * as much as fits. The size is estimated before anything is rendered (a few
+ * clients rendered apart), so a document far over the limit is not rendered
+ * whole first: one render in the common case, rarely two or three.
+ * Returns 0 and the text in *ret (caller frees); -EMSGSIZE when even the
+ * document without history does not fit; -ENOMEM.
+ */
+int status_json_fit(const struct status_input *in, unsigned flags, size_t max_len, char **ret);
 
 /*
  * status_json()'s "clients" array (status-clients.c), written without a
  * jansson tree at offset `before` of the returned buffer, with `after` + 1
  * bytes free past its end for the caller; *ret_len is the offset of its end.
- * The first `before` bytes are the caller's to fill. NULL when out of memory.
+ * The first `before` bytes are the caller's to fill. Adds what history it
+ * wrote to *ret_stats. NULL when out of memory.
  */
-char *status_clients_json(const struct status_input *in, unsigned history_max, unsigned *ret_longest, size_t before,
-			  size_t after, size_t *ret_len);
+char *status_clients_json(const struct status_input *in, unsigned flags, unsigned history_max,
+			  struct status_render *ret_stats, size_t before, size_t after, size_t *ret_len);
+
+/*
+ * Client i of the "clients" array rendered alone with all its history:
+ * its bytes in *ret_bytes and what of them is history in *ret_stats (the
+ * size estimate of status_json_fit()). 0, or -ENOMEM.
+ */
+int status_client_probe(const struct status_input *in, size_t i, unsigned flags, size_t *ret_bytes,
+			struct status_render *ret_stats);
 
 /*
  * The one-line summary for the service manager's STATUS=: feeds, clients,

@@ -148,3 +148,149 @@ def test_status_answers_with_thousands_of_clients(daemon, tmp_path):
     finally:
         for c in clients:
             lib.feed_client_close(c)
+
+
+def raw_status(sock, flags):
+    """One STATUS with `flags` over the wire itself (docs/protocol.md, STATUS): the reply's JSON text, or the
+    ERROR's message."""
+    import socket
+    import struct
+
+    def header(type_, length):
+        return struct.pack("<IHHII", 0x57444546, 1, type_, length, 0)
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(sock)
+    try:
+        s.sendall(header(1, 40) + struct.pack("<HHI32s", 1, 1, os.getpid(), b"test"))
+        s.sendall(header(6, 8) + struct.pack("<II", flags, 0))
+
+        def exact(n):
+            buf = bytearray()
+            while len(buf) < n:
+                got = s.recv(min(n - len(buf), 1 << 20))
+                assert got, "feedd closed the connection"
+                buf += got
+            return bytes(buf)
+
+        for want in (2, 7):  # HELLO_REPLY, STATUS_REPLY
+            _, _, typ, length, _ = struct.unpack("<IHHII", exact(16))
+            body = exact(length)
+            why = body[8:].split(b"\0")[0]
+            assert typ == want, f"reply type {typ}, expected {want}: {why!r}"
+        return body.decode()
+    finally:
+        s.close()
+
+
+def test_status_leaves_out_what_is_asked_and_the_history_stays_available(daemon, dataset):
+    """feedctl status asks for no per-client history (nor since_attach): its reply must stay the same size
+    while every client's history grows, and the whole document, history included, must still come to whoever
+    asks for it: an old client's request (flags 0), feedctl status --json, and a request with a flag this
+    daemon does not know."""
+    import json
+
+    n = 12
+    d = daemon(feed_conf("web", f"{dataset}/shard_*.idx"))
+    ps = [d.client("web", r, n, 100000, hold=True) for r in range(n)]
+    try:
+        for p in ps:
+            holding(p)
+
+        def histories(doc):
+            return [len(c["telemetry"]["history"]["batches"]) for c in doc["clients"] if c["telemetry"]]
+
+        deadline = time.time() + 20
+        while len(histories(json.loads(raw_status(d.socket, 0)))) < n or \
+                min(histories(json.loads(raw_status(d.socket, 0)))) < 2:
+            assert time.time() < deadline, "the clients' history did not grow to 2 samples in 20 s"
+            time.sleep(0.2)
+        brief, whole = [raw_status(d.socket, 3)], [raw_status(d.socket, 0)]
+        time.sleep(4)
+        brief.append(raw_status(d.socket, 3))
+        whole.append(raw_status(d.socket, 0))
+        grew = min(histories(json.loads(whole[1]))) - min(histories(json.loads(whole[0])))
+        assert grew >= 3, f"history grew by {grew} samples in 4 s"
+        # Each sample is 7 numbers: the whole document grew with them, the brief one did not.
+        assert len(whole[1]) - len(whole[0]) >= n * grew * 7 * 2, (len(whole[0]), len(whole[1]))
+        assert abs(len(brief[1]) - len(brief[0])) <= 0.02 * len(brief[0]), (len(brief[0]), len(brief[1]))
+        assert len(brief[1]) < len(whole[1]), (len(brief[1]), len(whole[1]))
+
+        b, w = json.loads(brief[1]), json.loads(whole[1])
+        assert len(b["clients"]) == len(w["clients"]) == n
+        for bc, wc in zip(b["clients"], w["clients"]):
+            assert bc["id"] == wc["id"]
+            assert set(bc) == set(wc), set(bc) ^ set(wc)
+            assert set(bc["telemetry"]) == set(wc["telemetry"]) - {"history", "since_attach"}, bc["telemetry"].keys()
+            assert bc["telemetry"]["window"].keys() == wc["telemetry"]["window"].keys()
+        assert b.keys() == w.keys() and b["feeds"][0].keys() == w["feeds"][0].keys()
+
+        # feedctl: the table (what it prints is in the brief document), --json whole, --json --brief not.
+        table = d.ctl("status").stdout
+        ids = {int(line.split()[0]) for line in table.splitlines() if line.split() and line.split()[0].isdigit()}
+        assert ids == {c["id"] for c in b["clients"]}, table
+        assert all(c["telemetry"]["history"]["batches"] for c in d.status()["clients"])
+        cut = json.loads(d.ctl("status", "--json", "--brief").stdout)
+        assert len(cut["clients"]) == n and not any("history" in c["telemetry"] for c in cut["clients"])
+
+        # A bit this daemon does not know is ignored: the whole document, the connection not dropped.
+        other = json.loads(raw_status(d.socket, 1 << 31))
+        assert all(c["telemetry"]["history"]["batches"] and "since_attach" in c["telemetry"] for c in other["clients"])
+        assert other["daemon"]["protocol_errors"] == 0
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            p.stderr.close()
+
+
+def test_operators_have_a_socket_of_their_own(dataset):
+    """Beside the control socket feedd binds an operator socket only root and its own user can reach (0600):
+    feedctl status, reload and drain go through it when they can, so an operator's connection is never queued
+    behind the clients' (or a flood's) in the control socket's backlog, and fall back to the control socket
+    otherwise. It is removed at exit."""
+    import json
+    import stat
+    import subprocess
+    import tempfile
+
+    from conftest import FEEDCTL, Daemon
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the operator socket is checked against an ordinary user (setpriv)")
+    top = tempfile.mkdtemp(dir="/tmp", prefix="feedd-op-")  # one others may traverse: nobody reaches the socket
+    os.chmod(top, 0o755)
+    d = Daemon(top, feed_conf("web", f"{dataset}/shard_*.idx") + "\n[feedd]\nsocket_mode = 0666\n")
+    try:
+        op = os.path.join(top, "feedd-operator.sock")
+        st = os.stat(op)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), st
+        assert f"operators (root, feedd's user) have {op}" in d.log_text()
+
+        # Root reaches feedd through it: with the control socket's name moved away, status still answers.
+        moved = d.socket + ".moved"
+        os.rename(d.socket, moved)
+        try:
+            p = d.ctl("status", "--json", check=False)
+            assert p.returncode == 0, p.stderr
+            assert json.loads(p.stdout)["daemon"]["socket"] == d.socket
+        finally:
+            os.rename(moved, d.socket)
+
+        # Another user cannot connect to it, and falls back to the control socket.
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run(nobody + ["/usr/bin/python3", "-c",
+                                     "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+                                     "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n sys.exit(13)\n",
+                                     op], capture_output=True, text=True)
+        assert r.returncode == 13, (r.returncode, r.stderr)
+        r = subprocess.run(nobody + [str(FEEDCTL), "--socket", d.socket, "status"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("feedd "), r.stderr
+    finally:
+        assert d.stop() == 0, d.log_text()
+    assert not os.path.exists(op), "the operator socket outlived feedd"
+    import shutil as sh
+    sh.rmtree(top, ignore_errors=True)

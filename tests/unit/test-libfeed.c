@@ -278,6 +278,7 @@ static void test_null_arguments(void)
 	CHECK_INT(feed_client_report(NULL, 1, 1), -EINVAL);
 	CHECK_INT(feed_client_stats(NULL, &st), -EINVAL);
 	CHECK_INT(feed_client_status(NULL, &s), -EINVAL);
+	CHECK_INT(feed_client_status_flags(NULL, FEED_STATUS_NO_HISTORY, &s), -EINVAL);
 	CHECK_INT(feed_client_reload(NULL, &s), -EINVAL);
 	CHECK_INT(feed_client_drain(NULL, "web", &s), -EINVAL);
 	CHECK_INT(feed_client_device(NULL), -EINVAL);
@@ -311,6 +312,9 @@ static void test_null_outputs(const char *dir)
 		CHECK_INT(feed_client_release(c, NULL), -EINVAL);
 		CHECK_INT(feed_client_stats(c, NULL), -EINVAL);
 		CHECK_INT(feed_client_status(c, NULL), -EINVAL);
+		CHECK_INT(feed_client_status_flags(c, FEED_STATUS_NO_HISTORY, NULL), -EINVAL);
+		char *s = NULL;
+		CHECK_INT(feed_client_status_flags(c, 4, &s), -EINVAL);
 		CHECK_INT(feed_client_reload(c, NULL), -EINVAL);
 		CHECK_INT(feed_client_drain(c, "web", NULL), -EINVAL);
 		CHECK_INT(feed_client_attach(c, NULL, 0, 1, NULL), -EINVAL);

@@ -7,6 +7,7 @@
  * it, computed as documented (rates over the span, percentiles of the
  * histograms, the GPU copy rate), with nothing read from anywhere else.
  */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -16,6 +17,7 @@
 #include <time.h>
 
 #include "daemon/server/status.h"
+#include "proto/wire.h"
 #include "unit.h"
 
 static double num(json_t *root, const char *path)
@@ -242,8 +244,7 @@ int main(void)
 						       .workers_cpu_per_s = NAN, .worst_severity = DIAG_WARNING };
 	snprintf(in.telemetry.worst, sizeof(in.telemetry.worst), "feed web rank 1/4: starved: waiting 23 %%");
 
-	unsigned longest = 0;
-	char *text = status_json(&in, UINT_MAX, &longest);
+	char *text = status_json(&in, 0, UINT_MAX, NULL);
 	REQUIRE(text, "status_json failed");
 	json_error_t err;
 	json_t *root = json_loads(text, 0, &err);
@@ -340,8 +341,8 @@ int main(void)
 	in.clients = cs;
 	in.n_clients = 4;
 	for (unsigned keep = 0; keep < 2; keep++) {
-		unsigned l = 0;
-		char *t = status_json(&in, keep ? 2 : UINT_MAX, &l);
+		struct status_render st = { 0 };
+		char *t = status_json(&in, 0, keep ? 2 : UINT_MAX, &st);
 		REQUIRE(t, "status_json failed");
 		CHECK(redumps_same(t), "the document is not what json_dumps writes (history_max %u)", keep ? 2 : UINT_MAX);
 		char *part = clients_part(t);
@@ -350,9 +351,39 @@ int main(void)
 			printf("%s\n", part ? part : "");
 		CHECK(part && strcmp(part, keep ? golden_trimmed : golden_full) == 0, "clients array differs (keep %u):\n%s", keep,
 		      part ? part : "");
-		CHECK(l == 4, "longest history %u, expected 4", l);
+		CHECK(st.longest == 4, "longest history %u, expected 4", st.longest);
 		free(part);
 		free(t);
+	}
+
+	/*
+	 * What a STATUS's flags leave out (feedctl status asks for neither):
+	 * gone, key and all, from every tracked client, and the rest the same
+	 * bytes as the whole document's with those members cut out.
+	 */
+	{
+		char *whole = status_json(&in, 0, UINT_MAX, NULL);
+		char *cut = status_json(&in, WIRE_STATUS_NO_HISTORY | WIRE_STATUS_NO_SINCE_ATTACH, UINT_MAX, NULL);
+		REQUIRE(whole && cut, "status_json failed");
+		CHECK(redumps_same(cut), "the document without history is not what json_dumps writes");
+		json_t *w = json_loads(whole, 0, &err), *k = json_loads(cut, 0, &err);
+		REQUIRE(w && k, "not JSON: %s", err.text);
+		json_t *wc = json_object_get(w, "clients"), *kc = json_object_get(k, "clients");
+		CHECK(json_array_size(kc) == json_array_size(wc) && json_array_size(kc) == 3, "%zu clients, expected 3",
+		      json_array_size(kc));
+		for (size_t i = 0; i < json_array_size(wc); i++) {
+			json_t *t = json_object_get(json_array_get(wc, i), "telemetry");
+			if (json_is_object(t)) {
+				json_object_del(t, "history");
+				json_object_del(t, "since_attach");
+			}
+		}
+		CHECK(json_equal(w, k), "the document without history differs from the whole one in more than those");
+		CHECK(strlen(cut) < strlen(whole), "leaving out made it no smaller");
+		json_decref(w);
+		json_decref(k);
+		free(whole);
+		free(cut);
 	}
 
 	/*
@@ -385,7 +416,7 @@ int main(void)
 	}
 	in.clients = many;
 	in.n_clients = 50;
-	char *rnd = status_json(&in, UINT_MAX, &longest);
+	char *rnd = status_json(&in, 0, UINT_MAX, NULL);
 	REQUIRE(rnd, "status_json failed");
 	CHECK(redumps_same(rnd), "random history reals are not what json_dumps writes");
 	free(rnd);
@@ -393,6 +424,7 @@ int main(void)
 	for (unsigned i = 0; i < H; i++)
 		h600[i] = (struct sample){ .wait_ms = 0.001f * (float)i, .step_ms = 12.5f + (float)(i % 7), .h2d_ms = 0.25f,
 					   .full_pct = (float)(i % 100), .batches = i % 50, .fill = (uint16_t)(i % 8), .held = 1 };
+	size_t brief_len = 0;
 	for (unsigned hn = 10; hn <= H; hn += H - 10) {
 	for (unsigned i = 0; i < N; i++) {
 		many[i] = c;
@@ -410,9 +442,8 @@ int main(void)
 	size_t len = 0;
 	for (unsigned r = 0; r < 5; r++) {
 		struct timespec t0, t1;
-		unsigned l = 0;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		char *t = status_json(&in, UINT_MAX, &l);
+		char *t = status_json(&in, 0, UINT_MAX, NULL);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		REQUIRE(t, "status_json failed");
 		len = strlen(t);
@@ -420,7 +451,78 @@ int main(void)
 		best = fmin(best, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
 	}
 	printf("status_json: %u clients x %u s of history: %.1f ms (best of 5), %zu bytes\n", N, hn, best, len);
+
+	/*
+	 * What a STATUS answers in a reply of 16 MiB: the whole document when
+	 * it fits; else each client's newest history, as much as fits, found
+	 * without rendering the whole first. Timed against what was done
+	 * before: whole, then without history, then trimmed.
+	 */
+	best = INFINITY;
+	double before = INFINITY;
+	for (unsigned r = 0; r < 3; r++) {
+		struct timespec t0, t1, t2;
+		char *t = NULL;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int e = status_json_fit(&in, 0, WIRE_MAX_REPLY, &t);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		REQUIRE(e == 0, "status_json_fit: %d", e);
+		size_t fl = strlen(t);
+		CHECK(fl <= WIRE_MAX_REPLY, "%zu bytes over the reply's %u", fl, WIRE_MAX_REPLY);
+		if (len <= WIRE_MAX_REPLY)
+			CHECK(fl == len, "a document that fits was cut: %zu of %zu bytes", fl, len);
+		else
+			CHECK(fl > WIRE_MAX_REPLY / 8 * 7, "cut to %zu bytes, far below the reply's %u", fl, WIRE_MAX_REPLY);
+		free(t);
+		/* The former way, for the figure: the whole, and when over, the base and one trimmed render. */
+		struct status_render st = { 0 };
+		char *a = status_json(&in, 0, UINT_MAX, &st);
+		char *a0 = len > WIRE_MAX_REPLY ? status_json(&in, 0, 0, NULL) : NULL;
+		char *a1 = len > WIRE_MAX_REPLY ? status_json(&in, 0, st.longest * 5 / 8, NULL) : NULL;
+		clock_gettime(CLOCK_MONOTONIC, &t2);
+		free(a);
+		free(a0);
+		free(a1);
+		best = fmin(best, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+		before = fmin(before, (double)(t2.tv_sec - t1.tv_sec) * 1e3 + (double)(t2.tv_nsec - t1.tv_nsec) / 1e6);
 	}
+	printf("status_json_fit: %u clients x %u s of history in %u MiB: %.1f ms (best of 3; before: %.1f ms)\n",
+	       N, hn, WIRE_MAX_REPLY >> 20, best, before);
+
+	/* What feedctl status asks for: the same size whatever the history's length. */
+	char *brief = NULL;
+	REQUIRE(status_json_fit(&in, WIRE_STATUS_NO_HISTORY | WIRE_STATUS_NO_SINCE_ATTACH, WIRE_MAX_REPLY, &brief) == 0,
+		"status_json_fit without history failed");
+	if (hn == 10)
+		brief_len = strlen(brief);
+	else
+		CHECK(strlen(brief) == brief_len, "without history: %zu bytes with %u s of it, %zu with 10 s", strlen(brief),
+		      hn, brief_len);
+	printf("status_json_fit without history and since_attach: %u clients: %zu bytes\n", N, strlen(brief));
+	free(brief);
+	}
+
+	/* At the limit: whole at exactly its length, cut one byte below it, refused when nothing fits. */
+	in.n_clients = 40;
+	char *whole = status_json(&in, 0, UINT_MAX, NULL), *t = NULL;
+	REQUIRE(whole, "status_json failed");
+	size_t wl = strlen(whole);
+	REQUIRE(status_json_fit(&in, 0, wl, &t) == 0, "status_json_fit at the whole length failed");
+	CHECK(strcmp(t, whole) == 0, "the document that fits exactly was changed");
+	free(t);
+	REQUIRE(status_json_fit(&in, 0, wl - 1, &t) == 0, "status_json_fit a byte short failed");
+	json_t *cut = json_loads(t, 0, &err);
+	CHECK(strlen(t) <= wl - 1 && cut, "a byte short: %zu bytes, %s", strlen(t), cut ? "JSON" : err.text);
+	CHECK(cut && num(cut, "clients.0.telemetry.history.omitted") >= 1, "nothing omitted from the history");
+	CHECK(cut && num(cut, "clients.39.telemetry.history.omitted") == num(cut, "clients.0.telemetry.history.omitted"),
+	      "clients' history cut unevenly");
+	json_decref(cut);
+	free(t);
+	char *base = status_json(&in, 0, 0, NULL);
+	REQUIRE(base, "status_json failed");
+	CHECK(status_json_fit(&in, 0, strlen(base) - 1, &t) == -EMSGSIZE, "no -EMSGSIZE below the document without history");
+	free(base);
+	free(whole);
 	free(many);
 	free(h600);
 	return unit_exit("status");

@@ -485,6 +485,16 @@ static void test_socket_path(void)
 	CHECK_INT(wire_socket_path("/tmp/override.sock", path, strlen("/tmp/override.sock")), -ENAMETOOLONG);
 	CHECK_INT(wire_socket_path("/tmp/override.sock", path, strlen("/tmp/override.sock") + 1), 0);
 	CHECK_INT(wire_socket_path(NULL, path, 8), -ENAMETOOLONG);
+
+	/* The operator socket beside it: "-operator" before ".sock", else at the end; never truncated. */
+	CHECK_INT(wire_operator_socket_path("/run/feedd/feedd.sock", path, sizeof(path)), 0);
+	CHECK_STR(path, "/run/feedd/feedd-operator.sock");
+	CHECK_INT(wire_operator_socket_path("/tmp/x", path, sizeof(path)), 0);
+	CHECK_STR(path, "/tmp/x-operator");
+	CHECK_INT(wire_operator_socket_path(".sock", path, sizeof(path)), 0);
+	CHECK_STR(path, ".sock-operator");
+	CHECK_INT(wire_operator_socket_path("/a.sock", path, strlen("/a-operator.sock")), -ENAMETOOLONG);
+	CHECK_INT(wire_operator_socket_path("/a.sock", path, strlen("/a-operator.sock") + 1), 0);
 }
 
 int main(void)

@@ -197,6 +197,17 @@ int feed_client_epoch_info(feed_client *c, const char *cursor, struct feed_epoch
 int feed_client_status(feed_client *c, char **ret_json);
 
 /*
+ * The status document without what `flags` leaves out of every client
+ * (docs/protocol.md, STATUS): with 1,000 long-lived clients the history is
+ * 25 MB of the document. A daemon too old to know a flag sends the member
+ * anyway: readers check for it. Returns as feed_client_status(); -EINVAL
+ * for an unknown flag.
+ */
+#define FEED_STATUS_NO_HISTORY 1u      /* clients[].telemetry.history: per-second samples */
+#define FEED_STATUS_NO_SINCE_ATTACH 2u /* clients[].telemetry.since_attach */
+int feed_client_status_flags(feed_client *c, unsigned flags, char **ret_json);
+
+/*
  * Operator commands (docs/operations.md). They need root, the daemon's own
  * user, or an entry in its admin_users / admin_groups; otherwise -EPERM.
  * On success they return 0 and the daemon's one-line summary in
