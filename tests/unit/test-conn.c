@@ -50,6 +50,8 @@ static void rig_start(struct rig *r)
 		.socket_group = -1,
 		.max_connections = 64,
 		.max_connections_per_uid = 64,
+		/* as feedd.conf must (1..3600): at 0 the once-a-second tick closed any connection it found before its HELLO */
+		.handshake_timeout_s = 30,
 		.diagnosis = CONF_DIAGNOSIS_DEFAULTS,
 	};
 	struct server_config cfg = { .socket_path = r->path, .listen_fd = -1, .gpu_status = "unavailable: test" };
