@@ -130,6 +130,8 @@ struct session {
 				   from a cursor saved without them, of a world other than V' (section 17.7) */
 	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
 	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
+	uint64_t text_rows;     /* a virtual stream: the rows it gives to the batches the rank tokenizes for now
+				   (session_virtual_text), its tokenize-ahead target instead of rows_ahead's */
 	struct producer *producer;
 	struct feed *feed;
 	struct ring *ring;

@@ -128,7 +128,13 @@ int session_text_submit(struct session *s, struct session_src *x)
 	const unsigned threads = producer_threads(s->producer);
 	/* No ring: an explanation (session-explain.c), whose rows_ahead covers every batch it was asked for. */
 	const uint64_t free_slots = root->ring ? root->ring->slot_count - (root->planned - root->ring->tail) : 0;
-	uint64_t target = (free_slots + 1) * bl + 1;
+	/*
+	 * A virtual stream tokenizes for the rows it gives to those batches
+	 * (session_virtual_text: a few of the rank's streams each batch), not
+	 * for a rank's share of every one: 1,024 streams each a row ahead per
+	 * free slot tokenized the corpus many times over.
+	 */
+	uint64_t target = (s->parent ? s->text_rows * top->conf.seq_len : (free_slots + 1) * bl) + 1;
 	if (top->conf.packing == CONF_PACKING_BESTFIT)
 		target += top->conf.pack_buffer;
 	if (top->conf.mix) {
@@ -137,6 +143,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 			units += top->conf.mix->units[i];
 		target = (uint64_t)((double)target * (double)top->conf.mix->units[x->index] / (double)units) + 1;
 	}
+	if (s->parent && !s->text_rows)
+		target = 0; /* none of its rows in those batches: tokenized once it has some, or when a plan waits for it */
 	const double bpt = bytes_per_token(x);
 	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
 	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),

@@ -394,9 +394,55 @@ int session_virtual_published(struct session *s, const struct session_job *j)
 	return 0;
 }
 
+/*
+ * The rows each live stream gives to the next n rows of the rank (section
+ * 17.3: the fewest rows first, the smallest v on ties) into sub->text_rows:
+ * the level T the rows fill every stream up to, found by bisection, and the
+ * rest of n to the streams below T in order. O(m log n), no simulation row
+ * by row.
+ */
+static void text_shares(struct session_virtual *x, uint64_t n)
+{
+	uint64_t lo = UINT64_MAX;
+	for (uint32_t k = 0; k < x->m; k++)
+		if (x->sub[k] && !x->dead[k])
+			lo = MIN(lo, x->rows[k]);
+	if (lo == UINT64_MAX)
+		return;
+	/* The smallest T with fill(T) >= n, fill(T) = sum of max(0, T - rows[k]); fill(lo) = 0 < n (n > 0). */
+	uint64_t a = lo, b = lo + n; /* fill(a) < n <= fill(b) */
+	while (b - a > 1) {
+		uint64_t t = a + (b - a) / 2, fill = 0;
+		for (uint32_t k = 0; k < x->m && fill < n; k++)
+			if (x->sub[k] && !x->dead[k] && x->rows[k] < t)
+				fill += t - x->rows[k];
+		if (fill >= n)
+			b = t;
+		else
+			a = t;
+	}
+	uint64_t left = n;
+	for (uint32_t k = 0; k < x->m; k++)
+		if (x->sub[k]) {
+			x->sub[k]->text_rows = !x->dead[k] && x->rows[k] < a ? a - x->rows[k] : 0;
+			left -= x->sub[k]->text_rows;
+		}
+	for (uint32_t k = 0; k < x->m && left; k++)
+		if (x->sub[k] && !x->dead[k] && x->rows[k] <= a) {
+			x->sub[k]->text_rows++;
+			left--;
+		}
+}
+
 int session_virtual_text(struct session *s, bool submit)
 {
 	struct session_virtual *x = s->virt;
+	if (x->has_text && submit) {
+		/* The batches tokenized for: the ring's free slots and one more (an explanation's: all it asked for). */
+		uint64_t n = s->ring ? (s->ring->slot_count - (s->planned - s->ring->tail) + 1) * (uint64_t)s->batch_size
+				     : s->rows_ahead;
+		text_shares(x, MAX(n, 1u));
+	}
 	for (uint32_t k = 0; x->has_text && k < x->m; k++) {
 		struct session *sub = x->sub[k];
 		if (!sub || !sub->has_text || x->dead[k])
