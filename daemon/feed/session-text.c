@@ -147,8 +147,15 @@ int session_text_submit(struct session *s, struct session_src *x)
 		target = 0; /* none of its rows in those batches: tokenized once it has some, or when a plan waits for it */
 	const double bpt = bytes_per_token(x);
 	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
-	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
-					 UINT64_C(1) << 20);
+	uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
+				   UINT64_C(1) << 20);
+	/*
+	 * A virtual stream gives a row every V'/B batches or so: what it needs
+	 * now, not 16 KiB (three rows of short documents, tokenized batches
+	 * before their turn, for every stream of the rank).
+	 */
+	if (s->parent)
+		chunk_bytes = MIN(chunk_bytes, MAX((uint64_t)((double)target * bpt), UINT64_C(1) << 10));
 
 	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
 		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
