@@ -124,6 +124,9 @@ int session_text_submit(struct session *s, struct session_src *x)
 {
 	const struct feed *f = x->feed, *top = s->feed;
 	const struct session *root = session_root(s);
+	/* A virtual stream with no row in the batches ahead, which no plan waits for: nothing to do (most of V'). */
+	if (s->parent && !s->text_rows && !(s->starved == x->index && x->chunks_inflight == 0))
+		return 0;
 	const uint64_t bl = (uint64_t)s->rows_ahead * top->conf.seq_len;
 	const unsigned threads = producer_threads(s->producer);
 	/* No ring: an explanation (session-explain.c), whose rows_ahead covers every batch it was asked for. */
