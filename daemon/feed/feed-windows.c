@@ -70,6 +70,7 @@ struct feed_windows {
 	struct entry *head;      /* newest first */
 	struct entry *hash[HASH_SIZE]; /* the same entries by (epoch, window): find() in O(1) for thousands */
 	uint64_t gets;
+	uint64_t max_epoch;      /* the latest epoch a window was added for */
 	unsigned n_kept;         /* entries walked once, no walk holds now */
 	uint64_t kept_bytes;
 	struct order_epoch ep; /* the builder's last epoch (builder thread only) */
@@ -96,9 +97,35 @@ static struct entry *find(struct feed_windows *fw, uint64_t epoch, uint32_t w)
 	return NULL;
 }
 
+static void unlink_free(struct feed_windows *fw, struct entry *x);
+static bool kept(const struct entry *e);
+
+/*
+ * The first window of a new epoch E (lock held): the kept windows of the
+ * epochs before E - 1 and before every epoch a walk holds now go (walks go
+ * forward), so that what is kept over many epochs of a small feed is about
+ * two epochs' windows, not KEEP_BYTES.
+ */
+static void drop_old_epochs(struct feed_windows *fw, uint64_t epoch)
+{
+	uint64_t keep_from = epoch ? epoch - 1 : 0;
+	for (struct entry *x = fw->head; x; x = x->next)
+		if (x->refs)
+			keep_from = MIN(keep_from, x->epoch);
+	for (struct entry *x = fw->head, *next; x; x = next) {
+		next = x->next;
+		if (kept(x) && x->epoch < keep_from)
+			unlink_free(fw, x);
+	}
+}
+
 /* A new entry of (epoch, w), newest, in the list and the hash (lock held). */
 static struct entry *add(struct feed_windows *fw, uint64_t epoch, uint32_t w, enum entry_state state)
 {
+	if (epoch > fw->max_epoch) {
+		fw->max_epoch = epoch;
+		drop_old_epochs(fw, epoch);
+	}
 	struct entry *e = calloc(1, sizeof(*e));
 	if (!e)
 		return NULL;
