@@ -8,11 +8,81 @@
  * where a stream stops does not depend on when counts arrive.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/order/stream.h"
 #include "proto/macro.h"
+
+/*
+ * The last epoch a walk built, for the next walk that enters it: a rank
+ * with virtual ranks (docs/sample-order.md, section 17) has two walks for
+ * each of its V' streams, and each shuffled the epoch's shards itself
+ * (O(S) per walk and epoch: most of an attach at 10,000 shards). Copying
+ * the epoch is a fraction of that. The parameters are matched by value,
+ * their document counts included (a feed's may be another's, freed, at the
+ * same address). Walks run on any thread: a lock.
+ */
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	struct order_params p;     /* windows and list_max not compared: they do not change the epoch */
+	uint32_t *shard_docs;      /* a copy of p.shard_docs */
+	struct order_epoch ep;     /* ep.perm NULL: nothing kept */
+} memo;
+
+static int memo_copy(const struct order_epoch *from, uint32_t n_shards, struct order_epoch *to)
+{
+	uint32_t *perm = malloc(MAX(n_shards, 1u) * sizeof(*perm));
+	uint64_t *win_start = malloc(((size_t)from->n_windows + 1) * sizeof(*win_start));
+	if (!perm || !win_start) {
+		free(perm);
+		free(win_start);
+		return -ENOMEM;
+	}
+	if (n_shards)
+		memcpy(perm, from->perm, n_shards * sizeof(*perm));
+	memcpy(win_start, from->win_start, ((size_t)from->n_windows + 1) * sizeof(*win_start));
+	order_epoch_clear(to);
+	*to = (struct order_epoch){ .epoch = from->epoch, .key = from->key, .n_windows = from->n_windows, .perm = perm,
+				    .win_start = win_start };
+	return 0;
+}
+
+static bool memo_matches(const struct order_params *p, uint64_t e)
+{
+	return memo.ep.perm && memo.ep.epoch == e && memo.p.seed == p->seed && memo.p.shuffle == p->shuffle &&
+	       memo.p.window == p->window && memo.p.n_shards == p->n_shards &&
+	       (!p->n_shards || memcmp(memo.shard_docs, p->shard_docs, p->n_shards * sizeof(*p->shard_docs)) == 0);
+}
+
+static int walk_epoch(const struct order_params *p, uint64_t e, struct order_epoch *ep)
+{
+	pthread_mutex_lock(&memo_lock);
+	if (memo_matches(p, e)) {
+		int r = memo_copy(&memo.ep, p->n_shards, ep);
+		pthread_mutex_unlock(&memo_lock);
+		return r;
+	}
+	pthread_mutex_unlock(&memo_lock);
+	int r = order_epoch_build(p, e, ep);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&memo_lock);
+	uint32_t *docs = malloc(MAX(p->n_shards, 1u) * sizeof(*docs));
+	if (docs && memo_copy(ep, p->n_shards, &memo.ep) == 0) {
+		if (p->n_shards)
+			memcpy(docs, p->shard_docs, p->n_shards * sizeof(*docs));
+		free(memo.shard_docs);
+		memo.shard_docs = docs;
+		memo.p = *p;
+	} else {
+		free(docs); /* no memory: the next walk builds its own */
+		order_epoch_clear(&memo.ep);
+	}
+	pthread_mutex_unlock(&memo_lock);
+	return 0;
+}
 
 void doc_walk_clear(struct doc_walk *w)
 {
@@ -89,7 +159,7 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 		  uint64_t epoch, uint32_t window, size_t at)
 {
 	*w = (struct doc_walk){ .params = params, .rank = rank, .world = world };
-	int r = order_epoch_build(params, epoch, &w->ep);
+	int r = walk_epoch(params, epoch, &w->ep);
 	if (r < 0)
 		goto fail;
 	r = -EINVAL;
@@ -132,7 +202,7 @@ int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
 			/* An epoch with no document at all for this rank: bounded like empty ones. */
 			if (++crossed > max_empty_epochs(w->params))
 				return -ENODATA;
-			int r = order_epoch_build(w->params, w->ep.epoch + 1, &w->ep);
+			int r = walk_epoch(w->params, w->ep.epoch + 1, &w->ep);
 			if (r < 0)
 				return r;
 			next = 0;
