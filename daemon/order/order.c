@@ -55,8 +55,12 @@ void order_shuffle_u64(uint64_t *a, size_t n, struct order_rng *rng)
 
 void order_epoch_clear(struct order_epoch *ep)
 {
-	free(ep->perm);
-	free(ep->win_start);
+	if (ep->release) {
+		ep->release(ep->shared);
+	} else {
+		free(ep->perm);
+		free(ep->win_start);
+	}
 	*ep = (struct order_epoch){ 0 };
 }
 

@@ -56,6 +56,9 @@ struct order_epoch {
 	uint32_t n_windows;
 	uint32_t *perm;      /* n_shards entries: P */
 	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document */
+	/* Set: perm and win_start are shared (stream.c's walks), order_epoch_clear() calls release(shared). */
+	void (*release)(void *shared);
+	void *shared;
 };
 
 /* Fills *ep for epoch e (freeing what it held). Returns 0 or -ENOMEM. */

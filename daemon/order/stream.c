@@ -16,71 +16,82 @@
 #include "proto/macro.h"
 
 /*
- * The last epoch a walk built, for the next walk that enters it: a rank
- * with virtual ranks (docs/sample-order.md, section 17) has two walks for
- * each of its V' streams, and each shuffled the epoch's shards itself
- * (O(S) per walk and epoch: most of an attach at 10,000 shards). Copying
- * the epoch is a fraction of that. The parameters are matched by value,
- * their document counts included (a feed's may be another's, freed, at the
- * same address). Walks run on any thread: a lock.
+ * The last epoch a walk built, shared by the next walks that enter it: a
+ * rank with virtual ranks (docs/sample-order.md, section 17) has two walks
+ * for each of its V' streams, and each shuffled and held the epoch's shards
+ * itself (O(S) time and memory per walk and epoch: most of an attach at
+ * 10,000 shards, and 120 MiB). The parameters are matched by value, their
+ * document counts included (a feed's may be another's, freed, at the same
+ * address). Walks run on any thread: a lock, and atomic references.
  */
+struct epoch_block {
+	unsigned refs;
+	struct order_epoch ep; /* its own arrays */
+};
+
+static void block_release(void *shared)
+{
+	struct epoch_block *b = shared;
+	if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		order_epoch_clear(&b->ep);
+		free(b);
+	}
+}
+
 static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
 	struct order_params p;     /* windows and list_max not compared: they do not change the epoch */
 	uint32_t *shard_docs;      /* a copy of p.shard_docs */
-	struct order_epoch ep;     /* ep.perm NULL: nothing kept */
+	struct epoch_block *block; /* NULL: nothing kept */
 } memo;
-
-static int memo_copy(const struct order_epoch *from, uint32_t n_shards, struct order_epoch *to)
-{
-	uint32_t *perm = malloc(MAX(n_shards, 1u) * sizeof(*perm));
-	uint64_t *win_start = malloc(((size_t)from->n_windows + 1) * sizeof(*win_start));
-	if (!perm || !win_start) {
-		free(perm);
-		free(win_start);
-		return -ENOMEM;
-	}
-	if (n_shards)
-		memcpy(perm, from->perm, n_shards * sizeof(*perm));
-	memcpy(win_start, from->win_start, ((size_t)from->n_windows + 1) * sizeof(*win_start));
-	order_epoch_clear(to);
-	*to = (struct order_epoch){ .epoch = from->epoch, .key = from->key, .n_windows = from->n_windows, .perm = perm,
-				    .win_start = win_start };
-	return 0;
-}
 
 static bool memo_matches(const struct order_params *p, uint64_t e)
 {
-	return memo.ep.perm && memo.ep.epoch == e && memo.p.seed == p->seed && memo.p.shuffle == p->shuffle &&
+	return memo.block && memo.block->ep.epoch == e && memo.p.seed == p->seed && memo.p.shuffle == p->shuffle &&
 	       memo.p.window == p->window && memo.p.n_shards == p->n_shards &&
 	       (!p->n_shards || memcmp(memo.shard_docs, p->shard_docs, p->n_shards * sizeof(*p->shard_docs)) == 0);
+}
+
+/* ep (cleared first) shares b's arrays; takes a reference. */
+static void share(struct epoch_block *b, struct order_epoch *ep)
+{
+	__atomic_add_fetch(&b->refs, 1, __ATOMIC_ACQ_REL);
+	order_epoch_clear(ep);
+	*ep = b->ep;
+	ep->release = block_release;
+	ep->shared = b;
 }
 
 static int walk_epoch(const struct order_params *p, uint64_t e, struct order_epoch *ep)
 {
 	pthread_mutex_lock(&memo_lock);
 	if (memo_matches(p, e)) {
-		int r = memo_copy(&memo.ep, p->n_shards, ep);
+		share(memo.block, ep);
 		pthread_mutex_unlock(&memo_lock);
-		return r;
+		return 0;
 	}
 	pthread_mutex_unlock(&memo_lock);
-	int r = order_epoch_build(p, e, ep);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&memo_lock);
+	struct epoch_block *b = calloc(1, sizeof(*b));
 	uint32_t *docs = malloc(MAX(p->n_shards, 1u) * sizeof(*docs));
-	if (docs && memo_copy(ep, p->n_shards, &memo.ep) == 0) {
-		if (p->n_shards)
-			memcpy(docs, p->shard_docs, p->n_shards * sizeof(*docs));
-		free(memo.shard_docs);
-		memo.shard_docs = docs;
-		memo.p = *p;
-	} else {
-		free(docs); /* no memory: the next walk builds its own */
-		order_epoch_clear(&memo.ep);
+	int r = b && docs ? order_epoch_build(p, e, &b->ep) : -ENOMEM;
+	if (r < 0) {
+		free(b);
+		free(docs);
+		return r;
 	}
+	if (p->n_shards)
+		memcpy(docs, p->shard_docs, p->n_shards * sizeof(*docs));
+	b->refs = 1; /* the memo's */
+	share(b, ep);
+	pthread_mutex_lock(&memo_lock);
+	struct epoch_block *old = memo.block;
+	free(memo.shard_docs);
+	memo.shard_docs = docs;
+	memo.p = *p;
+	memo.block = b;
 	pthread_mutex_unlock(&memo_lock);
+	if (old)
+		block_release(old);
 	return 0;
 }
 
