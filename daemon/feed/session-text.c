@@ -72,7 +72,13 @@ uint64_t session_text_ready(struct session_src *x, uint64_t need)
  */
 static double bytes_per_token(const struct session_src *x)
 {
-	return x->tok_tokens > 4096 && x->tok_bytes ? (double)x->tok_bytes / (double)x->tok_tokens : 4.0;
+	if (x->tok_tokens > 4096 && x->tok_bytes)
+		return (double)x->tok_bytes / (double)x->tok_tokens;
+	/* A virtual stream tokenizes a row now and then: its rank's streams together of this source. */
+	const struct session *p = x->session->parent;
+	if (p && x->index < MIX_MAX_SOURCES && p->sub_tok_tokens[x->index] > 4096 && p->sub_tok_bytes[x->index])
+		return (double)p->sub_tok_bytes[x->index] / (double)p->sub_tok_tokens[x->index];
+	return 4.0;
 }
 
 /*
@@ -293,6 +299,10 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	}
 	c->src->tok_bytes += c->t.bytes;
 	c->src->tok_tokens += c->t.tokens;
+	if (s->parent && c->src->index < MIX_MAX_SOURCES) {
+		s->parent->sub_tok_bytes[c->src->index] += c->t.bytes;
+		s->parent->sub_tok_tokens[c->src->index] += c->t.tokens;
+	}
 	for (uint32_t i = 0; i < c->t.n; i++) {
 		if (feed_count_tokens(f, c->t.docs[i], tokenize_chunk_tokens(&c->t, i)) < 0) {
 			session_fail(s, -ENOMEM, "out of memory counting tokens");
