@@ -10,14 +10,20 @@
  * built by the walk that asks, on its own thread, and shared from then on.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
- * ahead, for its first walk; it is freed when its last walk leaves it
- * (kept only while the feed holds no other window, for a client that
- * reattaches where it left). At most MAX_AHEAD entries wait unused (one in
- * steady state; a prefetch makes room by dropping the oldest built one no
- * walk took, and those older than every window walked now), so memory is
- * bounded by the windows walked now plus MAX_AHEAD: 4 bytes per document of each, 6 with the counts of stored
- * tokens, and a window has at most shuffle_list_max documents (a larger one is permuted per use, never built
- * here). get() and put()
+ * ahead, for its first walk. When its last walk leaves it, it is kept, most
+ * recently used first, while the windows kept so hold at most KEEP_MAX
+ * entries and KEEP_BYTES bytes: the V' virtual streams of a rank
+ * (docs/sample-order.md, section 17) walk the same windows one after the
+ * other, each taking a document or two from each window, and a window freed
+ * by the walk that left it was shuffled again by the next (hundreds of
+ * thousands of builds for a few hundred windows); a client that reattaches
+ * where it left finds its window kept too. At most MAX_AHEAD entries wait
+ * unused (one in steady state; a prefetch makes room by dropping the oldest
+ * built one no walk took, and those older than every window walked now), so
+ * memory is bounded by the windows walked now, plus MAX_AHEAD, plus what is
+ * kept: 4 bytes per document of each, 6 with the counts of stored tokens,
+ * and a window has at most shuffle_list_max documents (a larger one is
+ * permuted per use, never built here). get() and put()
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
@@ -33,11 +39,16 @@
 #include "proto/macro.h"
 
 #define MAX_AHEAD 2
+#define KEEP_MAX 1024                    /* windows no walk holds, kept for the next walk */
+#define KEEP_BYTES (UINT64_C(8) << 20)   /* and their bytes */
+#define HASH_SIZE 4096
 
 enum entry_state { QUEUED, BUILDING, READY, FAILED };
 
 struct entry {
 	struct entry *next;
+	struct entry *hnext; /* in fw->hash[hash_of(epoch, w)] */
+	uint64_t last_get;   /* fw->gets when a walk last got it: kept ones leave least recent first */
 	uint64_t epoch;
 	uint32_t w;
 	uint64_t k;     /* its start k_w, from the walk that asked (a window ahead is never counted from the epoch's start) */
@@ -59,7 +70,12 @@ struct feed_windows {
 	pthread_cond_t cond;
 	pthread_t thread;
 	bool started, stop;
-	struct entry *head;
+	struct entry *head;      /* newest first */
+	struct entry *hash[HASH_SIZE]; /* the same entries by (epoch, window): find() in O(1) for thousands */
+	uint64_t gets;
+	uint64_t max_epoch;      /* the latest epoch a window was added for */
+	unsigned n_kept;         /* entries walked once, no walk holds now */
+	uint64_t kept_bytes;
 	struct order_epoch ep; /* the builder's last epoch (builder thread only) */
 	struct feed_windows_stats stats;
 };
@@ -71,12 +87,61 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static struct entry **bucket(struct feed_windows *fw, uint64_t epoch, uint32_t w)
+{
+	return &fw->hash[(w + epoch * 0x9e3779b1u) % HASH_SIZE];
+}
+
 static struct entry *find(struct feed_windows *fw, uint64_t epoch, uint32_t w)
 {
-	for (struct entry *e = fw->head; e; e = e->next)
+	for (struct entry *e = *bucket(fw, epoch, w); e; e = e->hnext)
 		if (e->epoch == epoch && e->w == w)
 			return e;
 	return NULL;
+}
+
+static void unlink_free(struct feed_windows *fw, struct entry *x);
+static bool kept(const struct entry *e);
+
+/*
+ * The first window of a new epoch E (lock held): the kept windows of the
+ * epochs before E - 1 and before every epoch a walk holds now go (walks go
+ * forward), so that what is kept over many epochs of a small feed is about
+ * two epochs' windows, not KEEP_BYTES.
+ */
+static void drop_old_epochs(struct feed_windows *fw, uint64_t epoch)
+{
+	uint64_t keep_from = epoch ? epoch - 1 : 0;
+	for (struct entry *x = fw->head; x; x = x->next)
+		if (x->refs)
+			keep_from = MIN(keep_from, x->epoch);
+	for (struct entry *x = fw->head, *next; x; x = next) {
+		next = x->next;
+		if (kept(x) && x->epoch < keep_from)
+			unlink_free(fw, x);
+	}
+}
+
+/* A new entry of (epoch, w), newest, in the list and the hash (lock held). */
+static struct entry *add(struct feed_windows *fw, uint64_t epoch, uint32_t w, enum entry_state state)
+{
+	if (epoch > fw->max_epoch) {
+		fw->max_epoch = epoch;
+		drop_old_epochs(fw, epoch);
+	}
+	struct entry *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	struct entry **b = bucket(fw, epoch, w);
+	*e = (struct entry){ .next = fw->head, .hnext = *b, .epoch = epoch, .w = w, .state = state };
+	fw->head = e;
+	*b = e;
+	return e;
+}
+
+static bool kept(const struct entry *e)
+{
+	return e->used && !e->refs && e->state == READY;
 }
 
 static uint64_t entry_bytes(const struct entry *e)
@@ -91,8 +156,17 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
 			*pp = x->next;
 			break;
 		}
+	for (struct entry **pp = bucket(fw, x->epoch, x->w); *pp; pp = &(*pp)->hnext)
+		if (*pp == x) {
+			*pp = x->hnext;
+			break;
+		}
 	if (x->state == READY)
 		fw->stats.bytes -= entry_bytes(x);
+	if (kept(x)) {
+		fw->n_kept--;
+		fw->kept_bytes -= entry_bytes(x);
+	}
 	free(x->list);
 	free(x->counts);
 	free(x);
@@ -156,26 +230,40 @@ static int build(struct feed_windows *fw, const struct order_epoch *ep, struct e
 	return build_counts(fw, ep->perm, e, &e->counts);
 }
 
-/* Frees the windows no walk holds any more (kept for a reattach), but `except`. Lock held. */
-static void drop_kept(struct feed_windows *fw, const struct entry *except)
+/* Frees kept windows, least recently got first, until KEEP_MAX and KEEP_BYTES hold. Lock held. */
+static void trim_kept(struct feed_windows *fw)
 {
-	for (struct entry *x = fw->head, *next; x; x = next) {
-		next = x->next;
-		if (x != except && x->refs == 0 && x->used)
-			unlink_free(fw, x);
+	while (fw->n_kept > KEEP_MAX || fw->kept_bytes > KEEP_BYTES) {
+		struct entry *victim = NULL;
+		for (struct entry *x = fw->head; x; x = x->next)
+			if (kept(x) && (!victim || x->last_get < victim->last_get))
+				victim = x;
+		if (!victim)
+			return;
+		unlink_free(fw, victim);
 	}
 }
 
-/*
- * e's last walk left it (lock held). Freed, unless that walk ended in it
- * (keep: its client detached) and the feed holds no other window: then it is
- * kept for a client that reattaches there, until any other window is asked
- * for. So memory stays the windows walked now plus those ahead.
- */
-static void release(struct feed_windows *fw, struct entry *e, bool keep)
+/* A walk (or the builder) takes e (lock held): a kept window is kept no more. */
+static void hold(struct feed_windows *fw, struct entry *e)
 {
-	if (!(keep && e->state == READY && fw->head == e && !e->next))
+	if (kept(e)) {
+		fw->n_kept--;
+		fw->kept_bytes -= entry_bytes(e);
+	}
+	e->refs++;
+}
+
+/* e's last walk left it (lock held): kept for the next walk (trim_kept), unless it has no list. */
+static void release(struct feed_windows *fw, struct entry *e)
+{
+	if (e->state != READY || !e->used) {
 		unlink_free(fw, e);
+		return;
+	}
+	fw->n_kept++;
+	fw->kept_bytes += entry_bytes(e);
+	trim_kept(fw);
 }
 
 /*
@@ -187,7 +275,7 @@ static void release(struct feed_windows *fw, struct entry *e, bool keep)
 static void fill_counts(struct feed_windows *fw, struct entry *e)
 {
 	e->want_counts = false;
-	e->refs++;
+	hold(fw, e);
 	pthread_mutex_unlock(&fw->lock);
 	int r = 0;
 	if (!fw->ep.perm || fw->ep.epoch != e->epoch)
@@ -203,7 +291,7 @@ static void fill_counts(struct feed_windows *fw, struct entry *e)
 		fw->stats.bytes += e->n * sizeof(*counts);
 	}
 	if (--e->refs == 0)
-		release(fw, e, true);
+		release(fw, e);
 }
 
 /* Records a finished build (lock held). */
@@ -293,13 +381,9 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	struct entry *e = find(fw, ep->epoch, w);
 	if (!e || e->state == QUEUED) {
 		/* Nobody built it yet: the asker does, and everyone shares it. */
-		if (!e) {
-			if (!(e = calloc(1, sizeof(*e)))) {
-				pthread_mutex_unlock(&fw->lock);
-				return NULL;
-			}
-			*e = (struct entry){ .next = fw->head, .epoch = ep->epoch, .w = w };
-			fw->head = e;
+		if (!e && !(e = add(fw, ep->epoch, w, QUEUED))) {
+			pthread_mutex_unlock(&fw->lock);
+			return NULL;
 		}
 		e->state = BUILDING;
 		fw->stats.built_on_demand++;
@@ -324,9 +408,9 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		pthread_mutex_unlock(&fw->lock);
 		return NULL;
 	}
-	drop_kept(fw, e);
-	e->refs++;
+	hold(fw, e);
 	e->used = true;
+	e->last_get = ++fw->gets;
 	pthread_mutex_unlock(&fw->lock);
 	*ret_handle = e;
 	*ret_counts_ref = (const uint16_t *const *)&e->counts;
@@ -338,8 +422,9 @@ static void windows_put(void *ctx, void *handle, bool keep)
 	struct feed_windows *fw = ctx;
 	struct entry *e = handle;
 	pthread_mutex_lock(&fw->lock);
+	(void)keep; /* every window is kept now (trim_kept), not only a detached client's last */
 	if (--e->refs == 0)
-		release(fw, e, keep);
+		release(fw, e);
 	pthread_mutex_unlock(&fw->lock);
 }
 
@@ -394,10 +479,9 @@ static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k)
 	pthread_mutex_lock(&fw->lock);
 	unsigned waiting = find(fw, epoch, w) ? MAX_AHEAD : make_room(fw);
 	struct entry *e = NULL;
-	if (waiting < MAX_AHEAD && (e = calloc(1, sizeof(*e)))) {
-		drop_kept(fw, NULL);
-		*e = (struct entry){ .next = fw->head, .epoch = epoch, .w = w, .k = k, .has_k = true, .state = QUEUED };
-		fw->head = e;
+	if (waiting < MAX_AHEAD && (e = add(fw, epoch, w, QUEUED))) {
+		e->k = k;
+		e->has_k = true;
 		if (!start_builder(fw))
 			unlink_free(fw, e); /* no thread: walks build their own */
 	}
@@ -450,7 +534,7 @@ void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
 	pthread_mutex_lock(&fw->lock);
 	*ret = fw->stats;
 	for (struct entry *e = fw->head; e; e = e->next) {
-		ret->held += e->state == READY && e->used;
+		ret->held += e->state == READY && e->used && e->refs;
 		ret->ahead += e->state == READY && !e->used;
 		ret->building += e->state == BUILDING || e->state == QUEUED;
 	}

@@ -130,6 +130,10 @@ struct session {
 				   from a cursor saved without them, of a world other than V' (section 17.7) */
 	const struct order_params *params; /* per stream (source): the order its streams walk; NULL: each feed's own */
 	uint32_t rows_ahead;    /* rows of this stream per batch of the ring, for tokenizing ahead */
+	/* a virtual rank: its streams' tokenized text bytes and tokens per source (bytes per token before each has its own) */
+	uint64_t sub_tok_bytes[MIX_MAX_SOURCES], sub_tok_tokens[MIX_MAX_SOURCES];
+	uint64_t text_rows;     /* a virtual stream: the rows it gives to the batches the rank tokenizes for now
+				   (session_virtual_text), its tokenize-ahead target instead of rows_ahead's */
 	struct producer *producer;
 	struct feed *feed;
 	struct ring *ring;

@@ -72,7 +72,13 @@ uint64_t session_text_ready(struct session_src *x, uint64_t need)
  */
 static double bytes_per_token(const struct session_src *x)
 {
-	return x->tok_tokens > 4096 && x->tok_bytes ? (double)x->tok_bytes / (double)x->tok_tokens : 4.0;
+	if (x->tok_tokens > 4096 && x->tok_bytes)
+		return (double)x->tok_bytes / (double)x->tok_tokens;
+	/* A virtual stream tokenizes a row now and then: its rank's streams together of this source. */
+	const struct session *p = x->session->parent;
+	if (p && x->index < MIX_MAX_SOURCES && p->sub_tok_tokens[x->index] > 4096 && p->sub_tok_bytes[x->index])
+		return (double)p->sub_tok_bytes[x->index] / (double)p->sub_tok_tokens[x->index];
+	return 4.0;
 }
 
 /*
@@ -124,11 +130,20 @@ int session_text_submit(struct session *s, struct session_src *x)
 {
 	const struct feed *f = x->feed, *top = s->feed;
 	const struct session *root = session_root(s);
+	/* A virtual stream with no row in the batches ahead, which no plan waits for: nothing to do (most of V'). */
+	if (s->parent && !s->text_rows && !(s->starved == x->index && x->chunks_inflight == 0))
+		return 0;
 	const uint64_t bl = (uint64_t)s->rows_ahead * top->conf.seq_len;
 	const unsigned threads = producer_threads(s->producer);
 	/* No ring: an explanation (session-explain.c), whose rows_ahead covers every batch it was asked for. */
 	const uint64_t free_slots = root->ring ? root->ring->slot_count - (root->planned - root->ring->tail) : 0;
-	uint64_t target = (free_slots + 1) * bl + 1;
+	/*
+	 * A virtual stream tokenizes for the rows it gives to those batches
+	 * (session_virtual_text: a few of the rank's streams each batch), not
+	 * for a rank's share of every one: 1,024 streams each a row ahead per
+	 * free slot tokenized the corpus many times over.
+	 */
+	uint64_t target = (s->parent ? s->text_rows * top->conf.seq_len : (free_slots + 1) * bl) + 1;
 	if (top->conf.packing == CONF_PACKING_BESTFIT)
 		target += top->conf.pack_buffer;
 	if (top->conf.mix) {
@@ -137,10 +152,19 @@ int session_text_submit(struct session *s, struct session_src *x)
 			units += top->conf.mix->units[i];
 		target = (uint64_t)((double)target * (double)top->conf.mix->units[x->index] / (double)units) + 1;
 	}
+	if (s->parent && !s->text_rows)
+		target = 0; /* none of its rows in those batches: tokenized once it has some, or when a plan waits for it */
 	const double bpt = bytes_per_token(x);
 	/* Chunks small enough to spread one batch over every thread, large enough to amortise a job. */
-	const uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
-					 UINT64_C(1) << 20);
+	uint64_t chunk_bytes = MIN(MAX((uint64_t)((double)bl * bpt) / MAX(threads, 1u), UINT64_C(16) << 10),
+				   UINT64_C(1) << 20);
+	/*
+	 * A virtual stream gives a row every V'/B batches or so: what it needs
+	 * now, not 16 KiB (three rows of short documents, tokenized batches
+	 * before their turn, for every stream of the rank).
+	 */
+	if (s->parent)
+		chunk_bytes = MIN(chunk_bytes, MAX((uint64_t)((double)target * bpt), UINT64_C(1) << 10));
 
 	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
 		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
@@ -275,6 +299,10 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	}
 	c->src->tok_bytes += c->t.bytes;
 	c->src->tok_tokens += c->t.tokens;
+	if (s->parent && c->src->index < MIX_MAX_SOURCES) {
+		s->parent->sub_tok_bytes[c->src->index] += c->t.bytes;
+		s->parent->sub_tok_tokens[c->src->index] += c->t.tokens;
+	}
 	for (uint32_t i = 0; i < c->t.n; i++) {
 		if (feed_count_tokens(f, c->t.docs[i], tokenize_chunk_tokens(&c->t, i)) < 0) {
 			session_fail(s, -ENOMEM, "out of memory counting tokens");

@@ -36,8 +36,7 @@ struct session_virtual {
 	uint32_t *heap;
 	uint32_t heap_n;
 	bool has_text;          /* a served stream tokenizes text on the way (batch_ready, session_virtual_text) */
-	uint64_t *sim_rows;     /* batch_ready's scratch: m counts */
-	uint32_t *sim_need;     /* and m rows needed */
+	uint64_t *sim_rows;     /* scratch of batch_ready and session_virtual_text: m rows each stream gives (shares) */
 	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
 	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
 	uint16_t *entry_len;
@@ -62,7 +61,6 @@ void session_virtual_free(struct session *s)
 	free(x->rows);
 	free(x->heap);
 	free(x->sim_rows);
-	free(x->sim_need);
 	free(x->cur);
 	free(x->entry);
 	free(x->entry_len);
@@ -279,8 +277,7 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	}
 	if (x->has_text) {
 		x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
-		x->sim_need = calloc(x->m, sizeof(*x->sim_need));
-		if (!x->sim_rows || !x->sim_need) {
+		if (!x->sim_rows) {
 			snprintf(err, errlen, "out of memory");
 			return -ENOMEM;
 		}
@@ -342,6 +339,46 @@ static void heap_drop(struct session_virtual *x, uint32_t k)
 }
 
 /*
+ * The rows each live stream gives to the next n rows of the rank (section
+ * 17.3: the fewest rows first, the smallest v on ties) into out[] (0 for
+ * the dead): the level T the rows fill every stream up to, found by
+ * bisection, and the rest of n to the streams below T in order. O(m log n),
+ * no simulation row by row. Returns false when every stream is dead.
+ */
+static bool shares(const struct session_virtual *x, uint64_t n, uint64_t *out)
+{
+	uint64_t lo = UINT64_MAX;
+	for (uint32_t k = 0; k < x->m; k++)
+		if (x->sub[k] && !x->dead[k])
+			lo = MIN(lo, x->rows[k]);
+	if (lo == UINT64_MAX)
+		return false;
+	/* The smallest T with fill(T) >= n, fill(T) = sum of max(0, T - rows[k]); fill(lo) = 0 < n (n > 0). */
+	uint64_t a = lo, b = lo + n; /* fill(a) < n <= fill(b) */
+	while (b - a > 1) {
+		uint64_t t = a + (b - a) / 2, fill = 0;
+		for (uint32_t k = 0; k < x->m && fill < n; k++)
+			if (x->sub[k] && !x->dead[k] && x->rows[k] < t)
+				fill += t - x->rows[k];
+		if (fill >= n)
+			b = t;
+		else
+			a = t;
+	}
+	uint64_t left = n;
+	for (uint32_t k = 0; k < x->m; k++) {
+		out[k] = x->sub[k] && !x->dead[k] && x->rows[k] < a ? a - x->rows[k] : 0;
+		left -= out[k];
+	}
+	for (uint32_t k = 0; k < x->m && left; k++)
+		if (x->sub[k] && !x->dead[k] && x->rows[k] <= a) {
+			out[k]++;
+			left--;
+		}
+	return true;
+}
+
+/*
  * Text tokenized on the way (section 15.2): a batch is planned only once
  * every row it takes is known, so nothing is taken from a stream unless the
  * whole batch can be made. Returns 0, or -EAGAIN.
@@ -351,25 +388,14 @@ static int batch_ready(struct session_virtual *x, uint32_t B)
 	if (!x->has_text)
 		return 0; /* stored tokens: every row can be planned */
 	for (;;) {
-		uint64_t *rows = x->sim_rows;
-		uint32_t *need = x->sim_need;
-		memcpy(rows, x->rows, x->m * sizeof(*rows));
-		memset(need, 0, x->m * sizeof(*need));
-		for (uint32_t i = 0; i < B; i++) {
-			uint32_t best = UINT32_MAX;
-			for (uint32_t k = 0; k < x->m; k++)
-				if (x->sub[k] && !x->dead[k] && (best == UINT32_MAX || rows[k] < rows[best]))
-					best = k;
-			if (best == UINT32_MAX)
-				return 0; /* every stream dead: planning says so */
-			rows[best]++;
-			need[best]++;
-		}
+		uint64_t *need = x->sim_rows;
+		if (!shares(x, B, need))
+			return 0; /* every stream dead: planning says so */
 		bool again = false;
 		for (uint32_t k = 0; k < x->m; k++) {
 			if (!need[k] || !x->sub[k]->has_text)
 				continue;
-			int r = session_plan_ready(x->sub[k], need[k]);
+			int r = session_plan_ready(x->sub[k], (uint32_t)need[k]);
 			if (r == -ENODATA) {
 				heap_drop(x, k); /* section 17.4; the rows go to other streams: check again */
 				again = true;
@@ -397,6 +423,15 @@ int session_virtual_published(struct session *s, const struct session_job *j)
 int session_virtual_text(struct session *s, bool submit)
 {
 	struct session_virtual *x = s->virt;
+	if (x->has_text && submit) {
+		/* The batches tokenized for: the ring's free slots and one more (an explanation's: all it asked for). */
+		uint64_t n = s->ring ? (s->ring->slot_count - (s->planned - s->ring->tail) + 1) * (uint64_t)s->batch_size
+				     : s->rows_ahead;
+		if (shares(x, MAX(n, 1u), x->sim_rows))
+			for (uint32_t k = 0; k < x->m; k++)
+				if (x->sub[k])
+					x->sub[k]->text_rows = x->sim_rows[k];
+	}
 	for (uint32_t k = 0; x->has_text && k < x->m; k++) {
 		struct session *sub = x->sub[k];
 		if (!sub || !sub->has_text || x->dead[k])

@@ -11,7 +11,10 @@
  * none (never made, or evicted). A shard no read uses any more stays open
  * on the process's idle list, at most IDLE_MAX of them, most recently used
  * last, so that the shards of the windows being read are not reopened for
- * every chunk; older ones are closed and unpinned, and so become the cache's
+ * every chunk (IDLE_MAX counts file copies, which hold a pin; memory copies,
+ * below, are bounded by their bytes only: a rank's 1,024 virtual streams
+ * read a document or two of each of hundreds of small shards in turn, and
+ * 64 of them in all had them made again and again); older ones are closed and unpinned, and so become the cache's
  * to evict (LRU under cache_max_bytes). A build that finds no room closes
  * every idle copy and tries once more.
  *
@@ -104,11 +107,11 @@ int text_open_copy(struct text_shard *s, const char *data_path, struct source_re
 	return 0;
 }
 
-#define IDLE_MAX 64 /* open copies no read uses, per process */
+#define IDLE_MAX 64 /* open file copies no read uses, per process */
 
 static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct text_shard *idle_head, *idle_tail;
-static unsigned n_idle;
+static unsigned n_idle; /* idle file copies (memory copies: idle_mem_bytes) */
 static uint64_t idle_mem_bytes; /* of the idle memory copies (TEXT_MEM_IDLE_BYTES) */
 
 /* idle_lock held. */
@@ -126,9 +129,10 @@ static void idle_unlink(struct text_shard *s)
 		idle_tail = s->idle_prev;
 	s->idle_prev = s->idle_next = NULL;
 	s->idle = false;
-	n_idle--;
 	if (s->mem)
 		idle_mem_bytes -= s->bytes;
+	else
+		n_idle--;
 }
 
 /* s->lock held: closes the copy and lets the cache have it. */
@@ -143,13 +147,16 @@ static void copy_close(struct text_shard *s)
 	__atomic_store_n(&s->open_now, false, __ATOMIC_RELAXED);
 }
 
-/* idle_lock held: closes idle copies, oldest first, until at most keep are left (except: never). */
-static void idle_trim(unsigned keep, const struct text_shard *except)
+/*
+ * idle_lock held: closes idle copies, oldest first, until at most keep file
+ * copies and mem_bytes of memory copies are left (except: never).
+ */
+static void idle_trim(unsigned keep, uint64_t mem_bytes, const struct text_shard *except)
 {
-	for (struct text_shard *v = idle_head, *next; v && (n_idle > keep || idle_mem_bytes > TEXT_MEM_IDLE_BYTES);
-	     v = next) {
+	for (struct text_shard *v = idle_head, *next; v && (n_idle > keep || idle_mem_bytes > mem_bytes); v = next) {
 		next = v->idle_next;
-		if (v == except || pthread_mutex_trylock(&v->lock) != 0)
+		if (v == except || (v->mem ? idle_mem_bytes <= mem_bytes : n_idle <= keep) ||
+		    pthread_mutex_trylock(&v->lock) != 0)
 			continue;
 		idle_unlink(v);
 		if (!v->users)
@@ -161,7 +168,7 @@ static void idle_trim(unsigned keep, const struct text_shard *except)
 void text_idle_flush(void)
 {
 	pthread_mutex_lock(&idle_lock);
-	idle_trim(0, NULL);
+	idle_trim(0, 0, NULL);
 	pthread_mutex_unlock(&idle_lock);
 }
 
@@ -289,10 +296,11 @@ void text_release(struct text_shard *s)
 			idle_head = s;
 		idle_tail = s;
 		s->idle = true;
-		n_idle++;
 		if (s->mem)
 			idle_mem_bytes += s->bytes;
-		idle_trim(IDLE_MAX, s);
+		else
+			n_idle++;
+		idle_trim(IDLE_MAX, TEXT_MEM_IDLE_BYTES, s);
 		pthread_mutex_unlock(&idle_lock);
 	}
 	pthread_mutex_unlock(&s->lock);

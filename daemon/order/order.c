@@ -312,6 +312,15 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 	/* First window index i with (k0 + i) mod world == rank. */
 	win.first = (rank + world - k0 % world) % world;
 	win.mine = win.first < win.n ? (size_t)((win.n - win.first + world - 1) / world) : 0;
+	if (win.mine == 0) {
+		/*
+		 * None of the window's documents is this rank's (a virtual
+		 * stream of world 1,024 has none in most windows of a few
+		 * hundred documents): no list to get, nothing to shuffle.
+		 */
+		*ret = win;
+		return 0;
+	}
 
 	uint32_t lo = w * p->window, hi = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
 	win.n_shards = hi - lo;

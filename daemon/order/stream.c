@@ -8,6 +8,7 @@
  * where a stream stops does not depend on when counts arrive.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,13 @@ void doc_walk_clear(struct doc_walk *w)
 }
 
 static int enter_window(struct doc_walk *w, uint32_t window);
+
+/* Whether window w of ep holds a document of `rank` of `world` (order_window_build's `mine` > 0). */
+static bool window_has_rank(const struct order_epoch *ep, uint32_t w, uint32_t rank, uint32_t world)
+{
+	uint64_t k0 = ep->win_start[w], n = ep->win_start[w + 1] - k0;
+	return (rank + world - k0 % world) % world < n;
+}
 
 static int load_window(struct doc_walk *w, uint32_t window)
 {
@@ -72,15 +80,29 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 		return r;
 	w->n_docs = w->win.mine;
 	w->first_index = w->win.first;
-	/* The window after this one is shuffled ahead, off this thread, while this one is read. */
+	/*
+	 * The next window holding one of this rank's documents is shuffled
+	 * ahead, off this thread, while this one is read; nothing from a
+	 * window the rank only passes through (none of its documents: most
+	 * windows of a virtual stream, section 17). Asking for the next window
+	 * whatever it holds left windows built ahead that the asking walk
+	 * never took, pushing out those built for walks that read them.
+	 */
 	const struct order_windows *ws = w->params->windows;
-	if (ws && w->params->shuffle) {
+	if (ws && w->params->shuffle && w->win.mine) {
+		uint32_t next = window + 1;
+		while (next < w->ep.n_windows && !window_has_rank(&w->ep, next, w->rank, w->world))
+			next++;
 		/* A window over list_max has no list to build ahead (section 3.1). */
-		if (window + 1 < w->ep.n_windows) {
+		/* Windows whose counts are not known yet are not searched: the builder counts them. */
+		while (next < w->ep.n_windows && order_epoch_has(&w->ep, next) &&
+		       !window_has_rank(&w->ep, next, w->rank, w->world))
+			next++;
+		if (next < w->ep.n_windows) {
 			/* Not counted yet: the builder counts it (and drops it if it is over list_max). */
-			if (!order_epoch_has(&w->ep, window + 1) ||
-			    !order_window_permuted(w->params, w->ep.win_start[window + 2] - w->ep.win_start[window + 1]))
-				ws->prefetch(ws->ctx, w->ep.epoch, window + 1, w->ep.win_start[window + 1]);
+			if (!order_epoch_has(&w->ep, next) ||
+			    !order_window_permuted(w->params, w->ep.win_start[next + 1] - w->ep.win_start[next]))
+				ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next]);
 		} else {
 			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0);
 		}

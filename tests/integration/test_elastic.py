@@ -22,6 +22,8 @@ import base64
 import itertools
 import json
 import random
+import shutil
+import subprocess
 import zlib
 
 import numpy as np
@@ -414,3 +416,44 @@ def test_virtual_ranks_equal_to_the_world_are_todays_stream(shards, tmp_path, pa
         assert fresh["cursors"][0].startswith("fv1-")
     finally:
         d.stop()
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+def test_virtual_streams_tokenize_about_what_their_batches_hold(daemon, tmp_path):
+    """virtual_ranks left at its default (V' = 1,024) over small text shards: each virtual stream has a
+    document in about one window of five, and a row of one stream spans more than an epoch. The rank
+    tokenizes about the documents of the batches it makes and those ahead of them (not every one of its
+    1,024 streams a row ahead for every free slot: 30 times the corpus in 4 batches before), and walks that
+    follow one another over the same windows shuffle each window about once (they were built again by
+    every walk: hundreds of thousands of builds for a few hundred windows)."""
+    n_shards, docs, window, slots, batches, seq = 200, 20, 4, 4, 4, 1024
+    rnd = random.Random(5)
+    words = "the quick brown fox jumps over a lazy dog while feedd packs rows for every virtual rank".split()
+    (tmp_path / "text").mkdir()
+    for i in range(n_shards):
+        with open(tmp_path / "text" / f"t{i:03d}.jsonl", "w") as f:
+            for _ in range(docs):
+                f.write(json.dumps({"text": " ".join(rnd.choice(words) for _ in range(rnd.randint(5, 12)))}) + "\n")
+    # Compressed, as corpora are: their copies are made on use (text_cache.c), a few shards at a time.
+    subprocess.run(["sh", "-c", f"cd {tmp_path}/text && zstd -q --rm *.jsonl"], check=True)
+    (tmp_path / "bytes.tiktoken").write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                                     for i in range(256)))
+    d = daemon(f"[feedd]\ncache_dir = {tmp_path}/cache\nring_slots = {slots}\n[feed.f]\nformat = jsonl\n"
+               f"# virtual_ranks: feedd's default\nshards = {tmp_path}/text/t*.jsonl.zst\ntokenizer = {tmp_path}/bytes.tiktoken\ntokenizer_preset = gpt2\n"
+               f"seq_len = {seq}\nbatch_size = {B}\nseed = {SEED}\nshuffle_window = {window}\neos = {EOS}\n")
+    c = d.client("f", 0, 1, batches)  # a trainer's client: its ring's free slots are tokenized ahead
+    _, err = c.communicate(timeout=120)
+    assert c.returncode == 0, err
+    f = d.status()["feeds"][0]
+    text, wa = f["text"], f["work_ahead"]
+    tokenized = text["documents_tokenized"]
+    per_doc = text["tokens_tokenized"] / max(tokenized, 1) + 1  # + eos
+    # The batches taken and those the ring's slots tokenize ahead, one more document per row (a row's last
+    # document goes on into the next).
+    rows = (batches + slots + 1) * B
+    held = rows * (seq / per_doc + 1)
+    print(f"{tokenized} documents tokenized for {rows} rows of about {held:.0f} documents; "
+          f"{wa['windows_built']} window builds for {n_shards // window} windows an epoch")
+    assert tokenized <= 3 * held, (tokenized, held, text)
+    # Each row spans an epoch and a half: every window of about two epochs, once each (and those evicted ahead).
+    assert wa["windows_built"] <= 4 * n_shards // window, wa

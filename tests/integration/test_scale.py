@@ -126,7 +126,9 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
 def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path):
     """A client that detaches right after its walk prefetched the next window leaves that window built and
     untaken. Kept, two such would fill what may wait ahead and switch prefetch off for good; the oldest is
-    dropped instead, so what is held stays bounded and every client still finds windows built ahead."""
+    dropped instead, so what is held stays bounded and every client still finds windows built ahead. The
+    windows the first client walked are kept once it left (feed-windows.c, KEEP_MAX: the virtual streams of a
+    rank walk the same windows one after the other), so the later ones, walking fewer, build none at all."""
     data = tmp_path / "many"
     gen_megatron.main([str(data), "--shards", "40", "--docs-per-shard", "20", "--mean-len", "40",
                        "--seed", "6"])
@@ -141,10 +143,9 @@ def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path)
         d.dump("web", tmp_path / f"out{i}", rank=0, world=1, batches=n)
         wa = wait_for(lambda: (lambda w: w["windows_building"] == 0 and w)(work_ahead()))
         assert wa["windows_ahead"] <= 2 and wa["windows_held"] <= 1, wa
-        ahead_builds.append(wa["windows_built"] - wa["windows_built_on_demand"])
-    # Prefetch went on: the last clients still had windows built ahead for them, and the untaken ones went.
-    assert all(b > a for a, b in zip(ahead_builds, ahead_builds[1:])), ahead_builds
-    assert wa["windows_evicted"] >= 4, wa
+        ahead_builds.append((wa["windows_built"] - wa["windows_built_on_demand"], wa["windows_built_on_demand"]))
+    # The first client's windows were built ahead (but its first), and the later clients found them all kept.
+    assert ahead_builds[0][0] >= 10 and all(b == ahead_builds[0] for b in ahead_builds), ahead_builds
 
 
 def test_reload_adding_a_damaged_large_index_is_refused(daemon, tmp_path):
@@ -241,8 +242,8 @@ def test_text_copies_are_made_per_window_and_kept_under_the_cap(daemon, tmp_path
     print(f"first batch after {took:.2f} s with {wa['text_copies_made']} copies of 1000 shards")
     # Status shows them: made since load (the windows tokenized ahead, a chunk of 16 KiB spans ~150 of these
     # shards, plus the copy maker's read-ahead of up to 32 shards; never the corpus), and open now (in use or
-    # idle, at most 64 idle per process).
-    assert 1 <= wa["text_copies_made"] <= 400 and wa["text_copies_open"] <= 100, wa
+    # idle: at most 64 idle file copies per process, memory copies like these under 64 MiB, text_cache.c).
+    assert 1 <= wa["text_copies_made"] <= 400 and wa["text_copies_open"] <= wa["text_copies_made"], wa
     # Their indexes are kept in memory only (under 64 KiB of text each: indexed again at the next start).
     assert wa["index_shards_pending"] == 0, wa
     assert not [p for p in free.iterdir() if p.name.endswith(".idx")]
