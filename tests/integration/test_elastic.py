@@ -455,5 +455,9 @@ def test_virtual_streams_tokenize_about_what_their_batches_hold(daemon, tmp_path
     print(f"{tokenized} documents tokenized for {rows} rows of about {held:.0f} documents; "
           f"{wa['windows_built']} window builds for {n_shards // window} windows an epoch")
     assert tokenized <= 3 * held, (tokenized, held, text)
-    # Each row spans an epoch and a half: every window of about two epochs, once each (and those evicted ahead).
-    assert wa["windows_built"] <= 4 * n_shards // window, wa
+    # Each row spans an epoch and a half: every window of about two epochs, once each, and those built ahead that
+    # no walk took: a walk asks for the next window it has a document in, but a window whose shards are not counted
+    # yet (text is counted when its window first comes up) is asked for whatever it holds, so at first most
+    # prefetches are of windows the asking stream only passes through (measured 195-257 builds, 122 of them evicted
+    # unused; 118-129 when every count was known at load). Hundreds of thousands before.
+    assert wa["windows_built"] <= 8 * n_shards // window, wa
