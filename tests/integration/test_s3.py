@@ -126,9 +126,13 @@ def compare(d, tmp, a, b, batches=40, worlds=((1, 0), (2, 0), (2, 1))):
         for k in ("input_ids", "labels", "position_ids"):
             assert np.array_equal(x[k], y[k]), f"{a} vs {b}: {k} differs (world {world} rank {rank})"
         # Cursors differ only in the fingerprint (it hashes the shard names: URLs here, paths there), the
-        # data identity (ETags there, inodes and ctimes here: docs/sample-order.md 8.1) and the check.
-        assert all(len(c.split("-")) == 11 for c in x["cursors"] + y["cursors"])
-        assert [c.split("-")[2:-2] for c in x["cursors"]] == [c.split("-")[2:-2] for c in y["cursors"]]
+        # data identity (ETags there, inodes and ctimes here: docs/sample-order.md 8.1) and the check; a text
+        # feed's carry its window's k_w after the data identity (section 7.1), which must agree too.
+        def same(c):
+            f = c.split("-")
+            assert len(f) in (11, 12), c
+            return f[2:9] + f[10:-1]
+        assert [same(c) for c in x["cursors"]] == [same(c) for c in y["cursors"]]
 
 
 FAULTS = {
