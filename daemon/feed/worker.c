@@ -223,6 +223,8 @@ static int read_tokens(struct worker *w, const struct feed *f, const struct emit
 			snprintf(err, errlen, "out of memory queueing %zu reads", c->n);
 		else if (r == -EUCLEAN)
 			snprintf(err, errlen, "%s", source_reader_error(w->io));
+		else if (r == -ESTALE && source_reader_stale(w->io))
+			snprintf(err, errlen, "%s", source_reader_stale(w->io));
 		else
 			source_read_error(err, errlen, r, source_name(w->reqs[failed].src), ".idx", w->runs[failed].byte_offset,
 					  w->reqs[failed].len);

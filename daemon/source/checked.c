@@ -47,6 +47,11 @@ const char *source_reader_error(const struct source_reader *r)
 	return r->why;
 }
 
+const char *source_reader_stale(const struct source_reader *r)
+{
+	return r->stale[0] ? r->stale : NULL;
+}
+
 /*
  * The checks wrap whatever carries the reads: verify_plan() hands the
  * backend a copy of the caller's reads in which every read of a checked

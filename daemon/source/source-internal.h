@@ -62,6 +62,7 @@ struct source_reader {
 	struct source_read *wide; /* verify_plan's copy of a submission */
 	size_t wide_cap;
 	char why[320];       /* the last checksum failure */
+	char stale[320];     /* the last -ESTALE that the file saying where the bytes are (a .idx) caused; "" if none */
 	int mem_err;         /* a read of a source in memory failed at submission (past its end) ... */
 	size_t mem_failed;   /* ... this one, in submission order: reported at completion */
 };

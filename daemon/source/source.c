@@ -563,6 +563,7 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 		 * counts as changed.
 		 */
 		const struct source *x = r->srcs[i];
+		bool file_same = same;
 		if (same && x->with && fstat(x->with->fd, &st) == 0) {
 			id_of(&st, &now);
 			same = unchanged(x->with, &now);
@@ -573,6 +574,11 @@ static int recheck(struct source_reader *r, size_t n, size_t *ret_failed)
 				same = source_id_equal(&now, &x->with_id);
 			}
 		}
+		/* The index moved, not the file read: the message names the index (source_reader_stale). */
+		if (file_same && !same)
+			snprintf(r->stale, sizeof(r->stale),
+				 "%s: changed while serving: written while %s was read by it (its ctime moved); batches laid out by it are withdrawn",
+				 x->with ? x->with->name : x->with_name, x->name);
 		if (!same) {
 			if (ret_failed)
 				*ret_failed = r->lidx[i];
@@ -587,6 +593,7 @@ int source_complete(struct source_reader *r, size_t *ret_failed)
 	/* Local files: the whole batch in flight at once on the thread's io_uring. */
 	size_t n = r->n, rn = r->rn, failed = 0;
 	r->n = r->rn = 0;
+	r->stale[0] = 0;
 	int e = n ? io_reader_run(r->io, r->reqs, n, &failed) : 0;
 	refresh(r);
 	if (e < 0 && ret_failed)

@@ -171,6 +171,12 @@ int source_complete(struct source_reader *r, size_t *ret_failed);
 /* The message of the reader's last checksum failure ("NAME: block at byte N ... does not match its checksum"). */
 const char *source_reader_error(const struct source_reader *r);
 /*
+ * After -ESTALE from source_complete: the message when it was the file that
+ * says where the bytes are (source_check_with: a Megatron .idx) that moved,
+ * naming it; NULL when the file read itself moved.
+ */
+const char *source_reader_stale(const struct source_reader *r);
+/*
  * A hint that [offset, offset + len) of s will be read soon: an object in
  * storage starts fetching it (bounded by the fetcher's memory), without
  * waiting; a local file ignores it. Never blocks on I/O.
