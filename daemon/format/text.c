@@ -406,10 +406,30 @@ static void unheld_unlink(struct text_shard *s)
 	unheld_bytes -= index_bytes(s);
 }
 
+/*
+ * TEXT_UNHELD_MAX, or FEEDD_TEXT_UNHELD_MAX from the environment: tests set
+ * it to a few shards so that indexes are let go and built again while
+ * windows are walked, which the default bounds reach only at corpora of
+ * tens of thousands of shards (tests/integration/test_lazy_text.py).
+ */
+static unsigned unheld_max(void)
+{
+	static unsigned max;
+	if (!__atomic_load_n(&max, __ATOMIC_RELAXED)) {
+		const char *e = getenv("FEEDD_TEXT_UNHELD_MAX");
+		char *end;
+		unsigned long v = e && *e ? strtoul(e, &end, 10) : 0;
+		__atomic_store_n(&max, e && *e && !*end && v < TEXT_UNHELD_MAX ? (unsigned)v + 1 : TEXT_UNHELD_MAX + 1,
+				 __ATOMIC_RELAXED);
+	}
+	return __atomic_load_n(&max, __ATOMIC_RELAXED) - 1;
+}
+
 /* unheld_lock held: lets go of the oldest unheld indexes past the bounds (their shards only try-locked). */
 static void unheld_trim(void)
 {
-	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > TEXT_UNHELD_MAX || unheld_bytes > TEXT_UNHELD_BYTES);
+	const unsigned max = unheld_max();
+	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > max || unheld_bytes > TEXT_UNHELD_BYTES);
 	     v = next) {
 		next = v->uh_next;
 		if (pthread_mutex_trylock(&v->lock) != 0)
