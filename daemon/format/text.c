@@ -449,20 +449,20 @@ static void unheld_trim(void)
 
 void text_hold(struct text_shard *s, bool on)
 {
-	/* s->unheld changes only with s->lock held too: the global lock is taken only to move s on or off the list. */
-	pthread_mutex_lock(&s->lock);
-	if (on)
-		s->holds++;
-	else if (s->holds)
-		s->holds--;
-	if (on ? !s->unheld : s->holds || !s->indexed || s->unheld) {
-		pthread_mutex_unlock(&s->lock);
-		return;
-	}
+	/*
+	 * Under unheld_lock only, never s->lock: a worker holds s->lock while
+	 * it indexes the shard or makes its copy (text_cache.c, acquire), I/O
+	 * and decompression that the main loop, whose walks hold and let go of
+	 * shards as they cross windows, must not wait for. holds and unheld
+	 * change under unheld_lock, which unheld_trim() holds while it checks
+	 * them (and try-locks s->lock for the rest). A shard being indexed
+	 * while its last hold goes is not listed: its next hold lets it go.
+	 */
 	pthread_mutex_lock(&unheld_lock);
-	if (on)
+	if (on) {
+		s->holds++;
 		unheld_unlink(s);
-	else {
+	} else if (s->holds && --s->holds == 0 && !s->unheld && text_indexed(s)) {
 		s->uh_prev = unheld_tail;
 		s->uh_next = NULL;
 		if (unheld_tail)
@@ -473,10 +473,8 @@ void text_hold(struct text_shard *s, bool on)
 		s->unheld = true;
 		n_unheld++;
 		unheld_bytes += index_bytes(s);
-	}
-	pthread_mutex_unlock(&s->lock); /* trim only try-locks shards: s's lock may go first */
-	if (!on)
 		unheld_trim();
+	}
 	pthread_mutex_unlock(&unheld_lock);
 }
 
@@ -513,11 +511,9 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 
 int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
-	if (s->unheld) {
-		pthread_mutex_lock(&unheld_lock);
-		unheld_unlink(s);
-		pthread_mutex_unlock(&unheld_lock);
-	}
+	pthread_mutex_lock(&unheld_lock); /* s->unheld changes under it (text_hold) */
+	unheld_unlink(s);
+	pthread_mutex_unlock(&unheld_lock);
 	int r = 0;
 	if (s->index_error < 0) {
 		r = s->index_error;
