@@ -401,7 +401,7 @@ static void unheld_unlink(struct text_shard *s)
 	else
 		unheld_tail = s->uh_prev;
 	s->uh_prev = s->uh_next = NULL;
-	s->unheld = false;
+	__atomic_store_n(&s->unheld, false, __ATOMIC_RELAXED);
 	n_unheld--;
 	unheld_bytes -= index_bytes(s);
 }
@@ -470,7 +470,7 @@ void text_hold(struct text_shard *s, bool on)
 		else
 			unheld_head = s;
 		unheld_tail = s;
-		s->unheld = true;
+		__atomic_store_n(&s->unheld, true, __ATOMIC_RELAXED);
 		n_unheld++;
 		unheld_bytes += index_bytes(s);
 		unheld_trim();
@@ -511,9 +511,12 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 
 int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
-	pthread_mutex_lock(&unheld_lock); /* s->unheld changes under it (text_hold) */
-	unheld_unlink(s);
-	pthread_mutex_unlock(&unheld_lock);
+	/* s->unheld changes under unheld_lock (text_hold): a peek first, so that a read's acquire takes no global lock. */
+	if (__atomic_load_n(&s->unheld, __ATOMIC_RELAXED)) {
+		pthread_mutex_lock(&unheld_lock);
+		unheld_unlink(s);
+		pthread_mutex_unlock(&unheld_lock);
+	}
 	int r = 0;
 	if (s->index_error < 0) {
 		r = s->index_error;
