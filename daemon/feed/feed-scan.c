@@ -360,8 +360,13 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	uint32_t n = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
 	char err[512];
 	if (n != ORDER_DOCS_UNKNOWN) {
-		/* Counted (maybe by the background count, or from cache_dir's record): its index made ready. */
-		int r = s->deferred ? s->format->index(s, NULL, &n, err, sizeof(err)) : 0;
+		/*
+		 * Counted (maybe by the background count, or from cache_dir's record):
+		 * its index made ready. Indexed already: nothing to wait for (the
+		 * shard's lock is held by a worker making its copy, seconds for a
+		 * large compressed shard, and the main loop enters windows here).
+		 */
+		int r = !s->deferred || text_indexed(s->impl) ? 0 : s->format->index(s, NULL, &n, err, sizeof(err));
 		if (r < 0)
 			return count_failed(f, r, err);
 		*ret = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);

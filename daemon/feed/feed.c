@@ -597,13 +597,19 @@ int feed_count_tokens(struct feed *f, uint64_t doc, uint64_t tokens)
 	if (!k->tok_seen[s] && !(k->tok_seen[s] = calloc((f->shard_docs[s] + 63) / 64, sizeof(uint64_t))))
 		return -ENOMEM;
 	uint64_t bit = UINT64_C(1) << (d % 64);
-	if (k->tok_seen[s][d / 64] & bit)
-		return 0;
-	k->tok_seen[s][d / 64] |= bit;
-	k->tok_counted += tokens;
-	/* Every document of the feed: only once every shard is counted (indexed when its window came up). */
-	if (++k->tok_counted_docs == __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) &&
-	    __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards) {
+	if (!(k->tok_seen[s][d / 64] & bit)) {
+		k->tok_seen[s][d / 64] |= bit;
+		k->tok_counted += tokens;
+		k->tok_counted_docs++;
+	}
+	/*
+	 * Every document of the feed: only once every shard is counted (indexed
+	 * when its window came up), read first: n_docs is added to before
+	 * n_indexed (release), so it is then final. Asked again for a document
+	 * seen already: the last shard counted may have had no document.
+	 */
+	if (__atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards &&
+	    k->tok_counted_docs == __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED)) {
 		k->tok_done = true;
 		f->n_tokens = k->tok_counted;
 		for (uint32_t i = 0; i < f->n_shards; i++)

@@ -303,8 +303,13 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
 		/* The stream's window start: a resume counts nothing before it twice (issue #22). */
+		/*
+		 * It holds its windows' shards too: the documents it hands out are
+		 * sized from the shard's index here (format_doc_bytes), which another
+		 * stream leaving a window of the shard may otherwise let go meanwhile.
+		 */
 		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, &w->ep.win_start[w->window],
-				    w->at);
+				    w->at, true);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));

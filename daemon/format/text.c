@@ -401,15 +401,35 @@ static void unheld_unlink(struct text_shard *s)
 	else
 		unheld_tail = s->uh_prev;
 	s->uh_prev = s->uh_next = NULL;
-	s->unheld = false;
+	__atomic_store_n(&s->unheld, false, __ATOMIC_RELAXED);
 	n_unheld--;
 	unheld_bytes -= index_bytes(s);
+}
+
+/*
+ * TEXT_UNHELD_MAX, or FEEDD_TEXT_UNHELD_MAX from the environment: tests set
+ * it to a few shards so that indexes are let go and built again while
+ * windows are walked, which the default bounds reach only at corpora of
+ * tens of thousands of shards (tests/integration/test_lazy_text.py).
+ */
+static unsigned unheld_max(void)
+{
+	static unsigned max;
+	if (!__atomic_load_n(&max, __ATOMIC_RELAXED)) {
+		const char *e = getenv("FEEDD_TEXT_UNHELD_MAX");
+		char *end;
+		unsigned long v = e && *e ? strtoul(e, &end, 10) : 0;
+		__atomic_store_n(&max, e && *e && !*end && v < TEXT_UNHELD_MAX ? (unsigned)v + 1 : TEXT_UNHELD_MAX + 1,
+				 __ATOMIC_RELAXED);
+	}
+	return __atomic_load_n(&max, __ATOMIC_RELAXED) - 1;
 }
 
 /* unheld_lock held: lets go of the oldest unheld indexes past the bounds (their shards only try-locked). */
 static void unheld_trim(void)
 {
-	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > TEXT_UNHELD_MAX || unheld_bytes > TEXT_UNHELD_BYTES);
+	const unsigned max = unheld_max();
+	for (struct text_shard *v = unheld_head, *next; v && (n_unheld > max || unheld_bytes > TEXT_UNHELD_BYTES);
 	     v = next) {
 		next = v->uh_next;
 		if (pthread_mutex_trylock(&v->lock) != 0)
@@ -429,20 +449,20 @@ static void unheld_trim(void)
 
 void text_hold(struct text_shard *s, bool on)
 {
-	/* s->unheld changes only with s->lock held too: the global lock is taken only to move s on or off the list. */
-	pthread_mutex_lock(&s->lock);
-	if (on)
-		s->holds++;
-	else if (s->holds)
-		s->holds--;
-	if (on ? !s->unheld : s->holds || !s->indexed || s->unheld) {
-		pthread_mutex_unlock(&s->lock);
-		return;
-	}
+	/*
+	 * Under unheld_lock only, never s->lock: a worker holds s->lock while
+	 * it indexes the shard or makes its copy (text_cache.c, acquire), I/O
+	 * and decompression that the main loop, whose walks hold and let go of
+	 * shards as they cross windows, must not wait for. holds and unheld
+	 * change under unheld_lock, which unheld_trim() holds while it checks
+	 * them (and try-locks s->lock for the rest). A shard being indexed
+	 * while its last hold goes is not listed: its next hold lets it go.
+	 */
 	pthread_mutex_lock(&unheld_lock);
-	if (on)
+	if (on) {
+		s->holds++;
 		unheld_unlink(s);
-	else {
+	} else if (s->holds && --s->holds == 0 && !s->unheld && text_indexed(s)) {
 		s->uh_prev = unheld_tail;
 		s->uh_next = NULL;
 		if (unheld_tail)
@@ -450,13 +470,11 @@ void text_hold(struct text_shard *s, bool on)
 		else
 			unheld_head = s;
 		unheld_tail = s;
-		s->unheld = true;
+		__atomic_store_n(&s->unheld, true, __ATOMIC_RELAXED);
 		n_unheld++;
 		unheld_bytes += index_bytes(s);
-	}
-	pthread_mutex_unlock(&s->lock); /* trim only try-locks shards: s's lock may go first */
-	if (!on)
 		unheld_trim();
+	}
 	pthread_mutex_unlock(&unheld_lock);
 }
 
@@ -493,7 +511,8 @@ int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t
 
 int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
-	if (s->unheld) {
+	/* s->unheld changes under unheld_lock (text_hold): a peek first, so that a read's acquire takes no global lock. */
+	if (__atomic_load_n(&s->unheld, __ATOMIC_RELAXED)) {
 		pthread_mutex_lock(&unheld_lock);
 		unheld_unlink(s);
 		pthread_mutex_unlock(&unheld_lock);

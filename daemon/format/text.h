@@ -109,7 +109,8 @@ struct text_shard {
 	 * index goes on the process's list of unheld indexes, and the oldest
 	 * of those are let go (TEXT_UNHELD_MAX) and rebuilt when a window of
 	 * the shard comes up again: memory follows the windows in use, not
-	 * the shards read so far. Under lock.
+	 * the shards read so far. holds, unheld and uh_* under text.c's
+	 * unheld_lock (not lock, which an index build or a copy holds).
 	 */
 	unsigned holds;
 	bool unheld;

@@ -161,9 +161,9 @@ fail:
 }
 
 int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
-		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at)
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at, bool hold)
 {
-	return walk_seek(w, params, rank, world, epoch, window, k, at, false);
+	return walk_seek(w, params, rank, world, epoch, window, k, at, hold);
 }
 
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,

@@ -97,8 +97,9 @@ struct doc_walk {
 	void *hold_ctx;
 	/*
 	 * Holds its windows' shards (params->hold): a stream's walk, whose
-	 * documents are settled (their text read) before it leaves a window;
-	 * not a walk that only hands documents out ahead of it.
+	 * documents are settled (their text read) before it leaves a window,
+	 * and a text session's walk ahead of it, whose documents' lengths the
+	 * main loop reads from the index as it hands them out (session-text.c).
 	 */
 	bool hold;
 };
@@ -111,9 +112,13 @@ struct doc_walk {
  */
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at);
-/* doc_walk_seek() with the window's start k_w given (k: NULL when not known), checked when it is known. */
+/*
+ * doc_walk_seek() with the window's start k_w given (k: NULL when not known),
+ * checked when it is known; hold: the walk holds its windows' shards
+ * (params->hold), as a stream's does.
+ */
 int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
-		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at);
+		    uint64_t epoch, uint32_t window, const uint64_t *k, size_t at, bool hold);
 /*
  * Moves to the rank's next document, crossing windows and epochs; *ret_epochs
  * gets the number of epoch boundaries crossed. Returns 0; -ENOMEM; -ENODATA

@@ -12,6 +12,7 @@ Runs with Debian's /usr/bin/python3.
 """
 
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -175,3 +176,31 @@ def test_two_epochs_with_shards_held_per_window_equal_a_fresh_resume(daemon, tmp
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(rest[k], whole[k][at + 1:]), k
     assert d2.stop() == 0
+
+
+def test_indexes_let_go_and_built_again_under_virtual_ranks_keep_the_stream(daemon, tmp_path, monkeypatch):
+    """Indexes let go as soon as no walk holds them (FEEDD_TEXT_UNHELD_MAX = 0, a test hook of text.c's bound)
+    while 32 virtual streams walk 40 plain and compressed shards in windows of 2: the streams' tokenizing
+    ahead (its walk holds the shards it hands out too) and the workers read shards whose index other streams
+    let go meanwhile, built again when needed; the batches equal those of a feedd with the default bounds
+    (indexes kept), and feedd stops cleanly."""
+    folder = tmp_path / "mixed"
+    write_zst_shards(folder, 40, 30)
+    for p in sorted(folder.glob("t*.jsonl.zst"))[::2]:
+        subprocess.run(["zstd", "-q", "-d", "--rm", str(p)], check=True)
+
+    def c(cache):
+        return conf(folder, cache, window=2, extra="virtual_ranks = 32\n").replace("t*.jsonl.zst", "t*.jsonl*")
+
+    n = 80  # about three epochs
+    d = daemon(c(tmp_path / "a"))
+    ref = d.dump("t", tmp_path / "ref", batches=n)
+    assert d.stop() == 0
+    monkeypatch.setenv("FEEDD_TEXT_UNHELD_MAX", "0")
+    d2 = daemon(c(tmp_path / "b"))
+    got = d2.dump("t", tmp_path / "got", batches=n)
+    wa = work(d2)["work_ahead"]
+    assert wa["text_indexes_in_memory"] < wa["text_shards_indexed"], wa
+    assert d2.stop() == 0
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], ref[k]), k
