@@ -273,6 +273,16 @@ def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shu
     return list(rs.batches(seq_len, batch_size, start_batch=start, count=n))
 
 
+def remove_cgroup(cg):
+    """Removes a cgroup made by a test, once its processes have gone (the kernel frees it a little after)."""
+    for _ in range(50):
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 @contextmanager
 def peak_size(folder, size_of):
     """Polls size_of(folder) every 2 ms while the block runs (once folder exists): yields a list whose [0] is

@@ -15,6 +15,14 @@ import pytest
 from conftest import feed_conf
 
 
+def kill_all(ps):
+    for p in ps:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
 def holding(p):
     """Waits until a stream-client in HOLD mode holds every slot of its ring."""
     for line in p.stdout:
@@ -42,11 +50,7 @@ def served(daemon, dataset):
             time.sleep(0.2)
         yield d
     finally:
-        for p in ps:
-            p.kill()
-            p.wait()
-            p.stdout.close()
-            p.stderr.close()
+        kill_all(ps)
 
 
 def packing_line(pk):
@@ -239,11 +243,7 @@ def test_status_leaves_out_what_is_asked_and_the_history_stays_available(daemon,
         assert all(c["telemetry"]["history"]["batches"] and "since_attach" in c["telemetry"] for c in other["clients"])
         assert other["daemon"]["protocol_errors"] == 0
     finally:
-        for p in ps:
-            p.kill()
-            p.wait()
-            p.stdout.close()
-            p.stderr.close()
+        kill_all(ps)
 
 
 def test_operators_have_a_socket_of_their_own(dataset):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FEEDCTL, feed_conf, gen_megatron, open_fds, reference, wait_attached
+from conftest import FEEDCTL, feed_conf, gen_megatron, open_fds, reference, remove_cgroup, wait_attached
 
 MAGIC = 0x57444546
 HELLO, HELLO_REPLY, ATTACH, ATTACH_REPLY, ERROR, STATUS, STATUS_REPLY, DETACH = range(1, 9)
@@ -669,9 +669,4 @@ def test_an_attach_that_cannot_get_its_memory_is_refused_and_others_keep_reading
     finally:
         if d.proc.poll() is None:
             d.stop()
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(cg)

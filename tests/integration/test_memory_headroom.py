@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import conftest
-from conftest import RSS_IS_FEEDDS, RSS_SKIP_REASON, Daemon, feed_conf
+from conftest import RSS_IS_FEEDDS, RSS_SKIP_REASON, Daemon, feed_conf, remove_cgroup
 
 MEMCG = Path("/sys/fs/cgroup/memory")
 LIMIT = 128 << 20
@@ -58,12 +58,7 @@ def memcg(tmp_path):
     except OSError as e:
         pytest.skip(f"cannot set up a memory cgroup: {e}")
     yield cg
-    for _ in range(50):
-        try:
-            cg.rmdir()
-            break
-        except OSError:
-            time.sleep(0.1)
+    remove_cgroup(cg)
 
 
 def test_page_cache_of_the_mapped_index_does_not_refuse_attaches(memcg, tmp_path, monkeypatch):

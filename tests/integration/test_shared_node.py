@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FEEDCTL, RSS_IS_FEEDDS, RSS_SKIP_REASON, STREAM_CLIENT, Daemon, feed_conf, open_fds, use_feed_package
+from conftest import (FEEDCTL, RSS_IS_FEEDDS, RSS_SKIP_REASON, STREAM_CLIENT, Daemon, feed_conf, open_fds, remove_cgroup,
+                      use_feed_package)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes users with useradd and acts as them "
                                                           "(setpriv)")
@@ -425,12 +426,7 @@ def test_5_a_ring_past_the_memory_cgroup_is_refused_not_oom_killed(dataset, sock
         if d.proc.poll() is None:
             d.stop()
         started.remove(d)
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(cg)
 
 
 def test_5_one_users_rings_are_bounded_by_default(users, dataset, sockdir, started, tmp_path):
