@@ -129,7 +129,8 @@ static json_t *feed_json(const struct status_input *in, size_t i)
 	if (f->kind == FEED_TEXT) {
 		/* Text tokenized on the way: what went in, what came out, what was skipped. */
 		json_t *t = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "tokenizer", f->conf.tokenizer,
-				      "text_bytes", (json_int_t)f->n_bytes, "cached_indexes", (json_int_t)f->n_cached,
+				      "text_bytes", (json_int_t)f->n_bytes, "cached_indexes",
+				      (json_int_t)(f->n_cached + feed_text_cached(f, NULL)),
 				      "documents_tokenized", (json_int_t)__atomic_load_n(&f->tok_docs, __ATOMIC_RELAXED),
 				      "tokens_tokenized", (json_int_t)__atomic_load_n(&f->tok_tokens, __ATOMIC_RELAXED),
 				      "utf8_replaced", (json_int_t)__atomic_load_n(&f->utf8_replaced, __ATOMIC_RELAXED),
