@@ -91,10 +91,11 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 	const struct order_windows *ws = w->params->windows;
 	if (ws && w->params->shuffle && w->win.mine) {
 		uint32_t next = window + 1;
-		while (next < w->ep.n_windows && !window_has_rank(&w->ep, next, w->rank, w->world))
-			next++;
-		/* A window over list_max has no list to build ahead (section 3.1). */
-		/* Windows whose counts are not known yet are not searched: the builder counts them. */
+		/*
+		 * A window over list_max has no list to build ahead (section 3.1).
+		 * Windows whose counts are not known yet are not searched (their
+		 * starts are not known): the builder counts them.
+		 */
 		while (next < w->ep.n_windows && order_epoch_has(&w->ep, next) &&
 		       !window_has_rank(&w->ep, next, w->rank, w->world))
 			next++;
