@@ -273,6 +273,24 @@ def reference(shard_glob, rank, world, n, seq_len=256, batch_size=4, seed=7, shu
     return list(rs.batches(seq_len, batch_size, start_batch=start, count=n))
 
 
+def write_sparse_shard(prefix, n_docs, tokens=8, uncached=False):
+    """A u16 Megatron shard of n_docs documents of `tokens` tokens (zeros: a sparse .bin), written with numpy;
+    `uncached`: the .idx is written to disk and dropped from the page cache, so that whoever reads it next is
+    charged for its pages."""
+    with open(f"{prefix}.bin", "wb") as f:
+        f.truncate(n_docs * tokens * 2)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + np.array([1], "<u8").tobytes() + bytes([8]))
+        f.write(np.array([n_docs, n_docs + 1], "<u8").tobytes())
+        f.write(np.full(n_docs, tokens, "<i4").tobytes())
+        f.write((np.arange(n_docs, dtype="<i8") * (tokens * 2)).tobytes())
+        f.write(np.arange(n_docs + 1, dtype="<i8").tobytes())
+        if uncached:
+            f.flush()
+            os.fdatasync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def remove_cgroup(cg):
     """Removes a cgroup made by a test, once its processes have gone (the kernel frees it a little after)."""
     for _ in range(50):

@@ -17,31 +17,14 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import conftest
-from conftest import RSS_IS_FEEDDS, RSS_SKIP_REASON, Daemon, feed_conf, remove_cgroup
+from conftest import RSS_IS_FEEDDS, RSS_SKIP_REASON, Daemon, feed_conf, remove_cgroup, write_sparse_shard
 
 MEMCG = Path("/sys/fs/cgroup/memory")
 LIMIT = 128 << 20
 TOKENS_PER_DOC = 8
-
-
-def write_shard(prefix, n_docs):
-    """A Megatron shard of n_docs 8-token u16 documents (sparse .bin), written to disk and dropped from the
-    page cache, so that whoever reads it next (feedd, in its group) is charged for the pages."""
-    with open(f"{prefix}.bin", "wb") as f:
-        f.truncate(n_docs * TOKENS_PER_DOC * 2)
-    with open(f"{prefix}.idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + np.array([1], "<u8").tobytes() + bytes([8]))
-        f.write(np.array([n_docs, n_docs + 1], "<u8").tobytes())
-        f.write(np.full(n_docs, TOKENS_PER_DOC, "<i4").tobytes())
-        f.write((np.arange(n_docs, dtype="<i8") * (TOKENS_PER_DOC * 2)).tobytes())
-        f.write(np.arange(n_docs + 1, dtype="<i8").tobytes())
-        f.flush()
-        os.fdatasync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 @pytest.fixture
@@ -65,7 +48,7 @@ def test_page_cache_of_the_mapped_index_does_not_refuse_attaches(memcg, tmp_path
     data = tmp_path / "data"
     data.mkdir()
     for i in range(2):  # 2 x 6.4 M documents: 2 x 128 MiB of .idx, twice the group's limit
-        write_shard(data / f"s{i}", 6_400_000)
+        write_sparse_shard(data / f"s{i}", 6_400_000, TOKENS_PER_DOC, uncached=True)
     # feedd joins the group before exec, so that its index scan's reads are charged to it.
     monkeypatch.setattr(conftest, "DAEMON_WRAPPER",
                         ["sh", "-c", f'echo $$ > {memcg}/cgroup.procs && exec "$@"', "sh"] + conftest.DAEMON_WRAPPER)

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import DAEMON_WRAPPER, FEEDD, assert_batches_equal, feed_conf, feed_ref, gen_megatron
+from conftest import DAEMON_WRAPPER, FEEDD, assert_batches_equal, feed_conf, feed_ref, gen_megatron, write_sparse_shard
 
 L, B, SEED, EOS = 64, 4, 11, 50256
 M = 100  # every window of these feeds (2 shards of ~150 documents) holds more
@@ -169,18 +169,6 @@ def test_a_text_feed_over_list_max_follows_the_bijection_and_resumes(daemon, tex
         got = d.dump("tx", tmp_path / f"tx{rank}", rank=rank, world=world, batches=n)
         assert_batches_equal(got, ref(packing, feed_ref.rank_documents(rs), n, pad_id=eot, buffer_tokens=600))
     resumes_exactly(d, "tx", tmp_path, 0, 3, got, 13)
-
-
-def write_sparse_shard(prefix, n_docs, tokens=8):
-    """A u16 Megatron shard of n_docs documents of `tokens` tokens (zeros: a sparse .bin), written with numpy."""
-    with open(f"{prefix}.bin", "wb") as f:
-        f.truncate(n_docs * tokens * 2)
-    with open(f"{prefix}.idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + np.array([1], "<u8").tobytes() + bytes([8]))
-        f.write(np.array([n_docs, n_docs + 1], "<u8").tobytes())
-        f.write(np.full(n_docs, tokens, "<i4").tobytes())
-        f.write((np.arange(n_docs, dtype="<i8") * (tokens * 2)).tobytes())
-        f.write(np.arange(n_docs + 1, dtype="<i8").tobytes())
 
 
 def anon_mib(pid):
