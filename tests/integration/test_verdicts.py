@@ -357,7 +357,9 @@ class SlowStorage:
 def test_starved_by_storage(daemon, tmp_path):
     """Reads limited to 2 MB/s by a blkio cgroup around feedd, data not in the page cache (60 MB, evicted with
     posix_fadvise), 4x8192-token batches (64 KiB of reads each), a loop that only takes batches: the
-    storage rule must name storage, with the rate it read at."""
+    storage rule must name storage, with the rate it read at. Two busy loops run beside it: the workers then also
+    wait for a CPU, more than host_pct of their runnable time, and storage, which kept them waiting far longer,
+    must still be named (the host was, on a loaded CI machine, before the host rule gave way to it)."""
     import gen_megatron
     data = tmp_path / "slow"
     data.mkdir()
@@ -376,6 +378,7 @@ def test_starved_by_storage(daemon, tmp_path):
                    + feed_conf("slow", f"{data}/shard_*.idx", seq_len=8192, batch_size=4), threads=2)
         slow.add(d.proc.pid)
         p = python_client(d, "slow", 0, 1, 0)
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
 
         def storage(st, c):
             assert c["diagnosis"]["cause"] == "storage", c["diagnosis"]
@@ -386,7 +389,7 @@ def test_starved_by_storage(daemon, tmp_path):
             table_case(d, (0, 1), "starved", 2, [p], storage,
                        settle_pred=lambda st, c: c["diagnosis"]["cause"] == "storage")
         finally:
-            stop(p)
+            stop(p, *burners)
     finally:
         slow.close()
 
