@@ -330,9 +330,36 @@ int feed_nonempty_at_least(struct feed *f, uint64_t want)
 static __thread bool off_main;
 static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * The main loop's walks never count (issue #22): while never_block is set,
+ * a shard whose count or index is missing is named in `wanted` and the walk
+ * told -EAGAIN; its session has it counted on the pool
+ * (session-count.c) and comes back.
+ */
+static __thread bool never_block;
+static __thread struct feed *wanted_feed;
+static __thread uint32_t wanted_shard;
+
 void feed_off_main_thread(void)
 {
 	off_main = true;
+}
+
+bool feed_count_never_block(bool on)
+{
+	bool was = never_block;
+	never_block = on;
+	return was;
+}
+
+bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard)
+{
+	if (!wanted_feed)
+		return false;
+	*ret_feed = wanted_feed;
+	*ret_shard = wanted_shard;
+	wanted_feed = NULL;
+	return true;
 }
 
 /* A shard could not be counted: the feed fails now (main thread, load) or at the next poll. */
@@ -359,6 +386,12 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	const struct shard *s = f->shards[i];
 	uint32_t n = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
 	char err[512];
+	if (never_block && (n == ORDER_DOCS_UNKNOWN || (s->deferred && !text_indexed(s->impl)))) {
+		/* Not on this thread: the caller waits for the pool to count it (never the shard's lock here). */
+		wanted_feed = f;
+		wanted_shard = i;
+		return -EAGAIN;
+	}
 	if (n != ORDER_DOCS_UNKNOWN) {
 		/*
 		 * Counted (maybe by the background count, or from cache_dir's record):
@@ -408,6 +441,17 @@ void feed_hold_shard(void *ctx, uint32_t i, bool on)
 	const struct shard *s = f->shards[i];
 	if (s->deferred)
 		text_hold(s->impl, on);
+}
+
+int feed_docs_known_at_least(struct feed *f, uint64_t want)
+{
+	if (f->state != FEED_READY)
+		return f->error_code < 0 ? f->error_code : -EIO;
+	if (f->kind != FEED_TEXT)
+		return feed_nonempty_at_least(f, want);
+	if (__atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) >= want)
+		return 1;
+	return __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards ? 0 : -EAGAIN;
 }
 
 int feed_count_until(struct feed *f, uint64_t want)

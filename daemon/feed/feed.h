@@ -223,12 +223,29 @@ void feed_hold_shard(void *ctx, uint32_t shard, bool on);
 /* Marks the calling thread as not the main one, for feed_count_shard's failures. */
 void feed_off_main_thread(void);
 /*
+ * Issue #22: while on (the calling thread's setting; the main loop's
+ * sessions set it), feed_count_shard() never reads a shard: one whose count
+ * or line index is missing is remembered as wanted and -EAGAIN returned,
+ * so that the walk asking waits. Returns the previous setting.
+ * feed_count_wanted() takes (and forgets) the last shard so refused on
+ * this thread: true with its feed and number; the caller has it counted off
+ * the thread (feed_count_shard() there) and walks again.
+ */
+bool feed_count_never_block(bool on);
+bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard);
+/*
  * Text: counts shards, in epoch 0's window order, until the feed has at
  * least `want` documents or every shard is counted (load: at least one
  * document, V' = min(V, N); attach: at least R). Returns 1 when there are
  * at least `want`, 0 when fewer, or a negative errno (the feed FAILED).
  */
 int feed_count_until(struct feed *f, uint64_t want);
+/*
+ * feed_nonempty_at_least() from what is known now, reading no text shard
+ * (main thread): 1, 0, -EAGAIN when the text shards counted so far do not
+ * decide it, or the feed's error once FAILED.
+ */
+int feed_docs_known_at_least(struct feed *f, uint64_t want);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);

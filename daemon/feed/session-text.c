@@ -167,6 +167,19 @@ int session_text_submit(struct session *s, struct session_src *x)
 		chunk_bytes = MIN(chunk_bytes, MAX((uint64_t)((double)target * bpt), UINT64_C(1) << 10));
 
 	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+		if (x->ahead.pending) {
+			/* The walk waited for a window's count (issue #22): on from there, or wait on. */
+			unsigned crossed;
+			int r = doc_walk_next(&x->ahead, &crossed);
+			if (r == -ENODATA) {
+				x->ahead_end = true;
+				break;
+			}
+			if (r == -EAGAIN)
+				return 0; /* the pump hands the shard to the pool (session_count_ask) */
+			if (r < 0)
+				return r;
+		}
 		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
 		if (have >= target && !(s->starved == x->index && x->chunks_inflight == 0))
 			break;
@@ -203,6 +216,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 				x->ahead_end = true;
 				break;
 			}
+			if (r == -EAGAIN)
+				break; /* a window not counted yet: this chunk goes as it is, the next waits for the count */
 			if (r < 0) {
 				session_chunk_free(c);
 				return r;

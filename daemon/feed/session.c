@@ -123,7 +123,9 @@ void session_batch_done(struct session *s, struct session_job *j)
 	assert(j->state == JOB_RUNNING);
 	j->state = JOB_DONE;
 	if (!s->failed && !s->closed) {
+		bool was = feed_count_never_block(true); /* advance's walks too (session_virtual_text) */
 		advance(s);
+		feed_count_never_block(was);
 		session_pump(s);
 	}
 }
@@ -132,13 +134,9 @@ void session_batch_done(struct session *s, struct session_job *j)
  * Plans and submits batches while the client has free slots, then hands
  * text streams more to tokenize. tail <= published <= planned throughout.
  */
-void session_pump(struct session *s)
+static void pump(struct session *s)
 {
 	char msg[512];
-	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
-		session_explain_step(s->explain);
-		return;
-	}
 	uint32_t n = s->ring->slot_count;
 	assert(s->started);
 	for (;;) {
@@ -216,6 +214,25 @@ void session_pump(struct session *s)
 		if (!ring_wait_space(s->ring))
 			return;
 	}
+}
+
+void session_pump(struct session *s)
+{
+	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
+		session_explain_step(s->explain);
+		return;
+	}
+	/* The attach could not tell whether the feed has R documents: nothing is planned until it is told. */
+	if (s->world_check && (session_world_check(s) < 0 || s->world_check))
+		return;
+	/* Issue #22: the walks here read no shard; one they wait for is counted on the pool, then they go on. */
+	bool was = feed_count_never_block(true);
+	struct feed *f;
+	uint32_t shard;
+	(void)feed_count_wanted(&f, &shard);
+	pump(s);
+	feed_count_never_block(was);
+	session_count_ask(s);
 }
 
 void session_ref(struct session *s)
@@ -451,10 +468,20 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
 		return f->error_code < 0 ? f->error_code : -EIO;
 	}
+	bool world_check = false;
 	for (uint32_t i = 0; !vranks && i < MAX(f->n_sources, 1u); i++) {
 		struct feed *sf = f->n_sources ? f->sources[i] : f;
-		/* Counted only as far as needed: the index is validated lazily (feed-scan.c). */
-		int enough = feed_nonempty_at_least(sf, world);
+		/*
+		 * Counted only as far as needed: the index is validated lazily
+		 * (feed-scan.c). Text: from the shards counted so far; when they
+		 * do not tell, decided after the attach, the shards counted on the
+		 * pool (session-count.c), never here on the main loop.
+		 */
+		int enough = feed_docs_known_at_least(sf, world);
+		if (enough == -EAGAIN) {
+			world_check = true;
+			continue;
+		}
 		if (enough < 0) {
 			snprintf(err, errlen, "feed %s is not available: %s", sf->name, sf->error);
 			return enough;
@@ -508,6 +535,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->userdata = userdata;
 	s->attach_ns = now_ns();
 	s->starved = UINT32_MAX;
+	s->world_check = world_check;
 
 	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
 				   .rank = rank, .world = world };

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -302,6 +303,25 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 }
 
 /*
+ * A test hook (tests/integration/test_text_counts.py): FEEDD_TEXT_SLOW_INDEX
+ * = "PART:MS" makes every pass over a shard whose path holds PART take MS
+ * milliseconds more, standing for a large or slow shard, so that tests see
+ * which threads wait for it (issue #22: never the main loop). Unset: nothing.
+ */
+static void slow_index_hook(const char *path)
+{
+	const char *e = getenv("FEEDD_TEXT_SLOW_INDEX");
+	const char *colon = e ? strrchr(e, ':') : NULL;
+	if (!colon || colon == e)
+		return;
+	char part[256];
+	snprintf(part, sizeof(part), "%.*s", (int)MIN((size_t)(colon - e), sizeof(part) - 1), e);
+	long ms = strtol(colon + 1, NULL, 10);
+	if (ms > 0 && strstr(path, part))
+		nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 }, NULL);
+}
+
+/*
  * Indexes the shard; a compressed or Parquet one's copy is written to the
  * cache entry data_path (with its checksums, within cache_max_bytes).
  */
@@ -309,6 +329,7 @@ int text_build_index(struct text_shard *s, struct source *src, const struct text
 		     uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
 {
 	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap };
+	slow_index_hook(s->path);
 	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
 	const uint64_t size = (uint64_t)s->id.size;
 	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));

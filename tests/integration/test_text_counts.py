@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: MIT
+"""Text shards counted off the main loop (issue #22), with a real feedd.
+
+A walk that reaches a window whose shards were never counted waits for the
+count (done on the pool) without holding up the main loop: another client's
+batches and `feedctl status` go on while a slow shard (the test hook
+FEEDD_TEXT_SLOW_INDEX of daemon/format/text_build.c) is counted, and the
+batches are the same as without it. The attach's "at least R documents" of a
+text feed is decided after the attach when the shards counted by then do
+not decide it.
+
+Runs with Debian's /usr/bin/python3.
+"""
+
+import shutil
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from test_scale import text_scale_conf, write_zst_shards
+
+pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+
+SLOW_MS = 4000
+
+
+def conf(folder, cache, name="t", shuffle="false", window=1):
+    text = text_scale_conf(folder, cache, window=window).replace("shuffle = true", f"shuffle = {shuffle}")
+    return text.replace("[feed.t]", f"[feed.{name}]") + "virtual_ranks = 0\n"
+
+
+def feed_section(text):
+    """The [feed.X] part of a config (a second feed of the same daemon)."""
+    return text[text.index("[feed."):]
+
+
+def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, tmp_path, monkeypatch):
+    slow_dir, other_dir = tmp_path / "slow", tmp_path / "other"
+    write_zst_shards(slow_dir, 40, 3)
+    write_zst_shards(other_dir, 40, 3)
+    # Unshuffled, one shard per window: t00020 is window 20, reached after a few batches, counted by nobody before.
+    monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t00020.jsonl.zst:{SLOW_MS}")
+    d = daemon(conf(slow_dir, tmp_path / "cache") + feed_section(conf(other_dir, tmp_path / "cache", name="o")))
+    st = {f["name"]: f for f in d.status()["feeds"]}
+    assert st["t"]["state"] == "ready" and st["o"]["state"] == "ready", st
+    assert st["t"]["work_ahead"]["text_shards_indexed"] < 20, st["t"]["work_ahead"]
+
+    # The other feed's client reads on throughout (a batch every 20 ms).
+    other = d.client("o", 0, 1, 100000, sleep_ms=20)
+    latencies = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            d.ctl("status", "--json")
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    t0 = time.monotonic()
+    try:
+        got = d.dump("t", tmp_path / "slow_dump", batches=20)
+    finally:
+        took = time.monotonic() - t0
+        stop.set()
+        poller.join()
+    served_before = d.status()["feeds"][1]["batches"] if d.status()["feeds"][1]["name"] == "o" else None
+    other.kill()
+    other.communicate()
+    assert got["input_ids"].shape[0] == 20
+    # The slow shard was reached: the dump waited for it ...
+    assert took >= SLOW_MS / 1000 * 0.9, took
+    # ... and status was answered meanwhile, as were the other feed's batches.
+    assert len(latencies) >= 10, latencies
+    assert max(latencies) < SLOW_MS / 1000 / 2, f"status waited {max(latencies):.2f} s: the main loop was held up"
+    assert served_before is None or served_before > 0
+
+    # The same batches as a daemon without the slow shard.
+    monkeypatch.delenv("FEEDD_TEXT_SLOW_INDEX")
+    d2 = daemon(conf(slow_dir, tmp_path / "cache2"))
+    exp = d2.dump("t", tmp_path / "plain_dump", batches=20)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], exp[k]), k
+
+
+def test_the_attach_check_of_r_documents_is_decided_after_the_attach(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 10, 3)
+    d = daemon(conf(folder, tmp_path / "cache", shuffle="true", window=2))
+    wa = d.status()["feeds"][0]["work_ahead"]
+    # Load counted until one document: not the 8 a world of 8 needs.
+    assert wa["text_shards_indexed"] < 3, wa
+    got = d.dump("t", tmp_path / "w8", rank=7, world=8, batches=2)
+    assert got["input_ids"].shape[0] == 2
+    # 30 documents in all: a world of 31 is refused once they are counted, with the attach's message.
+    p = d.dump("t", tmp_path / "w31", rank=0, world=31, batches=1, check=False)
+    assert not isinstance(p, dict) and p.returncode != 0
+    assert "has 30 non-empty documents, fewer than the world size 31" in p.stderr, p.stderr
+    # And the feed serves on.
+    assert d.dump("t", tmp_path / "again", rank=0, world=30, batches=1)["input_ids"].shape[0] == 1
