@@ -380,17 +380,55 @@ static int count_failed(struct feed *f, int r, const char *err)
 	return r;
 }
 
+bool feed_shard_readable(struct feed *f, uint32_t i)
+{
+	const struct shard *s = f->shards[i];
+	if (!s->deferred || text_indexed(s->impl))
+		return true;
+	uint32_t n;
+	if (!never_block) /* a thread that may wait (an explanation's walk): indexed here */
+		return feed_count_shard(f, i, &n) == 0;
+	wanted_feed = f;
+	wanted_shard = i;
+	return false;
+}
+
+bool feed_count_record(struct feed *f, uint32_t i, uint32_t n, uint64_t bytes)
+{
+	uint32_t unknown = ORDER_DOCS_UNKNOWN;
+	if (!__atomic_compare_exchange_n(&f->shard_docs[i], &unknown, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return false;
+	/* The first to count it adds it to the feed's totals (of the shards counted so far). */
+	__atomic_add_fetch(&f->n_docs, n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_nonempty, n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_bytes, bytes, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_indexed, 1, __ATOMIC_RELEASE);
+	return true;
+}
+
 int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 {
 	struct feed *f = ctx;
 	const struct shard *s = f->shards[i];
 	uint32_t n = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
 	char err[512];
-	if (never_block && (n == ORDER_DOCS_UNKNOWN || (s->deferred && !text_indexed(s->impl)))) {
+	if (never_block && n == ORDER_DOCS_UNKNOWN) {
 		/* Not on this thread: the caller waits for the pool to count it (never the shard's lock here). */
 		wanted_feed = f;
 		wanted_shard = i;
 		return -EAGAIN;
+	}
+	if (never_block) {
+		/*
+		 * Counted: the walk goes on. Its line index, if let go, is built
+		 * again by whoever reads first: a worker (format_acquire), or the
+		 * pool for the main loop's walk that sizes documents from it
+		 * (feed_shard_readable). A stream's walk must not wait here: it
+		 * needs no index, and a walk stopped after its plan took a document
+		 * would name no place for a cursor.
+		 */
+		*ret = n;
+		return 0;
 	}
 	if (n != ORDER_DOCS_UNKNOWN) {
 		/*
@@ -415,14 +453,8 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	}
 	if (r < 0)
 		return count_failed(f, r, err);
-	uint32_t unknown = ORDER_DOCS_UNKNOWN;
-	if (__atomic_compare_exchange_n(&f->shard_docs[i], &unknown, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-		/* The first to count it adds it to the feed's totals (of the shards counted so far). */
-		const struct text_shard *t = s->impl;
-		__atomic_add_fetch(&f->n_docs, n, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_nonempty, n, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_bytes, t->bytes, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_indexed, 1, __ATOMIC_RELEASE);
+	const struct text_shard *t = s->impl;
+	if (feed_count_record(f, i, n, __atomic_load_n(&t->bytes, __ATOMIC_RELAXED))) {
 		if (s->truncated && s->truncated[0]) {
 			/* on_bad_record = skip: counted once, as load did; the poll logs it. */
 			pthread_mutex_lock(&lazy_lock);

@@ -166,7 +166,8 @@ int session_text_submit(struct session *s, struct session_src *x)
 	if (s->parent)
 		chunk_bytes = MIN(chunk_bytes, MAX((uint64_t)((double)target * bpt), UINT64_C(1) << 10));
 
-	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+	bool waiting = false; /* for a shard's count or index (issue #22): nothing more until it is in */
+	while (!waiting && !x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
 		if (x->ahead.pending) {
 			/* The walk waited for a window's count (issue #22): on from there, or wait on. */
 			unsigned crossed;
@@ -207,6 +208,11 @@ int session_text_submit(struct session *s, struct session_src *x)
 				cap *= 2;
 			}
 			uint64_t doc = doc_walk_doc(&x->ahead);
+			/* Its shard's index let go (issue #22): built again on the pool, never here (session-count.c). */
+			if (!feed_shard_readable(x->feed, ORDER_DOC_SHARD(doc))) {
+				waiting = true;
+				break;
+			}
 			c->docs[c->t.n++] = doc;
 			c->t.bytes += format_doc_bytes(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc));
 			x->ahead_seq++;
@@ -216,13 +222,19 @@ int session_text_submit(struct session *s, struct session_src *x)
 				x->ahead_end = true;
 				break;
 			}
-			if (r == -EAGAIN)
-				break; /* a window not counted yet: this chunk goes as it is, the next waits for the count */
+			if (r == -EAGAIN) {
+				waiting = true; /* a window not counted yet: this chunk goes as it is, the next waits for the count */
+				break;
+			}
 			if (r < 0) {
 				session_chunk_free(c);
 				return r;
 			}
 			ahead_prefetch(x); /* a new window: its copies and the next ones' asked for */
+		}
+		if (c->t.n == 0) {
+			session_chunk_free(c);
+			return 0; /* the pump hands the shard to the pool (session_count_ask) */
 		}
 		c->t.docs = c->docs;
 		if (x->chunk_tail)

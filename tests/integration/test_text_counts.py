@@ -7,7 +7,9 @@ batches and `feedctl status` go on while a slow shard (the test hook
 FEEDD_TEXT_SLOW_INDEX of daemon/format/text_build.c) is counted, and the
 batches are the same as without it. The attach's "at least R documents" of a
 text feed is decided after the attach when the shards counted by then do
-not decide it.
+not decide it. The background count pass (count_ahead) counts every shard
+soon after load, without a client, skipping one it cannot read (left to its
+window's walk), and writes the counts file; the batches do not change.
 
 Runs with Debian's /usr/bin/python3.
 """
@@ -27,9 +29,10 @@ pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
 SLOW_MS = 4000
 
 
-def conf(folder, cache, name="t", shuffle="false", window=1):
+def conf(folder, cache, name="t", shuffle="false", window=1, ahead="false"):
+    """ahead: count_ahead, the background count pass (off: what the walks count, alone)."""
     text = text_scale_conf(folder, cache, window=window).replace("shuffle = true", f"shuffle = {shuffle}")
-    return text.replace("[feed.t]", f"[feed.{name}]") + "virtual_ranks = 0\n"
+    return text.replace("[feed.t]", f"[feed.{name}]") + f"virtual_ranks = 0\ncount_ahead = {ahead}\n"
 
 
 def feed_section(text):
@@ -103,3 +106,60 @@ def test_the_attach_check_of_r_documents_is_decided_after_the_attach(daemon, tmp
     assert "has 30 non-empty documents, fewer than the world size 31" in p.stderr, p.stderr
     # And the feed serves on.
     assert d.dump("t", tmp_path / "again", rank=0, world=30, batches=1)["input_ids"].shape[0] == 1
+
+
+def wait_counted(d, name="t", timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = {f["name"]: f for f in d.status()["feeds"]}[name]
+        if not st["work_ahead"]["text_count_pass_running"]:
+            return st
+        assert time.monotonic() < deadline, st["work_ahead"]
+        time.sleep(0.05)
+
+
+def test_the_background_pass_counts_every_shard_without_a_client(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 200, 3)
+    bad = folder / "t00150.jsonl.zst"
+    bad.write_bytes(b"this is not zstd" * 8)
+    # Unshuffled: the bad shard is window 37 of 50, past the batches dumped here.
+    d = daemon(conf(folder, tmp_path / "cache", window=4, ahead="true"))
+    st = wait_counted(d)
+    wa = st["work_ahead"]
+    # Every shard but the bad one, most by the pass; the feed still serves (the bad shard fails its window only).
+    assert st["state"] == "ready", st
+    assert wa["text_shards_indexed"] == 199 and wa["text_shards_pending"] == 1, wa
+    assert wa["text_shards_counted_ahead"] >= 190, wa
+    assert st["documents"] == 199 * 3, st
+    # No index is kept by the pass: counts only.
+    assert wa["text_indexes_in_memory"] <= 4, wa
+    got = d.dump("t", tmp_path / "with", batches=6)
+    assert d.stop() == 0
+
+    # The same batches without the pass.
+    plain = daemon(conf(folder, tmp_path / "cache2", window=4))
+    exp = plain.dump("t", tmp_path / "without", batches=6)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], exp[k]), k
+    assert plain.stop() == 0
+
+
+def test_the_background_pass_writes_the_counts_file(daemon, tmp_path):
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 120, 3)
+    cache = tmp_path / "cache"
+    d = daemon(conf(folder, cache, shuffle="true", window=4, ahead="true"))
+    st = wait_counted(d)
+    assert st["work_ahead"]["text_shards_pending"] == 0 and st["documents"] == 360, st
+    # Written by the once-a-second poll once every shard is counted, before any client came.
+    deadline = time.monotonic() + 10
+    while not list(cache.glob("counts-*")):
+        assert time.monotonic() < deadline, sorted(p.name for p in cache.iterdir())
+        time.sleep(0.1)
+    assert d.stop() == 0
+    # A later start reads every count from it: totals known at READY, nothing left to count.
+    d2 = daemon(conf(folder, cache, shuffle="true", window=4, ahead="true"))
+    st = {f["name"]: f for f in d2.status()["feeds"]}["t"]
+    assert st["documents"] == 360 and st["work_ahead"]["text_counts_from_cache"] == 120, st
+    assert not st["work_ahead"]["text_count_pass_running"], st
