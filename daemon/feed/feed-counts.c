@@ -26,11 +26,11 @@
 #include <inttypes.h>
 #include <linux/ioprio.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -220,14 +220,18 @@ static void *pass_main(void *userdata)
 	struct feed_count_pass *cp = userdata;
 	struct feed *f = cp->feed;
 	/*
-	 * Background work, behind everything that serves a batch: SCHED_IDLE
-	 * takes a CPU only when no other thread of the machine wants it, and
+	 * Background work, behind everything that serves a batch: nice 19
+	 * (this thread only: Linux applies it per thread) gives it about 1.5 %
+	 * of a CPU the workers want (SCHED_IDLE, a fifth of that, could leave
+	 * a daemon's stop waiting seconds for it to see the stop between
+	 * blocks on a busy machine, and an unprivileged thread cannot leave
+	 * it), and
 	 * idle I/O priority keeps its streaming reads behind the workers'
 	 * (where the I/O scheduler has no classes this changes nothing). One
 	 * shard at a time, nothing of it kept: memory is one shard's read and
 	 * decompression buffers (at most 16 MiB), whatever the corpus.
 	 */
-	(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &(struct sched_param){ 0 });
+	(void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
 	(void)syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0));
 	struct source_reader *io = NULL;
 	struct order_epoch ep = { 0 };

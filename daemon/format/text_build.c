@@ -178,6 +178,9 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 {
 	if (!n)
 		return 0;
+	/* A count given up (its feed is freed): between output blocks too, a large compressed input block takes long. */
+	if (b->count_only && b->cancel && __atomic_load_n(b->cancel, __ATOMIC_ACQUIRE))
+		return -ECANCELED;
 	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
 	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
 	if (r == 0 && b->mem) {
