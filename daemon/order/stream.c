@@ -404,9 +404,9 @@ int stream_take(struct stream *s, uint64_t max, struct stream_piece *ret)
 	s->offset += n;
 	if (s->offset < s->length)
 		return 0;
+	/* The piece is taken: a next window or count not known yet is met by the next settle. */
 	r = next_document(s);
-	if (r < 0)
-		return r;
-	r = stream_settle(s);
+	if (r == 0)
+		r = stream_settle(s);
 	return r == -EAGAIN ? 0 : r;
 }

@@ -441,6 +441,71 @@ static void test_stream_late_tokens(void)
 	free(ref);
 }
 
+/*
+ * A walk whose windows are counted off its thread (issue #22: the main
+ * loop's walks): order_params.count says -EAGAIN once for each shard not
+ * counted yet, and the walk, asked again, goes on from where it stopped,
+ * across windows and epochs: the same documents, pieces and positions as a
+ * walk whose counts were all known.
+ */
+static const uint32_t wait_truth[7] = { 3, 0, 5, 1, 0, 4, 2 };
+static bool wait_on, wait_armed;
+static unsigned wait_refused;
+static int wait_count(void *ctx, uint32_t s, uint32_t *ret)
+{
+	uint32_t *docs = ctx;
+	if (docs[s] == ORDER_DOCS_UNKNOWN && wait_on && wait_armed) {
+		wait_armed = false; /* the next call finds it counted (the pool did) */
+		wait_refused++;
+		return -EAGAIN;
+	}
+	wait_armed = true;
+	docs[s] = wait_truth[s];
+	*ret = docs[s];
+	return 0;
+}
+
+static void test_stream_waits_for_counts(void)
+{
+	static const uint32_t tok[] = { 2, 3, 1, 4, 2 };
+	static const uint32_t *const toks[7] = { tok, tok, tok, tok, tok, tok, tok };
+	uint32_t docs[7];
+	for (uint32_t i = 0; i < 7; i++)
+		docs[i] = i < 2 ? wait_truth[i] : ORDER_DOCS_UNKNOWN;
+	for (uint32_t rank = 0; rank < 2; rank++) {
+		struct order_params known = { .seed = 4, .shuffle = true, .window = 2, .n_shards = 7, .shard_docs = wait_truth };
+		struct order_params lazy = known;
+		lazy.shard_docs = docs;
+		lazy.count = wait_count;
+		lazy.count_ctx = docs;
+		struct stream a, b;
+		wait_on = false; /* the attach's window counted at once */
+		CHECK_INT(stream_init(&a, &known, toks, rank, 2, true, false, NULL), 0);
+		CHECK_INT(stream_init(&b, &lazy, toks, rank, 2, true, false, NULL), 0);
+		wait_on = wait_armed = true;
+		for (unsigned i = 0; i < 60; i++) {
+			struct stream_piece x, y;
+			CHECK_INT(stream_take(&a, 2, &x), 0);
+			int r;
+			while ((r = stream_take(&b, 2, &y)) == -EAGAIN)
+				;
+			CHECK_INT(r, 0);
+			CHECK(x.doc == y.doc && x.offset == y.offset && x.count == y.count && x.length == y.length,
+			      "rank %u piece %u: doc %#" PRIx64 "+%" PRIu64 ", expected %#" PRIx64 "+%" PRIu64, rank, i, y.doc,
+			      y.offset, x.doc, x.offset);
+			CHECK_INT(stream_settle(&a), 0);
+			while ((r = stream_settle(&b)) == -EAGAIN)
+				;
+			struct stream_pos p = stream_tell(&a), q = stream_tell(&b);
+			CHECK(p.epoch == q.epoch && p.window == q.window && p.index == q.index && p.offset == q.offset,
+			      "rank %u piece %u: positions differ", rank, i);
+		}
+		stream_clear(&a);
+		stream_clear(&b);
+	}
+	CHECK(wait_refused > 0, "no count was refused: the test tested nothing");
+}
+
 /* More ranks than documents: the last rank is dealt nothing, ever. */
 static void no_documents_for_rank(void *ctx)
 {
@@ -696,6 +761,7 @@ int main(void)
 	test_streams();
 	test_stream_args();
 	test_stream_late_tokens();
+	test_stream_waits_for_counts();
 	test_permute();
 	test_permuted_windows();
 	test_shared_starts();
