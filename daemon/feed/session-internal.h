@@ -126,6 +126,7 @@ struct session_src {
 	struct doc_walk ahead;         /* the next document to tokenize */
 	uint64_t ahead_seq;            /* its visit number */
 	bool ahead_end;                /* the walk ended (the rank's documents run out) */
+	bool ahead_unplaced;           /* it stands before the stream's first document (whose window waited for its count) */
 	unsigned chunks_inflight;
 	uint64_t inflight_bytes;
 	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */

@@ -315,8 +315,25 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	int r;
 	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x,
 				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch };
+	/*
+	 * From the start, the first window is not counted here on the main
+	 * loop (issue #22): a stream whose first window is not counted yet
+	 * waits for it like any later one (session-count.c). A cursor's window
+	 * is still counted here (its checks need the window).
+	 */
+	bool was = feed_count_never_block(!pos && f->kind == FEED_TEXT);
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
-	if (r == 0 && f->kind == FEED_TEXT) {
+	if (r == 0 && f->kind == FEED_TEXT && x->stream->advancing) {
+		/* Tokenizing starts where the stream does, from its start, once its first window is counted. */
+		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, 0, 0, NULL, SIZE_MAX, true);
+		x->ahead_seq = 0;
+		x->ahead_unplaced = true;
+		if (r < 0) {
+			feed_count_never_block(was);
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+			return r;
+		}
+	} else if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
 		/* The stream's window start: a resume counts nothing before it twice (issue #22). */
@@ -329,10 +346,12 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 				    w->at, true);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
+			feed_count_never_block(was);
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
 			return r;
 		}
 	}
+	feed_count_never_block(was);
 	if (r == -EINVAL)
 		session_cursor_not_here(err, errlen, s->rank, f);
 	else if (r == -ENODATA)

@@ -148,6 +148,16 @@ static int walk_seek(struct doc_walk *w, const struct order_params *params, uint
 	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
 		goto fail;
 	r = load_window(w, window);
+	if (r == -EAGAIN && at == SIZE_MAX) {
+		/* Not counted yet (issue #22): doc_walk_next() enters it once it is, as if from just before it. */
+		w->pending = true;
+		w->pending_window = window;
+		w->pending_crossed = 0;
+		w->window = window;
+		w->n_docs = 0;
+		w->at = SIZE_MAX;
+		return 0;
+	}
 	if (r < 0)
 		goto fail;
 	r = -EINVAL;
@@ -318,6 +328,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		s->walk.prefetch_ctx = src->userdata;
 		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
+		if (r == -EAGAIN)
+			return 0; /* its first window waits for its count: stream_settle() goes on (advancing) */
 		if (r < 0)
 			goto fail;
 	} else {

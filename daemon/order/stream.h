@@ -117,8 +117,9 @@ struct doc_walk {
 /*
  * Places w at this rank's `at`-th document of window `window` of `epoch`
  * (at = SIZE_MAX: just before the window's first, so that doc_walk_next()
- * finds the rank's first document from there). Returns 0, -EINVAL (no such
- * window or document), -ENOMEM.
+ * finds the rank's first document from there; a window not counted yet,
+ * params->count -EAGAIN, leaves the walk pending there). Returns 0,
+ * -EINVAL (no such window or document), -ENOMEM.
  */
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at);
@@ -177,7 +178,9 @@ struct stream {
  * position of this rank's stream (wrong rank for the index, index or offset
  * out of range); -ENODATA when the rank receives no tokens at all; -ENOMEM.
  * With a source that does not know counts yet, the checks that need them
- * happen in stream_settle().
+ * happen in stream_settle(). From the beginning, a first window not counted
+ * yet (params->count -EAGAIN) leaves the stream advancing: not placed until
+ * a stream_settle() finds it counted (nothing else may be asked of it).
  */
 int stream_init_source(struct stream *s, const struct order_params *params, const struct stream_source *src,
 		       uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos);

@@ -40,16 +40,19 @@ def feed_section(text):
     return text[text.index("[feed."):]
 
 
-def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, tmp_path, monkeypatch):
+# Unshuffled. t00020 with one shard per window: window 20, reached after a few batches. t00001 with two: the
+# attach's first window, whose other shard load counted (it needed one document).
+@pytest.mark.parametrize("slow,window", [(20, 1), (1, 2)], ids=["mid-stream", "first-window"])
+def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, tmp_path, monkeypatch, slow, window):
     slow_dir, other_dir = tmp_path / "slow", tmp_path / "other"
     write_zst_shards(slow_dir, 40, 3)
     write_zst_shards(other_dir, 40, 3)
-    # Unshuffled, one shard per window: t00020 is window 20, reached after a few batches, counted by nobody before.
-    monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t00020.jsonl.zst:{SLOW_MS}")
-    d = daemon(conf(slow_dir, tmp_path / "cache") + feed_section(conf(other_dir, tmp_path / "cache", name="o")))
+    monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t{slow:05d}.jsonl.zst:{SLOW_MS}")
+    d = daemon(conf(slow_dir, tmp_path / "cache", window=window) +
+               feed_section(conf(other_dir, tmp_path / "cache", name="o")))
     st = {f["name"]: f for f in d.status()["feeds"]}
     assert st["t"]["state"] == "ready" and st["o"]["state"] == "ready", st
-    assert st["t"]["work_ahead"]["text_shards_indexed"] < 20, st["t"]["work_ahead"]
+    assert st["t"]["work_ahead"]["text_shards_indexed"] <= slow, st["t"]["work_ahead"]
 
     # The other feed's client reads on throughout (a batch every 20 ms).
     other = d.client("o", 0, 1, 100000, sleep_ms=20)
@@ -85,7 +88,7 @@ def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, t
 
     # The same batches as a daemon without the slow shard.
     monkeypatch.delenv("FEEDD_TEXT_SLOW_INDEX")
-    d2 = daemon(conf(slow_dir, tmp_path / "cache2"))
+    d2 = daemon(conf(slow_dir, tmp_path / "cache2", window=window))
     exp = d2.dump("t", tmp_path / "plain_dump", batches=20)
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(got[k], exp[k]), k
