@@ -43,7 +43,14 @@
 #define KEEP_BYTES (UINT64_C(8) << 20)   /* and their bytes */
 #define HASH_SIZE 4096
 
-enum entry_state { QUEUED, BUILDING, READY, FAILED };
+/*
+ * COUNTING: the builder counts (and indexes) the window's shards, which can
+ * take long (a large or compressed text shard): a walk that needs the
+ * window meanwhile builds it itself, as if QUEUED, rather than wait on the
+ * main loop (issue #22); the builder then leaves it. BUILDING: shuffling,
+ * bounded by the window's documents: walks wait for it.
+ */
+enum entry_state { QUEUED, COUNTING, BUILDING, READY, FAILED };
 
 struct entry {
 	struct entry *next;
@@ -331,7 +338,8 @@ static void *builder(void *userdata)
 			pthread_cond_wait(&fw->cond, &fw->lock);
 			continue;
 		}
-		e->state = BUILDING;
+		e->state = COUNTING;
+		hold(fw, e); /* a walk may take it over meanwhile, and let it go */
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
 		int r = 0;
@@ -342,9 +350,20 @@ static void *builder(void *userdata)
 			r = order_epoch_seed(&fw->ep, e->w, e->k);
 		if (r == 0)
 			r = order_epoch_window(fw->params, &fw->ep, e->w);
-		if (r == 0)
-			r = build(fw, &fw->ep, e, true);
 		pthread_mutex_lock(&fw->lock);
+		e->refs--;
+		if (e->state != COUNTING) {
+			/* A walk built it itself meanwhile (its counts were known): it is the walk's now. */
+			if (!e->refs && e->state != BUILDING)
+				release(fw, e);
+			continue;
+		}
+		e->state = BUILDING;
+		if (r == 0) {
+			pthread_mutex_unlock(&fw->lock);
+			r = build(fw, &fw->ep, e, true);
+			pthread_mutex_lock(&fw->lock);
+		}
 		if (r == -EOVERFLOW && !e->refs) {
 			/* A window over shuffle_list_max: walks compute it per use, nothing to hold (section 3.1). */
 			unlink_free(fw, e);
@@ -379,7 +398,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = find(fw, ep->epoch, w);
-	if (!e || e->state == QUEUED) {
+	if (!e || e->state == QUEUED || e->state == COUNTING) {
 		/* Nobody built it yet: the asker does, and everyone shares it. */
 		if (!e && !(e = add(fw, ep->epoch, w, QUEUED))) {
 			pthread_mutex_unlock(&fw->lock);
@@ -536,7 +555,7 @@ void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
 	for (struct entry *e = fw->head; e; e = e->next) {
 		ret->held += e->state == READY && e->used && e->refs;
 		ret->ahead += e->state == READY && !e->used;
-		ret->building += e->state == BUILDING || e->state == QUEUED;
+		ret->building += e->state == BUILDING || e->state == QUEUED || e->state == COUNTING;
 	}
 	pthread_mutex_unlock(&fw->lock);
 }

@@ -94,6 +94,47 @@ def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, t
         assert np.array_equal(got[k], exp[k]), k
 
 
+def test_a_slow_index_of_a_counted_window_does_not_hold_up_the_main_loop(daemon, tmp_path, monkeypatch):
+    """Shuffled, on a warm cache_dir: every count is known at READY (the counts file) but no shard is indexed
+    (small shards keep no index file), so walks enter every window at once and only the index is awaited: the
+    walk that sizes documents from it has it made on the pool (feed_shard_readable), and the window builder,
+    indexing a window ahead, is not waited for by a walk that reaches the window meanwhile (it builds the
+    window itself: feed-windows.c, COUNTING; whether the builder is still there then is up to the scheduler).
+    The batches are those of the run that counted."""
+    folder, cache = tmp_path / "zst", tmp_path / "cache"
+    write_zst_shards(folder, 40, 3)
+    d = daemon(conf(folder, cache, shuffle="true", ahead="true"))
+    wait_counted(d)
+    exp = d.dump("t", tmp_path / "plain", batches=20)
+    assert d.stop() == 0
+    monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t00020.jsonl.zst:{SLOW_MS}")
+    d = daemon(conf(folder, cache, shuffle="true", ahead="true"))
+    st = d.status()["feeds"][0]
+    assert st["work_ahead"]["text_counts_from_cache"] == 40, st["work_ahead"]
+    latencies, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            d.ctl("status", "--json")
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    t0 = time.monotonic()
+    try:
+        got = d.dump("t", tmp_path / "slow", batches=20)
+    finally:
+        took = time.monotonic() - t0
+        stop.set()
+        poller.join()
+    assert took >= SLOW_MS / 1000 * 0.9, took
+    assert max(latencies) < SLOW_MS / 1000 / 2, f"status waited {max(latencies):.2f} s: the main loop was held up"
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], exp[k]), k
+
+
 def test_the_attach_check_of_r_documents_is_decided_after_the_attach(daemon, tmp_path):
     folder = tmp_path / "zst"
     write_zst_shards(folder, 10, 3)
