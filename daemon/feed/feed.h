@@ -207,7 +207,9 @@ int feed_scan_fold(struct feed *f);
  * blocking). Applies the bad-record policy to a truncated shard. On the
  * main thread (or at load) a failure fails the feed; on a thread marked
  * with feed_off_main_thread() it is kept for feed_scan_poll(). 0 or a
- * negative errno (-EBADMSG, -ESTALE, -ENOMEM).
+ * negative errno (-EBADMSG, -ESTALE, -ENOMEM); on a thread that set
+ * feed_count_never_block(), -EAGAIN for a shard not counted yet (and a
+ * counted one is not indexed there).
  */
 int feed_count_shard(void *ctx, uint32_t shard, uint32_t *ret);
 /*
