@@ -53,6 +53,7 @@ struct conf_feed {
 	bool skip_bad_records;     /* on_bad_record = skip (true) | fail */
 	double max_bad_fraction;   /* of the feed's documents; more skipped fails the feed */
 	uint64_t max_document_bytes;
+	bool count_ahead;          /* count the shards no window reached yet on a background thread after load (issue #22) */
 	char *cache_dir;           /* [feedd] cache_dir, copied here so a feed carries all it needs */
 	uint64_t cache_max_bytes;  /* [feedd] cache_max_bytes, copied likewise (0: no cap) */
 

@@ -485,6 +485,7 @@ static const struct conf_key feed_keys[] = {
 	CUSTOM("on_bad_record", set_on_bad_record, .flags = KEY_SOURCE),
 	CUSTOM("max_bad_fraction", set_max_bad_fraction, .flags = KEY_SOURCE),
 	SIZE(F, max_document_bytes, 1, UINT32_MAX - 1, "a size in 1..4294967294 (suffixes K, M, G)", .flags = KEY_SOURCE),
+	BOOL(F, count_ahead, .flags = KEY_SOURCE),
 	U32(F, seq_len, 1, 1u << 20, "an integer in 1..1048576", .flags = KEY_ORDER, .line_off = offsetof(F, seq_len_line)),
 	U32(F, batch_size, 1, 1u << 16, "an integer in 1..65536", .flags = KEY_ORDER,
 	    .line_off = offsetof(F, batch_size_line)),
@@ -656,6 +657,7 @@ void conf_feed_defaults(struct conf_feed *f)
 		.skip_bad_records = true,
 		.max_bad_fraction = 0.001,
 		.max_document_bytes = UINT64_C(256) << 20,
+		.count_ahead = true,
 		.virtual_ranks = CONF_VIRTUAL_RANKS_DEFAULT,
 	};
 }

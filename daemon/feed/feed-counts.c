@@ -24,9 +24,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/ioprio.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "daemon/cache/cache.h"
@@ -198,4 +203,103 @@ int feed_counts_store(struct feed *f)
 	if (!f->counts_pin && cache_pin(path, &f->counts_pin) < 0)
 		f->counts_pin = NULL;
 	return 0;
+}
+
+/* ---- the background count pass (issue #22) -------------------------------- */
+
+struct feed_count_pass {
+	struct feed *feed; /* not a reference: the feed joins the thread before it frees anything */
+	pthread_t thread;
+	bool stop;         /* atomic: the feed is being freed */
+	bool running;      /* atomic */
+	uint32_t counted;  /* atomic: shards this pass counted (the others were counted by walks, or read at load) */
+};
+
+static void *pass_main(void *userdata)
+{
+	struct feed_count_pass *cp = userdata;
+	struct feed *f = cp->feed;
+	/*
+	 * Background work, behind everything that serves a batch: nice 19
+	 * (this thread only: Linux applies it per thread) gives it about 1.5 %
+	 * of a CPU the workers want (SCHED_IDLE, a fifth of that, could leave
+	 * a daemon's stop waiting seconds for it to see the stop between
+	 * blocks on a busy machine, and an unprivileged thread cannot leave
+	 * it), and
+	 * idle I/O priority keeps its streaming reads behind the workers'
+	 * (where the I/O scheduler has no classes this changes nothing). One
+	 * shard at a time, nothing of it kept: memory is one shard's read and
+	 * decompression buffers (at most 16 MiB), whatever the corpus.
+	 */
+	(void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+	(void)syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0));
+	struct source_reader *io = NULL;
+	struct order_epoch ep = { 0 };
+	if (source_reader_new(IO_ENGINE_PREAD, 1, &io) < 0 || order_epoch_build(&f->params, 0, &ep) < 0)
+		goto out;
+	/* Epoch 0's order: the windows the walks reach next are counted first. */
+	for (uint32_t i = 0; i < f->n_shards && !__atomic_load_n(&cp->stop, __ATOMIC_RELAXED); i++) {
+		uint32_t s = ep.perm[i];
+		const struct shard *sh = f->shards[s];
+		if (__atomic_load_n(&f->shard_docs[s], __ATOMIC_ACQUIRE) != ORDER_DOCS_UNKNOWN || !sh->deferred)
+			continue;
+		struct text_shard *t = sh->impl;
+		uint32_t n;
+		uint64_t bytes;
+		bool truncated;
+		char err[512];
+		if (text_count(t, io, &cp->stop, &n, &bytes, &truncated, err, sizeof(err)) < 0 || truncated)
+			continue; /* for its window's walk to meet (and fail or skip by the policy), as before */
+		/* Its index, when built, finds the same bytes (the counts file records them, as at load). */
+		if (!text_indexed(t))
+			__atomic_store_n(&t->bytes, bytes, __ATOMIC_RELAXED);
+		if (feed_count_record(f, s, n, bytes))
+			__atomic_add_fetch(&cp->counted, 1, __ATOMIC_RELAXED);
+	}
+out:
+	order_epoch_clear(&ep);
+	source_reader_free(io);
+	__atomic_store_n(&cp->running, false, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+int feed_count_pass_start(struct feed *f)
+{
+	if (f->kind != FEED_TEXT || f->n_sources || !f->conf.count_ahead ||
+	    __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards)
+		return 0;
+	struct feed_count_pass *cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return -ENOMEM;
+	*cp = (struct feed_count_pass){ .feed = f, .running = true };
+	/* The daemon's signals stay with the main thread. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int r = pthread_create(&cp->thread, NULL, pass_main, cp);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r != 0) {
+		free(cp);
+		return -r;
+	}
+	f->count_pass = cp;
+	return 0;
+}
+
+void feed_count_pass_free(struct feed *f)
+{
+	struct feed_count_pass *cp = f->count_pass;
+	if (!cp)
+		return;
+	__atomic_store_n(&cp->stop, true, __ATOMIC_RELEASE);
+	pthread_join(cp->thread, NULL);
+	free(cp);
+	f->count_pass = NULL;
+}
+
+uint32_t feed_count_pass_stats(const struct feed *f, bool *ret_running)
+{
+	const struct feed_count_pass *cp = f->count_pass;
+	*ret_running = cp && __atomic_load_n(&cp->running, __ATOMIC_ACQUIRE);
+	return cp ? __atomic_load_n(&cp->counted, __ATOMIC_RELAXED) : 0;
 }

@@ -330,9 +330,36 @@ int feed_nonempty_at_least(struct feed *f, uint64_t want)
 static __thread bool off_main;
 static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * The main loop's walks never count (issue #22): while never_block is set,
+ * a shard whose count or index is missing is named in `wanted` and the walk
+ * told -EAGAIN; its session has it counted on the pool
+ * (session-count.c) and comes back.
+ */
+static __thread bool never_block;
+static __thread struct feed *wanted_feed;
+static __thread uint32_t wanted_shard;
+
 void feed_off_main_thread(void)
 {
 	off_main = true;
+}
+
+bool feed_count_never_block(bool on)
+{
+	bool was = never_block;
+	never_block = on;
+	return was;
+}
+
+bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard)
+{
+	if (!wanted_feed)
+		return false;
+	*ret_feed = wanted_feed;
+	*ret_shard = wanted_shard;
+	wanted_feed = NULL;
+	return true;
 }
 
 /* A shard could not be counted: the feed fails now (main thread, load) or at the next poll. */
@@ -353,12 +380,56 @@ static int count_failed(struct feed *f, int r, const char *err)
 	return r;
 }
 
+bool feed_shard_readable(struct feed *f, uint32_t i)
+{
+	const struct shard *s = f->shards[i];
+	if (!s->deferred || text_indexed(s->impl))
+		return true;
+	uint32_t n;
+	if (!never_block) /* a thread that may wait (an explanation's walk): indexed here */
+		return feed_count_shard(f, i, &n) == 0;
+	wanted_feed = f;
+	wanted_shard = i;
+	return false;
+}
+
+bool feed_count_record(struct feed *f, uint32_t i, uint32_t n, uint64_t bytes)
+{
+	uint32_t unknown = ORDER_DOCS_UNKNOWN;
+	if (!__atomic_compare_exchange_n(&f->shard_docs[i], &unknown, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return false;
+	/* The first to count it adds it to the feed's totals (of the shards counted so far). */
+	__atomic_add_fetch(&f->n_docs, n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_nonempty, n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_bytes, bytes, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&f->n_indexed, 1, __ATOMIC_RELEASE);
+	return true;
+}
+
 int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 {
 	struct feed *f = ctx;
 	const struct shard *s = f->shards[i];
 	uint32_t n = __atomic_load_n(&f->shard_docs[i], __ATOMIC_ACQUIRE);
 	char err[512];
+	if (never_block && n == ORDER_DOCS_UNKNOWN) {
+		/* Not on this thread: the caller waits for the pool to count it (never the shard's lock here). */
+		wanted_feed = f;
+		wanted_shard = i;
+		return -EAGAIN;
+	}
+	if (never_block) {
+		/*
+		 * Counted: the walk goes on. Its line index, if let go, is built
+		 * again by whoever reads first: a worker (format_acquire), or the
+		 * pool for the main loop's walk that sizes documents from it
+		 * (feed_shard_readable). A stream's walk must not wait here: it
+		 * needs no index, and a walk stopped after its plan took a document
+		 * would name no place for a cursor.
+		 */
+		*ret = n;
+		return 0;
+	}
 	if (n != ORDER_DOCS_UNKNOWN) {
 		/*
 		 * Counted (maybe by the background count, or from cache_dir's record):
@@ -382,14 +453,8 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	}
 	if (r < 0)
 		return count_failed(f, r, err);
-	uint32_t unknown = ORDER_DOCS_UNKNOWN;
-	if (__atomic_compare_exchange_n(&f->shard_docs[i], &unknown, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-		/* The first to count it adds it to the feed's totals (of the shards counted so far). */
-		const struct text_shard *t = s->impl;
-		__atomic_add_fetch(&f->n_docs, n, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_nonempty, n, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_bytes, t->bytes, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&f->n_indexed, 1, __ATOMIC_RELEASE);
+	const struct text_shard *t = s->impl;
+	if (feed_count_record(f, i, n, __atomic_load_n(&t->bytes, __ATOMIC_RELAXED))) {
 		if (s->truncated && s->truncated[0]) {
 			/* on_bad_record = skip: counted once, as load did; the poll logs it. */
 			pthread_mutex_lock(&lazy_lock);
@@ -408,6 +473,17 @@ void feed_hold_shard(void *ctx, uint32_t i, bool on)
 	const struct shard *s = f->shards[i];
 	if (s->deferred)
 		text_hold(s->impl, on);
+}
+
+int feed_docs_known_at_least(struct feed *f, uint64_t want)
+{
+	if (f->state != FEED_READY)
+		return f->error_code < 0 ? f->error_code : -EIO;
+	if (f->kind != FEED_TEXT)
+		return feed_nonempty_at_least(f, want);
+	if (__atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) >= want)
+		return 1;
+	return __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE) == f->n_shards ? 0 : -EAGAIN;
 }
 
 int feed_count_until(struct feed *f, uint64_t want)

@@ -43,7 +43,14 @@
 #define KEEP_BYTES (UINT64_C(8) << 20)   /* and their bytes */
 #define HASH_SIZE 4096
 
-enum entry_state { QUEUED, BUILDING, READY, FAILED };
+/*
+ * COUNTING: the builder counts (and indexes) the window's shards, which can
+ * take long (a large or compressed text shard): a walk that needs the
+ * window meanwhile builds it itself, as if QUEUED, rather than wait on the
+ * main loop (issue #22); the builder then leaves it. BUILDING: shuffling,
+ * bounded by the window's documents: walks wait for it.
+ */
+enum entry_state { QUEUED, COUNTING, BUILDING, READY, FAILED };
 
 struct entry {
 	struct entry *next;
@@ -331,7 +338,8 @@ static void *builder(void *userdata)
 			pthread_cond_wait(&fw->cond, &fw->lock);
 			continue;
 		}
-		e->state = BUILDING;
+		e->state = COUNTING;
+		hold(fw, e); /* a walk may take it over meanwhile, and let it go */
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
 		int r = 0;
@@ -342,9 +350,20 @@ static void *builder(void *userdata)
 			r = order_epoch_seed(&fw->ep, e->w, e->k);
 		if (r == 0)
 			r = order_epoch_window(fw->params, &fw->ep, e->w);
-		if (r == 0)
-			r = build(fw, &fw->ep, e, true);
 		pthread_mutex_lock(&fw->lock);
+		e->refs--;
+		if (e->state != COUNTING) {
+			/* A walk built it itself meanwhile (its counts were known): it is the walk's now. */
+			if (!e->refs && e->state != BUILDING)
+				release(fw, e);
+			continue;
+		}
+		e->state = BUILDING;
+		if (r == 0) {
+			pthread_mutex_unlock(&fw->lock);
+			r = build(fw, &fw->ep, e, true);
+			pthread_mutex_lock(&fw->lock);
+		}
 		if (r == -EOVERFLOW && !e->refs) {
 			/* A window over shuffle_list_max: walks compute it per use, nothing to hold (section 3.1). */
 			unlink_free(fw, e);
@@ -379,7 +398,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = find(fw, ep->epoch, w);
-	if (!e || e->state == QUEUED) {
+	if (!e || e->state == QUEUED || e->state == COUNTING) {
 		/* Nobody built it yet: the asker does, and everyone shares it. */
 		if (!e && !(e = add(fw, ep->epoch, w, QUEUED))) {
 			pthread_mutex_unlock(&fw->lock);
@@ -536,7 +555,7 @@ void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
 	for (struct entry *e = fw->head; e; e = e->next) {
 		ret->held += e->state == READY && e->used && e->refs;
 		ret->ahead += e->state == READY && !e->used;
-		ret->building += e->state == BUILDING || e->state == QUEUED;
+		ret->building += e->state == BUILDING || e->state == QUEUED || e->state == COUNTING;
 	}
 	pthread_mutex_unlock(&fw->lock);
 }
@@ -569,37 +588,47 @@ void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint3
 }
 
 /* Text shards counted (indexed at least once) and waiting for their window, indexes read from cache_dir; a mixture's sums. */
-static void text_work(const struct feed *f, uint64_t *indexed, uint64_t *pending, uint64_t *cached, uint64_t *counts,
-		      uint64_t *in_memory)
+struct text_work {
+	uint64_t indexed, pending, cached, counts, in_memory;
+	uint64_t counted_ahead; /* by the background count pass (feed-counts.c) */
+	bool pass_running;
+};
+
+static void text_work(const struct feed *f, struct text_work *w)
 {
 	if (f->kind == FEED_TEXT && !f->n_sources) {
 		uint32_t n = __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE);
 		uint64_t mem = 0;
-		*indexed += n;
-		*pending += f->n_shards - n;
-		*cached += f->n_cached + feed_text_cached(f, &mem);
-		*counts += f->counts_loaded;
-		*in_memory += mem;
+		bool running;
+		w->indexed += n;
+		w->pending += f->n_shards - n;
+		w->cached += f->n_cached + feed_text_cached(f, &mem);
+		w->counts += f->counts_loaded;
+		w->in_memory += mem;
+		w->counted_ahead += feed_count_pass_stats(f, &running);
+		w->pass_running |= running;
 	}
 	for (uint32_t i = 0; i < f->n_sources; i++)
-		text_work(f->sources[i], indexed, pending, cached, counts, in_memory);
+		text_work(f->sources[i], w);
 }
 
 void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending)
 {
-	uint64_t cached = 0, counts = 0, mem = 0;
-	*ret_indexed = *ret_pending = 0;
-	text_work(f, ret_indexed, ret_pending, &cached, &counts, &mem);
+	struct text_work w = { 0 };
+	text_work(f, &w);
+	*ret_indexed = w.indexed;
+	*ret_pending = w.pending;
 }
 
 json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
 	uint32_t pending;
-	uint64_t copies_open, copies_made, indexed = 0, text_pending = 0, cached = 0, counts = 0, in_memory = 0;
+	uint64_t copies_open, copies_made;
+	struct text_work tw = { 0 };
 	feed_work_ahead(f, &w, &pending);
 	feed_text_copies(f, &copies_open, &copies_made);
-	text_work(f, &indexed, &text_pending, &cached, &counts, &in_memory);
+	text_work(f, &tw);
 	json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
 			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
@@ -608,13 +637,16 @@ json_t *feed_work_ahead_json(const struct feed *f)
 			 (json_int_t)copies_open, "text_copies_made", (json_int_t)copies_made);
 	if (o) {
 		/* Issue #22: text shards are indexed when their window comes up (feed_count_shard). */
-		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)indexed));
-		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)text_pending));
-		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)cached));
-		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)counts));
-		json_object_set_new(o, "text_indexes_in_memory", json_integer((json_int_t)in_memory));
+		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)tw.indexed));
+		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)tw.pending));
+		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)tw.cached));
+		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)tw.counts));
+		json_object_set_new(o, "text_indexes_in_memory", json_integer((json_int_t)tw.in_memory));
+		/* The background count pass (feed-counts.c): shards it counted, and whether it still runs. */
+		json_object_set_new(o, "text_shards_counted_ahead", json_integer((json_int_t)tw.counted_ahead));
+		json_object_set_new(o, "text_count_pass_running", json_boolean(tw.pass_running));
 		/* What cache_dir holds now, every feed's and process's: copies, indexes, counts (a scan of the folder). */
-		int64_t bytes = f->conf.cache_dir && (indexed || text_pending) ? cache_usage(f->conf.cache_dir) : 0;
+		int64_t bytes = f->conf.cache_dir && (tw.indexed || tw.pending) ? cache_usage(f->conf.cache_dir) : 0;
 		json_object_set_new(o, "cache_bytes", json_integer((json_int_t)MAX(bytes, INT64_C(0))));
 	}
 	return o;

@@ -486,6 +486,10 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 	}
 	f->data_id = feed_data_identity(f);
 	virtualize(f);
+	/* Text: the shards no window reached yet, counted in the background (a thread that fails to start is only slower totals). */
+	if (f->state == FEED_READY && feed_count_pass_start(f) < 0)
+		log_warning("feed %s: no background count of its shards (no thread): they are counted as their windows come up",
+			    f->name);
 	*ret = f;
 	return 0;
 }
@@ -506,6 +510,7 @@ struct feed *feed_unref(struct feed *f)
 		return NULL;
 	feed_watch_prep_release(f); /* the descriptors the loader readied for a watch it never got */
 	feed_scan_free(f); /* it reads the shards */
+	feed_count_pass_free(f); /* so does it */
 	feed_windows_free(f);
 	if (feed_counts_store(f) < 0)
 		log_warning("feed %s: cannot keep its shards' counts in cache_dir %s", f->name, f->conf.cache_dir);

@@ -132,6 +132,7 @@ struct feed {
 	unsigned epoch_lens_next;
 
 	struct feed_scan *scan;     /* stored tokens: the index validated after load (feed-scan.c); NULL when none */
+	struct feed_count_pass *count_pass; /* text: the shards counted after load (feed-counts.c); NULL when none */
 	struct feed_windows *windows; /* shuffled windows built ahead and shared by the walks (feed-windows.c) */
 
 	struct feed_stages *stages; /* per-stage counters, bumped by workers (daemon/feed/stage.h) */
@@ -206,7 +207,9 @@ int feed_scan_fold(struct feed *f);
  * blocking). Applies the bad-record policy to a truncated shard. On the
  * main thread (or at load) a failure fails the feed; on a thread marked
  * with feed_off_main_thread() it is kept for feed_scan_poll(). 0 or a
- * negative errno (-EBADMSG, -ESTALE, -ENOMEM).
+ * negative errno (-EBADMSG, -ESTALE, -ENOMEM); on a thread that set
+ * feed_count_never_block(), -EAGAIN for a shard not counted yet (and a
+ * counted one is not indexed there).
  */
 int feed_count_shard(void *ctx, uint32_t shard, uint32_t *ret);
 /*
@@ -218,10 +221,49 @@ int feed_count_shard(void *ctx, uint32_t shard, uint32_t *ret);
  */
 int feed_counts_load(struct feed *f);
 int feed_counts_store(struct feed *f);
+/*
+ * Text: shard i has n documents and `bytes` bytes of text (any thread):
+ * stored in shard_docs and added to the totals by the first to find it.
+ * Returns whether this call was that first.
+ */
+bool feed_count_record(struct feed *f, uint32_t i, uint32_t n, uint64_t bytes);
+/*
+ * Text, issue #22: the background count pass (daemon/feed/feed-counts.c).
+ * After load, a thread of the feed's own counts, in epoch 0's order, the
+ * shards no window reached yet, one at a time, without indexing them
+ * (text_count), at idle CPU and I/O priority, so that the totals (status
+ * documents and bytes, and so len) and every window's start are known
+ * well before epoch 0 ends, and the counts file is written. A shard it
+ * cannot count (unreadable, truncated, Parquet) is left to its window's
+ * walk, which fails or skips it by the policy, as before. Off with the
+ * feed's count_ahead = false. feed_count_pass_free() stops and joins it
+ * (the feed's free); feed_count_pass_stats() (any thread): shards it
+ * counted, and whether it is running.
+ */
+int feed_count_pass_start(struct feed *f);
+void feed_count_pass_free(struct feed *f);
+uint32_t feed_count_pass_stats(const struct feed *f, bool *ret_running);
 /* Text: order_params.hold (a walk enters or leaves a window of the shard: its line index is kept while held). */
 void feed_hold_shard(void *ctx, uint32_t shard, bool on);
 /* Marks the calling thread as not the main one, for feed_count_shard's failures. */
 void feed_off_main_thread(void);
+/*
+ * Issue #22: while on (the calling thread's setting; the main loop's
+ * sessions set it), feed_count_shard() never reads a shard: one whose count
+ * or line index is missing is remembered as wanted and -EAGAIN returned,
+ * so that the walk asking waits. Returns the previous setting.
+ * feed_count_wanted() takes (and forgets) the last shard so refused on
+ * this thread: true with its feed and number; the caller has it counted off
+ * the thread (feed_count_shard() there) and walks again.
+ */
+bool feed_count_never_block(bool on);
+bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard);
+/*
+ * Text: whether shard i's line index is in memory, for the main loop to
+ * read documents' sizes from (format_doc_bytes). When not, the shard is
+ * the wanted one (feed_count_wanted) and false is returned.
+ */
+bool feed_shard_readable(struct feed *f, uint32_t i);
 /*
  * Text: counts shards, in epoch 0's window order, until the feed has at
  * least `want` documents or every shard is counted (load: at least one
@@ -229,6 +271,12 @@ void feed_off_main_thread(void);
  * at least `want`, 0 when fewer, or a negative errno (the feed FAILED).
  */
 int feed_count_until(struct feed *f, uint64_t want);
+/*
+ * feed_nonempty_at_least() from what is known now, reading no text shard
+ * (main thread): 1, 0, -EAGAIN when the text shards counted so far do not
+ * decide it, or the feed's error once FAILED.
+ */
+int feed_docs_known_at_least(struct feed *f, uint64_t want);
 /* Waits for the scan (feedd --check validates everything); 0, or the feed's error code once FAILED. */
 int feed_scan_wait(struct feed *f);
 bool feed_scan_pending(const struct feed *f);

@@ -55,6 +55,21 @@ struct session_epoch_job {
 };
 
 /*
+ * Text (issue #22): a shard a walk of the session waits for, counted and
+ * indexed on the pool (the main loop never reads a shard), or, with shard
+ * UINT32_MAX, the feed counted until it has `until` documents (the attach's
+ * "at least R documents", decided after the attach). Freed when done.
+ */
+struct session_count_job {
+	struct producer_job pj; /* kind PRODUCER_COUNT */
+	struct feed *feed;      /* the session's feed or one of its mixture's sources (the session holds it) */
+	uint32_t shard;
+	uint64_t until;
+	int result;
+	char error[512];
+};
+
+/*
  * A chunk of one text stream: visits first_seq .. first_seq + t.n - 1, read
  * and tokenized together by a worker (t is the library's tokenize_chunk: the
  * documents in, their tokens out). Chunks are kept in stream order; plans
@@ -111,6 +126,7 @@ struct session_src {
 	struct doc_walk ahead;         /* the next document to tokenize */
 	uint64_t ahead_seq;            /* its visit number */
 	bool ahead_end;                /* the walk ended (the rank's documents run out) */
+	bool ahead_unplaced;           /* it stands before the stream's first document (whose window waited for its count) */
 	unsigned chunks_inflight;
 	uint64_t inflight_bytes;
 	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
@@ -159,6 +175,8 @@ struct session {
 		int error;
 	} mark;
 	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
+	struct session_count_job *count_job; /* out on the pool: a walk waits for a shard's count (NULL: none) */
+	bool world_check;         /* text: whether the feed has R documents was not known at attach: decided before planning */
 	bool started, failed, closed;
 	session_fail_fn on_fail;
 	void *userdata;
@@ -224,6 +242,19 @@ unsigned session_virtual_inflight(const struct session *s);
 void session_explain_step(struct session_explain *e);
 /* The worker's half: fills the slot from the rows' plans. */
 int session_virtual_produce(struct session *s, struct session_job *j, struct worker *w, uint8_t *slot);
+
+/*
+ * session-count.c: the pool's half (any thread) and the main thread's.
+ * session_count_ask() (main thread, after a pump of root session s) hands
+ * the shard the pump's walks waited for to the pool, when there is one and
+ * no count is out yet; its completion pumps s again.
+ * session_world_check() decides a deferred world_check: 0 (decided, or
+ * being counted) or a negative errno after failing the session.
+ */
+void session_count_run(struct session_count_job *j);
+void session_count_done(struct session *s, struct session_count_job *j);
+void session_count_ask(struct session *s);
+int session_world_check(struct session *s);
 
 /* session-epoch.c: the pool's half (any thread) and the main thread's */
 void session_epoch_run(struct session_epoch_job *j);

@@ -55,14 +55,15 @@ int session_text_doc(void *userdata, uint64_t seq, uint64_t doc, uint64_t *ret_t
 uint64_t session_text_ready(struct session_src *x, uint64_t need)
 {
 	const struct stream *st = x->stream;
-	uint64_t seq = st->seq, have = 0;
+	/* A stream moving to its next document (its window's count awaited, issue #22) stands at that one's start. */
+	uint64_t seq = st->advancing ? st->seq + 1 : st->seq, have = 0, offset = st->advancing ? 0 : st->offset;
 	struct session_chunk *c = chunk_at(x, seq);
-	for (; c && c->done && have < need + st->offset; c = c->next) {
+	for (; c && c->done && have < need + offset; c = c->next) {
 		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
-		     i < c->t.n && have < need + st->offset; i++)
+		     i < c->t.n && have < need + offset; i++)
 			have += stream_doc_length(st, tokenize_chunk_tokens(&c->t, i));
 	}
-	return have > st->offset ? have - st->offset : 0;
+	return have > offset ? have - offset : 0;
 }
 
 /*
@@ -166,7 +167,22 @@ int session_text_submit(struct session *s, struct session_src *x)
 	if (s->parent)
 		chunk_bytes = MIN(chunk_bytes, MAX((uint64_t)((double)target * bpt), UINT64_C(1) << 10));
 
-	while (!x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+	bool waiting = false; /* for a shard's count or index (issue #22): nothing more until it is in */
+	while (!waiting && !x->ahead_end && x->chunks_inflight < 2 * threads + 1) {
+		if (x->ahead.pending || x->ahead_unplaced) {
+			/* The walk waited for a window's count (issue #22): on from there, or wait on. */
+			unsigned crossed;
+			int r = doc_walk_next(&x->ahead, &crossed);
+			if (r == -ENODATA) {
+				x->ahead_end = true;
+				break;
+			}
+			if (r == -EAGAIN)
+				return 0; /* the pump hands the shard to the pool (session_count_ask) */
+			if (r < 0)
+				return r;
+			x->ahead_unplaced = false;
+		}
 		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
 		if (have >= target && !(s->starved == x->index && x->chunks_inflight == 0))
 			break;
@@ -194,6 +210,11 @@ int session_text_submit(struct session *s, struct session_src *x)
 				cap *= 2;
 			}
 			uint64_t doc = doc_walk_doc(&x->ahead);
+			/* Its shard's index let go (issue #22): built again on the pool, never here (session-count.c). */
+			if (!feed_shard_readable(x->feed, ORDER_DOC_SHARD(doc))) {
+				waiting = true;
+				break;
+			}
 			c->docs[c->t.n++] = doc;
 			c->t.bytes += format_doc_bytes(f->shards[ORDER_DOC_SHARD(doc)], ORDER_DOC_INDEX(doc));
 			x->ahead_seq++;
@@ -203,11 +224,19 @@ int session_text_submit(struct session *s, struct session_src *x)
 				x->ahead_end = true;
 				break;
 			}
+			if (r == -EAGAIN) {
+				waiting = true; /* a window not counted yet: this chunk goes as it is, the next waits for the count */
+				break;
+			}
 			if (r < 0) {
 				session_chunk_free(c);
 				return r;
 			}
 			ahead_prefetch(x); /* a new window: its copies and the next ones' asked for */
+		}
+		if (c->t.n == 0) {
+			session_chunk_free(c);
+			return 0; /* the pump hands the shard to the pool (session_count_ask) */
 		}
 		c->t.docs = c->docs;
 		if (x->chunk_tail)
@@ -234,7 +263,7 @@ int session_text_submit(struct session *s, struct session_src *x)
  */
 static uint64_t text_hold(struct session *s, struct session_src *x)
 {
-	uint64_t hold = x->stream->seq;
+	uint64_t hold = x->stream->advancing ? x->stream->seq + 1 : x->stream->seq; /* + 1: UINT64_MAX before the first */
 	if (x->q_n)
 		hold = MIN(hold, x->queue[x->q_head].seq);
 	const struct session *root = session_root(s);

@@ -123,7 +123,9 @@ void session_batch_done(struct session *s, struct session_job *j)
 	assert(j->state == JOB_RUNNING);
 	j->state = JOB_DONE;
 	if (!s->failed && !s->closed) {
+		bool was = feed_count_never_block(true); /* advance's walks too (session_virtual_text) */
 		advance(s);
+		feed_count_never_block(was);
 		session_pump(s);
 	}
 }
@@ -132,13 +134,9 @@ void session_batch_done(struct session *s, struct session_job *j)
  * Plans and submits batches while the client has free slots, then hands
  * text streams more to tokenize. tail <= published <= planned throughout.
  */
-void session_pump(struct session *s)
+static void pump(struct session *s)
 {
 	char msg[512];
-	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
-		session_explain_step(s->explain);
-		return;
-	}
 	uint32_t n = s->ring->slot_count;
 	assert(s->started);
 	for (;;) {
@@ -216,6 +214,25 @@ void session_pump(struct session *s)
 		if (!ring_wait_space(s->ring))
 			return;
 	}
+}
+
+void session_pump(struct session *s)
+{
+	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
+		session_explain_step(s->explain);
+		return;
+	}
+	/* The attach could not tell whether the feed has R documents: nothing is planned until it is told. */
+	if (s->world_check && (session_world_check(s) < 0 || s->world_check))
+		return;
+	/* Issue #22: the walks here read no shard; one they wait for is counted on the pool, then they go on. */
+	bool was = feed_count_never_block(true);
+	struct feed *f;
+	uint32_t shard;
+	(void)feed_count_wanted(&f, &shard);
+	pump(s);
+	feed_count_never_block(was);
+	session_count_ask(s);
 }
 
 void session_ref(struct session *s)
@@ -298,8 +315,25 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	int r;
 	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x,
 				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch };
+	/*
+	 * From the start, the first window is not counted here on the main
+	 * loop (issue #22): a stream whose first window is not counted yet
+	 * waits for it like any later one (session-count.c). A cursor's window
+	 * is still counted here (its checks need the window).
+	 */
+	bool was = feed_count_never_block(!pos && f->kind == FEED_TEXT);
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
-	if (r == 0 && f->kind == FEED_TEXT) {
+	if (r == 0 && f->kind == FEED_TEXT && x->stream->advancing) {
+		/* Tokenizing starts where the stream does, from its start, once its first window is counted. */
+		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, 0, 0, NULL, SIZE_MAX, true);
+		x->ahead_seq = 0;
+		x->ahead_unplaced = true;
+		if (r < 0) {
+			feed_count_never_block(was);
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+			return r;
+		}
+	} else if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
 		/* The stream's window start: a resume counts nothing before it twice (issue #22). */
@@ -312,10 +346,12 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 				    w->at, true);
 		x->ahead_seq = x->stream->seq;
 		if (r < 0) {
+			feed_count_never_block(was);
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
 			return r;
 		}
 	}
+	feed_count_never_block(was);
 	if (r == -EINVAL)
 		session_cursor_not_here(err, errlen, s->rank, f);
 	else if (r == -ENODATA)
@@ -451,10 +487,20 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		snprintf(err, errlen, "feed %s is not available: %s", f->name, f->error);
 		return f->error_code < 0 ? f->error_code : -EIO;
 	}
+	bool world_check = false;
 	for (uint32_t i = 0; !vranks && i < MAX(f->n_sources, 1u); i++) {
 		struct feed *sf = f->n_sources ? f->sources[i] : f;
-		/* Counted only as far as needed: the index is validated lazily (feed-scan.c). */
-		int enough = feed_nonempty_at_least(sf, world);
+		/*
+		 * Counted only as far as needed: the index is validated lazily
+		 * (feed-scan.c). Text: from the shards counted so far; when they
+		 * do not tell, decided after the attach, the shards counted on the
+		 * pool (session-count.c), never here on the main loop.
+		 */
+		int enough = feed_docs_known_at_least(sf, world);
+		if (enough == -EAGAIN) {
+			world_check = true;
+			continue;
+		}
 		if (enough < 0) {
 			snprintf(err, errlen, "feed %s is not available: %s", sf->name, sf->error);
 			return enough;
@@ -508,6 +554,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	s->userdata = userdata;
 	s->attach_ns = now_ns();
 	s->starved = UINT32_MAX;
+	s->world_check = world_check;
 
 	struct ring_geometry g = { .slot_count = slots, .batch_size = f->conf.batch_size, .seq_len = f->conf.seq_len,
 				   .rank = rank, .world = world };

@@ -168,6 +168,7 @@ struct text_open_opts {
 	bool defer_store;          /* an index built now is written by text_store_index() later (not Parquet's) */
 	const bool *cancel;        /* a compressed shard's copy: given up (-ECANCELED) once *cancel is set */
 	bool defer_index;          /* stat the file only; text_index() reads it when first needed (local files) */
+	bool count_only;           /* text_build_index(): count the documents, keep nothing per document (text_count) */
 };
 
 /* The codec a shard's name implies (".gz", ".zst", else none). */
@@ -286,6 +287,20 @@ int text_build_mem(struct text_shard *s, struct source_reader *io, struct source
 
 /* Writes the index open built (store_pending) to the cache. Any thread. Returns 0 or a negative errno with a message. */
 int text_store_index(const struct text_shard *s, char *err, size_t errlen);
+
+/*
+ * Counts a deferred shard's documents without indexing it (issue #22: the
+ * background count pass, daemon/feed/feed-counts.c): one streaming pass
+ * over the source, checked to be the file load saw, decompressed on the way;
+ * nothing of s changes and its lock is not taken, so it never waits for, or
+ * holds up, a walk or a worker. *ret_bytes: its text's bytes;
+ * *ret_truncated: a compressed stream that ends early (its documents are
+ * then for the walk to count, with the bad-record policy). Given up between
+ * blocks once *cancel is set (-ECANCELED). Parquet: -EOPNOTSUPP. Returns 0
+ * or a negative errno with a message.
+ */
+int text_count(const struct text_shard *s, struct source_reader *io, const bool *cancel, uint32_t *ret_docs,
+	       uint64_t *ret_bytes, bool *ret_truncated, char *err, size_t errlen);
 
 /* Checks that the source did not change since open. Returns 0 or -ESTALE with a message. */
 int text_check(const struct text_shard *s, char *err, size_t errlen);

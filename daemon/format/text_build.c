@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -35,6 +36,8 @@ struct builder {
 	bool need_lines;      /* some line was blank, so lines[] is needed */
 	uint8_t *mem;         /* non-NULL: the copy is written here, not to the cache ... */
 	uint64_t mem_cap;     /* ... and holds at most this many bytes */
+	bool count_only;      /* text_count(): documents counted, nothing per document kept */
+	const bool *cancel;   /* set: given up between blocks (-ECANCELED) */
 };
 
 static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
@@ -42,6 +45,10 @@ static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
 	struct text_shard *s = b->s;
 	if (s->n_docs == UINT32_MAX - 1)
 		return -E2BIG;
+	if (b->count_only) {
+		s->n_docs++;
+		return 0;
+	}
 	if (s->n_docs == b->cap) {
 		size_t cap = b->cap ? b->cap * 2 : 1024;
 		uint64_t *o = realloc(s->offsets, cap * sizeof(*o));
@@ -171,6 +178,9 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 {
 	if (!n)
 		return 0;
+	/* A count given up (its feed is freed): between output blocks too, a large compressed input block takes long. */
+	if (b->count_only && b->cancel && __atomic_load_n(b->cancel, __ATOMIC_ACQUIRE))
+		return -ECANCELED;
 	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
 	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
 	if (r == 0 && b->mem) {
@@ -277,6 +287,9 @@ static int read_blocks(struct source_reader *io, struct source *src, uint64_t si
 
 static int scan_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 {
+	struct builder *b = ctx;
+	if (b->cancel && __atomic_load_n(b->cancel, __ATOMIC_ACQUIRE))
+		return -ECANCELED;
 	return scan(ctx, p, n);
 }
 
@@ -302,13 +315,34 @@ static int decode_block(void *ctx, const uint8_t *p, size_t n, uint64_t at)
 }
 
 /*
+ * A test hook (tests/integration/test_text_counts.py): FEEDD_TEXT_SLOW_INDEX
+ * = "PART:MS" makes every pass over a shard whose path holds PART take MS
+ * milliseconds more, standing for a large or slow shard, so that tests see
+ * which threads wait for it (issue #22: never the main loop). Unset: nothing.
+ */
+static void slow_index_hook(const char *path)
+{
+	const char *e = getenv("FEEDD_TEXT_SLOW_INDEX");
+	const char *colon = e ? strrchr(e, ':') : NULL;
+	if (!colon || colon == e)
+		return;
+	char part[256];
+	snprintf(part, sizeof(part), "%.*s", (int)MIN((size_t)(colon - e), sizeof(part) - 1), e);
+	long ms = strtol(colon + 1, NULL, 10);
+	if (ms > 0 && strstr(path, part))
+		nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 }, NULL);
+}
+
+/*
  * Indexes the shard; a compressed or Parquet one's copy is written to the
  * cache entry data_path (with its checksums, within cache_max_bytes).
  */
 int text_build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
 		     uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
 {
-	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap };
+	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap,
+			     .count_only = o->count_only, .cancel = o->cancel };
+	slow_index_hook(s->path);
 	/* A small shard gets small buffers: thousands of them are indexed at load, and copied on use. */
 	const uint64_t size = (uint64_t)s->id.size;
 	_cleanup_free_ uint8_t *buf = malloc((size_t)MAX(MIN((uint64_t)BLOCK, size), UINT64_C(1)));
@@ -375,5 +409,33 @@ int text_build_index(struct text_shard *s, struct source *src, const struct text
 		free(s->lines);
 		s->lines = NULL;
 	}
+	return 0;
+}
+
+int text_count(const struct text_shard *s, struct source_reader *io, const bool *cancel, uint32_t *ret_docs,
+	       uint64_t *ret_bytes, bool *ret_truncated, char *err, size_t errlen)
+{
+	if (s->kind == TEXT_PARQUET)
+		return -EOPNOTSUPP;
+	int r = source_check(s->path, &s->id, err, errlen);
+	if (r < 0)
+		return r;
+	struct source *src = NULL;
+	if ((r = source_open(s->path, &src, err, errlen)) < 0)
+		return r;
+	/* A shard of its own: nothing of s is touched (no lock, no index), so walks and workers never wait for it. */
+	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
+	const struct text_open_opts o = { .kind = s->kind, .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key,
+					  .cancel = cancel, .count_only = true };
+	r = text_build_index(&t, src, &o, NULL, NULL, 0, io, err, errlen);
+	source_close(src);
+	free(t.offsets);
+	free(t.lines);
+	free(t.lengths);
+	if (r < 0)
+		return r;
+	*ret_docs = t.n_docs;
+	*ret_bytes = t.bytes;
+	*ret_truncated = t.truncated[0] != 0;
 	return 0;
 }

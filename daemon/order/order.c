@@ -117,31 +117,169 @@ static void perm_put(struct shared_perm *x)
 	pthread_mutex_unlock(&perm_lock);
 }
 
+/*
+ * Window starts shared by every walk of a feed's epoch (issue #22): k_w is
+ * a prefix sum of the counts over P, the same for every rank's walk, every
+ * virtual stream's and the builder's, so they read one array of
+ * n_windows + 1 entries instead of holding one each (60 MB for 1,024
+ * streams at 30,000 shards and W = 4). Keyed by the feed's counts array
+ * (shard_docs: one per feed, alive while a walk of it is), W, and P's key.
+ * start[0 .. hi] are known and never written again: hi is published with
+ * a release store after the entries, under starts_lock (a walk that finds
+ * it behind writes the next entry; the counting itself is never under the
+ * lock). Freed with its last holder.
+ */
+struct shared_starts {
+	struct shared_starts *next;
+	const uint32_t *docs;
+	uint64_t seed, epoch;
+	uint32_t n, window;
+	bool shuffle;
+	unsigned refs;
+	uint32_t hi;
+	uint64_t start[];
+};
+
+static pthread_mutex_t starts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_starts *starts;
+
+static struct shared_starts *starts_get(const struct order_params *p, uint64_t e, uint32_t n_windows)
+{
+	pthread_mutex_lock(&starts_lock);
+	for (struct shared_starts *x = starts; x; x = x->next)
+		if (x->docs == p->shard_docs && x->seed == p->seed && x->epoch == e && x->n == p->n_shards &&
+		    x->window == p->window && x->shuffle == p->shuffle) {
+			x->refs++;
+			pthread_mutex_unlock(&starts_lock);
+			return x;
+		}
+	struct shared_starts *x = malloc(sizeof(*x) + ((size_t)n_windows + 1) * sizeof(uint64_t));
+	if (x) {
+		*x = (struct shared_starts){ .next = starts, .docs = p->shard_docs, .seed = p->seed, .epoch = e,
+					     .n = p->n_shards, .window = p->window, .shuffle = p->shuffle, .refs = 1 };
+		x->start[0] = 0;
+		starts = x;
+	}
+	pthread_mutex_unlock(&starts_lock);
+	return x;
+}
+
+static void starts_put(struct shared_starts *x)
+{
+	pthread_mutex_lock(&starts_lock);
+	if (--x->refs == 0) {
+		for (struct shared_starts **pp = &starts; *pp; pp = &(*pp)->next)
+			if (*pp == x) {
+				*pp = x->next;
+				break;
+			}
+		free(x);
+	}
+	pthread_mutex_unlock(&starts_lock);
+}
+
+/* How far the shared starts are known (acquire: the entries up to it are). */
+static uint32_t starts_hi(const struct shared_starts *x)
+{
+	return __atomic_load_n(&x->hi, __ATOMIC_ACQUIRE);
+}
+
+/* Window w's end k, found by a walk that knew start[0 .. w]: published if nobody did meanwhile. */
+static void starts_publish(struct shared_starts *x, uint32_t w, uint64_t k)
+{
+	pthread_mutex_lock(&starts_lock);
+	if (x->hi == w) {
+		x->start[w + 1] = k;
+		__atomic_store_n(&x->hi, w + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&starts_lock);
+}
+
 void order_epoch_clear(struct order_epoch *ep)
 {
 	if (ep->perm_ref)
 		perm_put(ep->perm_ref);
-	free(ep->win_start);
+	if (ep->starts_ref)
+		starts_put(ep->starts_ref);
+	free(ep->own_start);
 	*ep = (struct order_epoch){ 0 };
+}
+
+/* A walk with a copy of its own goes back to the shared starts (known from 0 to hi). */
+static void use_shared(struct order_epoch *ep, uint32_t hi)
+{
+	struct shared_starts *x = ep->starts_ref;
+	free(ep->own_start);
+	ep->own_start = NULL;
+	ep->win_start = x->start;
+	ep->win_lo = 0;
+	ep->win_hi = hi;
+}
+
+/* The counts of window w's shards added to k (ask: by p->count). 0; 1: one is not known (ask false); < 0: p->count's. */
+static int window_end(const struct order_params *p, const struct order_epoch *ep, uint32_t w, bool ask, uint64_t *k)
+{
+	uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	for (uint32_t i = w * p->window; i < end; i++) {
+		uint32_t n;
+		if (!ask && !order_shard_docs_known(p, ep->perm[i], &n))
+			return 1;
+		int r = order_shard_docs(p, ep->perm[i], &n);
+		if (r < 0)
+			return r;
+		*k += n;
+	}
+	return 0;
+}
+
+/*
+ * Extends the shared starts with the counts known now (never asking
+ * p->count), up to window `upto`, then lets a walk with a copy of its own
+ * whose start they reach go back to them (its k_w checked: a cursor's that
+ * does not match keeps its copy, as before it was checked).
+ */
+static void extend_shared_known(const struct order_params *p, struct order_epoch *ep, uint32_t upto)
+{
+	struct shared_starts *x = ep->starts_ref;
+	if (!x)
+		return;
+	for (uint32_t hi = starts_hi(x); hi < MIN(upto, ep->n_windows); hi = starts_hi(x)) {
+		uint64_t k = x->start[hi];
+		if (window_end(p, ep, hi, false, &k) != 0)
+			break;
+		starts_publish(x, hi, k);
+	}
+	uint32_t hi = starts_hi(x);
+	if (!ep->own_start || ep->win_lo > hi || x->start[ep->win_lo] != ep->own_start[ep->win_lo])
+		return;
+	/* Its k_w checked: what it found past the shared ones is theirs too. */
+	for (uint32_t w = hi; w < ep->win_hi; w++)
+		starts_publish(x, w, ep->own_start[w + 1]);
+	use_shared(ep, starts_hi(x));
 }
 
 /* Extends ep's known starts past win_hi while the counts are known (ask: by p->count) up to window `upto`. */
 static int extend(const struct order_params *p, struct order_epoch *ep, uint32_t upto, bool ask)
 {
+	struct shared_starts *x = ep->own_start ? NULL : ep->starts_ref;
 	while (ep->win_hi < MIN(upto, ep->n_windows)) {
 		uint32_t w = ep->win_hi;
-		uint64_t k = ep->win_start[w];
-		uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
-		for (uint32_t i = w * p->window; i < end; i++) {
-			uint32_t n;
-			if (!ask && !order_shard_docs_known(p, ep->perm[i], &n))
-				return 0;
-			int r = order_shard_docs(p, ep->perm[i], &n);
-			if (r < 0)
-				return r;
-			k += n;
+		if (x) {
+			/* Found by another walk meanwhile: taken as they are. */
+			uint32_t hi = starts_hi(x);
+			if (hi > w) {
+				ep->win_hi = hi;
+				continue;
+			}
 		}
-		ep->win_start[w + 1] = k;
+		uint64_t k = ep->win_start[w];
+		int r = window_end(p, ep, w, ask, &k);
+		if (r != 0)
+			return MIN(r, 0);
+		if (x)
+			starts_publish(x, w, k);
+		else
+			ep->own_start[w + 1] = k;
 		ep->win_hi = w + 1;
 	}
 	return 0;
@@ -150,14 +288,15 @@ static int extend(const struct order_params *p, struct order_epoch *ep, uint32_t
 int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epoch *ep)
 {
 	uint32_t n_windows = (uint32_t)(((uint64_t)p->n_shards + p->window - 1) / p->window);
-	_cleanup_free_ uint64_t *win_start = malloc(((size_t)n_windows + 1) * sizeof(*win_start));
-	if (!win_start)
-		return -ENOMEM;
 	uint64_t key = order_mix(p->seed ^ order_mix(e + 1));
 	struct shared_perm *sp = perm_get(p, e, key);
 	if (!sp)
 		return -ENOMEM;
-	win_start[0] = 0;
+	struct shared_starts *ss = starts_get(p, e, n_windows);
+	if (!ss) {
+		perm_put(sp);
+		return -ENOMEM;
+	}
 
 	order_epoch_clear(ep);
 	*ep = (struct order_epoch){
@@ -166,7 +305,9 @@ int order_epoch_build(const struct order_params *p, uint64_t e, struct order_epo
 		.n_windows = n_windows,
 		.perm = sp->perm,
 		.perm_ref = sp,
-		.win_start = TAKE_PTR(win_start),
+		.win_start = ss->start,
+		.starts_ref = ss,
+		.win_hi = starts_hi(ss),
 	};
 	/* As far as the counts are known: all of it for stored tokens. */
 	return extend(p, ep, n_windows, false);
@@ -176,12 +317,12 @@ int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uin
 {
 	if (w >= ep->n_windows)
 		return -EINVAL;
+	/* A walk placed by a cursor goes back to the shared starts once they reach it (the counts known now). */
+	if (ep->own_start)
+		extend_shared_known(p, ep, ep->win_lo);
 	if (!order_epoch_has(ep, w)) {
-		if (w < ep->win_lo) {
-			/* Before a seeded start: counted from the epoch's start (what a cursor's k_w spares). */
-			ep->win_lo = ep->win_hi = 0;
-			ep->win_start[0] = 0;
-		}
+		if (w < ep->win_lo) /* before a seeded start: counted from the epoch's start (what a cursor's k_w spares) */
+			use_shared(ep, starts_hi(ep->starts_ref));
 		int r = extend(p, ep, w + 1, true);
 		if (r < 0)
 			return r;
@@ -203,8 +344,15 @@ int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)
 		return -EINVAL;
 	if (ep->win_lo <= w && w <= ep->win_hi)
 		return ep->win_start[w] == k ? 0 : -EINVAL;
+	/* Not known: a copy of the walk's own, the known range window w alone, until the shared starts reach it. */
+	if (!ep->own_start) {
+		ep->own_start = malloc(((size_t)ep->n_windows + 1) * sizeof(*ep->own_start));
+		if (!ep->own_start)
+			return -ENOMEM;
+	}
+	ep->own_start[w] = k;
+	ep->win_start = ep->own_start;
 	ep->win_lo = ep->win_hi = w;
-	ep->win_start[w] = k;
 	return 0;
 }
 

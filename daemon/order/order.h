@@ -107,7 +107,18 @@ struct order_epoch {
 	uint32_t n_windows;
 	const uint32_t *perm; /* n_shards entries: P (shared by every epoch of the same order, read only) */
 	void *perm_ref;       /* the shared copy's hold, given back by order_epoch_clear */
-	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document, valid for win_lo .. win_hi */
+	/*
+	 * n_windows + 1 entries: k of each window's first document, valid for
+	 * win_lo .. win_hi (read only outside order.c). Counted from the
+	 * epoch's start (win_lo = 0) they are the same for every walk of the
+	 * feed's epoch, so they are one array shared by all of them
+	 * (starts_ref, order.c; 8 bytes per window instead of that per walk,
+	 * issue #22); a walk placed by a cursor's k_w (order_epoch_seed) holds
+	 * a copy of its own until the shared starts reach its window.
+	 */
+	const uint64_t *win_start;
+	uint64_t *own_start; /* the walk's own copy (win_start points to it), or NULL */
+	void *starts_ref;    /* the shared starts' hold, given back by order_epoch_clear */
 	uint32_t win_lo, win_hi;
 };
 

@@ -148,6 +148,16 @@ static int walk_seek(struct doc_walk *w, const struct order_params *params, uint
 	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
 		goto fail;
 	r = load_window(w, window);
+	if (r == -EAGAIN && at == SIZE_MAX) {
+		/* Not counted yet (issue #22): doc_walk_next() enters it once it is, as if from just before it. */
+		w->pending = true;
+		w->pending_window = window;
+		w->pending_crossed = 0;
+		w->window = window;
+		w->n_docs = 0;
+		w->at = SIZE_MAX;
+		return 0;
+	}
 	if (r < 0)
 		goto fail;
 	r = -EINVAL;
@@ -189,19 +199,35 @@ static unsigned max_empty_epochs(const struct order_params *p)
 int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
 {
 	unsigned crossed = 0;
-	w->at++;
-	while (w->at >= w->n_docs) {
-		uint32_t next = w->window + 1;
-		if (next >= w->ep.n_windows) {
-			/* An epoch with no document at all for this rank: bounded like empty ones. */
-			if (++crossed > max_empty_epochs(w->params))
-				return -ENODATA;
-			int r = order_epoch_build(w->params, w->ep.epoch + 1, &w->ep);
-			if (r < 0)
-				return r;
-			next = 0;
+	/* A window that was not counted yet (issue #22): entered again, nothing else moves. */
+	bool again = w->pending;
+	if (again)
+		crossed = w->pending_crossed;
+	else
+		w->at++;
+	while (again || w->at >= w->n_docs) {
+		uint32_t next = w->pending_window;
+		if (!again) {
+			next = w->window + 1;
+			if (next >= w->ep.n_windows) {
+				/* An epoch with no document at all for this rank: bounded like empty ones. */
+				if (++crossed > max_empty_epochs(w->params))
+					return -ENODATA;
+				int r = order_epoch_build(w->params, w->ep.epoch + 1, &w->ep);
+				if (r < 0)
+					return r;
+				next = 0;
+			}
 		}
+		again = false;
 		int r = load_window(w, next);
+		w->pending = r == -EAGAIN;
+		if (r == -EAGAIN) {
+			/* Its count is found off this thread: the caller comes back (the window list was let go). */
+			w->pending_window = next;
+			w->pending_crossed = crossed;
+			w->n_docs = 0;
+		}
 		if (r < 0)
 			return r;
 	}
@@ -210,13 +236,19 @@ int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
 	return 0;
 }
 
-/* Moves to the rank's next document; its count is not looked at yet. */
+/*
+ * Moves to the rank's next document; its count is not looked at yet. A
+ * window not counted yet (-EAGAIN) leaves the stream advancing: the move is
+ * made again by the next stream_settle().
+ */
 static int next_document(struct stream *s)
 {
 	unsigned crossed;
+	s->advancing = true;
 	int r = doc_walk_next(&s->walk, &crossed);
 	if (r < 0)
 		return r;
+	s->advancing = false;
 	for (unsigned i = 0; i < crossed; i++) {
 		s->empty_epochs = s->epoch_had_tokens ? 0 : s->empty_epochs + 1;
 		s->epoch_had_tokens = false;
@@ -233,6 +265,11 @@ static int next_document(struct stream *s)
 
 int stream_settle(struct stream *s)
 {
+	if (s->advancing) {
+		int r = next_document(s);
+		if (r < 0)
+			return r;
+	}
 	for (;;) {
 		if (!s->known) {
 			uint64_t tokens;
@@ -291,6 +328,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		s->walk.prefetch_ctx = src->userdata;
 		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
+		if (r == -EAGAIN)
+			return 0; /* its first window waits for its count: stream_settle() goes on (advancing) */
 		if (r < 0)
 			goto fail;
 	} else {
@@ -377,9 +416,9 @@ int stream_take(struct stream *s, uint64_t max, struct stream_piece *ret)
 	s->offset += n;
 	if (s->offset < s->length)
 		return 0;
+	/* The piece is taken: a next window or count not known yet is met by the next settle. */
 	r = next_document(s);
-	if (r < 0)
-		return r;
-	r = stream_settle(s);
+	if (r == 0)
+		r = stream_settle(s);
 	return r == -EAGAIN ? 0 : r;
 }

@@ -96,6 +96,16 @@ struct doc_walk {
 	void (*hold_fn)(void *ctx, uint32_t shard, bool on);
 	void *hold_ctx;
 	/*
+	 * The last doc_walk_next() stopped at a window whose counts were not
+	 * known yet (params->count returned -EAGAIN: they are being found off
+	 * this thread): the next call enters window pending_window, having
+	 * crossed pending_crossed epochs, instead of moving on. The current
+	 * document is then none (doc_walk_doc must not be asked).
+	 */
+	bool pending;
+	uint32_t pending_window;
+	unsigned pending_crossed;
+	/*
 	 * Holds its windows' shards (params->hold): a stream's walk, whose
 	 * documents are settled (their text read) before it leaves a window,
 	 * and a text session's walk ahead of it, whose documents' lengths the
@@ -107,8 +117,9 @@ struct doc_walk {
 /*
  * Places w at this rank's `at`-th document of window `window` of `epoch`
  * (at = SIZE_MAX: just before the window's first, so that doc_walk_next()
- * finds the rank's first document from there). Returns 0, -EINVAL (no such
- * window or document), -ENOMEM.
+ * finds the rank's first document from there; a window not counted yet,
+ * params->count -EAGAIN, leaves the walk pending there). Returns 0,
+ * -EINVAL (no such window or document), -ENOMEM.
  */
 int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
 		  uint64_t epoch, uint32_t window, size_t at);
@@ -123,7 +134,9 @@ int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint3
  * Moves to the rank's next document, crossing windows and epochs; *ret_epochs
  * gets the number of epoch boundaries crossed. Returns 0; -ENOMEM; -ENODATA
  * when more epochs than the contract's empty-epoch bound hold no document
- * for this rank at all.
+ * for this rank at all; -EAGAIN when a window it enters is not counted yet
+ * (params->count said so: the walk is then pending, and the next call goes
+ * on from there once the count is in).
  */
 int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs);
 void doc_walk_clear(struct doc_walk *w);
@@ -156,6 +169,7 @@ struct stream {
 	uint64_t length;      /* the current document's contribution length */
 	const int32_t *ids;
 	bool check_offset;    /* offset came from a cursor: check it once the length is known */
+	bool advancing;       /* the move to the next document waits for a window's count (walk.pending) */
 };
 
 /*
@@ -164,7 +178,9 @@ struct stream {
  * position of this rank's stream (wrong rank for the index, index or offset
  * out of range); -ENODATA when the rank receives no tokens at all; -ENOMEM.
  * With a source that does not know counts yet, the checks that need them
- * happen in stream_settle().
+ * happen in stream_settle(). From the beginning, a first window not counted
+ * yet (params->count -EAGAIN) leaves the stream advancing: not placed until
+ * a stream_settle() finds it counted (nothing else may be asked of it).
  */
 int stream_init_source(struct stream *s, const struct order_params *params, const struct stream_source *src,
 		       uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos);
@@ -176,7 +192,7 @@ void stream_clear(struct stream *s);
 /*
  * Resolves the current document and skips empty ones, so the stream points
  * at a position that exists. Returns 0; -EAGAIN when a count is not known
- * yet (call again later); -ENODATA (the rank gets no tokens); -EINVAL (a
+ * yet, a document's or a window's (call again later); -ENODATA (the rank gets no tokens); -EINVAL (a
  * cursor's offset lies past its document's end); -ENOMEM.
  */
 int stream_settle(struct stream *s);

@@ -58,7 +58,8 @@ def test_first_batch_indexes_only_the_first_windows_and_a_bad_late_shard_fails_w
     # The last shard (window 74 of 75 without shuffle) is not a zstd stream at all.
     bad = folder / "t00299.jsonl.zst"
     bad.write_bytes(b"this is not zstd" * 8)
-    d = daemon(conf(folder, tmp_path / "cache", shuffle="false"))
+    # No background count pass (count_ahead, test_text_counts.py): what the walks count, alone.
+    d = daemon(conf(folder, tmp_path / "cache", shuffle="false") + "count_ahead = false\n")
     st = work(d)
     assert st["state"] == "ready", st
     wa = st["work_ahead"]
@@ -89,7 +90,7 @@ def test_resume_late_on_a_cold_cache_indexes_only_its_windows(daemon, tmp_path):
     at = 60
     cursor = want["cursors"][at]
     assert len(cursor.split("-")) == 12, cursor  # fc1 with <data> and <kw>
-    d2 = daemon(conf(folder, tmp_path / "cold"))
+    d2 = daemon(conf(folder, tmp_path / "cold") + "count_ahead = false\n")  # what the resume counts, alone
     late = d2.dump("t", tmp_path / "late", batches=5, cursor=cursor)
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(late[k], want[k][at + 1:at + 6]), k
@@ -103,7 +104,7 @@ def test_resume_late_on_a_cold_cache_indexes_only_its_windows(daemon, tmp_path):
     # A cursor without <kw> (made before issue #22) still resumes, the same batches, counting what it must.
     body = "-".join(cursor.split("-")[:10])
     old = f"{body}-{check_of(body):08x}"
-    d3 = daemon(conf(folder, tmp_path / "cold2"))
+    d3 = daemon(conf(folder, tmp_path / "cold2") + "count_ahead = false\n")
     again = d3.dump("t", tmp_path / "again", batches=5, cursor=old)
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(again[k], want[k][at + 1:at + 6]), k

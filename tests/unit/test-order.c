@@ -441,6 +441,71 @@ static void test_stream_late_tokens(void)
 	free(ref);
 }
 
+/*
+ * A walk whose windows are counted off its thread (issue #22: the main
+ * loop's walks): order_params.count says -EAGAIN once for each shard not
+ * counted yet, and the walk, asked again, goes on from where it stopped,
+ * across windows and epochs: the same documents, pieces and positions as a
+ * walk whose counts were all known.
+ */
+static const uint32_t wait_truth[7] = { 3, 0, 5, 1, 0, 4, 2 };
+static bool wait_on, wait_armed;
+static unsigned wait_refused;
+static int wait_count(void *ctx, uint32_t s, uint32_t *ret)
+{
+	uint32_t *docs = ctx;
+	if (docs[s] == ORDER_DOCS_UNKNOWN && wait_on && wait_armed) {
+		wait_armed = false; /* the next call finds it counted (the pool did) */
+		wait_refused++;
+		return -EAGAIN;
+	}
+	wait_armed = true;
+	docs[s] = wait_truth[s];
+	*ret = docs[s];
+	return 0;
+}
+
+static void test_stream_waits_for_counts(void)
+{
+	static const uint32_t tok[] = { 2, 3, 1, 4, 2 };
+	static const uint32_t *const toks[7] = { tok, tok, tok, tok, tok, tok, tok };
+	uint32_t docs[7];
+	for (uint32_t i = 0; i < 7; i++)
+		docs[i] = i < 2 ? wait_truth[i] : ORDER_DOCS_UNKNOWN;
+	for (uint32_t rank = 0; rank < 2; rank++) {
+		struct order_params known = { .seed = 4, .shuffle = true, .window = 2, .n_shards = 7, .shard_docs = wait_truth };
+		struct order_params lazy = known;
+		lazy.shard_docs = docs;
+		lazy.count = wait_count;
+		lazy.count_ctx = docs;
+		struct stream a, b;
+		wait_on = false; /* the attach's window counted at once */
+		CHECK_INT(stream_init(&a, &known, toks, rank, 2, true, false, NULL), 0);
+		CHECK_INT(stream_init(&b, &lazy, toks, rank, 2, true, false, NULL), 0);
+		wait_on = wait_armed = true;
+		for (unsigned i = 0; i < 60; i++) {
+			struct stream_piece x, y;
+			CHECK_INT(stream_take(&a, 2, &x), 0);
+			int r;
+			while ((r = stream_take(&b, 2, &y)) == -EAGAIN)
+				;
+			CHECK_INT(r, 0);
+			CHECK(x.doc == y.doc && x.offset == y.offset && x.count == y.count && x.length == y.length,
+			      "rank %u piece %u: doc %#" PRIx64 "+%" PRIu64 ", expected %#" PRIx64 "+%" PRIu64, rank, i, y.doc,
+			      y.offset, x.doc, x.offset);
+			CHECK_INT(stream_settle(&a), 0);
+			while ((r = stream_settle(&b)) == -EAGAIN)
+				;
+			struct stream_pos p = stream_tell(&a), q = stream_tell(&b);
+			CHECK(p.epoch == q.epoch && p.window == q.window && p.index == q.index && p.offset == q.offset,
+			      "rank %u piece %u: positions differ", rank, i);
+		}
+		stream_clear(&a);
+		stream_clear(&b);
+	}
+	CHECK(wait_refused > 0, "no count was refused: the test tested nothing");
+}
+
 /* More ranks than documents: the last rank is dealt nothing, ever. */
 static void no_documents_for_rank(void *ctx)
 {
@@ -575,6 +640,61 @@ static void test_may_permute(void)
 	}
 }
 
+/* Counts found on demand (a text feed's, issue #22): from `truth`. */
+static const uint32_t starts_truth[20] = { 3, 0, 7, 1, 4, 4, 9, 2, 0, 5, 6, 1, 1, 8, 3, 2, 7, 0, 4, 5 };
+static int starts_count(void *ctx, uint32_t s, uint32_t *ret)
+{
+	uint32_t *docs = ctx;
+	__atomic_store_n(&docs[s], starts_truth[s], __ATOMIC_RELEASE);
+	*ret = starts_truth[s];
+	return 0;
+}
+
+/*
+ * Window starts are one array per feed's epoch, shared by every walk
+ * (issue #22): a later walk finds the starts an earlier one counted; a walk
+ * placed by a cursor's k_w holds a copy of its own only until the shared
+ * starts reach its window, then goes back to them (a wrong k_w keeps its
+ * copy); every start equals the prefix sums.
+ */
+static void test_shared_starts(void)
+{
+	uint32_t docs[20];
+	for (uint32_t i = 0; i < 20; i++)
+		docs[i] = ORDER_DOCS_UNKNOWN;
+	struct order_params p = { .seed = 9, .shuffle = true, .window = 2, .n_shards = 20, .shard_docs = docs,
+				  .count = starts_count, .count_ctx = docs };
+	struct order_epoch a = { 0 }, b = { 0 }, d = { 0 }, e = { 0 };
+	CHECK_INT(order_epoch_build(&p, 0, &a), 0);
+	uint64_t k[11] = { 0 };
+	for (uint32_t w = 0; w < 10; w++)
+		k[w + 1] = k[w] + starts_truth[a.perm[2 * w]] + starts_truth[a.perm[2 * w + 1]];
+	CHECK_INT(order_epoch_window(&p, &a, 5), 0);
+	CHECK_INT(order_epoch_build(&p, 0, &b), 0);
+	CHECK(b.win_start == a.win_start && b.win_hi >= 6 && !b.own_start, "a second walk shares the starts (hi %u)", b.win_hi);
+	/* Placed at window 8 by a k_w: its own copy (windows 6 and 7 are not counted). */
+	CHECK_INT(order_epoch_build(&p, 0, &d), 0);
+	CHECK_INT(order_epoch_seed(&d, 8, k[8]), 0);
+	CHECK_INT(order_epoch_window(&p, &d, 8), 0);
+	CHECK(d.own_start && d.win_start != a.win_start, "a seeded walk ahead of the shared starts has its own");
+	CHECK_U64(d.win_start[9], k[9]);
+	CHECK_INT(order_epoch_build(&p, 0, &e), 0);
+	CHECK_INT(order_epoch_seed(&e, 9, k[9] + 1), 0); /* a cursor not of this order: never shared */
+	/* The first walk counts on: the seeded one goes back to the shared starts, the wrong one does not. */
+	CHECK_INT(order_epoch_window(&p, &a, 7), 0);
+	CHECK_INT(order_epoch_window(&p, &d, 9), 0);
+	CHECK(!d.own_start && d.win_start == a.win_start && d.win_lo == 0, "the seeded walk went back to the shared starts");
+	CHECK_INT(order_epoch_window(&p, &e, 9), 0);
+	CHECK(e.own_start != NULL, "a wrong k_w kept its own copy");
+	for (uint32_t w = 0; w <= 10; w++)
+		CHECK_U64(d.win_start[w], k[w]);
+	CHECK_INT(order_epoch_seed(&b, 3, k[3] + 1), -EINVAL);
+	order_epoch_clear(&a);
+	order_epoch_clear(&b);
+	order_epoch_clear(&d);
+	order_epoch_clear(&e);
+}
+
 /*
  * A window over list_max: its rank lists (order_window_rank_docs and
  * order_window_build/doc) are the bijection's order dealt by stride, every
@@ -641,8 +761,10 @@ int main(void)
 	test_streams();
 	test_stream_args();
 	test_stream_late_tokens();
+	test_stream_waits_for_counts();
 	test_permute();
 	test_permuted_windows();
+	test_shared_starts();
 	test_may_permute();
 	unit_in_child("stream_init for a rank of 3 over 2 documents", no_documents_for_rank, NULL, 2);
 	return unit_exit("test-order");
