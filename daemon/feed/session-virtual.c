@@ -294,6 +294,13 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
 		if (r == -ENODATA)
 			continue; /* a stream with no token (left): dead, left out of the rotation */
+		if (r == -ERANGE) {
+			/* Its <kw> list disagrees with the counts known: src_open's message, naming the stream. */
+			char why[512];
+			snprintf(why, sizeof(why), "%s", err);
+			snprintf(err, errlen, "state's virtual stream %u: %s", v, why);
+			return -EINVAL;
+		}
 		if (r < 0) {
 			if (r == -EINVAL)
 				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);

@@ -145,6 +145,7 @@ static int walk_seek(struct doc_walk *w, const struct order_params *params, uint
 	if (window >= w->ep.n_windows)
 		goto fail;
 	/* A cursor's k_w: the shards before the window are not counted (or checked against it when they are). */
+	r = -ERANGE;
 	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
 		goto fail;
 	r = load_window(w, window);
