@@ -201,7 +201,7 @@ void session_pump(struct session *s)
 				const struct feed *tf = s->srcs[i].feed;
 				char why[640];
 				snprintf(why, sizeof(why), "cannot queue documents to tokenize: %s",
-					 tf->state == FEED_FAILED ? tf->error : strerror(-r));
+					 tf->state == FEED_FAILED ? tf->error : r == -ERANGE ? SESSION_KW_WRONG : strerror(-r));
 				session_fail(s, r, why);
 				return;
 			}

@@ -205,7 +205,37 @@ int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)
 		return ep->win_start[w] == k ? 0 : -EINVAL;
 	ep->win_lo = ep->win_hi = w;
 	ep->win_start[w] = k;
+	ep->seed_w = w;
+	ep->seed_at = 0;
+	ep->seed_sum = 0;
 	return 0;
+}
+
+int order_epoch_check_seed(const struct order_params *p, struct order_epoch *ep, uint64_t *ret_k)
+{
+	if (!ep->seed_w)
+		return 0;
+	if (ep->win_lo != ep->seed_w) {
+		ep->seed_w = 0; /* counted from the epoch's start since (order_epoch_window): nothing seeded is left */
+		return 0;
+	}
+	const uint32_t end = (uint32_t)MIN((uint64_t)ep->seed_w * p->window, (uint64_t)p->n_shards);
+	for (uint32_t n; ep->seed_at < end && order_shard_docs_known(p, ep->perm[ep->seed_at], &n); ep->seed_at++)
+		ep->seed_sum += n;
+	if (ep->seed_at < end)
+		return 0;
+	if (ep->seed_sum != ep->win_start[ep->seed_w]) {
+		*ret_k = ep->seed_sum;
+		return -ERANGE;
+	}
+	ep->seed_w = 0;
+	return 1;
+}
+
+void order_epoch_shift(struct order_epoch *ep, uint64_t delta)
+{
+	for (uint32_t w = ep->win_lo; w <= ep->win_hi && w <= ep->n_windows; w++)
+		ep->win_start[w] += delta;
 }
 
 int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,

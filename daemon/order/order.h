@@ -109,6 +109,14 @@ struct order_epoch {
 	void *perm_ref;       /* the shared copy's hold, given back by order_epoch_clear */
 	uint64_t *win_start; /* n_windows + 1 entries: k of each window's first document, valid for win_lo .. win_hi */
 	uint32_t win_lo, win_hi;
+	/*
+	 * A start seeded (order_epoch_seed) and not checked yet: window
+	 * seed_w's (0: none), checked by order_epoch_check_seed() once every
+	 * shard before it is counted; the first seed_at shards of P sum to
+	 * seed_sum so far.
+	 */
+	uint32_t seed_w, seed_at;
+	uint64_t seed_sum;
 };
 
 /*
@@ -140,6 +148,18 @@ int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uin
  * order).
  */
 int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k);
+
+/*
+ * A seeded start checked against the counts as they become known (another
+ * walk, a later pass, counted the shards before it), without counting
+ * anything (O(shards newly known)). 0: none to check, or not all known yet;
+ * 1: it was right; -ERANGE: it was not, *ret_k = the right start of window
+ * ep->seed_w, and nothing is changed (order_epoch_shift corrects).
+ */
+int order_epoch_check_seed(const struct order_params *p, struct order_epoch *ep, uint64_t *ret_k);
+
+/* Adds delta (mod 2^64) to every known start: a seeded start found wrong by delta, corrected. */
+void order_epoch_shift(struct order_epoch *ep, uint64_t delta);
 
 /*
  * The documents of window w that belong to `rank` of `world`, in epoch order:
