@@ -148,6 +148,35 @@ static int keep_entry(struct session_virtual *x, uint32_t i, const struct vstate
 	return 0;
 }
 
+/*
+ * Stream i resumed from an entry of a state made before the <kw> list
+ * (issue #22): its k_w read from the walks just opened there (they counted
+ * the windows before it), so that the states written from here on carry the
+ * list at once, not only once every listed stream has delivered a row
+ * since. Nothing for stored tokens only (their states stay as they were).
+ */
+static void entry_kw_from_walks(struct session_virtual *x, uint32_t i)
+{
+	const struct session *sub = x->sub[i];
+	const struct cursor *c = &x->cur[i];
+	if (!sub || x->kw_len[i])
+		return;
+	struct vstate_stream e;
+	entry_of_cursor(x->v[i], c, &e);
+	bool lazy = false;
+	for (uint32_t q = 0; q < MAX(c->n_sources, 1u) && q < sub->n_srcs; q++) {
+		const struct doc_walk *w = &sub->srcs[q].stream->walk;
+		const struct stream_pos *p = c->n_sources ? &c->src[q] : &c->pos;
+		if (!w->ep.win_start || w->ep.epoch != p->epoch || p->window < w->ep.win_lo || p->window > w->ep.win_hi)
+			return; /* the walk is past it already: the list waits for the stream's next row */
+		e.kw[q] = w->ep.win_start[p->window];
+		lazy |= w->params && w->params->count;
+	}
+	e.has_kw = lazy;
+	if (lazy)
+		keep_entry(x, i, &e); /* cannot fail: the same entry fitted when it was kept */
+}
+
 int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
 				struct vstate *st, struct vstate_stream *e)
 {
@@ -306,6 +335,8 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);
 			return r;
 		}
+		if (c)
+			entry_kw_from_walks(x, i);
 		x->has_text |= x->sub[i]->has_text;
 		live++;
 	}
