@@ -115,6 +115,27 @@ int vstate_format_entry(const struct vstate_stream *e, char *buf, size_t cap)
 	return ok ? (int)(o - buf) : -ENOBUFS;
 }
 
+int vstate_format_kw(const struct vstate_stream *e, char *buf, size_t cap)
+{
+	char *o = buf, *end = buf + cap;
+	if (e->n_sources > VSTATE_MAX_SOURCES || cap < 1)
+		return -EINVAL;
+	*o = 0;
+	bool ok = true;
+	for (unsigned k = 0; ok && e->has_kw && k < vstate_kws(e->n_sources); k++)
+		ok = hex_at(&o, end, 0, e->kw[k]);
+	return ok ? (int)(o - buf) : -ENOBUFS;
+}
+
+/* Whether the state carries the <kw> list: every entry has its k_w (all or nothing). */
+static bool all_kw(const struct vstate *st)
+{
+	for (size_t i = 0; i < st->n; i++)
+		if (!st->s[i].has_kw)
+			return false;
+	return st->n > 0;
+}
+
 int vstate_format_check(char *text, size_t n, size_t cap)
 {
 	char *o = text + n;
@@ -147,6 +168,9 @@ int vstate_format(const struct vstate *st, char **ret)
 		for (unsigned k = 0; k < vstate_fields(e->n_sources); k++)
 			put(&b, 0, e->f[k]);
 	}
+	for (size_t i = 0; all_kw(st) && i < st->n; i++)
+		for (unsigned k = 0; k < vstate_kws(st->s[i].n_sources); k++)
+			put(&b, 0, st->s[i].kw[k]);
 	if (!b.oom)
 		put(&b, 8, check_of(b.p, b.n));
 	if (b.oom) {
@@ -210,6 +234,18 @@ int vstate_parse(const char *text, struct vstate *ret)
 		for (unsigned k = 0; k < vstate_fields(e->n_sources); k++)
 			if (vstate_hex_field(&p, &e->f[k]) < 0)
 				goto bad;
+	}
+	/* The <kw> list, when a field follows that is not the last (the check). */
+	const char *q = p;
+	uint64_t kw;
+	if (st.n > 0 && vstate_hex_field(&q, &kw) == 0 && *q == '-') {
+		for (size_t i = 0; i < st.n; i++) {
+			struct vstate_stream *e = &st.s[i];
+			e->has_kw = true;
+			for (unsigned k = 0; k < vstate_kws(e->n_sources); k++)
+				if (vstate_hex_field(&p, &e->kw[k]) < 0)
+					goto bad;
+		}
 	}
 	size_t body = (size_t)(p - text);
 	uint64_t check;

@@ -5,7 +5,7 @@
  * One definition, used by the daemon (to resume and to name the state after
  * a batch) and by libfeed and feedctl (to merge the states of all ranks).
  *
- *   fv1-<fingerprint>-<V>-<world>-<rank>-<batch>-<n>{-<v>-<ns>-<rows>-<fields>}x n-<check>
+ *   fv1-<fingerprint>-<V>-<world>-<rank>-<batch>-<n>{-<v>-<ns>-<rows>-<fields>}x n[{-<kw>}x m]-<check>
  *
  * <world> 0 marks a global state (the merge of every rank's). Each entry
  * names virtual stream <v> (ascending, distinct): <ns> = 0 for a feed of
@@ -14,9 +14,16 @@
  * <epoch>-<window>-<index> per source. A stream with no entry has delivered
  * no row (it is at its start). Lower-case hex, <fingerprint> 16 digits,
  * <check> 8 digits over everything before it, as cursors (section 7.1).
+ *
+ * The <kw> list (issue #22), when present, gives k_w of every position the
+ * entries name, in entry order: one per entry of a feed of one stream, <ns>
+ * per mixture entry (source order), m in all. It is all or nothing: every
+ * entry has its k_w (has_kw) or none has (a state made before it, or of
+ * stored tokens only: the resume then counts, as before).
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,11 +35,19 @@ struct vstate_stream {
 	uint32_t v;
 	uint32_t n_sources;               /* 0: a feed of one stream */
 	uint64_t f[VSTATE_MAX_FIELDS];    /* f[0] = rows delivered; then as the format says */
+	bool has_kw;                      /* kw[] given (the state's <kw> list) */
+	uint64_t kw[VSTATE_MAX_SOURCES];  /* k_w of the position (one stream) or of each source's (vstate_kws) */
 };
 
 static inline unsigned vstate_fields(uint32_t n_sources)
 {
 	return n_sources ? 4 + 3 * n_sources : 5;
+}
+
+/* The k_w values of an entry in the <kw> list: one per stream position it names. */
+static inline unsigned vstate_kws(uint32_t n_sources)
+{
+	return n_sources ? n_sources : 1;
 }
 
 struct vstate {
@@ -47,7 +62,7 @@ struct vstate {
 /* The longest state of a rank serving n_streams streams of a feed of n_sources sources (0: one stream), NUL included. */
 static inline size_t vstate_max_len(uint32_t n_streams, uint32_t n_sources)
 {
-	return 3 + 6 * 17 + 9 + 1 + (size_t)n_streams * (2 + vstate_fields(n_sources)) * 17;
+	return 3 + 6 * 17 + 9 + 1 + (size_t)n_streams * (2 + vstate_fields(n_sources) + vstate_kws(n_sources)) * 17;
 }
 
 void vstate_clear(struct vstate *st);
@@ -62,14 +77,18 @@ int vstate_format(const struct vstate *st, char **ret);
  * The same text in pieces, for a writer that keeps each stream's entry and
  * changes only those that moved (a rank of 1024 streams writes a state per
  * batch): the head ("fv1-<fingerprint>-...-<n>", st->n as given), one
- * entry ("-<v>-<ns>-<fields>"), and the check appended to the whole text.
- * Each returns the length written (NUL-terminated), or -ENOBUFS.
+ * entry ("-<v>-<ns>-<fields>"), one entry's part of the <kw> list (after
+ * every entry, only when every entry has_kw; "" for one without), and the
+ * check appended to the whole text. Each returns the length written
+ * (NUL-terminated), or -ENOBUFS.
  */
 #define VSTATE_HEAD_MAX (3 + 6 * 17 + 1)
 #define VSTATE_ENTRY_MAX(n_sources) ((size_t)(2 + vstate_fields(n_sources)) * 17 + 1)
+#define VSTATE_KW_MAX(n_sources) ((size_t)vstate_kws(n_sources) * 17 + 1)
 #define VSTATE_CHECK_LEN 9
 int vstate_format_head(const struct vstate *st, char *buf, size_t cap);
 int vstate_format_entry(const struct vstate_stream *e, char *buf, size_t cap);
+int vstate_format_kw(const struct vstate_stream *e, char *buf, size_t cap);
 int vstate_format_check(char *text, size_t n, size_t cap);
 
 /* Parses a state. Returns 0, -EINVAL (malformed or damaged), -ENOMEM. */

@@ -261,6 +261,14 @@ void session_epoch_run(struct session_epoch_job *j);
 void session_epoch_done(struct session *s, struct session_epoch_job *j);
 
 /* session.c */
+/*
+ * Why a walk failed with -ERANGE after a resume: the cursor's k_w, checked
+ * once the shards before its window were counted, was off by other than a
+ * multiple of the world (docs/sample-order.md, section 7.3).
+ */
+#define SESSION_KW_WRONG                                                                                        \
+	"the cursor's <kw> (k_w) is not the number of documents before its window, now that they are counted, "  \
+	"and its <index> was changed with it: the batches since the resume were not this rank's stream"
 void session_ref(struct session *s);
 void session_unref(struct session *s);
 /* A batch job came back from a worker (main thread, from the producer). */

@@ -208,6 +208,7 @@ static int plan_error(const struct session *s, int r, uint64_t batch, char *msg,
 		 r == -ENODATA ? no_tokens_why(s, why, sizeof(why))
 		 : r == -EINVAL ? "the cursor's offset lies past the end of its document"
 		 : r == -EDEADLK ? "internal error: planned past the tokenized text"
+		 : r == -ERANGE ? SESSION_KW_WRONG
 				 : strerror(-r));
 	return r;
 }

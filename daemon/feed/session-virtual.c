@@ -41,6 +41,9 @@ struct session_virtual {
 	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
 	uint16_t *entry_len;
 	size_t stride;
+	char *kw;               /* each one's part of the state's <kw> list ("": none), `kw_stride` bytes apart */
+	uint16_t *kw_len;
+	size_t kw_stride;
 	char *text;             /* the state being written */
 	size_t text_cap;
 	/* per source: the order its streams walk (the feed's: its shuffled windows are shared, feed-windows.c) */
@@ -64,6 +67,8 @@ void session_virtual_free(struct session *s)
 	free(x->cur);
 	free(x->entry);
 	free(x->entry_len);
+	free(x->kw);
+	free(x->kw_len);
 	free(x->text);
 	free(x);
 	s->virt = NULL;
@@ -88,9 +93,10 @@ void session_virtual_job_clear(struct session_job *j)
 static void cursor_of_entry(const struct feed *f, uint32_t v, const struct vstate_stream *e, struct cursor *c)
 {
 	*c = (struct cursor){ .fingerprint = f->fingerprint, .world = f->vranks, .rank = v, .batch = e->f[0] };
+	/* Its k_w (issue #22): the walk is seeded with it, nothing before its window counted (section 7.3). */
 	if (e->n_sources == 0) {
 		c->pos = (struct stream_pos){ .epoch = e->f[1], .window = (uint32_t)e->f[2], .index = e->f[3],
-					      .offset = e->f[4] };
+					      .offset = e->f[4], .k = e->kw[0], .has_k = e->has_kw };
 		return;
 	}
 	c->n_sources = e->n_sources;
@@ -99,18 +105,21 @@ static void cursor_of_entry(const struct feed *f, uint32_t v, const struct vstat
 	c->row = e->f[3];
 	for (uint32_t i = 0; i < e->n_sources && i < MIX_MAX_SOURCES; i++)
 		c->src[i] = (struct stream_pos){ .epoch = e->f[4 + 3 * i], .window = (uint32_t)e->f[5 + 3 * i],
-						 .index = e->f[6 + 3 * i] };
+						 .index = e->f[6 + 3 * i], .k = e->kw[i], .has_k = e->has_kw };
 }
 
 static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_stream *e)
 {
 	*e = (struct vstate_stream){ .v = v, .n_sources = c->n_sources };
 	e->f[0] = c->batch;
+	/* k_w where counts may be unknown (text, issue #22), as fc1/fc2 carry it: every position's, or none. */
 	if (c->n_sources == 0) {
 		e->f[1] = c->pos.epoch;
 		e->f[2] = c->pos.window;
 		e->f[3] = c->pos.index;
 		e->f[4] = c->pos.offset;
+		e->kw[0] = c->pos.k;
+		e->has_kw = c->pos.has_k;
 		return;
 	}
 	e->f[1] = c->k;
@@ -120,7 +129,52 @@ static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_st
 		e->f[4 + 3 * i] = c->src[i].epoch;
 		e->f[5 + 3 * i] = c->src[i].window;
 		e->f[6 + 3 * i] = c->src[i].index;
+		e->kw[i] = c->src[i].k;
+		e->has_kw |= c->src[i].has_k;
 	}
+}
+
+/* Keeps stream i's entry (and its part of the <kw> list) for the states written after it. Returns 0 or -ENOBUFS. */
+static int keep_entry(struct session_virtual *x, uint32_t i, const struct vstate_stream *e)
+{
+	int n = vstate_format_entry(e, x->entry + i * x->stride, x->stride);
+	if (n < 0)
+		return n;
+	int k = vstate_format_kw(e, x->kw + i * x->kw_stride, x->kw_stride);
+	if (k < 0)
+		return k;
+	x->entry_len[i] = (uint16_t)n;
+	x->kw_len[i] = (uint16_t)k;
+	return 0;
+}
+
+/*
+ * Stream i resumed from an entry of a state made before the <kw> list
+ * (issue #22): its k_w read from the walks just opened there (they counted
+ * the windows before it), so that the states written from here on carry the
+ * list at once, not only once every listed stream has delivered a row
+ * since. Nothing for stored tokens only (their states stay as they were).
+ */
+static void entry_kw_from_walks(struct session_virtual *x, uint32_t i)
+{
+	const struct session *sub = x->sub[i];
+	const struct cursor *c = &x->cur[i];
+	if (!sub || x->kw_len[i])
+		return;
+	struct vstate_stream e;
+	entry_of_cursor(x->v[i], c, &e);
+	bool lazy = false;
+	for (uint32_t q = 0; q < MAX(c->n_sources, 1u) && q < sub->n_srcs; q++) {
+		const struct doc_walk *w = &sub->srcs[q].stream->walk;
+		const struct stream_pos *p = c->n_sources ? &c->src[q] : &c->pos;
+		if (!w->ep.win_start || w->ep.epoch != p->epoch || p->window < w->ep.win_lo || p->window > w->ep.win_hi)
+			return; /* the walk is past it already: the list waits for the stream's next row */
+		e.kw[q] = w->ep.win_start[p->window];
+		lazy |= w->params && w->params->count;
+	}
+	e.has_kw = lazy;
+	if (lazy)
+		keep_entry(x, i, &e); /* cannot fail: the same entry fitted when it was kept */
 }
 
 int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
@@ -235,9 +289,13 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	x->stride = VSTATE_ENTRY_MAX(f->n_sources);
 	x->entry = malloc(x->m * x->stride);
 	x->entry_len = calloc(x->m, sizeof(*x->entry_len));
-	x->text_cap = VSTATE_HEAD_MAX + x->m * x->stride + VSTATE_CHECK_LEN + 1;
+	x->kw_stride = VSTATE_KW_MAX(f->n_sources);
+	x->kw = malloc(x->m * x->kw_stride);
+	x->kw_len = calloc(x->m, sizeof(*x->kw_len));
+	x->text_cap = VSTATE_HEAD_MAX + x->m * (x->stride + x->kw_stride) + VSTATE_CHECK_LEN + 1;
 	x->text = malloc(x->text_cap);
-	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->heap || !x->entry || !x->entry_len || !x->text) {
+	if (!x->v || !x->sub || !x->rows || !x->cur || !x->dead || !x->heap || !x->entry || !x->entry_len || !x->kw ||
+	    !x->kw_len || !x->text) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -258,20 +316,27 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				return session_cursor_not_here(err, errlen, s->rank, f);
 			cursor_of_entry(f, v, &st->s[e], &x->cur[i]);
 			x->rows[i] = x->cur[i].batch;
-			int n = vstate_format_entry(&st->s[e], x->entry + i * x->stride, x->stride);
-			if (n < 0)
+			if (keep_entry(x, i, &st->s[e]) < 0)
 				return session_cursor_not_here(err, errlen, s->rank, f);
-			x->entry_len[i] = (uint16_t)n;
 			c = &x->cur[i];
 		}
 		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
 		if (r == -ENODATA)
 			continue; /* a stream with no token (left): dead, left out of the rotation */
+		if (r == -ERANGE) {
+			/* Its <kw> list disagrees with the counts known: src_open's message, naming the stream. */
+			char why[512];
+			snprintf(why, sizeof(why), "%s", err);
+			snprintf(err, errlen, "state's virtual stream %u: %s", v, why);
+			return -EINVAL;
+		}
 		if (r < 0) {
 			if (r == -EINVAL)
 				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);
 			return r;
 		}
+		if (c)
+			entry_kw_from_walks(x, i);
 		x->has_text |= x->sub[i]->has_text;
 		live++;
 	}
@@ -513,12 +578,11 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			heap_down(x, 0); /* k is the top: one more row sends it down */
 			struct vstate_stream e;
 			entry_of_cursor(sub->rank, &c, &e);
-			r = vstate_format_entry(&e, x->entry + k * x->stride, x->stride);
+			r = keep_entry(x, k, &e);
 			if (r < 0) {
 				snprintf(msg, msglen, "cannot write virtual stream %u's state: %s", sub->rank, strerror(-r));
 				return r;
 			}
-			x->entry_len[k] = (uint16_t)r;
 			break;
 		}
 		pack_counters_add(&j->counts, &row->job.counts);
@@ -529,14 +593,23 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 	/* The state after this batch: every served stream that delivered a row (their entries kept as they move). */
 	struct vstate st = { .fingerprint = f->fingerprint, .vranks = f->vranks, .world = s->world, .rank = s->rank,
 			     .batch = batch + 1 };
-	for (uint32_t i = 0; i < x->m; i++)
+	bool all_kw = true; /* the <kw> list is all or nothing (an entry resumed from an older state has none) */
+	for (uint32_t i = 0; i < x->m; i++) {
 		st.n += x->rows[i] > 0;
+		all_kw &= !x->rows[i] || x->kw_len[i] > 0;
+	}
 	int n = vstate_format_head(&st, x->text, x->text_cap);
 	for (uint32_t i = 0; n >= 0 && i < x->m; i++) {
 		if (!x->rows[i])
 			continue;
 		memcpy(x->text + n, x->entry + i * x->stride, x->entry_len[i]);
 		n += x->entry_len[i];
+	}
+	for (uint32_t i = 0; n >= 0 && all_kw && i < x->m; i++) {
+		if (!x->rows[i])
+			continue;
+		memcpy(x->text + n, x->kw + i * x->kw_stride, x->kw_len[i]);
+		n += x->kw_len[i];
 	}
 	if (n >= 0)
 		n = vstate_format_check(x->text, (size_t)n, x->text_cap);

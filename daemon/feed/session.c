@@ -199,7 +199,7 @@ static void pump(struct session *s)
 				const struct feed *tf = s->srcs[i].feed;
 				char why[640];
 				snprintf(why, sizeof(why), "cannot queue documents to tokenize: %s",
-					 tf->state == FEED_FAILED ? tf->error : strerror(-r));
+					 tf->state == FEED_FAILED ? tf->error : r == -ERANGE ? SESSION_KW_WRONG : strerror(-r));
 				session_fail(s, r, why);
 				return;
 			}
@@ -354,6 +354,12 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	feed_count_never_block(was);
 	if (r == -EINVAL)
 		session_cursor_not_here(err, errlen, s->rank, f);
+	else if (r == -ERANGE && pos && pos->has_k)
+		/* Section 7.3: a carried k_w is checked against the counts known (issue #22). */
+		snprintf(err, errlen,
+			 "cursor's <kw> (k_w %" PRIu64 ") is not the number of documents before window %u of epoch %" PRIu64
+			 " in rank %u's stream of feed %s: the cursor was altered, or made on other data",
+			 pos->k, pos->window, pos->epoch, s->rank, f->name);
 	else if (r == -ENODATA)
 		snprintf(err, errlen, "rank %u of world %u receives no tokens from feed %s", s->rank, s->world, f->name);
 	else if ((r == -EBADMSG || r == -ESTALE) && f->state == FEED_FAILED)
@@ -439,6 +445,8 @@ int session_open_streams(struct session *s, const struct cursor *c, char *err, s
 			pos = &at;
 		}
 		r = src_open(s, x, pos, err, errlen);
+		if (r == -ERANGE && pos && pos->has_k && !s->parent)
+			return -EINVAL; /* refused as any cursor is (section 7.3), the message naming <kw> */
 		if (r < 0)
 			return r;
 		/*

@@ -60,9 +60,18 @@ int cursor_format(const struct cursor *c, char *buf, size_t cap)
 	}
 	if (ok && c->has_data)
 		ok = append(buf, cap, &n, "-%016" PRIx64, c->data);
-	/* fc1's k_w (issue #22) follows the data identity: a cursor without data has none. */
+	/*
+	 * k_w (issue #22) follows the data identity: a cursor without data has
+	 * none. fc1: its window's, when counts may be unknown (text). fc2: one
+	 * per source, every source's, when one of them may be unknown.
+	 */
+	bool kw = false;
+	for (uint32_t i = 0; i < c->n_sources && i < MIX_MAX_SOURCES; i++)
+		kw |= c->src[i].has_k;
 	if (ok && c->has_data && !c->n_sources && c->pos.has_k)
 		ok = append(buf, cap, &n, "-%" PRIx64, c->pos.k);
+	for (uint32_t i = 0; ok && c->has_data && kw && i < c->n_sources && i < MIX_MAX_SOURCES; i++)
+		ok = append(buf, cap, &n, "-%" PRIx64, c->src[i].k);
 	if (!ok || !append(buf, cap, &n, "-%08" PRIx32, check_of(buf, n)))
 		return -ENOBUFS;
 	return (int)n;
@@ -79,7 +88,7 @@ int cursor_parse(const char *text, struct cursor *ret)
 		return -EINVAL;
 	const char *p = text + 3;
 	/* fc1: 8 fields before the check; fc2: 8, then 3 per source. */
-	uint64_t f[8 + 3 * MIX_MAX_SOURCES], check;
+	uint64_t f[8 + 3 * MIX_MAX_SOURCES];
 	size_t fields = 8;
 	for (size_t i = 0; i < fields; i++) {
 		const char *start = p;
@@ -93,34 +102,31 @@ int cursor_parse(const char *text, struct cursor *ret)
 			fields += 3 * (size_t)f[7];
 		}
 	}
-	/* The data identity, when one more field follows (exactly 16 digits), then the check. */
-	uint64_t data = 0;
-	bool has_data = false;
-	const char *start = p;
-	if (vstate_hex_field(&p, &check) < 0)
-		return -EINVAL;
-	if (*p == '-') {
-		if (p - start != 17)
+	/*
+	 * What follows, up to the check (the last field): nothing, the data
+	 * identity (exactly 16 digits), or it and k_w: one (fc1) or one per
+	 * source (fc2).
+	 */
+	const size_t n_kw = mixed ? (size_t)f[7] : 1;
+	uint64_t tail[2 + MIX_MAX_SOURCES];
+	const char *start = p, *last = p;
+	size_t n_tail = 0;
+	while (*p == '-') {
+		if (n_tail == ARRAY_SIZE(tail))
 			return -EINVAL;
-		data = check;
-		has_data = true;
-		start = p;
-		if (vstate_hex_field(&p, &check) < 0)
+		last = p;
+		if (vstate_hex_field(&p, &tail[n_tail]) < 0)
 			return -EINVAL;
+		if (n_tail == 0 && *p == '-' && p - start != 17)
+			return -EINVAL;
+		n_tail++;
 	}
-	/* fc1: k_w, when one more field follows the data identity. */
-	uint64_t k = 0;
-	bool has_k = false;
-	if (*p == '-' && has_data && !mixed) {
-		k = check;
-		has_k = true;
-		start = p;
-		if (vstate_hex_field(&p, &check) < 0)
-			return -EINVAL;
-	}
-	size_t body = (size_t)(start - text);
-	if (*p != 0 || p - start != 9)
+	if (*p != 0 || n_tail == 0 || p - last != 9 || (n_tail > 2 && n_tail != 2 + n_kw))
 		return -EINVAL;
+	const uint64_t check = tail[n_tail - 1];
+	const bool has_data = n_tail >= 2, has_k = n_tail > 2;
+	const uint64_t data = has_data ? tail[0] : 0;
+	size_t body = (size_t)(last - text);
 	if (check != check_of(text, body))
 		return -EINVAL;
 	if (f[1] == 0 || f[1] > UINT32_MAX || f[2] >= f[1])
@@ -131,7 +137,7 @@ int cursor_parse(const char *text, struct cursor *ret)
 		if (f[5] > UINT32_MAX)
 			return -EINVAL;
 		c.pos = (struct stream_pos){ .epoch = f[4], .window = (uint32_t)f[5], .index = f[6], .offset = f[7],
-					     .k = k, .has_k = has_k };
+					     .k = has_k ? tail[1] : 0, .has_k = has_k };
 	} else {
 		c.k = f[4];
 		c.offset = f[5];
@@ -141,7 +147,8 @@ int cursor_parse(const char *text, struct cursor *ret)
 			const uint64_t *t = &f[8 + 3 * i];
 			if (t[1] > UINT32_MAX)
 				return -EINVAL;
-			c.src[i] = (struct stream_pos){ .epoch = t[0], .window = (uint32_t)t[1], .index = t[2] };
+			c.src[i] = (struct stream_pos){ .epoch = t[0], .window = (uint32_t)t[1], .index = t[2],
+							.k = has_k ? tail[1 + i] : 0, .has_k = has_k };
 		}
 	}
 	*ret = c;

@@ -5,7 +5,7 @@
  * sections 7.1, 12.5 and 14.4):
  *
  *   fc1-<fingerprint>-<world>-<rank>-<batch>-<epoch>-<window>-<index>-<offset>[-<data>[-<kw>]]-<check>
- *   fc2-<fingerprint>-<world>-<rank>-<batch>-<k>-<offset>-<row>-<n>{-<epoch>-<window>-<index>}xn[-<data>]-<check>
+ *   fc2-<fingerprint>-<world>-<rank>-<batch>-<k>-<offset>-<row>-<n>{-<epoch>-<window>-<index>}xn[-<data>[{-<kw>}xn]]-<check>
  *
  * fc1 names a place in one stream (with packing bestfit or pad, <offset>
  * carries the row inside the packed buffer); fc2 a place in a mixture of n
@@ -15,7 +15,8 @@
  * identity when the cursor was made; cursors from before it have none.
  * <kw> (issue #22) is k_w, the documents of the epoch before the cursor's
  * window, so that a resume does not count the shards before it; cursors
- * from before it have none (pos.has_k false).
+ * from before it have none (pos.has_k false). fc2 carries one per source
+ * (every source's, src[i].has_k) when some source's counts may be unknown.
  */
 #pragma once
 

@@ -356,6 +356,23 @@ int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)
 	return 0;
 }
 
+int order_epoch_check_seed(struct order_epoch *ep, uint64_t *ret_seeded, uint64_t *ret_k)
+{
+	const struct shared_starts *x = ep->starts_ref;
+	if (!ep->own_start || !x || ep->win_lo > starts_hi(x))
+		return 0;
+	/* extend_shared_known (order_epoch_window) took the walk back to the shared starts when they matched. */
+	*ret_seeded = ep->own_start[ep->win_lo];
+	*ret_k = x->start[ep->win_lo];
+	return -ERANGE;
+}
+
+void order_epoch_adopt_shared(struct order_epoch *ep)
+{
+	if (ep->own_start && ep->starts_ref)
+		use_shared(ep, starts_hi(ep->starts_ref));
+}
+
 int order_window_rank_docs(const struct order_params *p, const struct order_epoch *ep, uint32_t w,
 			   uint32_t rank, uint32_t world, uint64_t **ret_docs, size_t *ret_n,
 			   uint64_t *ret_first_index, uint64_t *ret_window_docs)

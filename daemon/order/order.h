@@ -153,6 +153,20 @@ int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uin
 int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k);
 
 /*
+ * A walk placed by a cursor's k_w (order_epoch_seed) whose window the
+ * starts shared by every walk of the epoch have reached (the shards before
+ * it counted, by another walk or the count pass) with another start than
+ * the seeded one: -ERANGE, *ret_seeded the seeded start and *ret_k the
+ * right one; nothing changed. 0: nothing to check yet, or it was right
+ * (order_epoch_window has then taken the walk back to the shared starts).
+ * Counts nothing (O(1)).
+ */
+int order_epoch_check_seed(struct order_epoch *ep, uint64_t *ret_seeded, uint64_t *ret_k);
+
+/* The walk reads the shared starts from now on, its own copy (a seeded start found wrong) let go. */
+void order_epoch_adopt_shared(struct order_epoch *ep);
+
+/*
  * The documents of window w that belong to `rank` of `world`, in epoch order:
  * window index i_first, i_first + world, ... Returns 0 and a malloc'd array
  * (caller frees) with its length, the window index of its first entry, and

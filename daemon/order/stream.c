@@ -75,6 +75,23 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 	int r = order_epoch_window(w->params, &w->ep, window);
 	if (r < 0)
 		return r;
+	/*
+	 * A cursor's k_w (issue #22), checked once the shards before its window
+	 * are counted. Ownership depends on k_w mod world only and every later
+	 * start moves with it, so one off by a multiple of world walked the very
+	 * stream: corrected (the cursors made from here on carry the right one).
+	 * Off by anything else, the cursor's index was altered with it and the
+	 * documents since were not the rank's: -ERANGE (section 7.3).
+	 */
+	uint64_t seeded, k;
+	if (order_epoch_check_seed(&w->ep, &seeded, &k) < 0) {
+		if ((k > seeded ? k - seeded : seeded - k) % w->world)
+			return -ERANGE;
+		order_epoch_adopt_shared(&w->ep);
+		r = order_epoch_window(w->params, &w->ep, window);
+		if (r < 0)
+			return r;
+	}
 	r = order_window_build(w->params, &w->ep, window, w->rank, w->world, &w->win);
 	if (r < 0)
 		return r;
@@ -144,8 +161,15 @@ static int walk_seek(struct doc_walk *w, const struct order_params *params, uint
 	r = -EINVAL;
 	if (window >= w->ep.n_windows)
 		goto fail;
-	/* A cursor's k_w: the shards before the window are not counted (or checked against it when they are). */
-	if (k && order_epoch_seed(&w->ep, window, *k) < 0)
+	/*
+	 * A cursor's k_w: the shards before the window are not counted (or
+	 * checked against it when they are, now or later: enter_window). At
+	 * most 2^32 - 2 documents per shard before it, so no start wraps.
+	 */
+	r = -ERANGE;
+	if (k && (*k > (uint64_t)MIN((uint64_t)window * params->window, (uint64_t)params->n_shards) *
+			       (ORDER_DOCS_UNKNOWN - 1) ||
+		  order_epoch_seed(&w->ep, window, *k) < 0))
 		goto fail;
 	r = load_window(w, window);
 	if (r == -EAGAIN && at == SIZE_MAX) {

@@ -125,7 +125,7 @@ int doc_walk_seek(struct doc_walk *w, const struct order_params *params, uint32_
 		  uint64_t epoch, uint32_t window, size_t at);
 /*
  * doc_walk_seek() with the window's start k_w given (k: NULL when not known),
- * checked when it is known; hold: the walk holds its windows' shards
+ * checked when it is known (-ERANGE: it is not that); hold: the walk holds its windows' shards
  * (params->hold), as a stream's does.
  */
 int doc_walk_seek_k(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
@@ -176,7 +176,8 @@ struct stream {
  * Positions the stream at `pos`, or at its very beginning when pos is NULL,
  * with token counts from src. Returns 0; -EINVAL when pos cannot be a
  * position of this rank's stream (wrong rank for the index, index or offset
- * out of range); -ENODATA when the rank receives no tokens at all; -ENOMEM.
+ * out of range); -ERANGE when pos's k_w is not the window's start where
+ * that is known (counted); -ENODATA when the rank receives no tokens at all; -ENOMEM.
  * With a source that does not know counts yet, the checks that need them
  * happen in stream_settle(). From the beginning, a first window not counted
  * yet (params->count -EAGAIN) leaves the stream advancing: not placed until

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Writes the seed corpus of one fuzz target into a directory.
 
-Usage: gen-seeds.py TARGET OUTDIR   (TARGET: wire, idx, rankfile, hf, ring, jsonl, parquet)
+Usage: gen-seeds.py TARGET OUTDIR   (TARGET: wire, idx, rankfile, hf, ring, jsonl, parquet, sums, cursor)
 
 Seeds are valid inputs in each target's input format (see the target's
 header comment), plus a few near-misses, so the fuzzer starts from the
@@ -246,13 +246,47 @@ def sums(out):
     # Whole files the C code wrote are committed under corpus/sums/ (accepted inputs).
 
 
+def check_of(body):
+    """A cursor's or state's <check> (docs/sample-order.md, section 7.1)."""
+    m = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    for b in body.encode():
+        h = ((h ^ b) * 0x100000001B3) & m
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & m
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & m
+    h ^= h >> 31
+    return h & 0xFFFFFFFF
+
+
+def cursor(out):
+    """fc1, fc2 and fv1 texts as feedd writes them, with and without <data> and k_w (issue #22)."""
+    fp, data = "0123456789abcdef", "00000000000000ff"
+    bodies = {
+        "fc1": f"fc1-{fp}-8-3-3e8-2-5-4d-c",
+        "fc1-data": f"fc1-{fp}-8-3-3e8-2-5-4d-c-{data}",
+        "fc1-kw": f"fc1-{fp}-8-3-3e8-2-5-4d-c-{data}-1f",
+        "fc2": f"fc2-{fp}-8-3-3e8-9-0-0-2-1-2-3-4-5-6",
+        "fc2-data": f"fc2-{fp}-8-3-3e8-9-0-0-2-1-2-3-4-5-6-{data}",
+        "fc2-kw": f"fc2-{fp}-8-3-3e8-9-0-0-2-1-2-3-4-5-6-{data}-1f-20",
+        "fv1": f"fv1-{fp}-10-3-1-2a-2-1-0-5-0-2-4-0-4-0-7-0-1-9-3",
+        "fv1-kw": f"fv1-{fp}-10-3-1-2a-2-1-0-5-0-2-4-0-4-0-7-0-1-9-3-64-c8",
+        "fv1-mix-kw": f"fv1-{fp}-10-0-0-2a-1-4-2-5-1-0-0-1-2-3-4-5-6-a-b",
+        "fv1-global-kw": f"fv1-{fp}-10-0-0-2a-2-1-0-5-0-2-4-0-2-0-3-0-1-9-3-64-c8",
+    }
+    for name, body in bodies.items():
+        (out / name).write_text(f"{body}-{check_of(body):08x}")
+    (out / "fc2-kw-bad-check").write_text(bodies["fc2-kw"] + "-00000000")
+
+
 def main():
     target, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
         f.unlink()
     {"wire": wire, "idx": idx, "rankfile": rankfile, "hf": hf, "ring": ring, "jsonl": jsonl,
-     "parquet": parquet, "sums": sums}[target](out)
+     "parquet": parquet, "sums": sums, "cursor": cursor}[target](out)
 
 
 if __name__ == "__main__":

@@ -461,3 +461,66 @@ def test_virtual_streams_tokenize_about_what_their_batches_hold(daemon, tmp_path
     # prefetches are of windows the asking stream only passes through (measured 195-257 builds, 122 of them evicted
     # unused; 118-129 when every count was known at load). Hundreds of thousands before.
     assert wa["windows_built"] <= 8 * n_shards // window, wa
+
+
+def test_a_text_resize_on_a_cold_cache_counts_only_from_the_states_windows(daemon, tmp_path):
+    """States of a text feed carry each stream's k_w (issue #22): 2 ranks run late into the epoch, their states
+    are merged (the <kw> list kept), and 3 ranks resume on another feedd with an empty cache_dir: every row of
+    every virtual stream exactly once (the reference's), and the shards before the streams' earliest window are
+    not counted."""
+    S, first = 120, 50  # shards (windows of 2), batches before the resize
+    rnd = random.Random(7)
+    words = "the quick brown fox jumps over a lazy dog while feedd packs rows for every virtual rank".split()
+    (tmp_path / "text").mkdir()
+    for i in range(S):
+        with open(tmp_path / "text" / f"t{i:03d}.jsonl", "w") as f:
+            for _ in range(12):
+                f.write(json.dumps({"text": " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 14)))}) + "\n")
+    (tmp_path / "bytes.tiktoken").write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                                     for i in range(256)))
+    text = conf(tmp_path, "concat", False, "jsonl")
+    ref = Ref(tmp_path, "concat", False, "jsonl")
+    d = daemon(text)
+    rows1, state, _ = run_phase(d, tmp_path, "p0", 2, first, None)
+    assert d.stop() == 0
+    f = state.split("-")
+    n = int(f[6], 16)
+    kw = f[7 + 7 * n:-1]
+    windows = [int(f[7 + 7 * i + 4], 16) for i in range(n)]
+    assert n == V and len(kw) == n, state  # one k_w per stream, after the entries
+    assert all(int(f[7 + 7 * i + 3], 16) == 0 for i in range(n)) and min(windows) >= S // 8, windows  # epoch 0, late
+
+    cold = daemon(text.replace(f"cache_dir = {tmp_path}/cache", f"cache_dir = {tmp_path}/cold"))
+    rows2, final, _ = run_phase(cold, tmp_path, "p1", 3, 3, state)
+    indexed = cold.status()["feeds"][0]["work_ahead"]["text_shards_indexed"]
+    print(f"resize 2 -> 3 at windows {min(windows)}..{max(windows)} of {S // 2} on a cold cache_dir: "
+          f"{indexed} of {S} shards counted")
+    assert indexed <= S - 2 * min(windows) + 8, (windows, indexed)
+    want = []
+    for v, k in stream_rows(final).items():
+        for row in itertools.islice(ref.rows(v), k):
+            want.append((row["input_ids"][0].tobytes(), row["labels"][0].tobytes(), row["position_ids"][0].tobytes()))
+    assert len(rows1) + len(rows2) == len(want) == (2 * first + 3 * 3) * B
+    assert collections.Counter(rows1 + rows2) == collections.Counter(want)
+    assert cold.stop() == 0
+
+    # The merged state without its <kw> list (made before issue #22) resumes the same rows, and the states after
+    # one batch carry the list again, though only 4 of the 5 or 6 streams each rank serves delivered a row since.
+    old = "-".join(f[:7 + 7 * n])
+    old = f"{old}-{feed_ref.mix(fnv1a(old.encode())) & 0xFFFFFFFF:08x}"
+    again = daemon(text.replace(f"cache_dir = {tmp_path}/cache", f"cache_dir = {tmp_path}/cold2"))
+    rows3, _, dumps = run_phase(again, tmp_path, "p2", 3, 1, old)
+    assert collections.Counter(rows3) == collections.Counter(
+        r for d in run_phase(again, tmp_path, "p3", 3, 1, state)[2] for r in rows_of(d))
+    for r, got in enumerate(dumps):
+        g = got["cursors"][-1].split("-")
+        served = (V - r + 2) // 3  # more than the B = 4 rows of a batch
+        assert int(g[6], 16) == served > B and len(g) == 7 + 8 * served + 1, got["cursors"][-1]
+    assert again.stop() == 0
+
+
+def fnv1a(data):
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h

@@ -205,3 +205,125 @@ def test_indexes_let_go_and_built_again_under_virtual_ranks_keep_the_stream(daem
     assert d2.stop() == 0
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(got[k], ref[k]), k
+
+
+def with_check(fields):
+    """A cursor or state text from its '-'-separated fields before the check, with the check appended."""
+    body = "-".join(fields)
+    return f"{body}-{check_of(body):08x}"
+
+
+def mix_conf(a, b, cache):
+    """A mixture of two text sources of .jsonl.zst shards (fc2 cursors: virtual ranks off)."""
+    head = text_scale_conf(a, cache).split("[feed.t]")[0]
+    text = (f"{head}[feed.m]\nsources = a:0.5, b:0.5\nseq_len = 128\nbatch_size = 4\nseed = 3\nshuffle = true\n"
+            f"shuffle_window = 4\neos = 10\nvirtual_ranks = 0\n")
+    for name, folder in (("a", a), ("b", b)):
+        text += (f"[feed.m.{name}]\nformat = jsonl\nshards = {folder}/t*.jsonl.zst\ntokenizer = {folder}/bytes.tiktoken\n"
+                 f"tokenizer_preset = gpt2\n")
+    return text
+
+
+def same_batches(got, want, lo, hi):
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], want[k][lo:hi]), k
+
+
+def test_a_mixture_of_text_sources_resumes_late_on_a_cold_cache_counting_only_its_windows(daemon, tmp_path):
+    """fc2 carries each source's k_w (issue #22): a resume late in the epoch on an empty cache_dir counts only the
+    windows of each source's position and those after it, delivers the uninterrupted run's batches, an fc2 made
+    before (without <kw>) still resumes the same, and a <kw> that disagrees with the counts known is refused,
+    naming the field."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_zst_shards(a, 400, 3)
+    write_zst_shards(b, 400, 3)
+    d = daemon(mix_conf(a, b, tmp_path / "warm"))
+    want = d.dump("m", tmp_path / "want", batches=130)
+    at = 120
+    cursor = want["cursors"][at]
+    f = cursor.split("-")
+    # fc2 of two sources: 8 fields, 2 triples, <data>, one <kw> per source, <check>.
+    assert f[0] == "fc2" and int(f[8], 16) == 2 and len(f) == 9 + 6 + 1 + 2 + 1, cursor
+    windows = [int(f[10], 16), int(f[13], 16)]
+    assert min(windows) >= 40 and int(f[9], 16) == int(f[12], 16) == 0, cursor  # late in epoch 0 of both
+    # A <kw> off by one: the daemon knows every count (the warm run read them): refused, naming the field.
+    bad = d.dump("m", tmp_path / "bad", batches=1, check=False,
+                 cursor=with_check(f[:16] + [format(int(f[16], 16) + 1, "x")] + f[17:18]))
+    assert not isinstance(bad, dict) and bad.returncode != 0 and "<kw>" in bad.stderr, bad
+    assert d.stop() == 0
+
+    d2 = daemon(mix_conf(a, b, tmp_path / "cold"))
+    late = d2.dump("m", tmp_path / "late", batches=5, cursor=cursor)
+    same_batches(late, want, at + 1, at + 6)
+    indexed = work(d2)["work_ahead"]["text_shards_indexed"]
+    print(f"fc2 resume at windows {windows} of 100 (both sources) on a cold cache_dir: {indexed} of 800 shards counted")
+    # Each source's window and those after it (plus tokenizing ahead): not the 4 * w shards before each position.
+    assert indexed <= sum(400 - 4 * w for w in windows) + 80, (windows, indexed)
+    assert d2.stop() == 0
+
+    # The same cursor without <kw> (an fc2 made before issue #22) resumes the same, counting what it must.
+    d3 = daemon(mix_conf(a, b, tmp_path / "cold2"))
+    old = d3.dump("m", tmp_path / "old", batches=5, cursor=with_check(f[:16]))
+    same_batches(old, want, at + 1, at + 6)
+    print(f"the same without <kw>: {work(d3)['work_ahead']['text_shards_indexed']} counted")
+    assert work(d3)["work_ahead"]["text_shards_indexed"] >= sum(4 * w for w in windows)
+    assert d3.stop() == 0
+
+
+def state_parts(state):
+    """(head fields, entries, <kw> list) of an fv1 state of a feed of one stream (section 17.5)."""
+    f = state.split("-")
+    n = int(f[6], 16)
+    entries = [f[7 + 7 * i:14 + 7 * i] for i in range(n)]
+    return f[:7], entries, f[7 + 7 * n:-1]
+
+
+def test_an_elastic_text_state_resumes_late_on_a_cold_cache_counting_only_its_windows(daemon, tmp_path):
+    """fv1 states carry every stream's k_w (issue #22): a rank serving 4 virtual streams resumes late in the
+    epoch on an empty cache_dir counting only the windows from its streams' earliest position on, with the
+    uninterrupted run's batches; a state made before (no <kw> list) still resumes the same; and the merge of
+    the states of two ranks keeps the list."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 400, 3)
+    vconf = lambda cache: conf(folder, cache, extra="virtual_ranks = 4\n")  # noqa: E731
+    d = daemon(vconf(tmp_path / "warm"))
+    want = d.dump("t", tmp_path / "want", batches=80)
+    at = 60
+    state = want["cursors"][at]
+    head, entries, kw = state_parts(state)
+    assert head[0] == "fv1" and len(entries) == 4 and len(kw) == 4, state
+    windows = [int(e[4], 16) for e in entries]
+    assert all(int(e[3], 16) == 0 for e in entries) and min(windows) >= 40, state  # late in epoch 0
+    # A tampered <kw> of one stream, the counts known: refused, naming the stream and the field.
+    kw_bad = [format(int(kw[0], 16) + 1, "x")] + kw[1:]
+    bad = d.dump("t", tmp_path / "bad", batches=1, check=False,
+                 cursor=with_check(head + sum(entries, []) + kw_bad))
+    assert not isinstance(bad, dict) and bad.returncode != 0 and "<kw>" in bad.stderr, bad
+    # Two ranks' states merged (feedctl's merge is libfeed's) keep the list: world 2 at the same step.
+    halves = [d.dump("t", tmp_path / f"r{r}", rank=r, world=2, batches=at // 2 + 1)["cursors"][at // 2]
+              for r in (0, 1)]
+    merged = d.ctl("merge", *halves).stdout.strip()
+    _, m_entries, m_kw = state_parts(merged)
+    assert len(m_kw) == len(m_entries) == 4 and sorted(m_kw) == sorted(state_parts(halves[0])[2] +
+                                                                         state_parts(halves[1])[2]), merged
+    assert d.stop() == 0
+
+    d2 = daemon(vconf(tmp_path / "cold"))
+    # On a cold cache_dir the same <kw> cannot be compared with counts, but ownership in its window depends on
+    # k_w mod V' (section 7.3): off by one, the stream's <index> names none of its documents: refused too.
+    bad = d2.dump("t", tmp_path / "bad2", batches=1, check=False, cursor=with_check(head + sum(entries, []) + kw_bad))
+    assert not isinstance(bad, dict) and bad.returncode != 0 and "does not name a position of virtual stream" in \
+        bad.stderr, bad
+    late = d2.dump("t", tmp_path / "late", batches=5, cursor=state)
+    same_batches(late, want, at + 1, at + 6)
+    indexed = work(d2)["work_ahead"]["text_shards_indexed"]
+    print(f"fv1 resume at windows {windows} of 100 on a cold cache_dir: {indexed} of 400 shards counted")
+    assert indexed <= 400 - 4 * min(windows) + 40, (windows, indexed)
+    assert d2.stop() == 0
+
+    d3 = daemon(vconf(tmp_path / "cold2"))
+    old = d3.dump("t", tmp_path / "old", batches=5, cursor=with_check(head + sum(entries, [])))
+    same_batches(old, want, at + 1, at + 6)
+    print(f"the same without <kw>: {work(d3)['work_ahead']['text_shards_indexed']} counted")
+    assert work(d3)["work_ahead"]["text_shards_indexed"] >= 4 * min(windows)
+    assert d3.stop() == 0

@@ -134,8 +134,27 @@ static void test_data_identity(void)
 	struct cursor m = { .fingerprint = 1, .world = 2, .rank = 1, .batch = 5, .n_sources = 2, .k = 9, .row = 3,
 			    .has_data = true, .data = UINT64_C(0xabcdef0123456789) };
 	int n = cursor_format(&m, text, sizeof(text));
-	CHECK(n > 0 && cursor_parse(text, &d) == 0 && d.has_data && d.data == m.data && d.n_sources == 2,
+	CHECK(n > 0 && cursor_parse(text, &d) == 0 && d.has_data && d.data == m.data && d.n_sources == 2 &&
+	      !d.src[0].has_k && !d.src[1].has_k,
 	      "fc2 with data identity \"%s\" does not round-trip", text);
+	/* fc2's k_w (issue #22): one per source after the data identity, every source's when one has it. */
+	m.src[0] = (struct stream_pos){ .epoch = 1, .window = 2, .index = 3, .k = 0x77 };
+	m.src[1] = (struct stream_pos){ .epoch = 4, .window = 5, .index = 6, .k = UINT64_MAX, .has_k = true };
+	n = cursor_format(&m, text, sizeof(text));
+	CHECK(n > 0 && cursor_parse(text, &d) == 0 && d.has_data && d.data == m.data && d.n_sources == 2 &&
+	      d.src[0].has_k && d.src[0].k == 0x77 && d.src[1].has_k && d.src[1].k == UINT64_MAX && d.src[1].window == 5,
+	      "fc2 with k_w \"%s\" does not round-trip", text);
+	with_check("fc2-0123456789abcdef-8-3-3e8-9-0-0-2-1-2-3-4-5-6-00000000000000ff-1f-20", text, sizeof(text));
+	CHECK(cursor_parse(text, &d) == 0 && d.src[0].k == 0x1f && d.src[1].k == 0x20 && d.src[1].has_k,
+	      "fc2 with k_w (\"%s\") does not parse", text);
+	with_check("fc2-0123456789abcdef-8-3-3e8-9-0-0-2-1-2-3-4-5-6-00000000000000ff-1f", text, sizeof(text));
+	rejected("fc2 with k_w of one source of two", text);
+	with_check("fc2-0123456789abcdef-8-3-3e8-9-0-0-2-1-2-3-4-5-6-00000000000000ff-1f-20-21", text, sizeof(text));
+	rejected("fc2 with three k_w for two sources", text);
+	with_check("fc2-0123456789abcdef-8-3-3e8-9-0-0-2-1-2-3-4-5-6-1f-20", text, sizeof(text));
+	rejected("fc2 with k_w and no data identity", text);
+	with_check("fc1-0123456789abcdef-8-3-3e8-2-5-4d-c-00000000000000ff-1f-20", text, sizeof(text));
+	rejected("fc1 with two k_w", text);
 }
 
 static void test_rejects(void)

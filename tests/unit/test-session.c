@@ -405,6 +405,10 @@ static void check_same(const char *what, const struct got *a, const struct got *
 			x.data = y.data = 0; /* and its data identity */
 			x.pos.k = y.pos.k = 0; /* and k_w, which only a text feed's cursors carry (issue #22) */
 			x.pos.has_k = y.pos.has_k = false;
+			for (unsigned q = 0; q < MIX_MAX_SOURCES; q++) { /* fc2: one per source */
+				x.src[q].k = y.src[q].k = 0;
+				x.src[q].has_k = y.src[q].has_k = false;
+			}
 			CHECK(memcmp(&x, &y, sizeof(x)) == 0, "%s: batch %zu: cursors %s and %s name different places",
 			      what, i, a[i].cursor, b[i].cursor);
 		}

@@ -101,6 +101,88 @@ static void rejected(const char *why, struct vstate *st)
 	free(text);
 }
 
+/*
+ * The <kw> list (issue #22): round-trips, written piecewise the same, all
+ * or nothing (an entry without k_w drops the list), and merged with the
+ * entries it belongs to.
+ */
+static void test_kw(uint32_t ns)
+{
+	struct vstate_stream s[3] = { entry(2, ns, 5), entry(5, ns, 8), entry(8, ns, 13) };
+	for (unsigned i = 0; i < 3; i++) {
+		s[i].has_kw = true;
+		for (unsigned k = 0; k < vstate_kws(ns); k++)
+			s[i].kw[k] = i == 2 ? UINT64_MAX - k : 1000 * i + k;
+	}
+	struct vstate st = { .fingerprint = 9, .vranks = 12, .world = 3, .rank = 2, .batch = 7, .n = 3, .s = s };
+	char *text = format(&st);
+	REQUIRE(text, "no text");
+	struct vstate back;
+	CHECK_INT(vstate_parse(text, &back), 0);
+	for (size_t i = 0; i < back.n && i < 3; i++) {
+		CHECK(back.s[i].has_kw && memcmp(back.s[i].kw, s[i].kw, vstate_kws(ns) * sizeof(uint64_t)) == 0 &&
+		      memcmp(back.s[i].f, s[i].f, vstate_fields(ns) * sizeof(uint64_t)) == 0,
+		      "entry %zu of \"%s\" with k_w", i, text);
+	}
+	vstate_clear(&back);
+
+	char buf[4096];
+	int n = vstate_format_head(&st, buf, sizeof(buf));
+	for (size_t i = 0; n > 0 && i < 3; i++) {
+		int k = vstate_format_entry(&s[i], buf + n, sizeof(buf) - (size_t)n);
+		n = k < 0 ? k : n + k;
+	}
+	for (size_t i = 0; n > 0 && i < 3; i++) {
+		int k = vstate_format_kw(&s[i], buf + n, sizeof(buf) - (size_t)n);
+		n = k < 0 ? k : n + k;
+	}
+	if (n > 0)
+		n = vstate_format_check(buf, (size_t)n, sizeof(buf));
+	CHECK(n > 0 && strcmp(buf, text) == 0, "piecewise \"%s\" differs from \"%s\"", buf, text);
+	CHECK(strlen(text) < vstate_max_len(3, ns), "\"%s\" is longer than vstate_max_len", text);
+
+	/* Truncated anywhere (a k_w short): never parses. */
+	for (size_t i = 0; i < strlen(text); i++) {
+		char *bad = strndup(text, i);
+		struct vstate d;
+		int r = vstate_parse(bad, &d);
+		CHECK(r == -EINVAL, "\"%s\" (truncated) parsed", bad);
+		if (r == 0)
+			vstate_clear(&d);
+		free(bad);
+	}
+	free(text);
+
+	/* One entry without k_w: no list at all (the resume counts), the entries unchanged. */
+	s[1].has_kw = false;
+	text = format(&st);
+	CHECK_INT(vstate_parse(text, &back), 0);
+	for (size_t i = 0; i < back.n; i++)
+		CHECK(!back.s[i].has_kw, "entry %zu of \"%s\" has k_w", i, text);
+	vstate_clear(&back);
+	free(text);
+	s[1].has_kw = true;
+
+	/* Merged with its entries: rank 2's with k_w, ranks 0 and 1 likewise. */
+	struct vstate_stream a[1] = { entry(0, ns, 1) }, b[1] = { entry(1, ns, 2) };
+	a[0].has_kw = b[0].has_kw = true;
+	a[0].kw[0] = 11;
+	b[0].kw[0] = 22;
+	struct vstate parts[3] = { st, st, st };
+	parts[0].rank = 0, parts[0].n = 1, parts[0].s = a;
+	parts[1].rank = 1, parts[1].n = 1, parts[1].s = b;
+	struct vstate g;
+	char err[256];
+	CHECK_INT(vstate_merge(parts, 3, &g, err, sizeof(err)), 0);
+	text = format(&g);
+	CHECK_INT(vstate_parse(text, &back), 0);
+	CHECK(back.n == 5 && back.s[0].has_kw && back.s[0].kw[0] == 11 && back.s[1].kw[0] == 22 &&
+	      back.s[4].v == 8 && back.s[4].kw[0] == s[2].kw[0], "merged \"%s\"", text);
+	vstate_clear(&back);
+	vstate_clear(&g);
+	free(text);
+}
+
 static void test_rules(void)
 {
 	struct vstate_stream s[2] = { entry(1, 0, 1), entry(4, 0, 2) };
@@ -176,6 +258,9 @@ int main(void)
 	test_round_trip(0);
 	test_round_trip(3);
 	test_round_trip(VSTATE_MAX_SOURCES);
+	test_kw(0);
+	test_kw(2);
+	test_kw(VSTATE_MAX_SOURCES);
 	test_rules();
 	test_merge();
 	return unit_exit("test-vstate");
