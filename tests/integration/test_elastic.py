@@ -490,7 +490,8 @@ def test_a_text_resize_on_a_cold_cache_counts_only_from_the_states_windows(daemo
     assert n == V and len(kw) == n, state  # one k_w per stream, after the entries
     assert all(int(f[7 + 7 * i + 3], 16) == 0 for i in range(n)) and min(windows) >= S // 8, windows  # epoch 0, late
 
-    cold = daemon(text.replace(f"cache_dir = {tmp_path}/cache", f"cache_dir = {tmp_path}/cold"))
+    # What the resume counts, alone: no background count pass (count_ahead).
+    cold = daemon(text.replace(f"cache_dir = {tmp_path}/cache", f"cache_dir = {tmp_path}/cold") + "count_ahead = false\n")
     rows2, final, _ = run_phase(cold, tmp_path, "p1", 3, 3, state)
     indexed = cold.status()["feeds"][0]["work_ahead"]["text_shards_indexed"]
     print(f"resize 2 -> 3 at windows {min(windows)}..{max(windows)} of {S // 2} on a cold cache_dir: "
