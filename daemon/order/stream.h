@@ -63,7 +63,7 @@ struct stream_source {
  * lengths. The stream walks one; a tokenizing session walks a second one
  * ahead of it to know which documents to tokenize next.
  */
-#define DOC_WALK_AHEAD 256
+#define DOC_WALK_AHEAD 32
 
 struct doc_walk {
 	const struct order_params *params;
