@@ -122,6 +122,8 @@ void doc_walk_ahead(struct doc_walk *w)
 	if (w->at < w->ahead_lo || w->at > w->ahead_end)
 		w->ahead_end = w->at; /* a jump: nothing computed is of use */
 	w->ahead_lo = w->at;
+	/* From a standstill (a start, a jump, a new window) every document up to `near` is warmed at once. */
+	bool fresh = w->ahead_end == w->at;
 	size_t end = MIN(w->n_docs, w->at + DOC_WALK_AHEAD);
 	for (; w->ahead_end < end; w->ahead_end++) {
 		uint64_t id = order_window_doc(&w->win, w->ahead_end);
@@ -130,8 +132,22 @@ void doc_walk_ahead(struct doc_walk *w)
 			w->prefetch(w->prefetch_ctx, id, 0);
 	}
 	size_t near = w->at + DOC_WALK_AHEAD / 2;
-	if (w->prefetch && near < w->ahead_end)
-		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
+	if (!w->prefetch)
+		return;
+	for (size_t m = fresh ? w->at : near; m <= near && m < w->ahead_end; m++)
+		w->prefetch(w->prefetch_ctx, w->ahead[m % DOC_WALK_AHEAD], 1);
+}
+
+void doc_walk_set_prefetch(struct doc_walk *w, void (*prefetch)(void *userdata, uint64_t doc, unsigned stage),
+			   void *ctx)
+{
+	w->prefetch = prefetch;
+	w->prefetch_ctx = ctx;
+	/* What was computed ahead without it is computed again, and warmed (a fresh start at the walk's next place). */
+	size_t at = w->at == SIZE_MAX ? 0 : w->at;
+	w->ahead_lo = w->ahead_end = at;
+	if (w->at != SIZE_MAX)
+		doc_walk_ahead(w);
 }
 
 static int walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
@@ -287,8 +303,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		r = walk_seek(&s->walk, params, rank, world, 0, 0, NULL, SIZE_MAX, true);
 		if (r < 0)
 			goto fail;
-		s->walk.prefetch = src->prefetch;
-		s->walk.prefetch_ctx = src->userdata;
+		doc_walk_set_prefetch(&s->walk, src->prefetch, src->userdata);
 		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
 		if (r < 0)
@@ -298,8 +313,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 			      true);
 		if (r < 0)
 			goto fail;
-		s->walk.prefetch = src->prefetch;
-		s->walk.prefetch_ctx = src->userdata;
+		doc_walk_set_prefetch(&s->walk, src->prefetch, src->userdata);
 		/* A cursor must name one of this rank's documents of that window. */
 		r = -EINVAL;
 		const struct doc_walk *w = &s->walk;

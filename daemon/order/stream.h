@@ -130,6 +130,9 @@ void doc_walk_clear(struct doc_walk *w);
 
 /* Computes the ids of the documents ahead of a walk in a permuted window (and prefetches them). */
 void doc_walk_ahead(struct doc_walk *w);
+/* Sets the walk's prefetch (stream_source.prefetch) and warms what it has computed ahead with it. */
+void doc_walk_set_prefetch(struct doc_walk *w, void (*prefetch)(void *userdata, uint64_t doc, unsigned stage),
+			   void *ctx);
 
 static inline uint64_t doc_walk_doc(const struct doc_walk *w)
 {
