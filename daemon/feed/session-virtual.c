@@ -36,7 +36,8 @@ struct session_virtual {
 	uint32_t *heap;
 	uint32_t heap_n;
 	bool has_text;          /* a served stream tokenizes text on the way (batch_ready, session_virtual_text) */
-	uint64_t *sim_rows;     /* scratch of batch_ready and session_virtual_text: m rows each stream gives (shares) */
+	uint32_t n_cold;        /* live streams maybe not warmed yet (warm_next); 0: every one is */
+	uint64_t *sim_rows;     /* scratch of batch_ready, session_virtual_text, warm_next: m rows each stream gives (shares) */
 	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
 	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
 	uint16_t *entry_len;
@@ -163,6 +164,47 @@ static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct curs
 	return 0;
 }
 
+/*
+ * A virtual stream of stored tokens is opened unsettled and cold
+ * (stream_source.unsettled, doc_walk.cold): opening a rank's 1,024 streams
+ * asks for what their first documents need, nothing ahead; the streams are
+ * warmed as their rows come up (warm_next).
+ */
+static bool sub_cold(const struct session *sub)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++)
+		if (sub->srcs[i].stream->walk.cold)
+			return true;
+	return false;
+}
+
+static void sub_warm(struct session *sub, enum walk_warm how)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++)
+		doc_walk_warm(&sub->srcs[i].stream->walk, how);
+}
+
+/* Settles a virtual stream opened unsettled: src_open's checks (session.c). Returns 0, -ENODATA, -EINVAL or an error in err. */
+static int sub_settle(struct session *sub, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++) {
+		const struct session_src *sx = &sub->srcs[i];
+		if (sx->feed->kind == FEED_TEXT)
+			continue; /* settled when opened */
+		int r = stream_settle(sx->stream);
+		if (r == 0 || r == -EAGAIN)
+			continue;
+		if (r == -ENODATA || r == -EINVAL)
+			return r;
+		if ((r == -EBADMSG || r == -ESTALE) && sx->feed->state == FEED_FAILED)
+			snprintf(err, errlen, "%s", sx->feed->error);
+		else
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
 /* Heap order: fewer rows first, then the smaller v (the served streams' indices ascend with v). */
 static bool heap_less(const struct session_virtual *x, uint32_t a, uint32_t b)
 {
@@ -272,15 +314,39 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", v, f->name);
 			return r;
 		}
+	}
+	/*
+	 * Every stream's first document was asked for as it was opened (its
+	 * doc_idx), then its length for all of them, and only then is each
+	 * settled: a cold index is read with every stream's pages in flight,
+	 * not one stream's reads after another's.
+	 */
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i])
+			sub_warm(x->sub[i], WALK_WARM_FIRST);
+	for (uint32_t i = 0; i < x->m; i++) {
+		if (!x->sub[i])
+			continue;
+		int r = sub_settle(x->sub[i], err, errlen);
+		if (r == -ENODATA) {
+			session_unref(x->sub[i]);
+			x->sub[i] = NULL; /* no token at all: dead, as one that failed to open so */
+			continue;
+		}
+		if (r < 0) {
+			if (r == -EINVAL)
+				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", x->v[i],
+					 f->name);
+			return r;
+		}
 		x->has_text |= x->sub[i]->has_text;
 		live++;
 	}
-	if (x->has_text) {
-		x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
-		if (!x->sim_rows) {
-			snprintf(err, errlen, "out of memory");
-			return -ENOMEM;
-		}
+	x->n_cold = live;
+	x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
+	if (!x->sim_rows) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < x->m; i++)
 		if (x->sub[i])
@@ -376,6 +442,35 @@ static bool shares(const struct session_virtual *x, uint64_t n, uint64_t *out)
 			left--;
 		}
 	return true;
+}
+
+/*
+ * The streams whose rows come next, in section 17.3's order (shares()):
+ * those of this batch's `now` rows warmed whole, those of the `soon` rows
+ * after them asked for ahead (stage 0: reads queued, none waited for), so
+ * that their pages arrive while this batch is made. Once every live stream
+ * has been warmed this costs nothing.
+ */
+static void warm_next(struct session_virtual *x, uint32_t now, uint32_t soon)
+{
+	if (!x->n_cold)
+		return;
+	uint32_t cold = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		if (!shares(x, pass == 0 ? now : (uint64_t)now + soon, x->sim_rows)) {
+			x->n_cold = 0; /* every stream dead */
+			return;
+		}
+		cold = 0;
+		for (uint32_t k = 0; k < x->m; k++) {
+			if (!x->sub[k] || x->dead[k] || !sub_cold(x->sub[k]))
+				continue;
+			if (x->sim_rows[k])
+				sub_warm(x->sub[k], pass == 0 ? WALK_WARM_ALL : WALK_WARM_AHEAD);
+			cold++;
+		}
+	}
+	x->n_cold = cold;
 }
 
 /*
@@ -477,6 +572,7 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		snprintf(msg, msglen, "out of memory");
 		return -ENOMEM;
 	}
+	warm_next(x, B, 2 * B);
 	j->plan.batch_index = batch;
 	j->plan.batch_size = B;
 	j->plan.seq_len = f->conf.seq_len;

@@ -296,8 +296,10 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	const struct feed *f = x->feed;
 	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
+	/* A virtual stream of stored tokens: its session warms and settles it with the others (session-virtual.c). */
 	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x,
-				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch };
+				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch,
+				     .unsettled = s->parent && f->kind != FEED_TEXT };
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */

@@ -62,7 +62,7 @@ struct megatron_shard {
 
 	/* A large mapped .idx read cold (megatron_cold.c): pages already asked for, one bit each; NULL: not used. */
 	uint64_t *cold;
-	uint64_t *cold_asked; /* pages asked for (in the same allocation) */
+	uint64_t *cold_asked; /* [0] pages asked for, [1] pages probed, [2] of those cached (in the same allocation) */
 	unsigned cold_page_shift;
 };
 

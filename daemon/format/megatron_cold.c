@@ -30,6 +30,7 @@
  * 20 GB of index), so that a warm walk costs no system call; a page
  * evicted since is only faulted in again, as before.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -46,7 +47,7 @@ void megatron_cold_init(struct megatron_shard *s)
 		return;
 	size_t pages = (s->idx_len + (size_t)page - 1) / (size_t)page;
 	size_t words = (pages + 63) / 64;
-	uint64_t *bits = calloc(words + 1, sizeof(uint64_t));
+	uint64_t *bits = calloc(words + 3, sizeof(uint64_t));
 	if (!bits)
 		return; /* faults as before: slower, never wrong */
 	s->cold = bits;
@@ -62,17 +63,41 @@ void megatron_cold_free(struct megatron_shard *s)
 
 #define COLD_SINGLE 4096u       /* pages of a shard asked for one by one (16 MiB) */
 #define COLD_CHUNK (2u << 20)    /* then bytes asked for at once around a page */
+#define COLD_PROBE 32u           /* the first pages wanted: looked up in the page cache first (mincore) */
+#define COLD_CACHED 30u          /* of which this many cached: the shard is taken as cached, asked for nothing */
+
+/* Whether page p of the index is in the page cache (one system call); false when it cannot say. */
+static bool page_cached(const struct megatron_shard *s, uint64_t p)
+{
+	unsigned char v = 0;
+	return mincore((void *)(s->idx + (p << s->cold_page_shift)), (size_t)1 << s->cold_page_shift, &v) == 0 &&
+	       (v & 1);
+}
 
 /* Pages of bytes off .. off + len - 1 of the index not asked for yet: asked for now (reads queued, not waited for). */
 void megatron_cold_want(const struct megatron_shard *s, uint64_t off, uint64_t len)
 {
 	if (!s->cold || len == 0 || off >= s->idx_len)
 		return;
+	uint64_t *probed = &s->cold_asked[1], *cached = &s->cold_asked[2];
+	/* A cached index (a warm start): nothing asked for, no system call. */
+	if (__atomic_load_n(cached, __ATOMIC_RELAXED) >= COLD_CACHED)
+		return;
 	uint64_t end = off + len < s->idx_len ? off + len : s->idx_len;
 	unsigned sh = s->cold_page_shift;
 	for (uint64_t p = off >> sh; p <= (end - 1) >> sh; p++) {
 		if (__atomic_load_n(&s->cold[p / 64], __ATOMIC_RELAXED) & (1ull << (p % 64)))
 			continue;
+		/* Two threads may both probe: the counts are a sample, not exact. */
+		if (__atomic_load_n(probed, __ATOMIC_RELAXED) < COLD_PROBE) {
+			__atomic_fetch_add(probed, 1, __ATOMIC_RELAXED);
+			if (page_cached(s, p)) {
+				__atomic_fetch_or(&s->cold[p / 64], 1ull << (p % 64), __ATOMIC_RELAXED);
+				if (__atomic_add_fetch(cached, 1, __ATOMIC_RELAXED) >= COLD_CACHED)
+					return;
+				continue;
+			}
+		}
 		/* Two threads may both ask for a page: harmless, the second finds it being read. */
 		uint64_t a = p, b = p + 1;
 		if (__atomic_fetch_add(s->cold_asked, 1, __ATOMIC_RELAXED) >= COLD_SINGLE) {
