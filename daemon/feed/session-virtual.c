@@ -446,10 +446,11 @@ static bool shares(const struct session_virtual *x, uint64_t n, uint64_t *out)
 
 /*
  * The streams whose rows come next, in section 17.3's order (shares()):
- * those of this batch's `now` rows warmed whole, those of the `soon` rows
- * after them asked for ahead (stage 0: reads queued, none waited for), so
- * that their pages arrive while this batch is made. Once every live stream
- * has been warmed this costs nothing.
+ * the documents ahead of those of the next `now + soon` rows asked for
+ * (stage 0: reads queued, none waited for), then those of the `now` rows
+ * (this batch's) warmed whole, whose stage 1 reads what stage 0 asked for:
+ * the pages of the `soon` rows arrive while this batch is made. Once every
+ * live stream has been warmed this costs nothing.
  */
 static void warm_next(struct session_virtual *x, uint32_t now, uint32_t soon)
 {
@@ -457,7 +458,7 @@ static void warm_next(struct session_virtual *x, uint32_t now, uint32_t soon)
 		return;
 	uint32_t cold = 0;
 	for (int pass = 0; pass < 2; pass++) {
-		if (!shares(x, pass == 0 ? now : (uint64_t)now + soon, x->sim_rows)) {
+		if (!shares(x, pass == 0 ? (uint64_t)now + soon : now, x->sim_rows)) {
 			x->n_cold = 0; /* every stream dead */
 			return;
 		}
@@ -466,8 +467,9 @@ static void warm_next(struct session_virtual *x, uint32_t now, uint32_t soon)
 			if (!x->sub[k] || x->dead[k] || !sub_cold(x->sub[k]))
 				continue;
 			if (x->sim_rows[k])
-				sub_warm(x->sub[k], pass == 0 ? WALK_WARM_ALL : WALK_WARM_AHEAD);
-			cold++;
+				sub_warm(x->sub[k], pass == 0 ? WALK_WARM_AHEAD : WALK_WARM_ALL);
+			else
+				cold++; /* the second pass's count: cold still */
 		}
 	}
 	x->n_cold = cold;
