@@ -6,8 +6,9 @@ Runs with Debian's /usr/bin/python3. The shards are bench/scale/run.py's (writte
 missing: SHARDS synthetic Megatron shards of DOCS/SHARDS 8-token documents, .bin sparse). Each round
 runs every build in turn, in rotating order, each on a cold page cache (posix_fadvise(DONTNEED) on
 every shard file, checked with fincore; nothing else on the machine is dropped), then again at once
-with what that run left cached ("warm": the window's index pages the first batch read, not the whole
-index). Per run: the load average at its start, ready and first batch from exec (as run.py measures
+with what that run left cached ("after": the window's index pages the first batch read, not the whole
+index); --states cached runs each build with every shard file read into the page cache first (as
+run.py's page-cached runs). Per run: the load average at its start, ready and first batch from exec (as run.py measures
 them), and the daemon's major page faults and bytes read from storage (/proc/PID/stat, /proc/PID/io)
 when its first batch is received. The daemon is stopped after its first batch.
 
@@ -93,6 +94,7 @@ def main():
     ap.add_argument("--shuffle", default="on")
     ap.add_argument("--mem-cap", type=int, default=None, metavar="MIB")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--states", default="cold,after", help="cold, after (a cold run's pages), cached (every file)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     builds = [Path(b) for b in a.build]
@@ -111,9 +113,11 @@ def main():
                 order = list(range(len(builds)))
                 order = order[rnd % len(order):] + order[:rnd % len(order)]
                 for bi in order:
-                    for state in ("cold", "warm"):
+                    for state in a.states.split(","):
                         if state == "cold":
                             drop(paths)
+                        elif state == "cached":
+                            common.warm(paths)
                         with tempfile.TemporaryDirectory() as tmp:
                             res = first_batch(builds[bi], tmp, str(folder / "*.idx"), a.shuffle == "on", cap)
                         row = {"build": names[bi], "documents": n, "round": rnd, "cache": state, **res}
@@ -123,7 +127,7 @@ def main():
         if cap:
             cap.close()
     for n in sorted({r["documents"] for r in rows}):
-        for state in ("cold", "warm"):
+        for state in a.states.split(","):
             for name in names:
                 sel = [r for r in rows if r["documents"] == n and r["cache"] == state and r["build"] == name]
                 if sel:
