@@ -58,7 +58,22 @@ def proc_io(pid):
     return majflt, read
 
 
-def first_batch(build, tmp, shards, shuffle, cap):
+def threads_io(pid):
+    """{thread name: [MiB read from storage, major faults]} of process pid's threads (summed by name)."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+            majflt, read = proc_io(f"{pid}/task/{t}")
+        except OSError:
+            continue
+        e = out.setdefault(comm, [0.0, 0])
+        e[0] += read / 2**20
+        e[1] += majflt
+    return out
+
+
+def first_batch(build, tmp, shards, shuffle, cap, steady_batches=0):
     """One daemon: ready, first batch, faults and bytes read at it; stopped after."""
     conf = (f"[feedd]\nthreads = 2\nring_slots = 4\n[feed.b]\nshards = {shards}\nseq_len = {scale.L}\n"
             f"batch_size = {scale.B}\nseed = 1\nshuffle = {'true' if shuffle else 'false'}\nshuffle_window = 4\n")
@@ -76,12 +91,15 @@ def first_batch(build, tmp, shards, shuffle, cap):
             if r.returncode:
                 raise RuntimeError(f"consume: {r.stderr}")
             majflt, read = proc_io(d.pid)
+            threads = threads_io(d.pid)
+            steady = common.consume(build, sock, "b", steady_batches, daemon=d)["tokens_per_s"] if steady_batches else None
         finally:
             common.stop(d)
     finally:
         if cap:
             cap.finish()
-    return {"load": load, "ready_s": ready, "first_batch_s": first, "majflt": majflt, "read_mib": read / 2**20}
+    return {"load": load, "ready_s": ready, "first_batch_s": first, "majflt": majflt, "read_mib": read / 2**20,
+            "threads": threads, "steady_tok_s": steady}
 
 
 def main():
@@ -94,6 +112,8 @@ def main():
     ap.add_argument("--shuffle", default="on")
     ap.add_argument("--mem-cap", type=int, default=None, metavar="MIB")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steady", type=int, default=0, metavar="N",
+                    help="after the first batch, N batches more: tokens/s of a feed still being read cold")
     ap.add_argument("--states", default="cold,after", help="cold, after (a cold run's pages), cached (every file)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -119,7 +139,7 @@ def main():
                         elif state == "cached":
                             common.warm(paths)
                         with tempfile.TemporaryDirectory() as tmp:
-                            res = first_batch(builds[bi], tmp, str(folder / "*.idx"), a.shuffle == "on", cap)
+                            res = first_batch(builds[bi], tmp, str(folder / "*.idx"), a.shuffle == "on", cap, a.steady)
                         row = {"build": names[bi], "documents": n, "round": rnd, "cache": state, **res}
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -131,10 +151,11 @@ def main():
             for name in names:
                 sel = [r for r in rows if r["documents"] == n and r["cache"] == state and r["build"] == name]
                 if sel:
-                    med = {k: statistics.median(r[k] for r in sel) for k in ("first_batch_s", "majflt", "read_mib")}
+                    med = {k: statistics.median(r[k] or 0 for r in sel)
+                           for k in ("first_batch_s", "majflt", "read_mib", "steady_tok_s")}
                     print(f"{n} {state} {name}: first batch " +
                           ", ".join(f"{r['first_batch_s']:.2f}" for r in sel) +
-                          f" s (median {med['first_batch_s']:.2f}); ready " +
+                          f" s (median {med['first_batch_s']:.2f}); steady tokens/s median {med['steady_tok_s'] / 1e6:.2f} M; ready " +
                           ", ".join(f"{r['ready_s']:.2f}" for r in sel) +
                           f"; major faults median {med['majflt']:.0f}; read median {med['read_mib']:.0f} MiB; load " +
                           ", ".join(f"{r['load']:.1f}" for r in sel))

@@ -61,7 +61,7 @@ void megatron_cold_free(struct megatron_shard *s)
 	s->cold = s->cold_asked = NULL;
 }
 
-#define COLD_SINGLE 4096u       /* pages of a shard asked for one by one (16 MiB) */
+#define COLD_SINGLE 16384u      /* pages of a shard asked for one by one (64 MiB) */
 #define COLD_CHUNK (2u << 20)    /* then bytes asked for at once around a page */
 #define COLD_PROBE 32u           /* the first pages wanted: looked up in the page cache first (mincore) */
 #define COLD_CACHED 30u          /* of which this many cached: the shard is taken as cached, asked for nothing */
