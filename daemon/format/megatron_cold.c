@@ -12,23 +12,42 @@
  * arriving (a page being read is waited for, never read around again).
  *
  * What is asked for grows with what a shard was asked for: its first
- * COLD_SINGLE pages one by one (the first batches need a few thousand
- * pages of a window of gigabytes), then the aligned COLD_CHUNK around a
+ * COLD_SINGLE pages one by one (the first batches need tens of thousands
+ * of pages of a window of gigabytes), then the aligned COLD_CHUNK around a
  * page (a window read for long is read nearly whole: large reads, as the
  * read-around made them, but asynchronous). Tried and dropped: the mapping
  * MADV_RANDOM with single pages only: the first batch as fast, but steady
- * reading of a cold window 20-40x slower (4 KiB random reads for all of it).
+ * reading of a cold window 20-40x slower (4 KiB random reads for all of it);
+ * the chunks asked for at idle I/O priority: no gain seen.
  *
- * Measured (bench/scale 1 B documents, 40 shards, cold, 6 GiB cap, load 3-5):
- * the daemon's major faults by the first batch 432 -> 86; first batch
- * 2.3-2.7 s against 2.9-4.0 s. Most of what is still read before it is
- * the warming of every virtual rank's stream (1,024 x 32 documents for a
- * batch of ~2,000), and the chunks that follow COLD_SINGLE; 16,384 single
- * pages per shard instead of 4,096 was slower (3.7-4.0 s: system calls).
+ * Only what is next is asked for: an elastic session's 1,024 virtual
+ * streams open cold (doc_walk.cold: each stream's first document only,
+ * every stream's pages in flight together) and a stream is warmed whole
+ * when its rows come up (session-virtual.c, warm_next). Warming all of
+ * them at attach (h-coldidx) asked for ~100,000 pages for a first batch of
+ * ~2,000 documents.
+ *
+ * A cached index asks for nothing: the first COLD_PROBE pages a shard
+ * wants are looked up with mincore, and with COLD_CACHED of them cached
+ * the shard is taken as cached (a warm start: no system call per page;
+ * h-coldidx's madvise per page first touched made a warm first batch
+ * 0.06 -> 0.2 s). A page evicted later is faulted in, as before #22.
+ *
+ * Measured (bench/scale/cold.py, 1 B documents in 40 shards, cold, 6 GiB
+ * cap, 3 alternating rounds, load 7.5-9.3; docs/benchmarks.md "Scale"):
+ * READY 0.04-0.09 s (main 0.50-1.04: the doc_idx ends checked at load were
+ * two 8 MiB read-arounds per shard, now single pages, megatron.c); first
+ * batch 1.05-1.43 s, median 1.21 (main 2.61-4.71, median 3.17; h-coldidx
+ * 3.06-4.56); major faults 11-13 (main 434). At COLD_SINGLE 4,096 the 4
+ * batches planned at attach (~22,000 pages of a window's 4 shards) crossed
+ * into 2 MiB chunks: 1.9 GB read before the first batch, 1.4-4.3 s. The
+ * cost: a cold window's steady reading right after, 0.42-0.66 M tokens/s
+ * against main's 0.60-0.71 M (single pages for longer). Warm (index
+ * cached, 100 M documents): first batch 0.06-0.16 s, main 0.10-0.17.
  *
  * A bitmap remembers the pages asked for (one bit per page: 640 KiB at
- * 20 GB of index), so that a warm walk costs no system call; a page
- * evicted since is only faulted in again, as before.
+ * 20 GB of index), so that a walk asks for a page once; a page evicted
+ * since is only faulted in again, as before.
  */
 #include <stdbool.h>
 #include <stdlib.h>
