@@ -223,14 +223,14 @@ def run_one_(build, tmp, shards, shuffle, window, preexec_fn):
             "tok_s": steady["tokens_per_s"]}
 
 
-def with_ratio(rows, key_len):
-    """Each row with its tokens/s (last column) over the v0.1 row of the same key (row[1:key_len]) appended;
-    None where v0.1 has no figure (it did not load, or it is v0.1's own row)."""
-    peer = {tuple(r[1:key_len]): r[-1] for r in rows if r[0] == "v0.1"}
+def with_ratio(rows, key_len, peer_name="v0.1"):
+    """Each row with its tokens/s (last column) over the peer's row of the same key (row[1:key_len]) appended;
+    None where the peer has no figure (it did not load, or it is the peer's own row)."""
+    peer = {tuple(r[1:key_len]): r[-1] for r in rows if r[0] == peer_name}
     out = []
     for r in rows:
         p = peer.get(tuple(r[1:key_len]))
-        out.append(r + [r[-1] / p if p and r[0] != "v0.1" else None])
+        out.append(r + [r[-1] / p if p and r[0] != peer_name else None])
     return out
 
 
@@ -302,7 +302,7 @@ def main_text(a):
         common.progress(f"scale: writing {n} .jsonl.zst shards")
         write_text_shards(folder, n)
         runs = [(f"this, virtual_ranks {v}" if v is not None else "this", build, v) for v in vranks]
-        for name, b, v in runs + [("v0.1", peer, None)]:
+        for name, b, v in runs + [(a.peer_name, peer, None)]:
             with tempfile.TemporaryDirectory() as tmp:
                 common.progress(f"scale: {name} {n} text shards")
                 try:
@@ -320,8 +320,8 @@ def main_text(a):
         "cache": f"cache_dir empty at start; RLIMIT_NOFILE {NOFILE} (systemd's default hard limit) for both daemons",
         "tables": [{"caption": "per daemon and shard count",
                     "columns": ["daemon", "shards", "ready s", "first batch s", "anon MiB (first batch)",
-                                "anon MiB (end)", "cache bytes", "tokens/s", "tokens/s / v0.1"],
-                    "rows": with_ratio(rows, 2)}],
+                                "anon MiB (end)", "cache bytes", "tokens/s", f"tokens/s / {a.peer_name}"],
+                    "rows": with_ratio(rows, 2, a.peer_name)}],
         "notes": notes,
     }
     common.emit(res, a.json)
@@ -330,6 +330,7 @@ def main_text(a):
 def main():
     ap = common.arg_parser()
     ap.add_argument("--peer", default="/tmp/v01/build", help="a build of v0.1 (main before #22)")
+    ap.add_argument("--peer-name", default="v0.1", help="the peer's name in the table (e.g. main, for another build)")
     ap.add_argument("--data", default=None, help="where to keep the shards (default: a temporary folder)")
     ap.add_argument("--sizes", default=None, help="comma-separated document counts (overrides the defaults)")
     ap.add_argument("--shards", type=int, default=100)
@@ -367,7 +368,7 @@ def main_megatron(a, cap):
             write_shard(folder / f"s{i:05d}", n // a.shards, drop_cache=cap is not None)
         shards = str(folder / "*.idx")
         for shuffle in [x == "on" for x in a.shuffle.split(",")]:
-            for name, b in (("this", build), ("v0.1", peer)):
+            for name, b in (("this", build), (a.peer_name, peer)):
                 if not (b / "daemon/feedd").exists():
                     notes.append(f"{name}: no build at {b}")
                     continue
@@ -395,8 +396,8 @@ def main_megatron(a, cap):
             "caption": "per daemon and corpus size",
             "columns": ["daemon", "documents", "shuffle", "ready s", "first batch s", "index valid s",
                         "anon MiB (first batch)",
-                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s", "tokens/s / v0.1"],
-            "rows": with_ratio(rows, 3),
+                        "anon MiB (end)", "file MiB", "VmHWM MiB", "tokens/s", f"tokens/s / {a.peer_name}"],
+            "rows": with_ratio(rows, 3, a.peer_name),
         }],
         "notes": notes,
     }

@@ -217,6 +217,9 @@ int session_virtual_open(struct session *s, const struct vstate *state, char *er
  * *st with one entry in *e. Returns 0, or -EINVAL when it is not such a
  * cursor.
  */
+/* A virtual stream's cursor from its entry in a state (session_open_streams() resumes from it), and back (session-ventry.c). */
+void session_cursor_of_entry(const struct feed *f, uint32_t v, const struct vstate_stream *e, struct cursor *c);
+void session_entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_stream *e);
 int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
 				struct vstate *st, struct vstate_stream *e);
 /* The epoch status shows: the earliest of the served streams' (they move at about the same pace). */

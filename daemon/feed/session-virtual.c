@@ -36,7 +36,8 @@ struct session_virtual {
 	uint32_t *heap;
 	uint32_t heap_n;
 	bool has_text;          /* a served stream tokenizes text on the way (batch_ready, session_virtual_text) */
-	uint64_t *sim_rows;     /* scratch of batch_ready and session_virtual_text: m rows each stream gives (shares) */
+	uint32_t n_cold;        /* live streams maybe not warmed yet (warm_next); 0: every one is */
+	uint64_t *sim_rows;     /* scratch of batch_ready, session_virtual_text, warm_next: m rows each stream gives (shares) */
 	struct cursor *cur;     /* each one's cursor after its last planned row (rows > 0) */
 	char *entry;            /* each one's entry in the state (rows > 0), `stride` bytes apart */
 	uint16_t *entry_len;
@@ -89,51 +90,6 @@ void session_virtual_job_clear(struct session_job *j)
 	j->vrows = NULL;
 }
 
-/* A virtual stream's cursor from its entry in a state; what session_open_streams() resumes from. */
-static void cursor_of_entry(const struct feed *f, uint32_t v, const struct vstate_stream *e, struct cursor *c)
-{
-	*c = (struct cursor){ .fingerprint = f->fingerprint, .world = f->vranks, .rank = v, .batch = e->f[0] };
-	/* Its k_w (issue #22): the walk is seeded with it, nothing before its window counted (section 7.3). */
-	if (e->n_sources == 0) {
-		c->pos = (struct stream_pos){ .epoch = e->f[1], .window = (uint32_t)e->f[2], .index = e->f[3],
-					      .offset = e->f[4], .k = e->kw[0], .has_k = e->has_kw };
-		return;
-	}
-	c->n_sources = e->n_sources;
-	c->k = e->f[1];
-	c->offset = e->f[2];
-	c->row = e->f[3];
-	for (uint32_t i = 0; i < e->n_sources && i < MIX_MAX_SOURCES; i++)
-		c->src[i] = (struct stream_pos){ .epoch = e->f[4 + 3 * i], .window = (uint32_t)e->f[5 + 3 * i],
-						 .index = e->f[6 + 3 * i], .k = e->kw[i], .has_k = e->has_kw };
-}
-
-static void entry_of_cursor(uint32_t v, const struct cursor *c, struct vstate_stream *e)
-{
-	*e = (struct vstate_stream){ .v = v, .n_sources = c->n_sources };
-	e->f[0] = c->batch;
-	/* k_w where counts may be unknown (text, issue #22), as fc1/fc2 carry it: every position's, or none. */
-	if (c->n_sources == 0) {
-		e->f[1] = c->pos.epoch;
-		e->f[2] = c->pos.window;
-		e->f[3] = c->pos.index;
-		e->f[4] = c->pos.offset;
-		e->kw[0] = c->pos.k;
-		e->has_kw = c->pos.has_k;
-		return;
-	}
-	e->f[1] = c->k;
-	e->f[2] = c->offset;
-	e->f[3] = c->row;
-	for (uint32_t i = 0; i < c->n_sources; i++) {
-		e->f[4 + 3 * i] = c->src[i].epoch;
-		e->f[5 + 3 * i] = c->src[i].window;
-		e->f[6 + 3 * i] = c->src[i].index;
-		e->kw[i] = c->src[i].k;
-		e->has_kw |= c->src[i].has_k;
-	}
-}
-
 /* Keeps stream i's entry (and its part of the <kw> list) for the states written after it. Returns 0 or -ENOBUFS. */
 static int keep_entry(struct session_virtual *x, uint32_t i, const struct vstate_stream *e)
 {
@@ -162,7 +118,7 @@ static void entry_kw_from_walks(struct session_virtual *x, uint32_t i)
 	if (!sub || x->kw_len[i])
 		return;
 	struct vstate_stream e;
-	entry_of_cursor(x->v[i], c, &e);
+	session_entry_of_cursor(x->v[i], c, &e);
 	bool lazy = false;
 	for (uint32_t q = 0; q < MAX(c->n_sources, 1u) && q < sub->n_srcs; q++) {
 		const struct doc_walk *w = &sub->srcs[q].stream->walk;
@@ -175,20 +131,6 @@ static void entry_kw_from_walks(struct session_virtual *x, uint32_t i)
 	e.has_kw = lazy;
 	if (lazy)
 		keep_entry(x, i, &e); /* cannot fail: the same entry fitted when it was kept */
-}
-
-int session_virtual_from_cursor(const struct feed *f, const struct cursor *c, uint32_t rank, uint32_t world,
-				struct vstate *st, struct vstate_stream *e)
-{
-	if (world != f->vranks || c->fingerprint != f->fingerprint_plain || c->world != world || c->rank != rank)
-		return -EINVAL;
-	/* With V' = R a rank's one stream is its stream without virtual ranks, row for row (section 17.7). */
-	struct cursor one = *c;
-	one.batch = c->batch * f->conf.batch_size; /* rows delivered */
-	entry_of_cursor(rank, &one, e);
-	*st = (struct vstate){ .fingerprint = f->fingerprint, .vranks = f->vranks, .world = world, .rank = rank,
-			       .batch = c->batch, .n = 1, .s = e };
-	return 0;
 }
 
 /* Opens virtual stream v at c (NULL: its start). Returns 0, -ENODATA (it has no token: dead), or an error in err. */
@@ -214,6 +156,47 @@ static int sub_open(struct session *s, uint32_t v, uint32_t m, const struct curs
 		return r;
 	}
 	*ret = sub;
+	return 0;
+}
+
+/*
+ * A virtual stream of stored tokens is opened unsettled and cold
+ * (stream_source.unsettled, doc_walk.cold): opening a rank's 1,024 streams
+ * asks for what their first documents need, nothing ahead; the streams are
+ * warmed as their rows come up (warm_next).
+ */
+static bool sub_cold(const struct session *sub)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++)
+		if (sub->srcs[i].stream->walk.cold)
+			return true;
+	return false;
+}
+
+static void sub_warm(struct session *sub, enum walk_warm how)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++)
+		doc_walk_warm(&sub->srcs[i].stream->walk, how);
+}
+
+/* Settles a virtual stream opened unsettled: src_open's checks (session.c). Returns 0, -ENODATA, -EINVAL or an error in err. */
+static int sub_settle(struct session *sub, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < sub->n_srcs; i++) {
+		const struct session_src *sx = &sub->srcs[i];
+		if (sx->feed->kind == FEED_TEXT)
+			continue; /* settled when opened */
+		int r = stream_settle(sx->stream);
+		if (r == 0 || r == -EAGAIN)
+			continue;
+		if (r == -ENODATA || r == -EINVAL)
+			return r;
+		if ((r == -EBADMSG || r == -ESTALE) && sx->feed->state == FEED_FAILED)
+			snprintf(err, errlen, "%s", sx->feed->error);
+		else
+			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+		return r;
+	}
 	return 0;
 }
 
@@ -314,7 +297,7 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		if (st && e < st->n && st->s[e].v == v) {
 			if (st->s[e].n_sources != f->n_sources)
 				return session_cursor_not_here(err, errlen, s->rank, f);
-			cursor_of_entry(f, v, &st->s[e], &x->cur[i]);
+			session_cursor_of_entry(f, v, &st->s[e], &x->cur[i]);
 			x->rows[i] = x->cur[i].batch;
 			if (keep_entry(x, i, &st->s[e]) < 0)
 				return session_cursor_not_here(err, errlen, s->rank, f);
@@ -337,15 +320,39 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		}
 		if (c)
 			entry_kw_from_walks(x, i);
+	}
+	/*
+	 * Every stream's first document was asked for as it was opened (its
+	 * doc_idx), then its length for all of them, and only then is each
+	 * settled: a cold index is read with every stream's pages in flight,
+	 * not one stream's reads after another's.
+	 */
+	for (uint32_t i = 0; i < x->m; i++)
+		if (x->sub[i])
+			sub_warm(x->sub[i], WALK_WARM_FIRST);
+	for (uint32_t i = 0; i < x->m; i++) {
+		if (!x->sub[i])
+			continue;
+		int r = sub_settle(x->sub[i], err, errlen);
+		if (r == -ENODATA) {
+			session_unref(x->sub[i]);
+			x->sub[i] = NULL; /* no token at all: dead, as one that failed to open so */
+			continue;
+		}
+		if (r < 0) {
+			if (r == -EINVAL)
+				snprintf(err, errlen, "state does not name a position of virtual stream %u of feed %s", x->v[i],
+					 f->name);
+			return r;
+		}
 		x->has_text |= x->sub[i]->has_text;
 		live++;
 	}
-	if (x->has_text) {
-		x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
-		if (!x->sim_rows) {
-			snprintf(err, errlen, "out of memory");
-			return -ENOMEM;
-		}
+	x->n_cold = live;
+	x->sim_rows = calloc(x->m, sizeof(*x->sim_rows));
+	if (!x->sim_rows) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < x->m; i++)
 		if (x->sub[i])
@@ -441,6 +448,37 @@ static bool shares(const struct session_virtual *x, uint64_t n, uint64_t *out)
 			left--;
 		}
 	return true;
+}
+
+/*
+ * The streams whose rows come next, in section 17.3's order (shares()):
+ * the documents ahead of those of the next `now + soon` rows asked for
+ * (stage 0: reads queued, none waited for), then those of the `now` rows
+ * (this batch's) warmed whole, whose stage 1 reads what stage 0 asked for:
+ * the pages of the `soon` rows arrive while this batch is made. Once every
+ * live stream has been warmed this costs nothing.
+ */
+static void warm_next(struct session_virtual *x, uint32_t now, uint32_t soon)
+{
+	if (!x->n_cold)
+		return;
+	uint32_t cold = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		if (!shares(x, pass == 0 ? (uint64_t)now + soon : now, x->sim_rows)) {
+			x->n_cold = 0; /* every stream dead */
+			return;
+		}
+		cold = 0;
+		for (uint32_t k = 0; k < x->m; k++) {
+			if (!x->sub[k] || x->dead[k] || !sub_cold(x->sub[k]))
+				continue;
+			if (x->sim_rows[k])
+				sub_warm(x->sub[k], pass == 0 ? WALK_WARM_AHEAD : WALK_WARM_ALL);
+			else
+				cold++; /* the second pass's count: cold still */
+		}
+	}
+	x->n_cold = cold;
 }
 
 /*
@@ -542,6 +580,7 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		snprintf(msg, msglen, "out of memory");
 		return -ENOMEM;
 	}
+	warm_next(x, B, 2 * B);
 	j->plan.batch_index = batch;
 	j->plan.batch_size = B;
 	j->plan.seq_len = f->conf.seq_len;
@@ -577,7 +616,7 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 			x->rows[k]++;
 			heap_down(x, 0); /* k is the top: one more row sends it down */
 			struct vstate_stream e;
-			entry_of_cursor(sub->rank, &c, &e);
+			session_entry_of_cursor(sub->rank, &c, &e);
 			r = keep_entry(x, k, &e);
 			if (r < 0) {
 				snprintf(msg, msglen, "cannot write virtual stream %u's state: %s", sub->rank, strerror(-r));

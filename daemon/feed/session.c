@@ -313,8 +313,10 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	const struct feed *f = x->feed;
 	const struct order_params *op = s->params ? &s->params[x->index] : &f->params;
 	int r;
+	/* A virtual stream of stored tokens: its session warms and settles it with the others (session-virtual.c). */
 	struct stream_source src = { .doc = f->kind == FEED_TEXT ? session_text_doc : stored_doc, .userdata = x,
-				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch };
+				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch,
+				     .unsettled = s->parent && f->kind != FEED_TEXT };
 	/*
 	 * From the start, the first window is not counted here on the main
 	 * loop (issue #22): a stream whose first window is not counted yet

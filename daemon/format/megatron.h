@@ -59,6 +59,11 @@ struct megatron_shard {
 	uint32_t n_nonempty;   /* documents with at least one token */
 	uint64_t sums_digest;  /* the checksum sidecar's digest (megatron_sums.c); 0: no sidecar */
 	uint32_t sums_block;   /* its block size */
+
+	/* A large mapped .idx read cold (megatron_cold.c): pages already asked for, one bit each; NULL: not used. */
+	uint64_t *cold;
+	uint64_t *cold_asked; /* [0] pages asked for, [1] pages probed, [2] of those cached (in the same allocation) */
+	unsigned cold_page_shift;
 };
 
 #define MEGATRON_IDX_HEADER 34
@@ -77,6 +82,11 @@ static inline void megatron_seq(const struct megatron_shard *s, uint64_t q, int3
 /* Document-index entry d (0 .. n_docs), as stored (not checked). */
 /* Warms the index entries megatron_doc_tokens(doc) reads (stage 0: doc_idx; 1: its first sequence's). */
 void megatron_doc_prefetch(const struct megatron_shard *s, uint32_t doc, unsigned stage);
+
+/* megatron_cold.c: a large mapped .idx read at random places, its pages asked for ahead of the walk. */
+void megatron_cold_init(struct megatron_shard *s);
+void megatron_cold_free(struct megatron_shard *s);
+void megatron_cold_want(const struct megatron_shard *s, uint64_t off, uint64_t len);
 
 static inline int64_t megatron_doc_start(const struct megatron_shard *s, uint64_t d)
 {

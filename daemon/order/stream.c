@@ -139,16 +139,59 @@ void doc_walk_ahead(struct doc_walk *w)
 	if (w->at < w->ahead_lo || w->at > w->ahead_end)
 		w->ahead_end = w->at; /* a jump: nothing computed is of use */
 	w->ahead_lo = w->at;
+	/* From a standstill (a start, a jump, a new window) every document up to `near` is warmed at once. */
+	bool fresh = w->ahead_end == w->at;
+	/* A cold walk computes the ids ahead and asks for its current document only (doc_walk.cold). */
+	bool tell = w->prefetch && !w->cold;
 	size_t end = MIN(w->n_docs, w->at + DOC_WALK_AHEAD);
 	for (; w->ahead_end < end; w->ahead_end++) {
 		uint64_t id = order_window_doc(&w->win, w->ahead_end);
 		w->ahead[w->ahead_end % DOC_WALK_AHEAD] = id;
-		if (w->prefetch)
+		if (tell)
 			w->prefetch(w->prefetch_ctx, id, 0);
 	}
 	size_t near = w->at + DOC_WALK_AHEAD / 2;
-	if (w->prefetch && near < w->ahead_end)
-		w->prefetch(w->prefetch_ctx, w->ahead[near % DOC_WALK_AHEAD], 1);
+	if (!w->prefetch)
+		return;
+	if (w->cold) {
+		if (fresh)
+			w->prefetch(w->prefetch_ctx, w->ahead[w->at % DOC_WALK_AHEAD], 0);
+		return;
+	}
+	for (size_t m = fresh ? w->at : near; m <= near && m < w->ahead_end; m++)
+		w->prefetch(w->prefetch_ctx, w->ahead[m % DOC_WALK_AHEAD], 1);
+}
+
+void doc_walk_warm(struct doc_walk *w, enum walk_warm how)
+{
+	if (!w->cold)
+		return;
+	if (how == WALK_WARM_ALL)
+		w->cold = false;
+	if (!w->prefetch || !w->win.permuted || w->at < w->ahead_lo || w->at >= w->ahead_end)
+		return;
+	/* As from a standstill (doc_walk_ahead): the ids are computed already. */
+	if (how != WALK_WARM_FIRST)
+		for (size_t m = w->at; m < w->ahead_end; m++)
+			w->prefetch(w->prefetch_ctx, w->ahead[m % DOC_WALK_AHEAD], 0);
+	if (how == WALK_WARM_AHEAD)
+		return;
+	size_t near = how == WALK_WARM_ALL ? w->at + DOC_WALK_AHEAD / 2 : w->at;
+	for (size_t m = w->at; m <= near && m < w->ahead_end; m++)
+		w->prefetch(w->prefetch_ctx, w->ahead[m % DOC_WALK_AHEAD], 1);
+}
+
+void doc_walk_set_prefetch(struct doc_walk *w, void (*prefetch)(void *userdata, uint64_t doc, unsigned stage),
+			   void *ctx, bool cold)
+{
+	w->prefetch = prefetch;
+	w->prefetch_ctx = ctx;
+	w->cold = cold && prefetch;
+	/* What was computed ahead without it is computed again, and warmed (a fresh start at the walk's next place). */
+	size_t at = w->at == SIZE_MAX ? 0 : w->at;
+	w->ahead_lo = w->ahead_end = at;
+	if (w->at != SIZE_MAX)
+		doc_walk_ahead(w);
 }
 
 static int walk_seek(struct doc_walk *w, const struct order_params *params, uint32_t rank, uint32_t world,
@@ -225,10 +268,14 @@ int doc_walk_next(struct doc_walk *w, unsigned *ret_epochs)
 	unsigned crossed = 0;
 	/* A window that was not counted yet (issue #22): entered again, nothing else moves. */
 	bool again = w->pending;
-	if (again)
+	if (again) {
 		crossed = w->pending_crossed;
-	else
+	} else {
+		/* A cold walk's first step: its rows are being made, every document ahead is wanted now. */
+		if (w->at != SIZE_MAX)
+			doc_walk_warm(w, WALK_WARM_ALL);
 		w->at++;
+	}
 	while (again || w->at >= w->n_docs) {
 		uint32_t next = w->pending_window;
 		if (!again) {
@@ -348,8 +395,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		r = walk_seek(&s->walk, params, rank, world, 0, 0, NULL, SIZE_MAX, true);
 		if (r < 0)
 			goto fail;
-		s->walk.prefetch = src->prefetch;
-		s->walk.prefetch_ctx = src->userdata;
+		doc_walk_set_prefetch(&s->walk, src->prefetch, src->userdata, src->unsettled);
 		s->seq = UINT64_MAX; /* the first document is visit 0 */
 		r = next_document(s);
 		if (r == -EAGAIN)
@@ -361,8 +407,7 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 			      true);
 		if (r < 0)
 			goto fail;
-		s->walk.prefetch = src->prefetch;
-		s->walk.prefetch_ctx = src->userdata;
+		doc_walk_set_prefetch(&s->walk, src->prefetch, src->userdata, src->unsettled);
 		/* A cursor must name one of this rank's documents of that window. */
 		r = -EINVAL;
 		const struct doc_walk *w = &s->walk;
@@ -377,6 +422,8 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 		s->check_offset = true;
 		s->epoch_had_tokens = true;
 	}
+	if (src->unsettled)
+		return 0; /* the caller warms, then settles (stream_source.unsettled) */
 	r = stream_settle(s);
 	if (r == 0 || r == -EAGAIN)
 		return 0;

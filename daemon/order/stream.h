@@ -63,6 +63,13 @@ struct stream_source {
 	 * random.
 	 */
 	void (*prefetch)(void *userdata, uint64_t doc, unsigned stage);
+	/*
+	 * stream_init_source() leaves the first document unsettled and its
+	 * walk cold (doc_walk.cold): the caller opens many streams, warms
+	 * them together and settles each (stream_settle) before it returns
+	 * (the virtual streams of an elastic session, session-virtual.c).
+	 */
+	bool unsettled;
 };
 
 /*
@@ -90,6 +97,13 @@ struct doc_walk {
 	uint64_t ahead[DOC_WALK_AHEAD];
 	void (*prefetch)(void *ctx, uint64_t doc, unsigned stage);
 	void *prefetch_ctx;
+	/*
+	 * Only the current document is told to prefetch (stage 0) until the
+	 * walk's first step or doc_walk_warm(): a stream opened long before
+	 * its rows are made (one of an elastic session's many) reads nothing
+	 * ahead that the first batches do not need.
+	 */
+	bool cold;
 	uint32_t *held;   /* params->hold: the shards of the window held (n_held) */
 	uint32_t n_held;
 	/* params->hold and its context, kept: they are called when the walk is cleared, params maybe gone */
@@ -143,6 +157,20 @@ void doc_walk_clear(struct doc_walk *w);
 
 /* Computes the ids of the documents ahead of a walk in a permuted window (and prefetches them). */
 void doc_walk_ahead(struct doc_walk *w);
+/*
+ * Sets the walk's prefetch (stream_source.prefetch) and warms what it has
+ * computed ahead with it; cold: only its current document (doc_walk.cold).
+ */
+void doc_walk_set_prefetch(struct doc_walk *w, void (*prefetch)(void *userdata, uint64_t doc, unsigned stage),
+			   void *ctx, bool cold);
+/* How much of a cold walk doc_walk_warm() asks for. */
+enum walk_warm {
+	WALK_WARM_FIRST, /* its current document's stage 1: what stream_settle reads next */
+	WALK_WARM_AHEAD, /* stage 0 of every document computed ahead (reads queued, none waited for); still cold */
+	WALK_WARM_ALL,   /* both stages as from a standstill (doc_walk_ahead): the walk is cold no more */
+};
+/* Warms a cold walk (doc_walk.cold) as `how` says; nothing for a warm one. */
+void doc_walk_warm(struct doc_walk *w, enum walk_warm how);
 
 static inline uint64_t doc_walk_doc(const struct doc_walk *w)
 {
