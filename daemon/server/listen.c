@@ -334,6 +334,9 @@ static void accept_one(struct server *s, int cfd)
  */
 static bool accept_without_fds(struct server *s, int lfd, int err)
 {
+	/* Idle rings kept for reuse (ring.h) hold an fd each: let go of them first. */
+	if (ring_pool_trim(s->rings, UINT64_MAX) > 0)
+		return true;
 	s->n.refused_limit++;
 	listen_refusal_log(s, REFUSE_FDS, "connections refused: feedd is out of file descriptors (%s); raise LimitNOFILE= "
 		    "(RLIMIT_NOFILE) or lower max_connections", strerror(err));

@@ -87,6 +87,10 @@ static int check_headroom(struct conn *c, const struct feed *f, uint64_t need)
 	char what[512];
 	if (headroom_read(&room, what, sizeof(what)) < 0 || room == UINT64_MAX || need + HEADROOM_SLACK <= room)
 		return 0;
+	/* Idle rings kept for reuse (ring.h) are feedd's to give back: let go of them and look again. */
+	if (ring_pool_trim(s->rings, UINT64_MAX) > 0 &&
+	    (headroom_read(&room, what, sizeof(what)) < 0 || room == UINT64_MAX || need + HEADROOM_SLACK <= room))
+		return 0;
 	s->n.refused_memory++;
 	log_warning("client %" PRIu64 " (pid %d, uid %u): attach to feed %s refused: a ring of %" PRIu64 " MiB (+%" PRIu64
 		    " MiB slack) does not fit in %" PRIu64 " MiB left by %s",
@@ -214,8 +218,11 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	char err[512];
 	struct session *sess;
+	/* Its ring's memory from this uid's idle rings, and back to them when it leaves (ring.h). */
+	ring_pool_lend(s->rings, (uint32_t)c->uid);
 	int r = session_new(s->producer, f, a.rank, a.world, text[0] && !elastic ? &cur : NULL,
 			    elastic ? &state : NULL, s->ring_slots, on_session_fail, c, &sess, err, sizeof(err));
+	ring_pool_lend(NULL, 0);
 	if (r < 0) {
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
 			    a.feed, a.rank, a.world, err);

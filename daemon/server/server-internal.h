@@ -32,6 +32,7 @@
 #include <sys/types.h>
 
 #include "daemon/log/log.h"
+#include "daemon/ring/ring.h"
 #include "daemon/server/server.h"
 #include "daemon/server/status.h"
 #include "daemon/telemetry/telemetry.h"
@@ -42,6 +43,13 @@
 #define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
 #define TRIM_AFTER_DEPARTED 8 /* sessions closed before the tick gives freed memory back (malloc_trim) */
 #define CHECK_PER_TICK 1024 /* shards whose identity the tick checks, over all feeds */
+/*
+ * Idle ring memory kept for the next attach of the same uid (ring.h, struct
+ * ring_pool): at most this much, and none idle longer than RING_POOL_IDLE_NS
+ * past a tick. Under attach churn a ring is taken again within milliseconds.
+ */
+#define RING_POOL_MAX (16u << 20)
+#define RING_POOL_IDLE_NS (500 * NSEC_PER_MSEC)
 
 struct out_msg {
 	struct out_msg *next;
@@ -142,6 +150,7 @@ struct server {
 	int linger[MAX_LINGER]; /* refused: ERROR sent, write side shut, closed at the next tick */
 	size_t n_linger;
 	uint64_t memory; /* ring bytes of all sessions */
+	struct ring_pool *rings; /* idle ring memory, per uid, for the next attaches (NULL: none) */
 	char metrics_listen[80];  /* the metrics endpoint's bound address, or "" (server_set_metrics) */
 	char metrics_error[256];  /* why it is not listening, or "" */
 
