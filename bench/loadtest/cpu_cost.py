@@ -19,6 +19,8 @@ round, feedd's CPU (/proc/PID/stat, all its threads) over each:
 - batches: --batch-clients threads attach once and read back to back (no
   step) for --seconds.
 
+Both builds are driven by this build's bench/lt-client (and its libfeed).
+
 Usage: bench/loadtest/cpu_cost.py --peer-build DIR [--build DIR] [--rounds 3] [--seconds 10]
 """
 
@@ -37,12 +39,13 @@ CONF = ("[feedd]\nmax_connections_per_uid = 256\nmax_connections = 1024\n[feed.w
         "seq_len = 1024\nbatch_size = 4\nseed = 7\nshuffle = true\nshuffle_window = 2\nbos = none\neos = none\n")
 
 
-def phase(build, data, tmp, clients, seconds, batches):
-    """feedd CPU seconds and (batches read, attaches) for one phase on a fresh feedd of `build`."""
+def phase(build, client, data, tmp, clients, seconds, batches):
+    """feedd CPU seconds and (batches read, attaches) for one phase on a fresh feedd of `build`, driven by
+    `client` (one lt-client for both builds: the daemon is what is compared)."""
     daemon, sock = common.start_feedd(build, CONF.format(data=data), tmp, name="feedd-cost")
     try:
         cpu0 = common.proc_cpu(daemon.pid)
-        out = subprocess.run([str(Path(build) / "bench/lt-client"), "trainers", sock, "web", str(clients),
+        out = subprocess.run([client, "trainers", sock, "web", str(clients),
                               str(seconds), str(batches), "0"], capture_output=True, text=True, check=True).stdout
         cpu = common.proc_cpu(daemon.pid) - cpu0
     finally:
@@ -62,6 +65,7 @@ def main():
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="feedd-cpu-cost-"))
     builds = {"peer": a.peer_build, "this": a.build}
+    client = str(Path(a.build) / "bench/lt-client")
     per_attach = {k: [] for k in builds}
     per_batch = {k: [] for k in builds}
     try:
@@ -71,9 +75,9 @@ def main():
         for rnd in range(a.rounds):
             for name, build in builds.items():
                 common.progress(f"cpu_cost: round {rnd + 1}/{a.rounds}, {name}")
-                cpu, _, att = phase(build, data, tmp, a.attach_clients, a.seconds, 0)
+                cpu, _, att = phase(build, client, data, tmp, a.attach_clients, a.seconds, 0)
                 per_attach[name].append(cpu / max(att, 1) * 10000)
-                cpu, got, _ = phase(build, data, tmp, a.batch_clients, a.seconds, 10 ** 9)
+                cpu, got, _ = phase(build, client, data, tmp, a.batch_clients, a.seconds, 10 ** 9)
                 per_batch[name].append(cpu / max(got, 1) * 100000)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
