@@ -121,14 +121,8 @@ void pool_submit(struct pool *p, struct pool_job *job)
 		p->head = job;
 	p->tail = job;
 	p->queued++;
-	pthread_mutex_unlock(&p->lock);
-	/*
-	 * Signalled after the unlock: a worker woken while the lock is still held
-	 * would only block again on it (issue 18: 4 % of feedd's CPU, on a busy
-	 * 2-core node, was workers waking into that wait). A worker that finds
-	 * the job gone meanwhile (taken by another) waits again.
-	 */
 	pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&p->lock);
 }
 
 unsigned pool_threads(const struct pool *p)
