@@ -6,7 +6,8 @@
  *   lt-client trainers SOCKET FEED CLIENTS SECONDS BATCHES STEP_MS
  *     CLIENTS threads; each attaches (rank i % 8 of 8) through libfeed,
  *     reads BATCHES batches with a STEP_MS simulated training step after
- *     each, closes and attaches again, until SECONDS have passed. Prints
+ *     each, closes and attaches again, until SECONDS have passed (a session
+ *     then open stops at once). Prints
  *     "BATCHES_READ FAILED ATTACHES".
  *
  *   lt-client flood SOCKET SECONDS HOLD
@@ -74,7 +75,8 @@ static void *trainer(void *arg)
 			usleep(100000);
 			continue;
 		}
-		for (long i = 0; i < batches; i++) {
+		/* Past the deadline a client stops mid-session too (bench/loadtest/cpu_cost.py reads without end). */
+		for (long i = 0; i < batches && now_s() < deadline; i++) {
 			struct feed_batch b;
 			if (feed_client_next(c, 30000, &b) < 0) {
 				tell("next", feed_client_error(c));

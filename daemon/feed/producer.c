@@ -44,9 +44,18 @@ static void producer_complete(struct producer *p, struct producer_job *j)
 	pthread_mutex_lock(&p->lock);
 	j->next_done = p->done;
 	p->done = j;
+	bool first = !j->next_done;
 	pthread_mutex_unlock(&p->lock);
-	uint64_t one = 1;
-	ssize_t _unused_ n = write(p->done_efd, &one, sizeof(one));
+	/*
+	 * Only the job that finds the list empty kicks: the main loop reads the
+	 * eventfd before it takes the list, so a kick already made covers every
+	 * job pushed before that take (issue 18: one write, and one wakeup, for
+	 * a burst of completions instead of one each).
+	 */
+	if (first) {
+		uint64_t one = 1;
+		ssize_t _unused_ n = write(p->done_efd, &one, sizeof(one));
+	}
 }
 
 /* A batch: produced into its ring slot (header included). */

@@ -6,6 +6,7 @@
  * fences so that "store index; fence; load flag" on one side and "store flag;
  * fence; load index" on the other cannot both miss each other.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -56,10 +57,155 @@ size_t ring_slot_bytes(uint32_t batch_size, uint32_t seq_len)
 	return layout(batch_size, seq_len, 0, &l) < 0 ? 0 : l.size;
 }
 
+/*
+ * The pool (ring.h): idle ring memories, newest first. Main thread only, as
+ * ring_new and ring_free are.
+ */
+struct idle_ring {
+	struct idle_ring *next;
+	int fd;
+	void *map;
+	size_t size;
+	uint32_t owner;
+	uint64_t since_ns; /* given back at */
+};
+
+struct ring_pool {
+	unsigned refs;     /* the creator's and one per ring made while lending */
+	bool closed;       /* ring_pool_free was called: rings given back are freed */
+	size_t max_bytes, idle_bytes;
+	struct idle_ring *idle;
+	struct ring_pool_counters n;
+};
+
+/* The pool ring_new takes from and its owner (ring_pool_lend); NULL: none. */
+static struct ring_pool *lending;
+static uint32_t lending_owner;
+
+static void idle_ring_free(struct ring_pool *p, struct idle_ring *e)
+{
+	munmap(e->map, e->size);
+	close(e->fd);
+	p->idle_bytes -= e->size;
+	p->n.freed++;
+	free(e);
+}
+
+static void pool_unref(struct ring_pool *p)
+{
+	if (p && --p->refs == 0) {
+		assert(!p->idle && lending != p);
+		free(p);
+	}
+}
+
+int ring_pool_new(size_t max_bytes, struct ring_pool **ret)
+{
+	struct ring_pool *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->refs = 1;
+	p->max_bytes = max_bytes;
+	*ret = p;
+	return 0;
+}
+
+struct ring_pool *ring_pool_free(struct ring_pool *p)
+{
+	if (!p)
+		return NULL;
+	if (lending == p)
+		lending = NULL;
+	ring_pool_trim(p, UINT64_MAX);
+	p->closed = true;
+	pool_unref(p);
+	return NULL;
+}
+
+void ring_pool_lend(struct ring_pool *p, uint32_t owner)
+{
+	lending = p;
+	lending_owner = owner;
+}
+
+size_t ring_pool_trim(struct ring_pool *p, uint64_t before_ns)
+{
+	size_t freed = 0;
+	if (!p)
+		return 0;
+	for (struct idle_ring **pp = &p->idle; *pp;) {
+		struct idle_ring *e = *pp;
+		if (e->since_ns < before_ns) {
+			*pp = e->next;
+			freed += e->size;
+			idle_ring_free(p, e);
+		} else {
+			pp = &e->next;
+		}
+	}
+	return freed;
+}
+
+void ring_pool_counters(const struct ring_pool *p, struct ring_pool_counters *ret)
+{
+	*ret = p->n;
+	ret->idle_bytes = p->idle_bytes;
+}
+
+/*
+ * Gives r's memory back to its pool: wiped (nothing of its client's batches
+ * stays in it, header included) and kept for the next ring of its owner and
+ * size. The oldest idle rings make room. Returns whether the pool took it.
+ */
+static bool pool_give(struct ring *r)
+{
+	struct ring_pool *p = r->pool;
+	if (p->closed || r->size > p->max_bytes)
+		return false;
+	struct idle_ring *e = malloc(sizeof(*e));
+	if (!e)
+		return false;
+	memset(r->hdr, 0, r->size);
+	*e = (struct idle_ring){ .fd = r->ring_fd, .map = r->hdr, .size = r->size, .owner = r->owner,
+				 .since_ns = now_ns() };
+	/* Room for it: the oldest go first (the list is newest first). */
+	while (p->idle_bytes + e->size > p->max_bytes) {
+		struct idle_ring **pp = &p->idle;
+		while ((*pp)->next)
+			pp = &(*pp)->next;
+		struct idle_ring *old = *pp;
+		*pp = NULL;
+		idle_ring_free(p, old);
+	}
+	e->next = p->idle;
+	p->idle = e;
+	p->idle_bytes += e->size;
+	r->ring_fd = -1;
+	r->hdr = NULL;
+	return true;
+}
+
+/* An idle ring of owner and exactly size bytes, taken out of p (newest first: its pages are the warmest); NULL: none. */
+static struct idle_ring *pool_take(struct ring_pool *p, uint32_t owner, size_t size)
+{
+	for (struct idle_ring **pp = &p->idle; *pp; pp = &(*pp)->next) {
+		struct idle_ring *e = *pp;
+		if (e->owner == owner && e->size == size) {
+			*pp = e->next;
+			p->idle_bytes -= e->size;
+			return e;
+		}
+	}
+	return NULL;
+}
+
 struct ring *ring_free(struct ring *r)
 {
 	if (!r)
 		return NULL;
+	if (r->pool && r->made)
+		pool_give(r);
+	pool_unref(r->pool);
 	if (r->hdr)
 		munmap(r->hdr, r->size);
 	if (r->cons)
@@ -101,10 +247,42 @@ int ring_new(const struct ring_geometry *g, struct ring **ret)
 	r->slot_count = g->slot_count;
 	r->slot_size = (uint32_t)l.size;
 	r->size = FEED_RING_HEADER_SIZE + (size_t)l.size * g->slot_count;
+	if (lending) {
+		r->pool = lending;
+		r->owner = lending_owner;
+		lending->refs++;
+	}
 
-	e = r->ring_fd = reserved_memfd("feedd-ring", r->size);
-	if (e < 0)
-		goto fail;
+	/* The ring's memory: an idle one of the same owner and size (sealed, mapped, wiped), or a new one. */
+	struct idle_ring *idle = r->pool ? pool_take(r->pool, r->owner, r->size) : NULL;
+	if (idle) {
+		r->ring_fd = idle->fd;
+		r->hdr = idle->map;
+		r->pool->n.reused++;
+		free(idle);
+	} else {
+		if (r->pool)
+			r->pool->n.made++;
+		e = r->ring_fd = reserved_memfd("feedd-ring", r->size);
+		if (e < 0)
+			goto fail;
+		void *m = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->ring_fd, 0);
+		if (m == MAP_FAILED) {
+			e = -errno;
+			goto fail;
+		}
+		r->hdr = m;
+		/* From here on nobody else can map the ring writable, resize it, or lift the seals. */
+		if (fcntl(r->ring_fd, F_ADD_SEALS, SEALS) < 0) {
+			e = -errno;
+			goto fail;
+		}
+	}
+	/*
+	 * The consumer page and the eventfds are new for every attach, pooled or
+	 * not: a departed client may still hold them (a forked child, a mapping
+	 * kept), and the consumer page is the client's to write.
+	 */
 	e = r->consumer_fd = reserved_memfd("feedd-consumer", FEED_CONSUMER_PAGE_SIZE);
 	if (e < 0)
 		goto fail;
@@ -114,23 +292,13 @@ int ring_new(const struct ring_geometry *g, struct ring **ret)
 		e = -errno;
 		goto fail;
 	}
-
-	void *m = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->ring_fd, 0);
-	if (m == MAP_FAILED) {
-		e = -errno;
-		goto fail;
-	}
-	r->hdr = m;
-	m = mmap(NULL, FEED_CONSUMER_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, r->consumer_fd, 0);
+	void *m = mmap(NULL, FEED_CONSUMER_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, r->consumer_fd, 0);
 	if (m == MAP_FAILED) {
 		e = -errno;
 		goto fail;
 	}
 	r->cons = m;
-
-	/* From here on nobody else can map the ring writable, resize it, or lift the seals. */
-	if (fcntl(r->ring_fd, F_ADD_SEALS, SEALS) < 0 ||
-	    fcntl(r->consumer_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+	if (fcntl(r->consumer_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		e = -errno;
 		goto fail;
 	}
@@ -155,6 +323,7 @@ int ring_new(const struct ring_geometry *g, struct ring **ret)
 	};
 	r->cons->magic = FEED_CONSUMER_MAGIC;
 	r->cons->version = FEED_RING_VERSION;
+	r->made = true;
 	*ret = r;
 	return 0;
 fail:

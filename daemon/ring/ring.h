@@ -24,6 +24,9 @@ struct ring {
 	struct feed_consumer_page *cons;
 	uint32_t slot_count, slot_size;
 	uint64_t tail; /* last validated consumer tail */
+	struct ring_pool *pool; /* where its memory goes back to (a reference), or NULL */
+	uint32_t owner;         /* the uid it was made for, with a pool */
+	bool made;              /* complete: its memory may go back to the pool */
 };
 
 struct ring_geometry {
@@ -37,6 +40,40 @@ size_t ring_slot_bytes(uint32_t batch_size, uint32_t seq_len);
 /* Creates, reserves, maps and seals a ring. Returns 0, -ENOMEM, -ENOSPC, -EINVAL, ... */
 int ring_new(const struct ring_geometry *g, struct ring **ret);
 struct ring *ring_free(struct ring *r);
+
+/*
+ * The pool of ring memory kept between attaches (issue 18). Under attach
+ * churn, making a ring (memfd_create, fallocate of every page, a populated
+ * mapping, seals) and freeing it (every page unmapped and freed) was the
+ * largest part of an attach. An idle ring's memory is kept for the next ring
+ * of the same owner (a uid) and exactly the same size, wiped when given back:
+ * a reused ring carries nothing of its previous client's batches, and a ring
+ * never goes to another uid (whoever held it read-only may still map it).
+ * At most max_bytes are kept idle, the oldest let go first; the owner of the
+ * pool trims what stayed idle (ring_pool_trim). Main thread only.
+ */
+struct ring_pool;
+struct ring_pool_counters {
+	uint64_t reused;     /* rings whose memory came from the pool */
+	uint64_t made;       /* rings made new while lending (none idle of that uid and size) */
+	uint64_t freed;      /* idle memories let go (trimmed, or room for newer ones) */
+	uint64_t idle_bytes; /* kept idle now */
+};
+/* A pool keeping at most max_bytes of idle rings. Returns 0 or -ENOMEM. */
+int ring_pool_new(size_t max_bytes, struct ring_pool **ret);
+/* Frees its idle rings and drops the caller's reference: rings still out free their memory when freed. Takes NULL. */
+struct ring_pool *ring_pool_free(struct ring_pool *p);
+/*
+ * Until the next call, rings ring_new makes are of uid `owner`: their memory
+ * comes from p when it holds an idle ring of that owner and size, and goes
+ * back to p when they are freed. p NULL: rings are made and freed whole, as
+ * without a pool. A scope the caller opens around the calls that make a
+ * client's ring, and closes with ring_pool_lend(NULL, 0).
+ */
+void ring_pool_lend(struct ring_pool *p, uint32_t owner);
+/* Lets go of the idle rings given back before before_ns (UINT64_MAX: all). Returns the bytes let go. */
+size_t ring_pool_trim(struct ring_pool *p, uint64_t before_ns);
+void ring_pool_counters(const struct ring_pool *p, struct ring_pool_counters *ret);
 
 /* Start of slot for sequence number seq. */
 static inline uint8_t *ring_slot(const struct ring *r, uint64_t seq)

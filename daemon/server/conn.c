@@ -95,6 +95,16 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 	telemetry_client_view(&c->tm, &ret->reading, now, &ret->tv);
 }
 
+void conn_set_memory(struct conn *c, uint64_t memory)
+{
+	struct server *s = c->srv;
+	struct uid_slot *u = c->uid_counted ? listen_uid_slot(s, c->uid) : NULL;
+	s->memory = s->memory - c->memory + memory;
+	if (u)
+		u->memory = u->memory - c->memory + memory;
+	c->memory = memory;
+}
+
 void conn_free(struct conn *c)
 {
 	struct server *s = c->srv;
@@ -116,7 +126,7 @@ void conn_free(struct conn *c)
 		telemetry_client_detach(&c->tm);
 		server_detached(s, c->feed);
 		c->session = session_close(c->session);
-		s->memory -= c->memory;
+		conn_set_memory(c, 0);
 		s->departed++;
 	}
 	while (c->out_head) {

@@ -4,8 +4,10 @@
  * way (an OOM kill of the whole daemon): the least of the node's
  * MemAvailable and, for feedd's memory cgroup and each of its ancestors,
  * limit minus usage (v2: memory.max, memory.current; v1:
- * memory.limit_in_bytes, memory.usage_in_bytes). Read afresh at each attach:
- * limits change, and other processes of the group use memory too.
+ * memory.limit_in_bytes, memory.usage_in_bytes). Read afresh for an attach
+ * (limits change, and other processes of the group use memory too), at most
+ * every HEADROOM_FRESH_NS while attaches come fast (request.c takes the rings
+ * attached since off the last reading), and always before a refusal.
  *
  * A group's usage counts its page cache, which the kernel reclaims before
  * its OOM killer runs: the pages on the file LRU lists (memory.stat

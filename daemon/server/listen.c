@@ -139,11 +139,17 @@ static size_t uid_hash(uid_t uid, size_t cap)
 
 unsigned *listen_uid_count(struct server *s, uid_t uid)
 {
+	struct uid_slot *u = listen_uid_slot(s, uid);
+	return u ? &u->n : NULL;
+}
+
+struct uid_slot *listen_uid_slot(struct server *s, uid_t uid)
+{
 	/* Slots are never emptied (a uid seen once keeps its slot at 0): the uids of a node are few. */
 	for (size_t j = s->uid_cap ? uid_hash(uid, s->uid_cap) : 0; s->uid_cap && s->uid_slots[j].used;
 	     j = (j + 1) & (s->uid_cap - 1))
 		if (s->uid_slots[j].uid == uid)
-			return &s->uid_slots[j].n;
+			return &s->uid_slots[j];
 	if (2 * (s->uid_used + 1) > s->uid_cap) {
 		size_t cap = s->uid_cap ? 2 * s->uid_cap : 64;
 		struct uid_slot *t = calloc(cap, sizeof(*t));
@@ -168,7 +174,7 @@ unsigned *listen_uid_count(struct server *s, uid_t uid)
 		s->uid_slots[j] = (struct uid_slot){ .uid = uid, .used = true };
 		s->uid_used++;
 	}
-	return &s->uid_slots[j].n;
+	return &s->uid_slots[j];
 }
 
 /* The peer's pidfd: from the socket when the kernel has SO_PEERPIDFD, else opened from its pid. */
@@ -334,6 +340,9 @@ static void accept_one(struct server *s, int cfd)
  */
 static bool accept_without_fds(struct server *s, int lfd, int err)
 {
+	/* Idle rings kept for reuse (ring.h) hold an fd each: let go of them first. */
+	if (ring_pool_trim(s->rings, UINT64_MAX) > 0)
+		return true;
 	s->n.refused_limit++;
 	listen_refusal_log(s, REFUSE_FDS, "connections refused: feedd is out of file descriptors (%s); raise LimitNOFILE= "
 		    "(RLIMIT_NOFILE) or lower max_connections", strerror(err));

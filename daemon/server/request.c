@@ -59,8 +59,12 @@ static int handle_hello(struct conn *c, const uint8_t *p, size_t len)
 	return n < 0 ? n : conn_queue(c, buf, (size_t)n, NULL, 0);
 }
 
-static uint64_t uid_memory(struct server *s, uid_t uid)
+static uint64_t uid_memory(struct server *s, const struct conn *from)
 {
+	const struct uid_slot *u = from->uid_counted ? listen_uid_slot(s, from->uid) : NULL;
+	if (u)
+		return u->memory;
+	uid_t uid = from->uid;
 	uint64_t m = 0;
 	for (struct conn *c = s->conns; c; c = c->next)
 		if (c->uid == uid)
@@ -83,9 +87,26 @@ static uint64_t uid_memory(struct server *s, uid_t uid)
 static int check_headroom(struct conn *c, const struct feed *f, uint64_t need)
 {
 	struct server *s = c->srv;
-	uint64_t room;
+	uint64_t room, now = now_ns();
 	char what[512];
-	if (headroom_read(&room, what, sizeof(what)) < 0 || room == UINT64_MAX || need + HEADROOM_SLACK <= room)
+	/* Attaches that come fast: the last reading, less what was attached since, while it lets them in. */
+	if (s->room_ns && now - s->room_ns < HEADROOM_FRESH_NS) {
+		uint64_t since = s->memory > s->room_memory ? s->memory - s->room_memory : 0;
+		if (s->room == UINT64_MAX || (s->room > since && need + HEADROOM_SLACK <= s->room - since))
+			return 0;
+	}
+	s->room_ns = 0;
+	if (headroom_read(&room, what, sizeof(what)) < 0)
+		return 0;
+	if (room == UINT64_MAX || need + HEADROOM_SLACK <= room) {
+		s->room = room;
+		s->room_ns = now;
+		s->room_memory = s->memory;
+		return 0;
+	}
+	/* Idle rings kept for reuse (ring.h) are feedd's to give back: let go of them and look again. */
+	if (ring_pool_trim(s->rings, UINT64_MAX) > 0 &&
+	    (headroom_read(&room, what, sizeof(what)) < 0 || room == UINT64_MAX || need + HEADROOM_SLACK <= room))
 		return 0;
 	s->n.refused_memory++;
 	log_warning("client %" PRIu64 " (pid %d, uid %u): attach to feed %s refused: a ring of %" PRIu64 " MiB (+%" PRIu64
@@ -110,7 +131,7 @@ static int check_memory(struct conn *c, const struct feed *f)
 	if (s->client_memory_max && need > s->client_memory_max) {
 		key = "client_memory_max";
 		limit = s->client_memory_max;
-	} else if (s->uid_memory_max && (have = uid_memory(s, c->uid)) + need > s->uid_memory_max) {
+	} else if (s->uid_memory_max && (have = uid_memory(s, c)) + need > s->uid_memory_max) {
 		key = "uid_memory_max";
 		limit = s->uid_memory_max;
 	} else if (s->memory_max && (have = s->memory) + need > s->memory_max) {
@@ -214,8 +235,11 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 		return 0;
 	char err[512];
 	struct session *sess;
+	/* Its ring's memory from this uid's idle rings, and back to them when it leaves (ring.h). */
+	ring_pool_lend(s->rings, (uint32_t)c->uid);
 	int r = session_new(s->producer, f, a.rank, a.world, text[0] && !elastic ? &cur : NULL,
 			    elastic ? &state : NULL, s->ring_slots, on_session_fail, c, &sess, err, sizeof(err));
+	ring_pool_lend(NULL, 0);
 	if (r < 0) {
 		log_warning("client %" PRIu64 " (pid %d): attach to feed %s rank %u/%u refused: %s", c->id, (int)c->pid,
 			    a.feed, a.rank, a.world, err);
@@ -244,8 +268,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 	server_attached(s, f);
 	telemetry_client_attach(s->tm, &c->tm, f, a.rank, a.world, session_ring(sess)->slot_count,
 				session_attach_ns(sess));
-	c->memory = session_ring(sess)->size + FEED_CONSUMER_PAGE_SIZE;
-	s->memory += c->memory;
+	conn_set_memory(c, session_ring(sess)->size + FEED_CONSUMER_PAGE_SIZE);
 	c->log.feed = f->name;
 	c->log.rank = a.rank;
 	c->log.world = a.world;
@@ -265,8 +288,7 @@ static int handle_attach(struct conn *c, const uint8_t *p, size_t len)
 			server_detached(s, f);
 			c->session = session_close(c->session);
 			c->feed = NULL;
-			s->memory -= c->memory;
-			c->memory = 0;
+			conn_set_memory(c, 0);
 			conn_send_error(c, r, "cannot pass the ring: %s", strerror(-r));
 			return 0;
 		}

@@ -32,6 +32,7 @@
 #include <sys/types.h>
 
 #include "daemon/log/log.h"
+#include "daemon/ring/ring.h"
 #include "daemon/server/server.h"
 #include "daemon/server/status.h"
 #include "daemon/telemetry/telemetry.h"
@@ -42,6 +43,19 @@
 #define MAX_LINGER 256 /* refused connections kept half-open until the next tick */
 #define TRIM_AFTER_DEPARTED 8 /* sessions closed before the tick gives freed memory back (malloc_trim) */
 #define CHECK_PER_TICK 1024 /* shards whose identity the tick checks, over all feeds */
+/*
+ * Idle ring memory kept for the next attach of the same uid (ring.h, struct
+ * ring_pool): at most this much, and none idle longer than RING_POOL_IDLE_NS
+ * past a tick. Under attach churn a ring is taken again within milliseconds.
+ */
+#define RING_POOL_MAX (16u << 20)
+#define RING_POOL_IDLE_NS (500 * NSEC_PER_MSEC)
+/*
+ * How long a headroom reading (headroom.c: /proc/meminfo and every memory
+ * cgroup up to the root, a dozen files) lets further attaches in without
+ * reading again, less the rings attached since. A refusal always reads afresh.
+ */
+#define HEADROOM_FRESH_NS (100 * NSEC_PER_MSEC)
 
 struct out_msg {
 	struct out_msg *next;
@@ -142,6 +156,9 @@ struct server {
 	int linger[MAX_LINGER]; /* refused: ERROR sent, write side shut, closed at the next tick */
 	size_t n_linger;
 	uint64_t memory; /* ring bytes of all sessions */
+	struct ring_pool *rings; /* idle ring memory, per uid, for the next attaches (NULL: none) */
+	/* the last headroom_read() that let an attach in: what it found, when, and s->memory then */
+	uint64_t room, room_ns, room_memory;
 	char metrics_listen[80];  /* the metrics endpoint's bound address, or "" (server_set_metrics) */
 	char metrics_error[256];  /* why it is not listening, or "" */
 
@@ -200,8 +217,11 @@ struct uid_slot {
 	uid_t uid;
 	bool used;
 	unsigned n;
+	uint64_t memory; /* ring bytes of its connections' sessions (conn_set_memory), for uid_memory_max */
 };
 unsigned *listen_uid_count(struct server *s, uid_t uid);
+/* The slot of uid (made if new), as listen_uid_count; NULL: out of memory. */
+struct uid_slot *listen_uid_slot(struct server *s, uid_t uid);
 /* Closes a refused connection kept half-open, reading what the client sent first. */
 void listen_linger_close(int fd);
 /* Whether the peer is root or feedd's own user, or is listed in ids by uid, gid or a supplementary group. */
@@ -213,6 +233,12 @@ bool listen_peer_listed(const struct conn *c, const struct conf_ids *ids);
 void conn_reading(const struct conn *c, uint64_t now, struct telemetry_reading *ret);
 /* c's entry of a status snapshot at `now`. c must have a session. */
 void conn_status(struct conn *c, uint64_t now, struct status_client *ret);
+/*
+ * Sets the ring bytes c's session holds (0: none), in c, the server's total
+ * and its uid's (an attach checks uid_memory_max against that, without
+ * walking every connection).
+ */
+void conn_set_memory(struct conn *c, uint64_t memory);
 /* Frees a connection and closes its session. */
 void conn_free(struct conn *c);
 /* Drops a connection. When why is set it was a protocol error: counted (and in *counter) and logged. */

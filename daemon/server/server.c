@@ -250,6 +250,7 @@ static void on_tick(evutil_socket_t fd, short what, void *userdata)
 	}
 	gpu_reap(s->cfg.gpu); /* departed clients' stagings whose copies have run since */
 	uint64_t now = now_ns();
+	ring_pool_trim(s->rings, now - RING_POOL_IDLE_NS);
 	for (struct conn *c = s->conns; c; c = c->next) {
 		if (!c->session)
 			continue;
@@ -342,6 +343,8 @@ int server_new(struct event_base *base, const struct server_config *cfg, const s
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->path = strdup(cfg->socket_path);
 	s->feeds = calloc(MAX(n_feeds, 1u), sizeof(*s->feeds));
+	if (ring_pool_new(RING_POOL_MAX, &s->rings) < 0)
+		s->rings = NULL; /* every ring made and freed whole */
 	if (!s->path || !s->feeds || telemetry_new(&conf->diagnosis, &s->tm) < 0 || server_configure(s, conf) < 0) {
 		server_free(s);
 		return -ENOMEM;
@@ -527,6 +530,7 @@ struct server *server_free(struct server *s)
 		producer_set_watch(s->producer, NULL);
 	s->watch = feed_watch_free(s->watch);
 	s->tm = telemetry_free(s->tm);
+	s->rings = ring_pool_free(s->rings); /* rings of sessions still out free themselves */
 	conf_ids_done(&s->allow);
 	conf_ids_done(&s->admin);
 	free(s->uid_slots);

@@ -537,3 +537,94 @@ def test_10_anonymous_memory_returns_to_its_start_after_waves_of_clients(dataset
     print(f"anonymous RSS {start:.2f} MiB at start, " + ", ".join(f"{a:.2f}" for a in after) + " after each wave")
     assert max(after) < start + 1.0, f"anonymous RSS {start:.2f} MiB at start, {after} MiB after waves of 300 clients"
     assert len(open_fds(d.proc.pid)) == fds0
+
+
+RING_PROBE = r"""
+import hashlib, mmap, os, socket, struct, sys, time
+path = sys.argv[1]
+for line in sys.stdin:
+    feed, rank, world = line.split()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(path)
+    fds = []
+    def send(t, p):
+        s.sendall(struct.pack("<IHHII", 0x57444546, 1, t, len(p), 0) + p)
+    def exact(n):
+        buf = b""
+        while len(buf) < n:
+            data, got, _, _ = socket.recv_fds(s, n - len(buf), 8)
+            fds.extend(got)
+            if not data:
+                raise ConnectionResetError("feedd closed the connection")
+            buf += data
+        return buf
+    def recv():
+        _, _, typ, length, _ = struct.unpack("<IHHII", exact(16))
+        return typ, exact(length)
+    send(1, struct.pack("<HHI", 1, 1, os.getpid()) + b"ring-probe".ljust(32, b"\0"))
+    assert recv()[0] == 2
+    send(3, struct.pack("<IIII", int(rank), int(world), 0, 0) + feed.encode().ljust(64, b"\0") + bytes(512))
+    typ, p = recv()
+    assert typ == 4, p
+    ring_size, _, _, _, slots, _, _, _ = struct.unpack("<QQQQIIII", p)
+    m = mmap.mmap(fds[0], ring_size, prot=mmap.PROT_READ)
+    deadline = time.time() + 30
+    while struct.unpack_from("<Q", m, 64)[0] < slots:  # head: every slot written (nothing is released)
+        assert time.time() < deadline, "the ring did not fill"
+        time.sleep(0.005)
+    header_size, _, slot_size = struct.unpack_from("<III", m, 12)
+    h = hashlib.sha256()
+    for i in range(slots):
+        slot = bytearray(m[header_size + i * slot_size:header_size + (i + 1) * slot_size])
+        slot[48:56] = bytes(8)  # produced_ns: when, not what
+        h.update(slot)
+    print(os.fstat(fds[0]).st_ino, h.hexdigest(), flush=True)
+    m.close()
+    for fd in fds:
+        os.close(fd)
+    s.close()
+"""
+
+
+def test_18_a_ring_reused_across_attaches_is_wiped_and_stays_with_its_uid(users, dataset, sockdir, started):
+    """feedd keeps a departed client's ring memory for the next attach of the same uid (daemon/ring/ring.h,
+    struct ring_pool: making and freeing a ring was most of an attach's cost under churn). The next ring of
+    that uid holds exactly what a new ring would (nothing of the previous client's batches: every byte of
+    every slot compared with another uid's new ring of the same stream), and another uid attaching while it
+    is idle gets a ring of its own."""
+    d = Daemon(sockdir, web(dataset, seq_len=256, batch_size=4))
+    started.append(d)
+    a_user, b_user = users[0], users[1]
+
+    def probe(u):
+        return subprocess.Popen(as_user(u) + [sys.executable, "-c", RING_PROBE, d.socket], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ask(p, feed_rank_world):
+        p.stdin.write(feed_rank_world + "\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        ino, digest = line.split()
+        return int(ino), digest
+
+    reused = 0
+    for attempt in range(3):  # a ring idle for 0.5 s at a tick is let go: a slow machine may miss the reuse
+        a, b = probe(a_user), probe(b_user)
+        try:
+            ino_a, first = ask(a, "web 0 2")           # A's first client: rank 0's batches
+            ino_b, fresh = ask(b, "web 1 2")           # B, while A's ring is idle: a new ring, rank 1's batches
+            ino_a2, again = ask(a, "web 1 2")          # A's next client, rank 1 too: A's ring again
+        finally:
+            for p in (a, b):
+                p.stdin.close()
+                p.wait(timeout=30)
+        assert ino_b != ino_a, "another uid was given a departed client's ring memory"
+        assert first != fresh, "rank 0's and rank 1's batches are the same: the comparison below proves nothing"
+        assert again == fresh, "a reused ring's slots differ from a new ring's for the same stream: the previous " \
+                               "client's bytes are left in them"
+        if ino_a2 == ino_a:
+            reused += 1
+            break
+    assert reused, "a uid's next attach never reused its idle ring memory"

@@ -4,7 +4,9 @@
  * promised: the ring memfd cannot be written, resized or unsealed by anyone
  * it is passed to; the consumer page can be written; the header describes a
  * slot layout that fits; a nonsensical tail is refused; and the data eventfd
- * is kicked exactly when the client says it sleeps.
+ * is kicked exactly when the client says it sleeps. A ring whose memory
+ * comes from the pool (ring_pool) keeps all of that, carries nothing of its
+ * previous client's, and never goes to another uid.
  */
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -227,10 +229,137 @@ static void test_indices(void)
 	ring_free(r);
 }
 
+static ino_t inode(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+/* A ring of uid `owner` made while lending from p. */
+static struct ring *pooled_ring(struct ring_pool *p, uint32_t owner, const struct ring_geometry *g)
+{
+	struct ring *r = NULL;
+	ring_pool_lend(p, owner);
+	int e = ring_new(g, &r);
+	ring_pool_lend(NULL, 0);
+	REQUIRE(e == 0 && r, "ring_new (lending for uid %u) returned %d", owner, e);
+	return r;
+}
+
+/* Every byte of r's slots and the header past its geometry and indices: what a client could read that the daemon did not write for it. */
+static bool slots_zero(const struct ring *r)
+{
+	const uint8_t *b = (const uint8_t *)r->hdr + FEED_RING_HEADER_SIZE;
+	for (size_t i = 0; i < r->size - FEED_RING_HEADER_SIZE; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
+static void test_pool(void)
+{
+	struct ring_geometry g = { .slot_count = 4, .batch_size = 2, .seq_len = 64, .rank = 1, .world = 2 };
+	struct ring_pool *p = NULL;
+	REQUIRE(ring_pool_new(4u << 20, &p) == 0, "ring_pool_new");
+	struct ring_pool_counters n;
+
+	/* A client of uid 1000 fills its ring, with a failure and a waiting producer in the header, and leaves. */
+	struct ring *a = pooled_ring(p, 1000, &g);
+	ino_t ino_a = inode(a->ring_fd);
+	for (uint32_t s = 0; s < a->slot_count; s++)
+		memset(ring_slot(a, s), 0xa5, a->slot_size);
+	ring_publish(a, 4);
+	a->hdr->wake_tail = 3;
+	a->hdr->producer_waiting = 1;
+	ring_set_state(a, FEED_RING_FAILED, -EIO);
+	int data_efd_a = a->data_efd;
+	struct stat cons_a;
+	CHECK(fstat(a->consumer_fd, &cons_a) == 0, "fstat consumer page");
+	/* What the client was sent and kept: the ring fd, read-only. */
+	int kept = fcntl(a->ring_fd, F_DUPFD_CLOEXEC, 3);
+	a = ring_free(a);
+	ring_pool_counters(p, &n);
+	CHECK_U64(n.idle_bytes, ring_slot_bytes(2, 64) * 4 + FEED_RING_HEADER_SIZE);
+
+	/* Another uid never gets it: a ring of its own. */
+	struct ring *b = pooled_ring(p, 1001, &g);
+	CHECK(inode(b->ring_fd) != ino_a, "uid 1001 was given uid 1000's ring memory");
+	/* Nor a ring of another size. */
+	struct ring_geometry g2 = g;
+	g2.seq_len = 128;
+	struct ring *c = pooled_ring(p, 1000, &g2);
+	CHECK(inode(c->ring_fd) != ino_a, "a ring of another size was given uid 1000's ring memory");
+	c = ring_free(c);
+
+	/* The same uid does: its memory, wiped, its header new, seals kept; the consumer page and eventfds new. */
+	struct ring *a2 = pooled_ring(p, 1000, &g);
+	CHECK(inode(a2->ring_fd) == ino_a, "uid 1000's next ring of the same size did not reuse its idle memory");
+	CHECK(slots_zero(a2), "a reused ring still holds bytes of its previous client's batches");
+	CHECK_U64(a2->hdr->magic, FEED_RING_MAGIC);
+	CHECK_U64(a2->hdr->head, 0);
+	CHECK_U64(a2->hdr->state, FEED_RING_RUNNING);
+	CHECK_INT(a2->hdr->error_code, 0);
+	CHECK_U64(a2->hdr->producer_waiting, 0);
+	CHECK_U64(a2->hdr->wake_tail, 0);
+	CHECK_U64(a2->hdr->rank, 1);
+	CHECK_U64(a2->hdr->slot_count, 4);
+	int seals = fcntl(a2->ring_fd, F_GET_SEALS);
+	int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+	CHECK(seals >= 0 && (seals & want) == want, "a reused ring's seals are %#x", seals);
+	struct stat cons;
+	CHECK(fstat(a2->consumer_fd, &cons) == 0 && cons.st_ino != cons_a.st_ino,
+	      "a reused ring kept its previous client's consumer page");
+	int err;
+	efd_read(a2->data_efd, &err);
+	CHECK(err == EAGAIN, "a reused ring's data eventfd carries its previous client's kicks");
+	(void)data_efd_a;
+	/* The departed client's fd maps what the daemon writes now: zeros until it publishes, and only read-only. */
+	void *m = mmap(NULL, a2->size, PROT_READ | PROT_WRITE, MAP_SHARED, kept, 0);
+	CHECK(m == MAP_FAILED, "the ring fd kept by a departed client maps writable");
+	close(kept);
+	ring_pool_counters(p, &n);
+	CHECK_U64(n.reused, 1);
+	CHECK_U64(n.idle_bytes, ring_slot_bytes(2, 128) * 4 + FEED_RING_HEADER_SIZE); /* c's, of the other size */
+
+	/* Trimmed when idle: nothing kept, every fd closed. */
+	a2 = ring_free(a2);
+	b = ring_free(b);
+	ring_pool_counters(p, &n);
+	CHECK(n.idle_bytes > 0, "freed rings were not kept");
+	CHECK(ring_pool_trim(p, 0) == 0, "ring_pool_trim(0) let go of rings given back after 0");
+	CHECK(ring_pool_trim(p, UINT64_MAX) == n.idle_bytes, "ring_pool_trim(all) did not let go of every idle ring");
+	ring_pool_counters(p, &n);
+	CHECK_U64(n.idle_bytes, 0);
+
+	/* At most max_bytes idle: the oldest go first. */
+	struct ring_pool *small = NULL;
+	REQUIRE(ring_pool_new(ring_slot_bytes(2, 64) * 4 + FEED_RING_HEADER_SIZE, &small) == 0, "ring_pool_new");
+	struct ring *x = pooled_ring(small, 1, &g), *y = pooled_ring(small, 2, &g);
+	ino_t ino_y = inode(y->ring_fd);
+	x = ring_free(x);
+	y = ring_free(y);
+	ring_pool_counters(small, &n);
+	CHECK_U64(n.freed, 1);
+	struct ring *y2 = pooled_ring(small, 2, &g);
+	CHECK(inode(y2->ring_fd) == ino_y, "the newest idle ring was let go instead of the oldest");
+
+	/* A ring that outlives its pool frees itself whole. */
+	small = ring_pool_free(small);
+	y2 = ring_free(y2);
+	p = ring_pool_free(p);
+
+	/* Without lending, no pool: rings are made and freed whole, as before. */
+	struct ring *plain = NULL;
+	REQUIRE(ring_new(&g, &plain) == 0, "ring_new");
+	CHECK(plain->pool == NULL, "a ring made without lending has a pool");
+	ring_free(plain);
+}
+
 int main(void)
 {
 	test_seals();
 	test_geometry();
 	test_indices();
+	test_pool();
 	return unit_exit("test-ring");
 }
