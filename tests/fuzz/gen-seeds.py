@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "ref"))
+from feed_ref import cursor_check as check_of  # noqa: E402  (section 7.1, the reference's)
 
 MAGIC = 0x57444546
 CURSOR_MAX = 512
@@ -244,20 +246,6 @@ def sums(out):
             body = (data if name == "trailer" else b"") + sums + foot
             (out / f"{name}-{size}-{block}").write_bytes(bytes([0 if name == "trailer" else 1]) + body)
     # Whole files the C code wrote are committed under corpus/sums/ (accepted inputs).
-
-
-def check_of(body):
-    """A cursor's or state's <check> (docs/sample-order.md, section 7.1)."""
-    m = (1 << 64) - 1
-    h = 0xCBF29CE484222325
-    for b in body.encode():
-        h = ((h ^ b) * 0x100000001B3) & m
-    h ^= h >> 30
-    h = (h * 0xBF58476D1CE4E5B9) & m
-    h ^= h >> 27
-    h = (h * 0x94D049BB133111EB) & m
-    h ^= h >> 31
-    return h & 0xFFFFFFFF
 
 
 def cursor(out):

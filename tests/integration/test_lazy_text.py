@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import RSS_IS_FEEDDS
+from feed_ref import cursor_check as check_of
 from test_scale import text_scale_conf, write_zst_shards
 
 pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
@@ -26,20 +27,6 @@ pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
 
 def conf(folder, cache, shuffle="true", window=4, extra="virtual_ranks = 0\n"):
     return text_scale_conf(folder, cache, window=window).replace("shuffle = true", f"shuffle = {shuffle}") + extra
-
-
-def check_of(body):
-    """A cursor's <check> (docs/sample-order.md, section 7.1): low 32 bits of mix(FNV1a64(body))."""
-    m = (1 << 64) - 1
-    h = 0xcbf29ce484222325
-    for b in body.encode():
-        h = ((h ^ b) * 0x100000001b3) & m
-    h ^= h >> 30
-    h = (h * 0xBF58476D1CE4E5B9) & m
-    h ^= h >> 27
-    h = (h * 0x94D049BB133111EB) & m
-    h ^= h >> 31
-    return h & 0xffffffff
 
 
 def work(d):

@@ -15,7 +15,6 @@ Runs with Debian's /usr/bin/python3.
 """
 
 import shutil
-import subprocess
 import threading
 import time
 
@@ -42,6 +41,31 @@ def feed_section(text):
     return text[text.index("[feed."):]
 
 
+def dump_polling_status(d, out, batches):
+    """A dump of feed t while another thread asks `feedctl status` every 50 ms: (batches, seconds the dump took,
+    each status' latency)."""
+    latencies = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            d.ctl("status", "--json")
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    t0 = time.monotonic()
+    try:
+        got = d.dump("t", out, batches=batches)
+    finally:
+        took = time.monotonic() - t0
+        stop.set()
+        poller.join()
+    return got, took, latencies
+
+
 # Unshuffled. t00020 with one shard per window: window 20, reached after a few batches. t00001 with two: the
 # attach's first window, whose other shard load counted (it needed one document).
 @pytest.mark.parametrize("slow,window", [(20, 1), (1, 2)], ids=["mid-stream", "first-window"])
@@ -58,25 +82,7 @@ def test_a_slow_window_holds_up_neither_the_main_loop_nor_another_feed(daemon, t
 
     # The other feed's client reads on throughout (a batch every 20 ms).
     other = d.client("o", 0, 1, 100000, sleep_ms=20)
-    latencies = []
-    stop = threading.Event()
-
-    def poll():
-        while not stop.is_set():
-            t0 = time.monotonic()
-            d.ctl("status", "--json")
-            latencies.append(time.monotonic() - t0)
-            time.sleep(0.05)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    t0 = time.monotonic()
-    try:
-        got = d.dump("t", tmp_path / "slow_dump", batches=20)
-    finally:
-        took = time.monotonic() - t0
-        stop.set()
-        poller.join()
+    got, took, latencies = dump_polling_status(d, tmp_path / "slow_dump", 20)
     other_batches = {f["name"]: f for f in d.status()["feeds"]}["o"]["batches"]
     assert other.poll() is None, other.communicate()
     other.kill()
@@ -114,24 +120,7 @@ def test_a_slow_index_of_a_counted_window_does_not_hold_up_the_main_loop(daemon,
     d = daemon(conf(folder, cache, shuffle="true", ahead="true"))
     st = d.status()["feeds"][0]
     assert st["work_ahead"]["text_counts_from_cache"] == 40, st["work_ahead"]
-    latencies, stop = [], threading.Event()
-
-    def poll():
-        while not stop.is_set():
-            t0 = time.monotonic()
-            d.ctl("status", "--json")
-            latencies.append(time.monotonic() - t0)
-            time.sleep(0.05)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    t0 = time.monotonic()
-    try:
-        got = d.dump("t", tmp_path / "slow", batches=20)
-    finally:
-        took = time.monotonic() - t0
-        stop.set()
-        poller.join()
+    got, took, latencies = dump_polling_status(d, tmp_path / "slow", 20)
     assert took >= SLOW_MS / 1000 * 0.9, took
     assert max(latencies) < SLOW_MS / 1000 / 2, f"status waited {max(latencies):.2f} s: the main loop was held up"
     for k in ("input_ids", "labels", "position_ids"):

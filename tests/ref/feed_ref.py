@@ -71,6 +71,14 @@ def mix(x):
     return x
 
 
+def cursor_check(body):
+    """A cursor's or state's <check> (section 7.1): the low 32 bits of mix(FNV-1a 64 of the text before it)."""
+    h = 0xCBF29CE484222325
+    for b in body.encode():
+        h = ((h ^ b) * 0x100000001B3) & MASK64
+    return mix(h) & 0xFFFFFFFF
+
+
 class Rng:
     """RNG(key): counter c from 0; next() = mix(key + (c += 1) * GOLDEN)."""
 
