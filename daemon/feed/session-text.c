@@ -273,7 +273,6 @@ int session_text_submit(struct session *s, struct session_src *x)
 		if (!x->chunk_cur)
 			x->chunk_cur = c;
 		x->chunks_inflight++;
-		x->inflight_bytes += c->t.bytes;
 		session_ref(s);
 		if (s->parent)
 			session_ref(s->parent); /* dropped by session_chunk_done(): the rank's ring outlives the chunk */
@@ -340,7 +339,6 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	assert(!c->done && c->src->chunks_inflight > 0);
 	c->done = true;
 	c->src->chunks_inflight--;
-	c->src->inflight_bytes -= c->t.bytes;
 	if (session_root(s)->failed || session_root(s)->closed)
 		return;
 	if (c->result < 0) {
