@@ -128,7 +128,6 @@ struct session_src {
 	bool ahead_end;                /* the walk ended (the rank's documents run out) */
 	bool ahead_unplaced;           /* it stands before the stream's first document (whose window waited for its count) */
 	unsigned chunks_inflight;
-	uint64_t inflight_bytes;
 	uint64_t tok_bytes, tok_tokens; /* tokenized so far by this stream's chunks: its bytes per token */
 	uint64_t ahead_pf_epoch, ahead_pf_window; /* text copies: the ahead walk's window (+1) whose read-ahead was asked */
 

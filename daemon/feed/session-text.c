@@ -122,6 +122,32 @@ static void ahead_prefetch(struct session_src *x)
 }
 
 /*
+ * Stream positions tokenized or being tokenized from the stream's position
+ * on, counting up to `need`: finished chunks by their tokens, chunks still
+ * out with a worker by their bytes (bpt). Unlike session_text_ready(), a
+ * chunk not back yet does not hide the finished ones after it: a walk that
+ * waits for each window's count (issue #22) hands out a chunk per window,
+ * and while the first of them was held up on a loaded machine, the ones
+ * after it came back and were counted nowhere, so tokenizing ran on window
+ * after window, counting and copying a whole epoch ahead of a resume.
+ */
+static uint64_t text_ahead(struct session_src *x, uint64_t need, double bpt)
+{
+	const struct stream *st = x->stream;
+	uint64_t seq = st->advancing ? st->seq + 1 : st->seq, have = 0, offset = st->advancing ? 0 : st->offset;
+	for (struct session_chunk *c = chunk_at(x, seq); c && have < need + offset; c = c->next) {
+		if (!c->done) {
+			have += (uint64_t)((double)c->t.bytes / bpt);
+			continue;
+		}
+		for (uint32_t i = seq > c->first_seq ? (uint32_t)(seq - c->first_seq) : 0;
+		     i < c->t.n && have < need + offset; i++)
+			have += stream_doc_length(st, tokenize_chunk_tokens(&c->t, i));
+	}
+	return have > offset ? have - offset : 0;
+}
+
+/*
  * Hands the next documents of a text stream to the workers to tokenize,
  * until the finished and in-flight chunks cover the free slots plus one batch
  * (its share of them in a mixture, plus a bestfit buffer), and always when
@@ -183,7 +209,7 @@ int session_text_submit(struct session *s, struct session_src *x)
 				return r;
 			x->ahead_unplaced = false;
 		}
-		uint64_t have = x->q_positions + session_text_ready(x, target) + (uint64_t)((double)x->inflight_bytes / bpt);
+		uint64_t have = x->q_positions + text_ahead(x, target, bpt);
 		if (have >= target && !(s->starved == x->index && x->chunks_inflight == 0))
 			break;
 		struct session_chunk *c = calloc(1, sizeof(*c));
@@ -247,7 +273,6 @@ int session_text_submit(struct session *s, struct session_src *x)
 		if (!x->chunk_cur)
 			x->chunk_cur = c;
 		x->chunks_inflight++;
-		x->inflight_bytes += c->t.bytes;
 		session_ref(s);
 		if (s->parent)
 			session_ref(s->parent); /* dropped by session_chunk_done(): the rank's ring outlives the chunk */
@@ -314,7 +339,6 @@ static void chunk_take(struct session *s, struct session_chunk *c)
 	assert(!c->done && c->src->chunks_inflight > 0);
 	c->done = true;
 	c->src->chunks_inflight--;
-	c->src->inflight_bytes -= c->t.bytes;
 	if (session_root(s)->failed || session_root(s)->closed)
 		return;
 	if (c->result < 0) {

@@ -103,6 +103,33 @@ def test_resume_late_on_a_cold_cache_indexes_only_its_windows(daemon, tmp_path):
     assert d3.stop() == 0
 
 
+def test_a_resume_whose_first_chunk_comes_back_last_tokenizes_only_its_windows(daemon, tmp_path, monkeypatch):
+    """The walk that hands documents to the workers waits for each window's count, so a cold resume hands out a
+    small chunk per window; when the first of them is held up (a loaded machine: FEEDD_TEXT_SLOW_FIRST_CHUNK of
+    daemon/feed/worker.c) the ones after it come back first. They count as tokenized ahead: tokenizing stops
+    there, instead of running on through the epoch and the next (all 400 shards counted and copied, which a
+    loaded full test run once saw in test_resume_late_on_a_cold_cache_indexes_only_its_windows)."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 400, 3)
+    d = daemon(conf(folder, tmp_path / "warm"))
+    want = d.dump("t", tmp_path / "want", batches=80)
+    assert d.stop() == 0
+    at = 60
+    cursor = want["cursors"][at]
+    window = int(cursor.split("-")[6], 16)
+    assert window >= 40, cursor
+    monkeypatch.setenv("FEEDD_TEXT_SLOW_FIRST_CHUNK", "2000")
+    d2 = daemon(conf(folder, tmp_path / "cold") + "count_ahead = false\n")
+    late = d2.dump("t", tmp_path / "late", batches=5, cursor=cursor)
+    same_batches(late, want, at + 1, at + 6)
+    wa = work(d2)["work_ahead"]
+    print(f"resume at window {window} of 100, its first chunk 2 s late: {wa['text_shards_indexed']} of 400 shards "
+          f"counted, {wa['text_copies_made']} copies made")
+    assert wa["text_shards_indexed"] <= 400 - 4 * window + 40, (window, wa)
+    assert wa["text_copies_made"] <= 400 - 4 * window + 80, (window, wa)
+    assert d2.stop() == 0
+
+
 @pytest.mark.skipif(not RSS_IS_FEEDDS, reason="feedd's RSS is not its own under a wrapper or ASan")
 def test_anonymous_memory_at_the_first_batch_does_not_grow_with_the_shards(daemon, tmp_path):
     rss = {}
