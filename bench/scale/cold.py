@@ -34,12 +34,7 @@ import run as scale  # noqa: E402
 
 def drop(paths):
     """These files out of the page cache (only these); raises when fincore still finds 1 % of them."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    common.evict(paths)
     resident = common.resident_bytes(paths)
     if resident is not None and resident > 0.01 * sum(os.path.getsize(p) for p in paths):
         raise RuntimeError(f"cache not cold: {resident} bytes of the shards still resident")
