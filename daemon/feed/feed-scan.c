@@ -332,13 +332,15 @@ static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /*
  * The main loop's walks never count (issue #22): while never_block is set,
- * a shard whose count or index is missing is named in `wanted` and the walk
- * told -EAGAIN; its session has it counted on the pool
- * (session-count.c) and comes back.
+ * a shard whose count or index is missing is added to `wanted` and the walk
+ * told -EAGAIN; its session has them counted on the pool
+ * (session-count.c) and comes back. A set, not one shard: a window (or a
+ * resume's streams, up to 1,024 of them) asks for all it misses at once, so
+ * that one round trip to the pool counts them all.
  */
 static __thread bool never_block;
-static __thread struct feed *wanted_feed;
-static __thread uint32_t wanted_shard;
+static __thread struct feed_wanted wanted[FEED_WANTED_MAX];
+static __thread size_t n_wanted;
 
 void feed_off_main_thread(void)
 {
@@ -352,14 +354,23 @@ bool feed_count_never_block(bool on)
 	return was;
 }
 
-bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard)
+/* Adds shard i of f to the wanted set, once; when the set is full it is asked for at the next round. */
+static void want(struct feed *f, uint32_t i)
 {
-	if (!wanted_feed)
-		return false;
-	*ret_feed = wanted_feed;
-	*ret_shard = wanted_shard;
-	wanted_feed = NULL;
-	return true;
+	for (size_t k = 0; k < n_wanted; k++)
+		if (wanted[k].feed == f && wanted[k].shard == i)
+			return;
+	if (n_wanted < FEED_WANTED_MAX)
+		wanted[n_wanted++] = (struct feed_wanted){ .feed = f, .shard = i };
+}
+
+size_t feed_count_wanted(struct feed_wanted *ret, size_t max)
+{
+	size_t n = MIN(n_wanted, max);
+	if (n)
+		memcpy(ret, wanted, n * sizeof(*ret));
+	n_wanted = 0;
+	return n;
 }
 
 /* A shard could not be counted: the feed fails now (main thread, load) or at the next poll. */
@@ -386,10 +397,9 @@ bool feed_shard_readable(struct feed *f, uint32_t i)
 	if (!s->deferred || text_indexed(s->impl))
 		return true;
 	uint32_t n;
-	if (!never_block) /* a thread that may wait (an explanation's walk): indexed here */
+	if (!never_block) /* a thread that may wait: indexed here */
 		return feed_count_shard(f, i, &n) == 0;
-	wanted_feed = f;
-	wanted_shard = i;
+	want(f, i);
 	return false;
 }
 
@@ -414,8 +424,7 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	char err[512];
 	if (never_block && n == ORDER_DOCS_UNKNOWN) {
 		/* Not on this thread: the caller waits for the pool to count it (never the shard's lock here). */
-		wanted_feed = f;
-		wanted_shard = i;
+		want(f, i);
 		return -EAGAIN;
 	}
 	if (never_block) {
