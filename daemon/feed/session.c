@@ -697,6 +697,11 @@ bool session_failed(const struct session *s)
 	return s->failed;
 }
 
+bool session_opening(const struct session *s)
+{
+	return s->opening && !s->failed;
+}
+
 uint64_t session_attach_ns(const struct session *s)
 {
 	return s->attach_ns;
