@@ -293,8 +293,12 @@ def test_a_client_that_leaves_while_its_explanation_waits_cancels_it(daemon, tmp
     d2 = daemon(conf(folder, tmp_path / "cold"))
     p = subprocess.Popen([str(FEEDCTL), "--socket", d2.socket, "explain", "t", "--rank", "0", "--world", "1",
                           "--cursor", cursor, "--batches", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.5 * TIME_SCALE)
-    assert p.poll() is None, p.communicate()  # waiting for the pool, not answered
+    time.sleep(0.3 * TIME_SCALE)
+    # Waiting for the pool, not answered; the main loop answers status meanwhile.
+    t0 = time.monotonic()
+    d2.status()
+    assert time.monotonic() - t0 < STATUS_MAX_S, f"status waited {time.monotonic() - t0:.2f} s"
+    assert p.poll() is None, p.communicate()
     p.kill()
     p.communicate()
     # The daemon goes on serving (that rank's resume included) and stops cleanly.
