@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "daemon/feed/session-internal.h"
+#include "daemon/log/log.h"
 
 void session_opening_free(struct session *s)
 {
@@ -124,6 +125,10 @@ bool session_open_pump(struct session *s)
 		session_fail(s, r, err);
 		return false;
 	}
+	/* The round trips it took (a state's 1,024 streams: a few, not one per stream or shard). */
+	if (!s->explain)
+		log_info("feed %s rank %u/%u: streams open after %u attempts, their windows counted on the pool", s->feed->name,
+			 s->rank, s->world, o->attempts);
 	session_opening_free(s);
 	return true;
 }

@@ -306,3 +306,27 @@ def test_a_client_that_leaves_while_its_explanation_waits_cancels_it(daemon, tmp
     assert d2.dump("t", tmp_path / "after", batches=1, cursor=cursor)["input_ids"].shape[0] == 1
     assert time.monotonic() - t0 < SLOW_MS / 1000 * 2
     assert d2.stop() == 0
+
+
+def test_a_cold_fv1_resume_of_1024_streams_opens_in_a_few_round_trips(daemon, tmp_path):
+    """1,024 virtual streams spread over ~40 windows: one attempt names every shard their positions miss (up to
+    256 a round), so the open takes a few rounds to the pool, not one per stream or per shard."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 400, 30)
+    d = daemon(conf(folder, tmp_path / "warm", vranks=1024))
+    n = 300
+    want = d.dump("t", tmp_path / "want", batches=n)
+    assert d.stop() == 0
+    state = want["cursors"][n - 6]
+    _, entries, kw = state_parts(state)
+    windows = {int(e[4], 16) for e in entries}
+    print(f"{len(entries)} streams in {len(windows)} windows")
+    assert len(entries) == 1024 and len(windows) >= 8, (len(entries), sorted(windows))
+    d2 = daemon(conf(folder, tmp_path / "cold", vranks=1024))
+    late = d2.dump("t", tmp_path / "late", batches=5, cursor=state)
+    same_batches(late, want, n - 5, n)
+    log = d2.log_text()
+    attempts = [int(line.split(" attempts")[0].split()[-1]) for line in log.splitlines() if "streams open after" in line]
+    print(f"opened after {attempts} attempts")
+    assert attempts and attempts[0] <= 4, log
+    assert d2.stop() == 0
