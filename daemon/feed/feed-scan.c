@@ -341,6 +341,15 @@ static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread bool never_block;
 static __thread struct feed_wanted wanted[FEED_WANTED_MAX];
 static __thread size_t n_wanted;
+/*
+ * Where each is in `slots` (open addressing, 1 + its index in `wanted`; 0:
+ * free): a walk asks for the same shards many times (a state's 1,024
+ * streams, each asking for every window before its own when it carries no
+ * <kw>), each an O(1) look-up, not a scan of the set.
+ */
+#define WANTED_SLOTS (4 * FEED_WANTED_MAX)
+static __thread uint16_t slots[WANTED_SLOTS];
+static __thread uint16_t slot_of[FEED_WANTED_MAX];
 
 void feed_off_main_thread(void)
 {
@@ -357,11 +366,20 @@ bool feed_count_never_block(bool on)
 /* Adds shard i of f to the wanted set, once; when the set is full it is asked for at the next round. */
 static void want(struct feed *f, uint32_t i)
 {
-	for (size_t k = 0; k < n_wanted; k++)
-		if (wanted[k].feed == f && wanted[k].shard == i)
+	if (n_wanted == FEED_WANTED_MAX)
+		return;
+	uint64_t h = ((uint64_t)(uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) ^ (uint64_t)i * UINT64_C(0xff51afd7ed558ccd);
+	for (uint32_t at = (uint32_t)(h >> 40) % WANTED_SLOTS;; at = (at + 1) % WANTED_SLOTS) {
+		if (!slots[at]) {
+			slots[at] = (uint16_t)(n_wanted + 1);
+			slot_of[n_wanted] = (uint16_t)at;
+			wanted[n_wanted++] = (struct feed_wanted){ .feed = f, .shard = i };
 			return;
-	if (n_wanted < FEED_WANTED_MAX)
-		wanted[n_wanted++] = (struct feed_wanted){ .feed = f, .shard = i };
+		}
+		const struct feed_wanted *w = &wanted[slots[at] - 1];
+		if (w->feed == f && w->shard == i)
+			return;
+	}
 }
 
 size_t feed_count_wanted(struct feed_wanted *ret, size_t max)
@@ -369,6 +387,8 @@ size_t feed_count_wanted(struct feed_wanted *ret, size_t max)
 	size_t n = MIN(n_wanted, max);
 	if (n)
 		memcpy(ret, wanted, n * sizeof(*ret));
+	for (size_t k = 0; k < n_wanted; k++)
+		slots[slot_of[k]] = 0;
 	n_wanted = 0;
 	return n;
 }
