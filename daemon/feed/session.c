@@ -609,7 +609,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	*ret = s;
 	return 0;
 fail:
-	session_unref(s);
+	session_close(s); /* closed: a count job of its open still out comes back to nothing */
 	return r;
 }
 
