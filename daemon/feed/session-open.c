@@ -44,6 +44,23 @@ void session_opening_free(struct session *s)
 	s->opening = NULL;
 }
 
+/*
+ * Whether jobs the open waits for are out on the pool: their completion
+ * pumps the session (the last one of a round), which tries again. The
+ * one place that says what an attempt may wait for (counts; a merge with
+ * other kinds of waits adds theirs here and in ask()).
+ */
+static bool waiting(const struct session *s)
+{
+	return s->count_jobs > 0;
+}
+
+/* Hands the pool what the attempt's walks waited for (feed_count_wanted's set). */
+static void ask(struct session *s)
+{
+	session_count_ask(s);
+}
+
 /* One attempt, every count it needs asked for (never read here). 0, -EAGAIN, or an error in err. */
 static int attempt(struct session *s, const struct cursor *c, const struct vstate *st, char *err, size_t errlen)
 {
@@ -57,7 +74,7 @@ static int attempt(struct session *s, const struct cursor *c, const struct vstat
 	if (r == -EAGAIN) {
 		/* The streams opened so far hold windows they do not read yet: the next attempt opens them again. */
 		session_streams_clear(s);
-		session_count_ask(s);
+		ask(s);
 	}
 	return r;
 }
@@ -93,7 +110,7 @@ int session_open(struct session *s, const struct cursor *c, const struct vstate 
 	int r = attempt(s, c, st, err, errlen);
 	if (r != -EAGAIN)
 		return r;
-	if (!s->count_jobs) {
+	if (!waiting(s)) {
 		/* Nothing was asked for: an attempt that waits must name what it waits for. */
 		snprintf(err, errlen, "internal error: the streams wait for counts nothing was asked for");
 		return -EIO;
@@ -111,10 +128,10 @@ bool session_open_pump(struct session *s)
 	char err[512];
 	if (!o)
 		return true;
-	if (s->failed || s->closed || s->count_jobs)
+	if (s->failed || s->closed || waiting(s))
 		return false; /* the counts are not all back yet: their last completion pumps again */
 	int r = attempt(s, o->has_cursor ? &o->c : NULL, o->has_state ? &o->st : NULL, err, sizeof(err));
-	if (r == -EAGAIN && s->count_jobs)
+	if (r == -EAGAIN && waiting(s))
 		return false;
 	if (r == -EAGAIN) {
 		r = -EIO;
