@@ -127,7 +127,8 @@ static void explain_free(struct session_explain *e)
 	pad_batch_clear(&e->j.rows);
 	if (e->s) {
 		e->s->explain = NULL;
-		e->s->closed = true; /* chunks still out come back to nothing */
+		/* Chunks and counts still out come back to nothing (the pool reads it: count jobs stop at their next shard). */
+		__atomic_store_n(&e->s->closed, true, __ATOMIC_RELAXED);
 		session_unref(e->s);
 	}
 	free(e->t.p);

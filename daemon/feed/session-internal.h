@@ -288,6 +288,7 @@ int session_world_check(struct session *s);
  */
 int session_open(struct session *s, const struct cursor *c, const struct vstate *st, char *err, size_t errlen);
 bool session_open_pump(struct session *s);
+/* Frees what an OPENING session kept (the session's end). */
 void session_opening_free(struct session *s);
 /* session.c: the streams opened by an attempt torn down (what session_unref frees of them), for the next. */
 void session_streams_clear(struct session *s);
