@@ -332,13 +332,24 @@ static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /*
  * The main loop's walks never count (issue #22): while never_block is set,
- * a shard whose count or index is missing is named in `wanted` and the walk
- * told -EAGAIN; its session has it counted on the pool
- * (session-count.c) and comes back.
+ * a shard whose count or index is missing is added to `wanted` and the walk
+ * told -EAGAIN; its session has them counted on the pool
+ * (session-count.c) and comes back. A set, not one shard: a window (or a
+ * resume's streams, up to 1,024 of them) asks for all it misses at once, so
+ * that one round trip to the pool counts them all.
  */
 static __thread bool never_block;
-static __thread struct feed *wanted_feed;
-static __thread uint32_t wanted_shard;
+static __thread struct feed_wanted wanted[FEED_WANTED_MAX];
+static __thread size_t n_wanted;
+/*
+ * Where each is in `slots` (open addressing, 1 + its index in `wanted`; 0:
+ * free): a walk asks for the same shards many times (a state's 1,024
+ * streams, each asking for every window before its own when it carries no
+ * <kw>), each an O(1) look-up, not a scan of the set.
+ */
+#define WANTED_SLOTS (4 * FEED_WANTED_MAX)
+static __thread uint16_t slots[WANTED_SLOTS];
+static __thread uint16_t slot_of[FEED_WANTED_MAX];
 
 void feed_off_main_thread(void)
 {
@@ -352,14 +363,34 @@ bool feed_count_never_block(bool on)
 	return was;
 }
 
-bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard)
+/* Adds shard i of f to the wanted set, once; when the set is full it is asked for at the next round. */
+static void want(struct feed *f, uint32_t i)
 {
-	if (!wanted_feed)
-		return false;
-	*ret_feed = wanted_feed;
-	*ret_shard = wanted_shard;
-	wanted_feed = NULL;
-	return true;
+	if (n_wanted == FEED_WANTED_MAX)
+		return;
+	uint64_t h = ((uint64_t)(uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) ^ (uint64_t)i * UINT64_C(0xff51afd7ed558ccd);
+	for (uint32_t at = (uint32_t)(h >> 40) % WANTED_SLOTS;; at = (at + 1) % WANTED_SLOTS) {
+		if (!slots[at]) {
+			slots[at] = (uint16_t)(n_wanted + 1);
+			slot_of[n_wanted] = (uint16_t)at;
+			wanted[n_wanted++] = (struct feed_wanted){ .feed = f, .shard = i };
+			return;
+		}
+		const struct feed_wanted *w = &wanted[slots[at] - 1];
+		if (w->feed == f && w->shard == i)
+			return;
+	}
+}
+
+size_t feed_count_wanted(struct feed_wanted *ret, size_t max)
+{
+	size_t n = MIN(n_wanted, max);
+	if (n)
+		memcpy(ret, wanted, n * sizeof(*ret));
+	for (size_t k = 0; k < n_wanted; k++)
+		slots[slot_of[k]] = 0;
+	n_wanted = 0;
+	return n;
 }
 
 /* A shard could not be counted: the feed fails now (main thread, load) or at the next poll. */
@@ -386,10 +417,9 @@ bool feed_shard_readable(struct feed *f, uint32_t i)
 	if (!s->deferred || text_indexed(s->impl))
 		return true;
 	uint32_t n;
-	if (!never_block) /* a thread that may wait (an explanation's walk): indexed here */
+	if (!never_block) /* a thread that may wait: indexed here */
 		return feed_count_shard(f, i, &n) == 0;
-	wanted_feed = f;
-	wanted_shard = i;
+	want(f, i);
 	return false;
 }
 
@@ -414,8 +444,7 @@ int feed_count_shard(void *ctx, uint32_t i, uint32_t *ret)
 	char err[512];
 	if (never_block && n == ORDER_DOCS_UNKNOWN) {
 		/* Not on this thread: the caller waits for the pool to count it (never the shard's lock here). */
-		wanted_feed = f;
-		wanted_shard = i;
+		want(f, i);
 		return -EAGAIN;
 	}
 	if (never_block) {

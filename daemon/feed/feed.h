@@ -252,12 +252,19 @@ void feed_off_main_thread(void);
  * sessions set it), feed_count_shard() never reads a shard: one whose count
  * or line index is missing is remembered as wanted and -EAGAIN returned,
  * so that the walk asking waits. Returns the previous setting.
- * feed_count_wanted() takes (and forgets) the last shard so refused on
- * this thread: true with its feed and number; the caller has it counted off
- * the thread (feed_count_shard() there) and walks again.
+ * feed_count_wanted() takes (and forgets) the shards so refused on this
+ * thread since its last call (a set: each once, at most FEED_WANTED_MAX,
+ * more asked for again by the next walk): up to max of them into ret
+ * (NULL with max 0: forgets them), returns how many; the caller has them
+ * counted off the thread (feed_count_shard() there) and walks again.
  */
 bool feed_count_never_block(bool on);
-bool feed_count_wanted(struct feed **ret_feed, uint32_t *ret_shard);
+struct feed_wanted {
+	struct feed *feed;
+	uint32_t shard;
+};
+#define FEED_WANTED_MAX 256
+size_t feed_count_wanted(struct feed_wanted *ret, size_t max);
 /*
  * Text: whether shard i's line index is in memory, for the main loop to
  * read documents' sizes from (format_doc_bytes). When not, the shard is

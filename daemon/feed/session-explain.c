@@ -11,9 +11,13 @@
  * hands the stream's next documents to the pool (session-text.c, as far as
  * the batches asked need), and the explanation goes on, on the main thread,
  * each time a chunk comes back (session_pump() of a session with `explain`
- * set lands in explain_step()). The side session owns nothing shared: its
- * chunks hold references to it, so cancelling (the client left) only marks
- * it closed and drops the explanation's reference.
+ * set lands in explain_step()). Its streams are opened, and walked, as a
+ * session's are (issue #22): never counting a shard on the main loop, the
+ * shards a window misses counted on the pool (session-open.c,
+ * session-count.c), the explanation going on when they are back. The side
+ * session owns nothing shared: its chunks and count jobs hold references to
+ * it, so cancelling (the client left) only marks it closed and drops the
+ * explanation's reference.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -123,7 +127,8 @@ static void explain_free(struct session_explain *e)
 	pad_batch_clear(&e->j.rows);
 	if (e->s) {
 		e->s->explain = NULL;
-		e->s->closed = true; /* chunks still out come back to nothing */
+		/* Chunks and counts still out come back to nothing (the pool reads it: count jobs stop at their next shard). */
+		__atomic_store_n(&e->s->closed, true, __ATOMIC_RELAXED);
 		session_unref(e->s);
 	}
 	free(e->t.p);
@@ -150,18 +155,33 @@ static int explain_tokenize(struct session *s, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot queue documents to tokenize: %s", strerror(-r));
 		return r;
 	}
-	if (explain_inflight(s) == 0) {
+	session_count_ask(s); /* the shards the walks wait for (issue #22) */
+	if (explain_inflight(s) == 0 && !s->count_jobs && !s->failed) {
 		snprintf(err, errlen, "internal error: a plan waits for text that nothing tokenizes");
 		return -EIO;
 	}
 	return 0;
 }
 
+static int explain_walk(struct session_explain *e, int *ret_code, char *err, size_t errlen);
+
 /*
  * Plans the batches not explained yet. Returns 1: all explained (or failed:
  * e->t.error, with the message in err); 0: waiting for the pool.
  */
 static int explain_plan(struct session_explain *e, int *ret_code, char *err, size_t errlen)
+{
+	struct session *s = e->s;
+	if (s->count_jobs)
+		return 0; /* a chunk came back, the counts a walk waits for did not yet: their last one steps again */
+	bool was = feed_count_never_block(true);
+	feed_count_wanted(NULL, 0);
+	int done = explain_walk(e, ret_code, err, errlen);
+	feed_count_never_block(was);
+	return done;
+}
+
+static int explain_walk(struct session_explain *e, int *ret_code, char *err, size_t errlen)
 {
 	struct session *s = e->s;
 	const struct feed *f = s->feed;
@@ -263,10 +283,15 @@ int session_explain(struct producer *p, struct feed *f, uint32_t rank, uint32_t 
 	s->rows_ahead = (uint32_t)MIN((uint64_t)f->conf.batch_size * MAX(batches, 1u), (uint64_t)UINT32_MAX);
 	s->starved = UINT32_MAX;
 	s->started = true;
-	int r = f->vranks ? session_virtual_open(s, st, err, errlen) : session_open_streams(s, c, err, errlen);
+	/* Issue #22: streams whose windows are not counted yet open once the pool has counted them. */
+	int r = session_open(s, f->vranks ? NULL : c, f->vranks ? st : NULL, err, errlen);
 	if (r < 0) {
 		explain_free(e);
 		return r;
+	}
+	if (s->opening) {
+		*ret_pending = e;
+		return 0;
 	}
 	int code = 0;
 	if (!explain_plan(e, &code, err, errlen)) {

@@ -32,6 +32,7 @@
 #include "daemon/pack/pack.h"
 #include "daemon/pack/pad.h"
 #include "daemon/ring/ring.h"
+#include "proto/vstate.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
@@ -55,18 +56,32 @@ struct session_epoch_job {
 };
 
 /*
- * Text (issue #22): a shard a walk of the session waits for, counted and
- * indexed on the pool (the main loop never reads a shard), or, with shard
- * UINT32_MAX, the feed counted until it has `until` documents (the attach's
- * "at least R documents", decided after the attach). Freed when done.
+ * Text (issue #22): shards the walks of the session wait for (a part of
+ * what one pump or open attempt asked for), counted and indexed on the
+ * pool (the main loop never reads a shard), or, with n = 0, the feed
+ * counted until it has `until` documents (the attach's "at least R
+ * documents", decided after the attach). Freed when done.
  */
 struct session_count_job {
 	struct producer_job pj; /* kind PRODUCER_COUNT */
-	struct feed *feed;      /* the session's feed or one of its mixture's sources (the session holds it) */
-	uint32_t shard;
+	struct feed *feed;      /* n = 0: the feed counted; else the feed of the shard that failed (NULL: none) */
 	uint64_t until;
 	int result;
 	char error[512];
+	size_t n;
+	struct feed_wanted shards[]; /* n shards with their feeds (the session's or its sources: the session holds them) */
+};
+
+/*
+ * Issue #22: the cursor or state an opening session opens its streams at,
+ * kept (copied) until they open; session-open.c.
+ */
+struct session_opening {
+	bool has_cursor;
+	struct cursor c;
+	bool has_state;
+	struct vstate st; /* its entries copied too */
+	uint32_t attempts; /* open attempts so far (status; tests count round trips) */
 };
 
 /*
@@ -174,7 +189,8 @@ struct session {
 		int error;
 	} mark;
 	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
-	struct session_count_job *count_job; /* out on the pool: a walk waits for a shard's count (NULL: none) */
+	unsigned count_jobs;      /* out on the pool: the walks wait for shards' counts (0: none) */
+	struct session_opening *opening; /* the streams wait for counts to open (session-open.c); NULL: open */
 	bool world_check;         /* text: whether the feed has R documents was not known at attach: decided before planning */
 	bool started, failed, closed;
 	session_fail_fn on_fail;
@@ -257,6 +273,25 @@ void session_count_run(struct session_count_job *j);
 void session_count_done(struct session *s, struct session_count_job *j);
 void session_count_ask(struct session *s);
 int session_world_check(struct session *s);
+
+/*
+ * session-open.c (issue #22): a session's streams opened at cursor c or
+ * state st (both NULL: the start) without counting on the main loop.
+ * session_open() makes one attempt: 0 (open), or, when the streams wait for
+ * shards' counts, 0 with the session OPENING (s->opening: the cursor or
+ * state kept, the streams opened so far torn down, the shards handed to the
+ * pool); or a negative errno with the attach error in err.
+ * session_open_pump() (from session_pump, while OPENING) tries again once
+ * the counts are back: still OPENING, open (then the caller pumps on), or
+ * failed with the message session_open() would have given. Returns whether
+ * the session is open now.
+ */
+int session_open(struct session *s, const struct cursor *c, const struct vstate *st, char *err, size_t errlen);
+bool session_open_pump(struct session *s);
+/* Frees what an OPENING session kept (the session's end). */
+void session_opening_free(struct session *s);
+/* session.c: the streams opened by an attempt torn down (what session_unref frees of them), for the next. */
+void session_streams_clear(struct session *s);
 
 /* session-epoch.c: the pool's half (any thread) and the main thread's */
 void session_epoch_run(struct session_epoch_job *j);

@@ -288,6 +288,7 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	s->first_batch = st ? st->batch : 0;
 	size_t e = 0;
 	uint32_t live = 0;
+	bool wait = false; /* a stream's window is not counted yet: the others are opened still, to ask for theirs */
 	for (uint32_t i = 0; i < x->m; i++) {
 		uint32_t v = s->rank + i * s->world;
 		x->v[i] = v;
@@ -306,6 +307,9 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		int r = sub_open(s, v, x->m, c, &x->sub[i], err, errlen);
 		if (r == -ENODATA)
 			continue; /* a stream with no token (left): dead, left out of the rotation */
+		wait |= r == -EAGAIN;
+		if (r == -EAGAIN)
+			continue; /* issue #22: every stream's missing counts asked for in one attempt (session-open.c) */
 		if (r == -ERANGE) {
 			/* Its <kw> list disagrees with the counts known: src_open's message, naming the stream. */
 			char why[512];
@@ -321,6 +325,8 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 		if (c)
 			entry_kw_from_walks(x, i);
 	}
+	if (wait)
+		return -EAGAIN;
 	/*
 	 * Every stream's first document was asked for as it was opened (its
 	 * doc_idx), then its length for all of them, and only then is each

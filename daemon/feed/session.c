@@ -218,6 +218,9 @@ static void pump(struct session *s)
 
 void session_pump(struct session *s)
 {
+	/* Issue #22: a resume's streams wait for their windows' counts (session-open.c), then it goes on. */
+	if (s->opening && !session_open_pump(s))
+		return;
 	if (s->explain) { /* a side session of feedctl explain: a chunk it waited for came back */
 		session_explain_step(s->explain);
 		return;
@@ -227,9 +230,7 @@ void session_pump(struct session *s)
 		return;
 	/* Issue #22: the walks here read no shard; one they wait for is counted on the pool, then they go on. */
 	bool was = feed_count_never_block(true);
-	struct feed *f;
-	uint32_t shard;
-	(void)feed_count_wanted(&f, &shard);
+	feed_count_wanted(NULL, 0);
 	pump(s);
 	feed_count_never_block(was);
 	session_count_ask(s);
@@ -239,6 +240,28 @@ void session_ref(struct session *s)
 {
 	assert(s->refs > 0);
 	s->refs++;
+}
+
+void session_streams_clear(struct session *s)
+{
+	for (uint32_t i = 0; s->srcs && i < s->n_srcs; i++) {
+		struct session_src *x = &s->srcs[i];
+		if (x->stream)
+			stream_clear(x->stream);
+		free(x->queue);
+		doc_walk_clear(&x->ahead);
+		while (x->chunk_head) {
+			struct session_chunk *c = x->chunk_head;
+			x->chunk_head = c->next;
+			session_chunk_free(c);
+		}
+	}
+	free(s->srcs);
+	s->srcs = NULL;
+	s->n_srcs = 0;
+	s->has_text = false;
+	bestfit_clear(&s->bestfit);
+	session_virtual_free(s);
 }
 
 void session_unref(struct session *s)
@@ -254,21 +277,8 @@ void session_unref(struct session *s)
 		pad_batch_clear(&s->jobs[i].rows);
 	}
 	free(s->jobs);
-	for (uint32_t i = 0; s->srcs && i < s->n_srcs; i++) {
-		struct session_src *x = &s->srcs[i];
-		if (x->stream)
-			stream_clear(x->stream);
-		free(x->queue);
-		doc_walk_clear(&x->ahead);
-		while (x->chunk_head) {
-			struct session_chunk *c = x->chunk_head;
-			x->chunk_head = c->next;
-			session_chunk_free(c);
-		}
-	}
-	free(s->srcs);
-	bestfit_clear(&s->bestfit);
-	session_virtual_free(s);
+	session_streams_clear(s);
+	session_opening_free(s);
 	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
 	if (!s->ring)
 		;
@@ -318,23 +328,24 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 				     .prefetch = f->kind == FEED_TEXT ? NULL : stored_prefetch,
 				     .unsettled = s->parent && f->kind != FEED_TEXT };
 	/*
-	 * From the start, the first window is not counted here on the main
-	 * loop (issue #22): a stream whose first window is not counted yet
-	 * waits for it like any later one (session-count.c). A cursor's window
-	 * is still counted here (its checks need the window).
+	 * No window is counted here on the main loop (issue #22; the caller set
+	 * feed_count_never_block): from the start, a stream whose first window
+	 * is not counted yet waits for it like any later one (session-count.c);
+	 * a cursor's window not counted yet stops the open (-EAGAIN, no message:
+	 * session-open.c tries again once the pool has counted it).
 	 */
-	bool was = feed_count_never_block(!pos && f->kind == FEED_TEXT);
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
+	if (r == -EAGAIN)
+		return r;
 	if (r == 0 && f->kind == FEED_TEXT && x->stream->advancing) {
 		/* Tokenizing starts where the stream does, from its start, once its first window is counted. */
 		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, 0, 0, NULL, SIZE_MAX, true);
 		x->ahead_seq = 0;
 		x->ahead_unplaced = true;
-		if (r < 0) {
-			feed_count_never_block(was);
+		if (r < 0 && r != -EAGAIN)
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+		if (r < 0)
 			return r;
-		}
 	} else if (r == 0 && f->kind == FEED_TEXT) {
 		/* Tokenizing starts at the stream's own document and runs ahead of it. */
 		const struct doc_walk *w = &x->stream->walk;
@@ -347,13 +358,11 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 		r = doc_walk_seek_k(&x->ahead, op, s->rank, s->world, w->ep.epoch, w->window, &w->ep.win_start[w->window],
 				    w->at, true);
 		x->ahead_seq = x->stream->seq;
-		if (r < 0) {
-			feed_count_never_block(was);
+		if (r < 0 && r != -EAGAIN)
 			snprintf(err, errlen, "cannot start the stream: %s", strerror(-r));
+		if (r < 0)
 			return r;
-		}
 	}
-	feed_count_never_block(was);
 	if (r == -EINVAL)
 		session_cursor_not_here(err, errlen, s->rank, f);
 	else if (r == -ERANGE && pos && pos->has_k)
@@ -584,7 +593,9 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	r = vranks ? session_virtual_open(s, state, err, errlen) : session_open_streams(s, c, err, errlen);
+	/* Issue #22: no window counted here; a resume whose windows are not counted yet opens after the attach. */
+	s->first_batch = state ? state->batch : c ? c->batch : 0;
+	r = session_open(s, vranks ? NULL : c, vranks ? state : NULL, err, errlen);
 	if (r < 0)
 		goto fail;
 
@@ -598,7 +609,7 @@ int session_new(struct producer *p, struct feed *f, uint32_t rank, uint32_t worl
 	*ret = s;
 	return 0;
 fail:
-	session_unref(s);
+	session_close(s); /* closed: a count job of its open still out comes back to nothing */
 	return r;
 }
 
@@ -684,6 +695,11 @@ uint64_t session_in_flight(const struct session *s)
 bool session_failed(const struct session *s)
 {
 	return s->failed;
+}
+
+bool session_opening(const struct session *s)
+{
+	return s->opening && !s->failed;
 }
 
 uint64_t session_attach_ns(const struct session *s)

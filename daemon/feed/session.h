@@ -106,6 +106,8 @@ uint64_t session_first_batch(const struct session *s); /* batch index of ring se
 uint64_t session_published(const struct session *s);   /* batches published (ring head) */
 uint64_t session_in_flight(const struct session *s);   /* batches handed to the workers, not yet published */
 bool session_failed(const struct session *s);
+/* Issue #22: its streams wait for their windows' counts, on the pool (a resume on a cold cache_dir). */
+bool session_opening(const struct session *s);
 uint64_t session_attach_ns(const struct session *s);   /* when it was built (CLOCK_MONOTONIC) */
 /* Time the ring spent full up to now (ns), the current spell included. */
 uint64_t session_full_ns(const struct session *s, uint64_t now);

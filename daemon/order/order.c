@@ -216,20 +216,31 @@ static void use_shared(struct order_epoch *ep, uint32_t hi)
 	ep->win_hi = hi;
 }
 
-/* The counts of window w's shards added to k (ask: by p->count). 0; 1: one is not known (ask false); < 0: p->count's. */
+/*
+ * The counts of window w's shards added to k (ask: by p->count). 0; 1: one
+ * is not known (ask false); < 0: p->count's. -EAGAIN (p->count's "not on
+ * this thread") only once every shard of the window was asked: a caller
+ * that waits for the pool has them all counted in one round, not one shard
+ * per round.
+ */
 static int window_end(const struct order_params *p, const struct order_epoch *ep, uint32_t w, bool ask, uint64_t *k)
 {
 	uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	int wait = 0;
 	for (uint32_t i = w * p->window; i < end; i++) {
 		uint32_t n;
 		if (!ask && !order_shard_docs_known(p, ep->perm[i], &n))
 			return 1;
 		int r = order_shard_docs(p, ep->perm[i], &n);
+		if (r == -EAGAIN) {
+			wait = r;
+			continue;
+		}
 		if (r < 0)
 			return r;
 		*k += n;
 	}
-	return 0;
+	return wait;
 }
 
 /*
@@ -274,6 +285,15 @@ static int extend(const struct order_params *p, struct order_epoch *ep, uint32_t
 		}
 		uint64_t k = ep->win_start[w];
 		int r = window_end(p, ep, w, ask, &k);
+		if (r == -EAGAIN) {
+			/* The windows after it up to `upto` are asked for too (their starts need them all). */
+			for (uint32_t v = w + 1; v < MIN(upto, ep->n_windows); v++) {
+				uint64_t unused = 0;
+				int e = window_end(p, ep, v, true, &unused);
+				if (e < 0 && e != -EAGAIN)
+					break; /* an error the walk meets when it gets there */
+			}
+		}
 		if (r != 0)
 			return MIN(r, 0);
 		if (x)
@@ -327,15 +347,21 @@ int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uin
 		if (r < 0)
 			return r;
 	}
-	/* The window's own shards made ready for reading (p->count: indexed again if its index was let go). */
+	/*
+	 * The window's own shards made ready for reading (p->count: indexed
+	 * again if its index was let go); on -EAGAIN, every one is asked.
+	 */
 	uint32_t end = (uint32_t)MIN((uint64_t)(w + 1) * p->window, (uint64_t)p->n_shards);
+	int wait = 0;
 	for (uint32_t i = w * p->window; p->count && i < end; i++) {
 		uint32_t n;
 		int r = p->count(p->count_ctx, ep->perm[i], &n);
-		if (r < 0)
+		if (r == -EAGAIN)
+			wait = r;
+		else if (r < 0)
 			return r;
 	}
-	return 0;
+	return wait;
 }
 
 int order_epoch_seed(struct order_epoch *ep, uint32_t w, uint64_t k)

@@ -140,7 +140,9 @@ static inline bool order_epoch_has(const struct order_epoch *ep, uint32_t w)
  * window w and of the windows between the known range and w, and, when w
  * is before the range (a seeded start), every shard before w; then asks
  * p->count for each of window w's shards (ready to read). 0 or a negative
- * errno from p->count.
+ * errno from p->count; its -EAGAIN (a thread that must not count, issue
+ * #22) only after p->count was asked for every shard those windows miss,
+ * so that the caller has them all counted at once.
  */
 int order_epoch_window(const struct order_params *p, struct order_epoch *ep, uint32_t w);
 

@@ -407,6 +407,10 @@ int stream_init_source(struct stream *s, const struct order_params *params, cons
 			      true);
 		if (r < 0)
 			goto fail;
+		/* Its window not counted yet (issue #22): the position is checked once it is (the caller comes back). */
+		r = -EAGAIN;
+		if (s->walk.pending)
+			goto fail;
 		doc_walk_set_prefetch(&s->walk, src->prefetch, src->userdata, src->unsettled);
 		/* A cursor must name one of this rank's documents of that window. */
 		r = -EINVAL;

@@ -210,6 +210,9 @@ struct stream {
  * happen in stream_settle(). From the beginning, a first window not counted
  * yet (params->count -EAGAIN) leaves the stream advancing: not placed until
  * a stream_settle() finds it counted (nothing else may be asked of it).
+ * At pos, a window not counted yet (params->count -EAGAIN: every shard it
+ * misses asked for) is -EAGAIN: nothing kept, the caller comes back once
+ * they are counted.
  */
 int stream_init_source(struct stream *s, const struct order_params *params, const struct stream_source *src,
 		       uint32_t rank, uint32_t world, bool bos, bool eos, const struct stream_pos *pos);

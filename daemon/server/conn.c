@@ -68,6 +68,7 @@ void conn_status(struct conn *c, uint64_t now, struct status_client *ret)
 		.ring_slots = session_ring(s)->slot_count,
 		.first_batch = session_first_batch(s),
 		.failed = session_failed(s),
+		.opening = session_opening(s),
 		.gpu = session_staging(s) != NULL,
 		.attached_ns = now - session_attach_ns(s),
 		.fill = session_fill(s),

@@ -500,7 +500,7 @@ static void client(struct jw *w, const struct status_client *c, unsigned flags, 
 	m_real(w, "tokens_per_s", c->tokens_per_s);
 	m_real(w, "wait_s", wait_s);
 	m_real(w, "step_s", step_s);
-	m_str(w, "state", c->failed ? "failed" : "streaming");
+	m_str(w, "state", c->failed ? "failed" : c->opening ? "opening" : "streaming");
 	m_real(w, "stall_pct", c->stall_pct);
 	m_int(w, "reports", (long long)c->reports);
 	m_real(w, "reported_step_s", (double)c->reported_step_ns / 1e9);

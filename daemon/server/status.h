@@ -61,6 +61,7 @@ struct status_client {
 	unsigned ring_slots;
 	uint64_t first_batch;       /* batch index of its ring's first slot */
 	bool failed;                /* its stream stopped with an error */
+	bool opening;               /* its streams wait for their windows' counts (issue #22) */
 	bool gpu;                   /* its batches are staged on a GPU: */
 	struct gpu_client_view gpu_view;
 	struct telemetry_reading reading;  /* what its consumer page and ring said */

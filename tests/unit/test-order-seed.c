@@ -8,6 +8,7 @@
  * multiple of the world (the same stream) it is corrected, otherwise the
  * walk fails with -ERANGE (docs/sample-order.md, section 7.3).
  */
+#include <errno.h>
 #include <string.h>
 
 #include "daemon/order/order.h"
@@ -169,9 +170,78 @@ static void test_seed(bool shuffle)
 	order_epoch_clear(&ep);
 }
 
+/*
+ * A thread that must not count (the main loop's walks, issue #22): count()
+ * says -EAGAIN for a shard not counted yet, and the walk asks for every
+ * shard its window needs before it gives up, so that the pool counts them
+ * all in one round: a resume's window (with k_w), or every window up to it
+ * (without), nothing after it.
+ */
+static uint32_t lazy_wait[S];
+static unsigned asked[S];
+static bool may_count;
+
+static int wait_count(void *ctx, uint32_t shard, uint32_t *ret)
+{
+	(void)ctx;
+	asked[shard]++;
+	if (!may_count && __atomic_load_n(&lazy_wait[shard], __ATOMIC_ACQUIRE) == ORDER_DOCS_UNKNOWN)
+		return -EAGAIN;
+	__atomic_store_n(&lazy_wait[shard], truth[shard], __ATOMIC_RELEASE);
+	*ret = truth[shard];
+	return 0;
+}
+
+static void test_wait_asks_every_shard(bool shuffle, bool with_k)
+{
+	const struct order_params pk = known(shuffle);
+	struct order_params pw = pk;
+	pw.shard_docs = lazy_wait;
+	pw.count = wait_count;
+	const uint32_t w = 3;
+	struct stream_pos pos;
+	uint64_t want[N_DOCS], got[N_DOCS];
+	reference(&pk, w, &pos, want);
+	struct order_epoch ep = { 0 };
+	REQUIRE(order_epoch_build(&pk, 0, &ep) == 0, "epoch");
+	pos.k = ep.win_start[w];
+	pos.has_k = with_k;
+	for (uint32_t i = 0; i < S; i++) {
+		lazy_wait[i] = ORDER_DOCS_UNKNOWN;
+		asked[i] = 0;
+	}
+	may_count = false;
+	struct stream s;
+	CHECK_INT(stream_init(&s, &pw, toks, RANK, R, false, false, &pos), -EAGAIN);
+	const uint32_t lo = with_k ? w * W : 0, hi = (w + 1) * W;
+	for (uint32_t i = 0; i < S; i++)
+		CHECK((asked[ep.perm[i]] > 0) == (lo <= i && i < hi),
+		      "shuffle %d, k_w %d: shard %u (place %u of the epoch) asked %u times, windows %u..%u wanted", shuffle,
+		      with_k, ep.perm[i], i, asked[ep.perm[i]], lo / W, w);
+	/* The pool counts what was asked; the open then goes on, and the stream is the uninterrupted one. */
+	may_count = true;
+	for (uint32_t i = lo; i < hi; i++) {
+		uint32_t n;
+		wait_count(NULL, ep.perm[i], &n);
+	}
+	may_count = false;
+	CHECK_INT(stream_init(&s, &pw, toks, RANK, R, false, false, &pos), 0);
+	may_count = true;
+	bool checked;
+	CHECK_INT(take(&s, &ep, w, got, &checked), 0);
+	CHECK(memcmp(got, want, sizeof(got)) == 0, "shuffle %d, k_w %d: the stream opened after waiting differs", shuffle,
+	      with_k);
+	stream_clear(&s);
+	order_epoch_clear(&ep);
+}
+
 int main(void)
 {
 	test_seed(false);
 	test_seed(true);
+	for (int k = 0; k < 2; k++) {
+		test_wait_asks_every_shard(false, k);
+		test_wait_asks_every_shard(true, k);
+	}
 	return unit_exit("test-order-seed");
 }
