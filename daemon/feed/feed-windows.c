@@ -27,9 +27,11 @@
  * are called by walks on the main loop only; the builder thread only builds.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -229,12 +231,32 @@ static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct en
 	return 0;
 }
 
+/*
+ * A test hook (tests/integration/test_window_async.py): FEEDD_SLOW_WINDOW_BUILD_MS=N
+ * makes every window build take N ms longer, wherever it runs, so that a
+ * test sees what waits for a build and what does not.
+ */
+static void slow_build_hook(void)
+{
+	const char *v = getenv("FEEDD_SLOW_WINDOW_BUILD_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+	if (ms > 0)
+		nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 }, NULL);
+}
+
 static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
 {
+	slow_build_hook();
 	int r = order_window_shuffle(fw->params, ep, e->w, &e->list, &e->n);
 	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
 		return r;
-	return build_counts(fw, ep->perm, e, &e->counts);
+	r = build_counts(fw, ep->perm, e, &e->counts);
+	/*
+	 * A damaged index entry: the window is served without counts, and
+	 * its walks meet the fault themselves (stored_doc names it and fails
+	 * the feed), as they did when a failed window was shuffled by each.
+	 */
+	return r == -ECANCELED || r == -ENOMEM ? r : 0;
 }
 
 /* Frees kept windows, least recently got first, until KEEP_MAX and KEEP_BYTES hold. Lock held. */
@@ -392,17 +414,74 @@ static bool start_builder(struct feed_windows *fw)
 	return fw->started;
 }
 
-static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w,
-				   const uint16_t *const **ret_counts_ref, void **ret_handle)
+/* ---- windows wanted by the main loop's walks (issue #22) ---------------- */
+
+/*
+ * A walk on a thread that must not block (feed_count_never_blocks: the
+ * main loop's sessions) that finds its window not built is told -EAGAIN
+ * and the window is noted here; the session hands the set to the pool
+ * (session-window.c), which builds each one (feed_window_make) and pins
+ * it until the walk took it.
+ */
+static __thread struct feed_window_want wanted[FEED_WINDOW_WANTS];
+static __thread unsigned n_wanted;
+
+static void want(struct feed *f, uint64_t epoch, uint32_t w, uint64_t k)
+{
+	for (unsigned i = 0; i < n_wanted; i++)
+		if (wanted[i].feed == f && wanted[i].epoch == epoch && wanted[i].w == w)
+			return;
+	/* Full: this walk asks again when it is pumped next (the set's windows are built meanwhile). */
+	if (n_wanted < FEED_WINDOW_WANTS)
+		wanted[n_wanted++] = (struct feed_window_want){ .feed = f, .epoch = epoch, .w = w, .k = k };
+}
+
+unsigned feed_windows_wanted(struct feed_window_want *ret, unsigned max)
+{
+	unsigned n = MIN(n_wanted, max);
+	memcpy(ret, wanted, n * sizeof(*ret));
+	n_wanted = 0;
+	return n;
+}
+
+/*
+ * The never-block side of get() (lock held): e (maybe NULL) is not READY.
+ * Queued for the builder if nobody asked for it yet, so that it may be
+ * built before the session's job even starts; noted as wanted.
+ */
+static int get_not_yet(struct feed_windows *fw, const struct order_epoch *ep, uint32_t w, struct entry *e)
+{
+	if (e && e->state == FAILED && !e->refs) {
+		unlink_free(fw, e); /* built again by the job: it says why when it fails again */
+		e = NULL;
+	}
+	if (!e && (e = add(fw, ep->epoch, w, QUEUED))) {
+		e->k = ep->win_start[w];
+		e->has_k = true;
+		start_builder(fw); /* without a thread the job builds it */
+	}
+	fw->stats.not_ready++;
+	want(fw->feed, ep->epoch, w, ep->win_start[w]);
+	return -EAGAIN;
+}
+
+static int windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, const uint32_t **ret_list,
+		       const uint16_t *const **ret_counts_ref, void **ret_handle)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = find(fw, ep->epoch, w);
+	if ((!e || e->state != READY) && feed_count_never_blocks()) {
+		/* The main loop neither builds a window nor waits for one (issue #22). */
+		int r = get_not_yet(fw, ep, w, e);
+		pthread_mutex_unlock(&fw->lock);
+		return r;
+	}
 	if (!e || e->state == QUEUED || e->state == COUNTING) {
 		/* Nobody built it yet: the asker does, and everyone shares it. */
 		if (!e && !(e = add(fw, ep->epoch, w, QUEUED))) {
 			pthread_mutex_unlock(&fw->lock);
-			return NULL;
+			return -ENOMEM;
 		}
 		e->state = BUILDING;
 		fw->stats.built_on_demand++;
@@ -425,7 +504,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		if (!e->refs)
 			unlink_free(fw, e);
 		pthread_mutex_unlock(&fw->lock);
-		return NULL;
+		return -EIO;
 	}
 	hold(fw, e);
 	e->used = true;
@@ -433,7 +512,80 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	pthread_mutex_unlock(&fw->lock);
 	*ret_handle = e;
 	*ret_counts_ref = (const uint16_t *const *)&e->counts;
-	return e->list;
+	*ret_list = e->list;
+	return 0;
+}
+
+int feed_window_make(struct feed *f, const struct feed_window_want *want, struct feed_window_pin *ret, char *err,
+		     size_t errlen)
+{
+	struct feed_windows *fw = f->windows;
+	if (!fw) {
+		snprintf(err, errlen, "feed %s builds no shared windows", f->name);
+		return -ENOENT;
+	}
+	pthread_mutex_lock(&fw->lock);
+	struct entry *e = find(fw, want->epoch, want->w);
+	if (e && e->state == FAILED && !e->refs) {
+		unlink_free(fw, e);
+		e = NULL;
+	}
+	if (!e && !(e = add(fw, want->epoch, want->w, QUEUED))) {
+		pthread_mutex_unlock(&fw->lock);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	hold(fw, e); /* the pin: kept from eviction until the walk took it (feed_window_unpin) */
+	int r = 0;
+	if (e->state == QUEUED) {
+		/* Nobody builds it yet: this worker does (the builder may be busy ahead of other walks). */
+		e->state = BUILDING;
+		fw->stats.built_on_demand++;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		struct order_epoch ep = { 0 };
+		r = order_epoch_build(fw->params, want->epoch, &ep);
+		if (r == 0 && want->w >= ep.n_windows)
+			r = -EINVAL;
+		/* The walk's k_w: nothing before the window is counted (text). */
+		if (r == 0 && !order_epoch_has(&ep, want->w))
+			r = order_epoch_seed(&ep, want->w, want->k);
+		if (r == 0)
+			r = order_epoch_window(fw->params, &ep, want->w);
+		if (r == 0)
+			r = build(fw, &ep, e, true);
+		order_epoch_clear(&ep);
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+	}
+	/* The builder has it (counting its shards, or shuffling): wait here, on the pool, not on the main loop. */
+	while (e->state == BUILDING || e->state == COUNTING)
+		pthread_cond_wait(&fw->cond, &fw->lock);
+	if (e->state != READY) {
+		if (--e->refs == 0)
+			release(fw, e);
+		pthread_mutex_unlock(&fw->lock);
+		r = r < 0 ? r : -EIO;
+		snprintf(err, errlen, "feed %s: cannot shuffle window %u of epoch %" PRIu64 ": %s", f->name, want->w,
+			 want->epoch, f->lazy_code ? f->lazy_err : strerror(-r));
+		return r;
+	}
+	*ret = (struct feed_window_pin){ .entry = e, .gets = fw->gets };
+	pthread_mutex_unlock(&fw->lock);
+	return 0;
+}
+
+bool feed_window_unpin(struct feed *f, const struct feed_window_pin *pin, bool force)
+{
+	struct feed_windows *fw = f->windows;
+	struct entry *e = pin->entry;
+	pthread_mutex_lock(&fw->lock);
+	/* Not taken by a walk since it was pinned: kept for the walk that waits for it. */
+	bool drop = force || e->last_get > pin->gets;
+	if (drop && --e->refs == 0)
+		release(fw, e);
+	pthread_mutex_unlock(&fw->lock);
+	return drop;
 }
 
 static void windows_put(void *ctx, void *handle, bool keep)
@@ -575,6 +727,7 @@ static void work_ahead(const struct feed *f, struct feed_windows_stats *w, uint3
 	w->ahead += one.ahead;
 	w->building += one.building;
 	w->evicted += one.evicted;
+	w->not_ready += one.not_ready;
 	*pending += feed_scan_shards_left(f);
 	for (uint32_t i = 0; i < f->n_sources; i++)
 		work_ahead(f->sources[i], w, pending);
@@ -637,6 +790,8 @@ json_t *feed_work_ahead_json(const struct feed *f)
 			 (json_int_t)copies_open, "text_copies_made", (json_int_t)copies_made);
 	if (o) {
 		/* Issue #22: text shards are indexed when their window comes up (feed_count_shard). */
+		/* Issue #22: walks on the main loop that found their window not built, and waited for the pool. */
+		json_object_set_new(o, "windows_not_ready", json_integer((json_int_t)w.not_ready));
 		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)tw.indexed));
 		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)tw.pending));
 		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)tw.cached));

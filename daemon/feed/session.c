@@ -233,6 +233,7 @@ void session_pump(struct session *s)
 	pump(s);
 	feed_count_never_block(was);
 	session_count_ask(s);
+	session_window_ask(s);
 }
 
 void session_ref(struct session *s)
@@ -267,6 +268,7 @@ void session_unref(struct session *s)
 		}
 	}
 	free(s->srcs);
+	session_window_clear(s);
 	bestfit_clear(&s->bestfit);
 	session_virtual_free(s);
 	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
@@ -323,7 +325,7 @@ static int src_open(struct session *s, struct session_src *x, const struct strea
 	 * waits for it like any later one (session-count.c). A cursor's window
 	 * is still counted here (its checks need the window).
 	 */
-	bool was = feed_count_never_block(!pos && f->kind == FEED_TEXT);
+	bool was = feed_count_never_block(!pos); /* stored tokens too: a first window not built yet waits (session-window.c) */
 	r = stream_init_source(x->stream, op, &src, s->rank, s->world, f->bos_id >= 0, f->eos_id >= 0, pos);
 	if (r == 0 && f->kind == FEED_TEXT && x->stream->advancing) {
 		/* Tokenizing starts where the stream does, from its start, once its first window is counted. */
