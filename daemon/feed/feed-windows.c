@@ -424,14 +424,14 @@ static bool start_builder(struct feed_windows *fw)
 static __thread struct feed_window_want wanted[FEED_WINDOW_WANTS];
 static __thread unsigned n_wanted;
 
-static void want(struct feed *f, uint64_t epoch, uint32_t w, uint64_t k)
+static void want(struct feed *f, uint64_t epoch, uint32_t w, uint64_t k, uint64_t gets)
 {
 	for (unsigned i = 0; i < n_wanted; i++)
 		if (wanted[i].feed == f && wanted[i].epoch == epoch && wanted[i].w == w)
 			return;
 	/* Full: this walk asks again when it is pumped next (the set's windows are built meanwhile). */
 	if (n_wanted < FEED_WINDOW_WANTS)
-		wanted[n_wanted++] = (struct feed_window_want){ .feed = f, .epoch = epoch, .w = w, .k = k };
+		wanted[n_wanted++] = (struct feed_window_want){ .feed = f, .epoch = epoch, .w = w, .k = k, .gets = gets };
 }
 
 unsigned feed_windows_wanted(struct feed_window_want *ret, unsigned max)
@@ -459,7 +459,7 @@ static int get_not_yet(struct feed_windows *fw, const struct order_epoch *ep, ui
 		start_builder(fw); /* without a thread the job builds it */
 	}
 	fw->stats.not_ready++;
-	want(fw->feed, ep->epoch, w, ep->win_start[w]);
+	want(fw->feed, ep->epoch, w, ep->win_start[w], fw->gets);
 	return -EAGAIN;
 }
 
@@ -522,6 +522,16 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 		snprintf(err, errlen, "feed %s builds no shared windows", f->name);
 		return -ENOENT;
 	}
+	struct order_epoch ep = { 0 };
+	int r = order_epoch_build(fw->params, want->epoch, &ep);
+	if (r == 0 && want->w >= ep.n_windows)
+		r = -ERANGE; /* not a window of this feed's: a want of no use */
+	if (r < 0) {
+		order_epoch_clear(&ep);
+		snprintf(err, errlen, "feed %s: window %u of epoch %" PRIu64 ": %s", f->name, want->w, want->epoch,
+			 strerror(-r));
+		return r;
+	}
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = find(fw, want->epoch, want->w);
 	if (e && e->state == FAILED && !e->refs) {
@@ -530,29 +540,25 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 	}
 	if (!e && !(e = add(fw, want->epoch, want->w, QUEUED))) {
 		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	hold(fw, e); /* the pin: kept from eviction until the walk took it (feed_window_unpin) */
-	int r = 0;
 	if (e->state == QUEUED) {
 		/* Nobody builds it yet: this worker does (the builder may be busy ahead of other walks). */
 		e->state = BUILDING;
 		fw->stats.built_on_demand++;
 		pthread_mutex_unlock(&fw->lock);
 		uint64_t t0 = mono_ns();
-		struct order_epoch ep = { 0 };
-		r = order_epoch_build(fw->params, want->epoch, &ep);
-		if (r == 0 && want->w >= ep.n_windows)
-			r = -EINVAL;
 		/* The walk's k_w: nothing before the window is counted (text). */
-		if (r == 0 && !order_epoch_has(&ep, want->w))
+		if (!order_epoch_has(&ep, want->w))
 			r = order_epoch_seed(&ep, want->w, want->k);
 		if (r == 0)
 			r = order_epoch_window(fw->params, &ep, want->w);
 		if (r == 0)
 			r = build(fw, &ep, e, true);
-		order_epoch_clear(&ep);
+		order_epoch_clear(&ep); /* not under the lock: the shared permutation has its own */
 		pthread_mutex_lock(&fw->lock);
 		finish(fw, e, r, t0);
 	}
@@ -563,13 +569,15 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 		if (--e->refs == 0)
 			release(fw, e);
 		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
 		r = r < 0 ? r : -EIO;
 		snprintf(err, errlen, "feed %s: cannot shuffle window %u of epoch %" PRIu64 ": %s", f->name, want->w,
 			 want->epoch, f->lazy_code ? f->lazy_err : strerror(-r));
 		return r;
 	}
-	*ret = (struct feed_window_pin){ .entry = e, .gets = fw->gets };
+	*ret = (struct feed_window_pin){ .entry = e, .gets = want->gets };
 	pthread_mutex_unlock(&fw->lock);
+	order_epoch_clear(&ep);
 	return 0;
 }
 
@@ -578,7 +586,7 @@ bool feed_window_unpin(struct feed *f, const struct feed_window_pin *pin, bool f
 	struct feed_windows *fw = f->windows;
 	struct entry *e = pin->entry;
 	pthread_mutex_lock(&fw->lock);
-	/* Not taken by a walk since it was pinned: kept for the walk that waits for it. */
+	/* Not taken by a walk since one was refused it: kept for the walk that waits for it. */
 	bool drop = force || e->last_get > pin->gets;
 	if (drop && --e->refs == 0)
 		release(fw, e);

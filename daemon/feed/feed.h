@@ -327,10 +327,11 @@ void feed_windows_free(struct feed *f);
  * feed_windows_wanted() takes (and forgets) them: how many, at most max.
  * The session hands them to the pool (session-window.c), where
  * feed_window_make() builds each one (or waits while the builder does):
- * 0 with the window READY and pinned in *ret, or a negative errno with a
- * message in err. feed_window_unpin() (main thread) drops the pin once a
- * walk took the window since it was pinned, or when `force`: returns
- * whether it dropped it.
+ * 0 with the window READY and pinned in *ret (-ERANGE: no such window, a
+ * want of no use: nothing pinned), or a negative errno with a message in
+ * err. feed_window_unpin() (main thread) drops the pin once a walk took
+ * the window since it was wanted, or when `force`: returns whether it
+ * dropped it.
  */
 #define FEED_WINDOW_WANTS 64
 struct feed_window_want {
@@ -338,10 +339,11 @@ struct feed_window_want {
 	uint64_t epoch;
 	uint32_t w;
 	uint64_t k; /* the window's start k_w, as the walk knows it */
+	uint64_t gets; /* the feed's window gets when the walk was refused: a later get of it is a walk that took it */
 };
 struct feed_window_pin {
 	void *entry;
-	uint64_t gets; /* the feed's window gets when pinned: a later get of it is a walk that took it */
+	uint64_t gets; /* the want's gets */
 };
 unsigned feed_windows_wanted(struct feed_window_want *ret, unsigned max);
 int feed_window_make(struct feed *f, const struct feed_window_want *want, struct feed_window_pin *ret, char *err,

@@ -39,7 +39,7 @@ void session_window_run(struct session_window_job *j)
 		char err[512];
 		int r = feed_window_make(j->want[i].feed, &j->want[i], &j->pin[i], err, sizeof(err));
 		j->pinned[i] = r == 0;
-		if (r < 0 && !j->result) {
+		if (r < 0 && r != -ERANGE && !j->result) {
 			j->result = r;
 			snprintf(j->error, sizeof(j->error), "%s", err);
 		}
