@@ -5,9 +5,16 @@
  * when"). A walk entering window w of epoch e gets the window from here
  * (order_params.windows) and asks for the one after it (prefetch), which the
  * builder thread shuffles while the rank still reads window w: the main
- * loop then only takes a pointer when it crosses into the next window. A
- * window nobody built yet (the first one a session reaches, at attach) is
- * built by the walk that asks, on its own thread, and shared from then on.
+ * loop then only takes a pointer when it crosses into the next window. The
+ * main loop never builds a window nor waits for one: a walk there
+ * (feed_count_never_blocks) that finds its window not READY (the first
+ * one a session reaches, at attach; one prefetch did not keep up with) is
+ * told -EAGAIN, the window is queued for the builder and noted as wanted
+ * (a per-thread set); its session has the set built on the pool
+ * (session-window.c, feed_window_make: built there, or waited for there
+ * while the builder builds it) and pinned until a walk took it
+ * (feed_window_unpin), then walks on. A walk on any other thread (an
+ * explanation's, tests') builds a window nobody built itself, as before.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
  * ahead, for its first walk. When its last walk leaves it, it is kept, most
@@ -23,8 +30,11 @@
  * memory is bounded by the windows walked now, plus MAX_AHEAD, plus what is
  * kept: 4 bytes per document of each, 6 with the counts of stored tokens,
  * and a window has at most shuffle_list_max documents (a larger one is
- * permuted per use, never built here). get() and put()
- * are called by walks on the main loop only; the builder thread only builds.
+ * permuted per use, never built here), plus the windows pinned for walks
+ * that wait (at most FEED_WINDOW_WANTS per job, 4 times that per session).
+ * get() and put() are called by walks (on the main loop, except an
+ * explanation's or a test's); the builder thread and the pool's window
+ * jobs build; feed_window_unpin() is the main loop's.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -45,10 +55,11 @@
 
 /*
  * COUNTING: the builder counts (and indexes) the window's shards, which can
- * take long (a large or compressed text shard): a walk that needs the
- * window meanwhile builds it itself, as if QUEUED, rather than wait on the
- * main loop (issue #22); the builder then leaves it. BUILDING: shuffling,
- * bounded by the window's documents: walks wait for it.
+ * take long (a large or compressed text shard): a walk off the main loop
+ * that needs the window meanwhile builds it itself, as if QUEUED; the
+ * builder then leaves it. BUILDING: shuffling, bounded by the window's
+ * documents: walks off the main loop and window jobs wait for it. The
+ * main loop's walks wait for neither: they are told -EAGAIN (issue #22).
  */
 enum entry_state { QUEUED, COUNTING, BUILDING, READY, FAILED };
 
