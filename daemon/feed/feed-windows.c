@@ -24,9 +24,12 @@
  * other, each taking a document or two from each window, and a window freed
  * by the walk that left it was shuffled again by the next (hundreds of
  * thousands of builds for a few hundred windows); a client that reattaches
- * where it left finds its window kept too. At most MAX_AHEAD entries wait
- * unused (one in steady state; a prefetch makes room by dropping the oldest
- * built one no walk took, and those older than every window walked now), so
+ * where it left finds its window kept too. At most 2 entries wait unused,
+ * or MAX_AHEAD while those built hold less than AHEAD_BYTES (one in steady
+ * state for a rank's walk; seven for a walk that crosses windows fast, a
+ * virtual stream with a few documents in each: stream.c; a prefetch makes
+ * room by dropping the oldest built one no walk took, and those older than
+ * every window walked now), so
  * memory is bounded by the windows walked now, plus MAX_AHEAD, plus what is
  * kept: 4 bytes per document of each, 6 with the counts of stored tokens,
  * and a window has at most shuffle_list_max documents (a larger one is
@@ -48,7 +51,8 @@
 #include "daemon/feed/feed.h"
 #include "proto/macro.h"
 
-#define MAX_AHEAD 2
+#define MAX_AHEAD 8
+#define AHEAD_BYTES (UINT64_C(16) << 20) /* past 2 waiting, more only while those built hold less */
 #define KEEP_MAX 1024                    /* windows no walk holds, kept for the next walk */
 #define KEEP_BYTES (UINT64_C(8) << 20)   /* and their bytes */
 #define HASH_SIZE 4096
@@ -627,15 +631,21 @@ static bool evictable(const struct entry *x)
 	return !x->used && !x->refs && (x->state == READY || x->state == FAILED);
 }
 
+/* Whether one more window may wait unused, past `waiting` holding `bytes`. */
+static bool room_ahead(unsigned waiting, uint64_t bytes)
+{
+	return waiting < 2 || (waiting < MAX_AHEAD && bytes < AHEAD_BYTES);
+}
+
 /*
  * Makes room for a window ahead (lock held): the unused windows older than
  * every window a walk holds now are dropped (walks go forward: none takes
- * them), then, while MAX_AHEAD wait unused, the oldest built one (a client
- * that detached right after its prefetch leaves one behind each time: kept,
- * they would fill MAX_AHEAD and stop prefetch for good). Never one QUEUED or
- * BUILDING. Returns how many wait unused.
+ * them), then, while no more may wait (room_ahead), the oldest built one (a
+ * client that detached right after its prefetch leaves one behind each
+ * time: kept, they would fill the room and stop prefetch for good). Never
+ * one QUEUED or BUILDING. Returns whether there is room for one more.
  */
-static unsigned make_room(struct feed_windows *fw)
+static bool make_room(struct feed_windows *fw)
 {
 	const struct entry *oldest_held = NULL;
 	for (struct entry *x = fw->head; x; x = x->next)
@@ -648,14 +658,16 @@ static unsigned make_room(struct feed_windows *fw)
 	}
 	for (;;) {
 		unsigned waiting = 0;
+		uint64_t bytes = 0;
 		struct entry *victim = NULL;
 		for (struct entry *x = fw->head; x; x = x->next) {
 			waiting += !x->used;
+			bytes += !x->used && x->state == READY ? entry_bytes(x) : 0;
 			if (evictable(x)) /* the list is newest first: the last one found is the oldest */
 				victim = x;
 		}
-		if (waiting < MAX_AHEAD || !victim)
-			return waiting;
+		if (room_ahead(waiting, bytes) || !victim)
+			return room_ahead(waiting, bytes);
 		fw->stats.evicted++;
 		unlink_free(fw, victim);
 	}
@@ -665,9 +677,8 @@ static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
-	unsigned waiting = find(fw, epoch, w) ? MAX_AHEAD : make_room(fw);
 	struct entry *e = NULL;
-	if (waiting < MAX_AHEAD && (e = add(fw, epoch, w, QUEUED))) {
+	if (!find(fw, epoch, w) && make_room(fw) && (e = add(fw, epoch, w, QUEUED))) {
 		e->k = k;
 		e->has_k = true;
 		if (!start_builder(fw))
