@@ -645,7 +645,7 @@ static bool room_ahead(unsigned waiting, uint64_t bytes)
  * time: kept, they would fill the room and stop prefetch for good). Never
  * one QUEUED or BUILDING. Returns whether there is room for one more.
  */
-static bool make_room(struct feed_windows *fw)
+static bool make_room(struct feed_windows *fw, bool deep)
 {
 	const struct entry *oldest_held = NULL;
 	for (struct entry *x = fw->head; x; x = x->next)
@@ -666,19 +666,20 @@ static bool make_room(struct feed_windows *fw)
 			if (evictable(x)) /* the list is newest first: the last one found is the oldest */
 				victim = x;
 		}
-		if (room_ahead(waiting, bytes) || !victim)
+		/* A window asked for further ahead takes only free room: it would push out one needed sooner. */
+		if (room_ahead(waiting, bytes) || !victim || deep)
 			return room_ahead(waiting, bytes);
 		fw->stats.evicted++;
 		unlink_free(fw, victim);
 	}
 }
 
-static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k)
+static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k, bool deep)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = NULL;
-	if (!find(fw, epoch, w) && make_room(fw) && (e = add(fw, epoch, w, QUEUED))) {
+	if (!find(fw, epoch, w) && make_room(fw, deep) && (e = add(fw, epoch, w, QUEUED))) {
 		e->k = k;
 		e->has_k = true;
 		if (!start_builder(fw))

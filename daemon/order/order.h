@@ -235,7 +235,9 @@ uint64_t order_window_doc(const struct order_window *win, size_t m);
  * order, appear once the provider has computed them (stored tokens:
  * computed and checked off the walk's thread; read with an acquire load,
  * NULL until then), or NULL. prefetch() asks for a window the walk will
- * reach next. Called on the thread that walks.
+ * reach next; `deep`: not the next one but one after it, built only when
+ * there is room (it never pushes out a window built ahead), so that asking
+ * further ahead never drops a nearer one. Called on the thread that walks.
  */
 #define ORDER_COUNT_UNKNOWN UINT16_MAX
 struct order_windows {
@@ -243,7 +245,7 @@ struct order_windows {
 		   const uint16_t *const **ret_counts_ref, void **ret_handle);
 	void (*put)(void *ctx, void *handle, bool keep); /* keep: the walk ends here (it may come back) */
 	/* k: window w's start k_w (the walk knows it: the end of the window it entered), so nothing before it is counted */
-	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w, uint64_t k);
+	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w, uint64_t k, bool deep);
 	void *ctx;
 };
 

@@ -125,16 +125,16 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 		       !window_has_rank(&w->ep, next, w->rank, w->world))
 			next++;
 		if (next >= w->ep.n_windows) {
-			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0);
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0, a > 0);
 			break;
 		}
 		/* Not counted yet: the builder counts it (and drops it if it is over list_max); nothing past it is known. */
 		if (!order_epoch_has(&w->ep, next)) {
-			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next]);
+			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next], a > 0);
 			break;
 		}
 		if (!order_window_permuted(w->params, w->ep.win_start[next + 1] - w->ep.win_start[next]))
-			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next]);
+			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next], a > 0);
 	}
 	w->window = window;
 	w->at = 0;
