@@ -119,8 +119,9 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
     assert c.returncode == 0, err
     wa = d.status()["feeds"][0]["work_ahead"]
     assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
-    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
-    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 2, wa
+    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank). A
+    # walk with few documents per window asks up to seven ahead (issue #22); at most eight small ones wait.
+    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 8, wa
 
 
 def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path):
