@@ -8,17 +8,21 @@ FEEDD_SLOW_WINDOW_BUILD_MS of daemon/feed/feed-windows.c makes every build
 that much slower), `feedctl status` answers at once and another feed's client
 keeps getting batches; then the client's batches are the contract's
 (tests/ref/feed_ref.py), bit for bit. Megatron feeds, one stream per rank and
-feedd's default virtual ranks (an elastic session's streams, section 17).
+feedd's default virtual ranks (an elastic session's streams, section 17);
+a text feed against the same daemon's batches without the hook.
 
 Runs with Debian's /usr/bin/python3.
 """
 
+import shutil
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from conftest import TIME_SCALE, assert_batches_equal, feed_conf, gen_megatron, reference, reference_virtual
+from test_scale import text_scale_conf, write_zst_shards
 
 # A window build's extra time; status must answer far faster meanwhile (scaled for slow wrappers).
 SLOW_MS = int(3000 * TIME_SCALE)
@@ -97,3 +101,40 @@ def test_a_slow_first_window_holds_up_neither_status_nor_another_feed(daemon, sh
     ref = reference if vranks == 0 else reference_virtual
     exp = ref(f"{slow}/shard_*.idx", 0, 1, n, window=2)
     assert_batches_equal(got, exp)
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
+@pytest.mark.parametrize("vranks", [0, None], ids=["per-rank", "default-virtual"])
+def test_a_slow_text_window_holds_up_neither_status_nor_another_feed(daemon, shards, tmp_path, monkeypatch, vranks):
+    """Text (.jsonl.zst, shuffled): the window's shards are counted by the builder or the pool, its list built
+    there too; the batches are those of a daemon without the hook."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 12, 20)
+    v = "" if vranks is None else f"virtual_ranks = {vranks}\n"
+    text = text_scale_conf(folder, tmp_path / "cache", window=3) + v + "count_ahead = false\n"
+    _, other = shards
+    n = 8
+    monkeypatch.setenv("FEEDD_SLOW_WINDOW_BUILD_MS", str(SLOW_MS))
+    d = daemon(text + feed_conf("other", f"{other}/shard_*.idx", shuffle="false"))
+    client = d.client("other", 0, 1, 1000000, sleep_ms=20)
+    try:
+        deadline = time.monotonic() + 10 * TIME_SCALE
+        while {f["name"]: f for f in d.status()["feeds"]}["other"]["batches"] < 5:
+            assert time.monotonic() < deadline, "the other feed's client got no batches"
+            time.sleep(0.05)
+        got, took, samples = dump_while_polling(d, "t", tmp_path / "slow", n)
+        assert client.poll() is None, client.communicate()
+    finally:
+        client.kill()
+        client.communicate()
+    assert took >= SLOW_MS / 1000 * 0.9, took
+    latencies = [lat for lat, _ in samples]
+    assert max(latencies) < STATUS_MAX_S, f"status waited {max(latencies):.2f} s: the main loop was held up"
+    assert samples[-1][1] - samples[0][1] >= 20, samples
+    assert d.stop() == 0
+
+    monkeypatch.delenv("FEEDD_SLOW_WINDOW_BUILD_MS")
+    d2 = daemon(text)
+    exp = d2.dump("t", tmp_path / "plain", batches=n)
+    for k in ("input_ids", "labels", "position_ids"):
+        assert np.array_equal(got[k], exp[k]), k
