@@ -548,6 +548,8 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 		return r;
 	}
 	pthread_mutex_lock(&fw->lock);
+	bool built = false;
+again:;
 	struct entry *e = find(fw, want->epoch, want->w);
 	if (e && e->state == FAILED && !e->refs) {
 		unlink_free(fw, e);
@@ -562,6 +564,7 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 	hold(fw, e); /* the pin: kept from eviction until the walk took it (feed_window_unpin) */
 	if (e->state == QUEUED) {
 		/* Nobody builds it yet: this worker does (the builder may be busy ahead of other walks). */
+		built = true;
 		e->state = BUILDING;
 		fw->stats.built_on_demand++;
 		pthread_mutex_unlock(&fw->lock);
@@ -580,8 +583,21 @@ int feed_window_make(struct feed *f, const struct feed_window_want *want, struct
 	/* The builder has it (counting its shards, or shuffling): wait here, on the pool, not on the main loop. */
 	while (e->state == BUILDING || e->state == COUNTING)
 		pthread_cond_wait(&fw->cond, &fw->lock);
-	if (e->state != READY) {
+	if (e->state != READY && !built && !__atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
+		/* The builder's attempt failed (its own epoch, its counting): this worker tries once itself. */
 		if (--e->refs == 0)
+			release(fw, e);
+		built = true;
+		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
+		r = order_epoch_build(fw->params, want->epoch, &ep);
+		pthread_mutex_lock(&fw->lock);
+		if (r == 0)
+			goto again;
+		e = NULL;
+	}
+	if (!e || e->state != READY) {
+		if (e && --e->refs == 0)
 			release(fw, e);
 		pthread_mutex_unlock(&fw->lock);
 		order_epoch_clear(&ep);

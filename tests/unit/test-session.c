@@ -317,18 +317,20 @@ static void run_session(struct env *e, struct feed *f, const char *cursor_text, 
 	session_start(s);
 	if (s->window_job && !s->has_text) {
 		/*
-		 * Issue #22: the first window is not built on the main loop: the
-		 * session planned nothing, and asked the pool for it. Built there
-		 * (the job run here), it is pinned until the walk took it, and the
-		 * session goes on when the job is back.
+		 * Issue #22: a window not built yet is not built on the main loop:
+		 * the session planned up to it and asked the pool for it (with the
+		 * windows its other walks wait for). Built there (the jobs run
+		 * here, oldest first), each pinned until a walk took it, the
+		 * session goes on when the job is back. The feed's builder thread
+		 * runs meanwhile: which windows it had built first varies.
 		 */
-		CHECK_U64(s->planned, 0);
-		CHECK(producer_queued(e->producer) == 1, "%s: waits for its first window with %u jobs out, not 1", f->name,
-		      producer_queued(e->producer));
-		producer_run_queued(e->producer, 1);
-		dispatch(e);
-		CHECK(!s->window_job, "%s: asked for its first window twice", f->name);
-		CHECK(s->n_window_pins == 0, "%s: its first window is still pinned after the walk took it", f->name);
+		for (unsigned i = 0; s->window_job && i < 256; i++) {
+			producer_run_queued(e->producer, 1);
+			dispatch(e);
+		}
+		CHECK(!s->window_job, "%s: waits for windows without end", f->name);
+		CHECK(s->n_window_pins == 0, "%s: %u windows still pinned after the walks took them", f->name,
+		      s->n_window_pins);
 	}
 	if (s->has_text && s->window_job) {
 		/* Text whose first windows are being built (on the pool): the loop below runs the jobs in order. */
