@@ -27,10 +27,11 @@
  * where it left finds its window kept too. At most 2 entries wait unused,
  * or MAX_AHEAD while those built hold less than AHEAD_BYTES (one in steady
  * state for a rank's walk; seven for a walk that crosses windows fast, a
- * virtual stream with a few documents in each: stream.c; a prefetch makes
- * room by dropping the oldest built one no walk took, and those older than
- * every window walked now), so
- * memory is bounded by the windows walked now, plus MAX_AHEAD, plus what is
+ * virtual stream with a few documents in each: stream.c; a prefetch of
+ * the next window makes room by dropping the oldest built one no walk
+ * took, and those older than every window walked now; one further ahead
+ * only takes free room, never a nearer one's), so memory is bounded by
+ * the windows walked now, plus two ahead (or 16 MiB of them), plus what is
  * kept: 4 bytes per document of each, 6 with the counts of stored tokens,
  * and a window has at most shuffle_list_max documents (a larger one is
  * permuted per use, never built here), plus the windows pinned for walks
