@@ -196,52 +196,47 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
 }
 
 /*
- * Shuffles e's window and, for stored tokens, computes its documents' token
- * counts in shuffled order, checking each document's index entries: the
- * per-document work of a window, done once for every rank and off the main
- * loop when built ahead (a window built on demand skips them: its reader
- * waits, and the walk counts each document when it reaches it). The lock
- * is not held. A damaged entry fails the
- * build: the walk then counts (and meets the fault) itself.
+ * For stored tokens, computes e's documents' token counts in shuffled
+ * order, checking each document's index entries: the per-document work of
+ * a window, done once for every rank and off the main loop (the builder
+ * thread, or the pool's window job: issue #22; a window a thread that may
+ * wait built on demand skips them: its walk counts each document when it
+ * reaches it, until the builder has them). The index is read in its own
+ * order, shard by shard, then the counts dealt in shuffled order: on a
+ * cold page cache the kernel reads ahead instead of faulting a page per
+ * document at random (2 more bytes per document, transiently). The lock is
+ * not held. A damaged entry fails it: the window is then served without
+ * counts, and its walks meet the fault themselves.
  */
 static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct entry *e, uint16_t **ret)
 {
 	const struct order_params *p = fw->params;
-	uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
-	if (!counts)
+	_cleanup_free_ uint16_t *plain = malloc(MAX(e->n, 1u) * sizeof(*plain));
+	_cleanup_free_ uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
+	if (!plain || !counts)
 		return -ENOMEM;
 	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
-	uint64_t start[hi - lo + 1];
-	start[0] = 0;
+	char err[512];
+	uint64_t pos = 0;
 	for (uint32_t i = lo; i < hi; i++) {
 		uint32_t nd = 0;
 		order_shard_docs_known(p, perm[i], &nd); /* known: the window is */
-		start[i - lo + 1] = start[i - lo] + nd;
+		for (uint32_t d = 0; d < nd && pos < e->n; d++, pos++) {
+			/* A feed being freed waits for its builder: let it stop early. */
+			if (pos % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED))
+				return -ECANCELED;
+			uint64_t t;
+			int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[i], d), &t, err, sizeof(err));
+			if (r < 0)
+				return r;
+			plain[pos] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
+		}
 	}
-	char err[512];
-	for (uint64_t i = 0; i < e->n; i++) {
-		/* A feed being freed waits for its builder: let it stop early. */
-		if (i % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
-			free(counts);
-			return -ECANCELED;
-		}
-		uint64_t pos = e->list[i], t;
-		uint32_t a = 0, b = hi - lo;
-		while (b - a > 1) {
-			uint32_t mid = a + (b - a) / 2;
-			if (start[mid] <= pos)
-				a = mid;
-			else
-				b = mid;
-		}
-		int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[lo + a], pos - start[a]), &t, err, sizeof(err));
-		if (r < 0) {
-			free(counts);
-			return r;
-		}
-		counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
-	}
-	*ret = counts;
+	if (pos != e->n)
+		return -EIO; /* the window's documents are not the shards' (cannot happen: both from shard_docs) */
+	for (uint64_t m = 0; m < e->n; m++)
+		counts[m] = plain[e->list[m]];
+	*ret = TAKE_PTR(counts);
 	return 0;
 }
 
