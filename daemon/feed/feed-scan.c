@@ -533,3 +533,8 @@ int feed_count_until(struct feed *f, uint64_t want)
 		return r;
 	return __atomic_load_n(&f->n_docs, __ATOMIC_RELAXED) >= want;
 }
+
+bool feed_count_never_blocks(void)
+{
+	return never_block;
+}

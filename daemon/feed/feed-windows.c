@@ -5,9 +5,16 @@
  * when"). A walk entering window w of epoch e gets the window from here
  * (order_params.windows) and asks for the one after it (prefetch), which the
  * builder thread shuffles while the rank still reads window w: the main
- * loop then only takes a pointer when it crosses into the next window. A
- * window nobody built yet (the first one a session reaches, at attach) is
- * built by the walk that asks, on its own thread, and shared from then on.
+ * loop then only takes a pointer when it crosses into the next window. The
+ * main loop never builds a window nor waits for one: a walk there
+ * (feed_count_never_blocks) that finds its window not READY (the first
+ * one a session reaches, at attach; one prefetch did not keep up with) is
+ * told -EAGAIN, the window is queued for the builder and noted as wanted
+ * (a per-thread set); its session has the set built on the pool
+ * (session-window.c, feed_window_make: built there, or waited for there
+ * while the builder builds it) and pinned until a walk took it
+ * (feed_window_unpin), then walks on. A walk on any other thread (an
+ * explanation's, tests') builds a window nobody built itself, as before.
  *
  * An entry lives while a walk holds it (refs) or while it waits, built
  * ahead, for its first walk. When its last walk leaves it, it is kept, most
@@ -17,38 +24,47 @@
  * other, each taking a document or two from each window, and a window freed
  * by the walk that left it was shuffled again by the next (hundreds of
  * thousands of builds for a few hundred windows); a client that reattaches
- * where it left finds its window kept too. At most MAX_AHEAD entries wait
- * unused (one in steady state; a prefetch makes room by dropping the oldest
- * built one no walk took, and those older than every window walked now), so
- * memory is bounded by the windows walked now, plus MAX_AHEAD, plus what is
+ * where it left finds its window kept too. At most 2 entries wait unused,
+ * or MAX_AHEAD while those built hold less than AHEAD_BYTES (one in steady
+ * state for a rank's walk; seven for a walk that crosses windows fast, a
+ * virtual stream with a few documents in each: stream.c; a prefetch of
+ * the next window makes room by dropping the oldest built one no walk
+ * took, and those older than every window walked now; one further ahead
+ * only takes free room, never a nearer one's), so memory is bounded by
+ * the windows walked now, plus two ahead (or 16 MiB of them), plus what is
  * kept: 4 bytes per document of each, 6 with the counts of stored tokens,
  * and a window has at most shuffle_list_max documents (a larger one is
- * permuted per use, never built here). get() and put()
- * are called by walks on the main loop only; the builder thread only builds.
+ * permuted per use, never built here), plus the windows pinned for walks
+ * that wait (at most FEED_WINDOW_WANTS per job, 4 times that per session).
+ * get() and put() are called by walks (on the main loop, except an
+ * explanation's or a test's); the builder thread and the pool's window
+ * jobs build; feed_window_unpin() is the main loop's.
  */
 #include <errno.h>
-#include <jansson.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
 #include "proto/macro.h"
 
-#define MAX_AHEAD 2
+#define MAX_AHEAD 8
+#define AHEAD_BYTES (UINT64_C(16) << 20) /* past 2 waiting, more only while those built hold less */
 #define KEEP_MAX 1024                    /* windows no walk holds, kept for the next walk */
 #define KEEP_BYTES (UINT64_C(8) << 20)   /* and their bytes */
 #define HASH_SIZE 4096
 
 /*
  * COUNTING: the builder counts (and indexes) the window's shards, which can
- * take long (a large or compressed text shard): a walk that needs the
- * window meanwhile builds it itself, as if QUEUED, rather than wait on the
- * main loop (issue #22); the builder then leaves it. BUILDING: shuffling,
- * bounded by the window's documents: walks wait for it.
+ * take long (a large or compressed text shard): a walk off the main loop
+ * that needs the window meanwhile builds it itself, as if QUEUED; the
+ * builder then leaves it. BUILDING: shuffling, bounded by the window's
+ * documents: walks off the main loop and window jobs wait for it. The
+ * main loop's walks wait for neither: they are told -EAGAIN (issue #22).
  */
 enum entry_state { QUEUED, COUNTING, BUILDING, READY, FAILED };
 
@@ -180,61 +196,76 @@ static void unlink_free(struct feed_windows *fw, struct entry *x)
 }
 
 /*
- * Shuffles e's window and, for stored tokens, computes its documents' token
- * counts in shuffled order, checking each document's index entries: the
- * per-document work of a window, done once for every rank and off the main
- * loop when built ahead (a window built on demand skips them: its reader
- * waits, and the walk counts each document when it reaches it). The lock
- * is not held. A damaged entry fails the
- * build: the walk then counts (and meets the fault) itself.
+ * For stored tokens, computes e's documents' token counts in shuffled
+ * order, checking each document's index entries: the per-document work of
+ * a window, done once for every rank and off the main loop (the builder
+ * thread, or the pool's window job: issue #22; a window a thread that may
+ * wait built on demand skips them: its walk counts each document when it
+ * reaches it, until the builder has them). The index is read in its own
+ * order, shard by shard, then the counts dealt in shuffled order: on a
+ * cold page cache the kernel reads ahead instead of faulting a page per
+ * document at random (2 more bytes per document, transiently). The lock is
+ * not held. A damaged entry fails it: the window is then served without
+ * counts, and its walks meet the fault themselves.
  */
 static int build_counts(struct feed_windows *fw, const uint32_t *perm, struct entry *e, uint16_t **ret)
 {
 	const struct order_params *p = fw->params;
-	uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
-	if (!counts)
+	_cleanup_free_ uint16_t *plain = malloc(MAX(e->n, 1u) * sizeof(*plain));
+	_cleanup_free_ uint16_t *counts = malloc(MAX(e->n, 1u) * sizeof(*counts));
+	if (!plain || !counts)
 		return -ENOMEM;
 	uint32_t lo = e->w * p->window, hi = (uint32_t)MIN((uint64_t)(e->w + 1) * p->window, (uint64_t)p->n_shards);
-	uint64_t start[hi - lo + 1];
-	start[0] = 0;
+	char err[512];
+	uint64_t pos = 0;
 	for (uint32_t i = lo; i < hi; i++) {
 		uint32_t nd = 0;
 		order_shard_docs_known(p, perm[i], &nd); /* known: the window is */
-		start[i - lo + 1] = start[i - lo] + nd;
+		for (uint32_t d = 0; d < nd && pos < e->n; d++, pos++) {
+			/* A feed being freed waits for its builder: let it stop early. */
+			if (pos % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED))
+				return -ECANCELED;
+			uint64_t t;
+			int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[i], d), &t, err, sizeof(err));
+			if (r < 0)
+				return r;
+			plain[pos] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
+		}
 	}
-	char err[512];
-	for (uint64_t i = 0; i < e->n; i++) {
-		/* A feed being freed waits for its builder: let it stop early. */
-		if (i % 65536 == 0 && __atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
-			free(counts);
-			return -ECANCELED;
-		}
-		uint64_t pos = e->list[i], t;
-		uint32_t a = 0, b = hi - lo;
-		while (b - a > 1) {
-			uint32_t mid = a + (b - a) / 2;
-			if (start[mid] <= pos)
-				a = mid;
-			else
-				b = mid;
-		}
-		int r = feed_doc_tokens(fw->feed, ORDER_DOC(perm[lo + a], pos - start[a]), &t, err, sizeof(err));
-		if (r < 0) {
-			free(counts);
-			return r;
-		}
-		counts[i] = t < ORDER_COUNT_UNKNOWN ? (uint16_t)t : ORDER_COUNT_UNKNOWN;
-	}
-	*ret = counts;
+	if (pos != e->n)
+		return -EIO; /* the window's documents are not the shards' (cannot happen: both from shard_docs) */
+	for (uint64_t m = 0; m < e->n; m++)
+		counts[m] = plain[e->list[m]];
+	*ret = TAKE_PTR(counts);
 	return 0;
+}
+
+/*
+ * A test hook (tests/integration/test_window_async.py): FEEDD_SLOW_WINDOW_BUILD_MS=N
+ * makes every window build take N ms longer, wherever it runs, so that a
+ * test sees what waits for a build and what does not.
+ */
+static void slow_build_hook(void)
+{
+	const char *v = getenv("FEEDD_SLOW_WINDOW_BUILD_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+	if (ms > 0)
+		nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 }, NULL);
 }
 
 static int build(struct feed_windows *fw, const struct order_epoch *ep, struct entry *e, bool counts)
 {
+	slow_build_hook();
 	int r = order_window_shuffle(fw->params, ep, e->w, &e->list, &e->n);
 	if (r < 0 || !counts || fw->feed->kind != FEED_MEGATRON)
 		return r;
-	return build_counts(fw, ep->perm, e, &e->counts);
+	r = build_counts(fw, ep->perm, e, &e->counts);
+	/*
+	 * A damaged index entry: the window is served without counts, and
+	 * its walks meet the fault themselves (stored_doc names it and fails
+	 * the feed), as they did when a failed window was shuffled by each.
+	 */
+	return r == -ECANCELED || r == -ENOMEM ? r : 0;
 }
 
 /* Frees kept windows, least recently got first, until KEEP_MAX and KEEP_BYTES hold. Lock held. */
@@ -392,17 +423,75 @@ static bool start_builder(struct feed_windows *fw)
 	return fw->started;
 }
 
-static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint32_t w,
-				   const uint16_t *const **ret_counts_ref, void **ret_handle)
+/* ---- windows wanted by the main loop's walks (issue #22) ---------------- */
+
+/*
+ * A walk on a thread that must not block (feed_count_never_blocks: the
+ * main loop's sessions) that finds its window not built is told -EAGAIN
+ * and the window is noted here; the session hands the set to the pool
+ * (session-window.c), which builds each one (feed_window_make) and pins
+ * it until the walk took it.
+ */
+static __thread struct feed_window_want wanted[FEED_WINDOW_WANTS];
+static __thread unsigned n_wanted;
+
+static void want(struct feed *f, uint64_t epoch, uint32_t w, uint64_t k, uint64_t gets)
+{
+	for (unsigned i = 0; i < n_wanted; i++)
+		if (wanted[i].feed == f && wanted[i].epoch == epoch && wanted[i].w == w)
+			return;
+	/* Full: this walk asks again when it is pumped next (the set's windows are built meanwhile). */
+	if (n_wanted < FEED_WINDOW_WANTS)
+		wanted[n_wanted++] = (struct feed_window_want){ .feed = f, .epoch = epoch, .w = w, .k = k, .gets = gets };
+}
+
+unsigned feed_windows_wanted(struct feed_window_want *ret, unsigned max)
+{
+	unsigned n = MIN(n_wanted, max);
+	if (n)
+		memcpy(ret, wanted, n * sizeof(*ret));
+	n_wanted = 0;
+	return n;
+}
+
+/*
+ * The never-block side of get() (lock held): e (maybe NULL) is not READY.
+ * Queued for the builder if nobody asked for it yet, so that it may be
+ * built before the session's job even starts; noted as wanted.
+ */
+static int get_not_yet(struct feed_windows *fw, const struct order_epoch *ep, uint32_t w, struct entry *e)
+{
+	if (e && e->state == FAILED && !e->refs) {
+		unlink_free(fw, e); /* built again by the job: it says why when it fails again */
+		e = NULL;
+	}
+	if (!e && (e = add(fw, ep->epoch, w, QUEUED))) {
+		e->k = ep->win_start[w];
+		e->has_k = true;
+		start_builder(fw); /* without a thread the job builds it */
+	}
+	fw->stats.not_ready++;
+	want(fw->feed, ep->epoch, w, ep->win_start[w], fw->gets);
+	return -EAGAIN;
+}
+
+static int windows_get(void *ctx, const struct order_epoch *ep, uint32_t w, const uint32_t **ret_list,
+		       const uint16_t *const **ret_counts_ref, void **ret_handle)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
 	struct entry *e = find(fw, ep->epoch, w);
+	if ((!e || e->state != READY) && feed_count_never_blocks()) {
+		/* The main loop neither builds a window nor waits for one (issue #22). */
+		int r = get_not_yet(fw, ep, w, e);
+		pthread_mutex_unlock(&fw->lock);
+		return r;
+	}
 	if (!e || e->state == QUEUED || e->state == COUNTING) {
 		/* Nobody built it yet: the asker does, and everyone shares it. */
 		if (!e && !(e = add(fw, ep->epoch, w, QUEUED))) {
 			pthread_mutex_unlock(&fw->lock);
-			return NULL;
+			return -ENOMEM;
 		}
 		e->state = BUILDING;
 		fw->stats.built_on_demand++;
@@ -425,7 +514,7 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 		if (!e->refs)
 			unlink_free(fw, e);
 		pthread_mutex_unlock(&fw->lock);
-		return NULL;
+		return -EIO;
 	}
 	hold(fw, e);
 	e->used = true;
@@ -433,7 +522,104 @@ static const uint32_t *windows_get(void *ctx, const struct order_epoch *ep, uint
 	pthread_mutex_unlock(&fw->lock);
 	*ret_handle = e;
 	*ret_counts_ref = (const uint16_t *const *)&e->counts;
-	return e->list;
+	*ret_list = e->list;
+	return 0;
+}
+
+int feed_window_make(struct feed *f, const struct feed_window_want *want, struct feed_window_pin *ret, char *err,
+		     size_t errlen)
+{
+	struct feed_windows *fw = f->windows;
+	if (!fw) {
+		snprintf(err, errlen, "feed %s builds no shared windows", f->name);
+		return -ENOENT;
+	}
+	struct order_epoch ep = { 0 };
+	int r = order_epoch_build(fw->params, want->epoch, &ep);
+	if (r == 0 && want->w >= ep.n_windows)
+		r = -ERANGE; /* not a window of this feed's: a want of no use */
+	if (r < 0) {
+		order_epoch_clear(&ep);
+		snprintf(err, errlen, "feed %s: window %u of epoch %" PRIu64 ": %s", f->name, want->w, want->epoch,
+			 strerror(-r));
+		return r;
+	}
+	pthread_mutex_lock(&fw->lock);
+	bool built = false;
+again:;
+	struct entry *e = find(fw, want->epoch, want->w);
+	if (e && e->state == FAILED && !e->refs) {
+		unlink_free(fw, e);
+		e = NULL;
+	}
+	if (!e && !(e = add(fw, want->epoch, want->w, QUEUED))) {
+		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	hold(fw, e); /* the pin: kept from eviction until the walk took it (feed_window_unpin) */
+	if (e->state == QUEUED) {
+		/* Nobody builds it yet: this worker does (the builder may be busy ahead of other walks). */
+		built = true;
+		e->state = BUILDING;
+		fw->stats.built_on_demand++;
+		pthread_mutex_unlock(&fw->lock);
+		uint64_t t0 = mono_ns();
+		/* The walk's k_w: nothing before the window is counted (text). */
+		if (!order_epoch_has(&ep, want->w))
+			r = order_epoch_seed(&ep, want->w, want->k);
+		if (r == 0)
+			r = order_epoch_window(fw->params, &ep, want->w);
+		if (r == 0)
+			r = build(fw, &ep, e, true);
+		order_epoch_clear(&ep); /* not under the lock: the shared permutation has its own */
+		pthread_mutex_lock(&fw->lock);
+		finish(fw, e, r, t0);
+	}
+	/* The builder has it (counting its shards, or shuffling): wait here, on the pool, not on the main loop. */
+	while (e->state == BUILDING || e->state == COUNTING)
+		pthread_cond_wait(&fw->cond, &fw->lock);
+	if (e->state != READY && !built && !__atomic_load_n(&fw->stop, __ATOMIC_RELAXED)) {
+		/* The builder's attempt failed (its own epoch, its counting): this worker tries once itself. */
+		if (--e->refs == 0)
+			release(fw, e);
+		built = true;
+		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
+		r = order_epoch_build(fw->params, want->epoch, &ep);
+		pthread_mutex_lock(&fw->lock);
+		if (r == 0)
+			goto again;
+		e = NULL;
+	}
+	if (!e || e->state != READY) {
+		if (e && --e->refs == 0)
+			release(fw, e);
+		pthread_mutex_unlock(&fw->lock);
+		order_epoch_clear(&ep);
+		r = r < 0 ? r : -EIO;
+		snprintf(err, errlen, "feed %s: cannot shuffle window %u of epoch %" PRIu64 ": %s", f->name, want->w,
+			 want->epoch, f->lazy_code ? f->lazy_err : strerror(-r));
+		return r;
+	}
+	*ret = (struct feed_window_pin){ .entry = e, .gets = want->gets };
+	pthread_mutex_unlock(&fw->lock);
+	order_epoch_clear(&ep);
+	return 0;
+}
+
+bool feed_window_unpin(struct feed *f, const struct feed_window_pin *pin, bool force)
+{
+	struct feed_windows *fw = f->windows;
+	struct entry *e = pin->entry;
+	pthread_mutex_lock(&fw->lock);
+	/* Not taken by a walk since one was refused it: kept for the walk that waits for it. */
+	bool drop = force || e->last_get > pin->gets;
+	if (drop && --e->refs == 0)
+		release(fw, e);
+	pthread_mutex_unlock(&fw->lock);
+	return drop;
 }
 
 static void windows_put(void *ctx, void *handle, bool keep)
@@ -458,15 +644,21 @@ static bool evictable(const struct entry *x)
 	return !x->used && !x->refs && (x->state == READY || x->state == FAILED);
 }
 
+/* Whether one more window may wait unused, past `waiting` holding `bytes`. */
+static bool room_ahead(unsigned waiting, uint64_t bytes)
+{
+	return waiting < 2 || (waiting < MAX_AHEAD && bytes < AHEAD_BYTES);
+}
+
 /*
  * Makes room for a window ahead (lock held): the unused windows older than
  * every window a walk holds now are dropped (walks go forward: none takes
- * them), then, while MAX_AHEAD wait unused, the oldest built one (a client
- * that detached right after its prefetch leaves one behind each time: kept,
- * they would fill MAX_AHEAD and stop prefetch for good). Never one QUEUED or
- * BUILDING. Returns how many wait unused.
+ * them), then, while no more may wait (room_ahead), the oldest built one (a
+ * client that detached right after its prefetch leaves one behind each
+ * time: kept, they would fill the room and stop prefetch for good). Never
+ * one QUEUED or BUILDING. Returns whether there is room for one more.
  */
-static unsigned make_room(struct feed_windows *fw)
+static bool make_room(struct feed_windows *fw, bool deep)
 {
 	const struct entry *oldest_held = NULL;
 	for (struct entry *x = fw->head; x; x = x->next)
@@ -479,26 +671,28 @@ static unsigned make_room(struct feed_windows *fw)
 	}
 	for (;;) {
 		unsigned waiting = 0;
+		uint64_t bytes = 0;
 		struct entry *victim = NULL;
 		for (struct entry *x = fw->head; x; x = x->next) {
 			waiting += !x->used;
+			bytes += !x->used && x->state == READY ? entry_bytes(x) : 0;
 			if (evictable(x)) /* the list is newest first: the last one found is the oldest */
 				victim = x;
 		}
-		if (waiting < MAX_AHEAD || !victim)
-			return waiting;
+		/* A window asked for further ahead takes only free room: it would push out one needed sooner. */
+		if (room_ahead(waiting, bytes) || !victim || deep)
+			return room_ahead(waiting, bytes);
 		fw->stats.evicted++;
 		unlink_free(fw, victim);
 	}
 }
 
-static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k)
+static void windows_prefetch(void *ctx, uint64_t epoch, uint32_t w, uint64_t k, bool deep)
 {
 	struct feed_windows *fw = ctx;
 	pthread_mutex_lock(&fw->lock);
-	unsigned waiting = find(fw, epoch, w) ? MAX_AHEAD : make_room(fw);
 	struct entry *e = NULL;
-	if (waiting < MAX_AHEAD && (e = add(fw, epoch, w, QUEUED))) {
+	if (!find(fw, epoch, w) && make_room(fw, deep) && (e = add(fw, epoch, w, QUEUED))) {
 		e->k = k;
 		e->has_k = true;
 		if (!start_builder(fw))
@@ -558,96 +752,4 @@ void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret)
 		ret->building += e->state == BUILDING || e->state == QUEUED || e->state == COUNTING;
 	}
 	pthread_mutex_unlock(&fw->lock);
-}
-
-/* Sums a feed's windows, and its mixture's sources'. */
-static void work_ahead(const struct feed *f, struct feed_windows_stats *w, uint32_t *pending)
-{
-	struct feed_windows_stats one;
-	feed_windows_stats(f, &one);
-	w->bytes += one.bytes;
-	w->builds += one.builds;
-	w->built_on_demand += one.built_on_demand;
-	w->ready_ahead += one.ready_ahead;
-	w->last_build_ns = MAX(w->last_build_ns, one.last_build_ns);
-	w->docs_built += one.docs_built;
-	w->held += one.held;
-	w->ahead += one.ahead;
-	w->building += one.building;
-	w->evicted += one.evicted;
-	*pending += feed_scan_shards_left(f);
-	for (uint32_t i = 0; i < f->n_sources; i++)
-		work_ahead(f->sources[i], w, pending);
-}
-
-void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending)
-{
-	*ret = (struct feed_windows_stats){ 0 };
-	*ret_index_pending = 0;
-	work_ahead(f, ret, ret_index_pending);
-}
-
-/* Text shards counted (indexed at least once) and waiting for their window, indexes read from cache_dir; a mixture's sums. */
-struct text_work {
-	uint64_t indexed, pending, cached, counts, in_memory;
-	uint64_t counted_ahead; /* by the background count pass (feed-counts.c) */
-	bool pass_running;
-};
-
-static void text_work(const struct feed *f, struct text_work *w)
-{
-	if (f->kind == FEED_TEXT && !f->n_sources) {
-		uint32_t n = __atomic_load_n(&f->n_indexed, __ATOMIC_ACQUIRE);
-		uint64_t mem = 0;
-		bool running;
-		w->indexed += n;
-		w->pending += f->n_shards - n;
-		w->cached += f->n_cached + feed_text_cached(f, &mem);
-		w->counts += f->counts_loaded;
-		w->in_memory += mem;
-		w->counted_ahead += feed_count_pass_stats(f, &running);
-		w->pass_running |= running;
-	}
-	for (uint32_t i = 0; i < f->n_sources; i++)
-		text_work(f->sources[i], w);
-}
-
-void feed_text_shards(const struct feed *f, uint64_t *ret_indexed, uint64_t *ret_pending)
-{
-	struct text_work w = { 0 };
-	text_work(f, &w);
-	*ret_indexed = w.indexed;
-	*ret_pending = w.pending;
-}
-
-json_t *feed_work_ahead_json(const struct feed *f)
-{
-	struct feed_windows_stats w;
-	uint32_t pending;
-	uint64_t copies_open, copies_made;
-	struct text_work tw = { 0 };
-	feed_work_ahead(f, &w, &pending);
-	feed_text_copies(f, &copies_open, &copies_made);
-	text_work(f, &tw);
-	json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
-			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
-			 "windows_built", (json_int_t)w.builds, "windows_built_on_demand", (json_int_t)w.built_on_demand,
-			 "windows_found_ready", (json_int_t)w.ready_ahead, "windows_evicted", (json_int_t)w.evicted, "last_window_build_seconds",
-			 (double)w.last_build_ns / 1e9, "index_shards_pending", (int)pending, "text_copies_open",
-			 (json_int_t)copies_open, "text_copies_made", (json_int_t)copies_made);
-	if (o) {
-		/* Issue #22: text shards are indexed when their window comes up (feed_count_shard). */
-		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)tw.indexed));
-		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)tw.pending));
-		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)tw.cached));
-		json_object_set_new(o, "text_counts_from_cache", json_integer((json_int_t)tw.counts));
-		json_object_set_new(o, "text_indexes_in_memory", json_integer((json_int_t)tw.in_memory));
-		/* The background count pass (feed-counts.c): shards it counted, and whether it still runs. */
-		json_object_set_new(o, "text_shards_counted_ahead", json_integer((json_int_t)tw.counted_ahead));
-		json_object_set_new(o, "text_count_pass_running", json_boolean(tw.pass_running));
-		/* What cache_dir holds now, every feed's and process's: copies, indexes, counts (a scan of the folder). */
-		int64_t bytes = f->conf.cache_dir && (tw.indexed || tw.pending) ? cache_usage(f->conf.cache_dir) : 0;
-		json_object_set_new(o, "cache_bytes", json_integer((json_int_t)MAX(bytes, INT64_C(0))));
-	}
-	return o;
 }

@@ -321,10 +321,43 @@ struct feed_windows_stats {
 	uint64_t last_build_ns;    /* how long the latest took */
 	uint64_t docs_built;       /* documents of the windows shuffled */
 	uint64_t evicted;          /* built ahead, then dropped unused to make room for the next */
+	uint64_t not_ready;        /* walks on the main loop that found their window not built (built on the pool meanwhile) */
 	unsigned held, ahead, building; /* windows walked now; built ahead, not walked yet; being built */
 };
 int feed_windows_new(struct feed *f);
 void feed_windows_free(struct feed *f);
+/*
+ * Issue #22: the main loop never builds a window nor waits for one. On a
+ * thread that set feed_count_never_block() (the main loop's sessions), a
+ * walk whose window is not built yet is told -EAGAIN (order_windows.get)
+ * and the window noted as wanted, up to FEED_WINDOW_WANTS per thread.
+ * feed_windows_wanted() takes (and forgets) them: how many, at most max.
+ * The session hands them to the pool (session-window.c), where
+ * feed_window_make() builds each one (or waits while the builder does):
+ * 0 with the window READY and pinned in *ret (-ERANGE: no such window, a
+ * want of no use: nothing pinned), or a negative errno with a message in
+ * err. feed_window_unpin() (main thread) drops the pin once a walk took
+ * the window since it was wanted, or when `force`: returns whether it
+ * dropped it.
+ */
+#define FEED_WINDOW_WANTS 64
+struct feed_window_want {
+	struct feed *feed;
+	uint64_t epoch;
+	uint32_t w;
+	uint64_t k; /* the window's start k_w, as the walk knows it */
+	uint64_t gets; /* the feed's window gets when the walk was refused: a later get of it is a walk that took it */
+};
+struct feed_window_pin {
+	void *entry;
+	uint64_t gets; /* the want's gets */
+};
+unsigned feed_windows_wanted(struct feed_window_want *ret, unsigned max);
+int feed_window_make(struct feed *f, const struct feed_window_want *want, struct feed_window_pin *ret, char *err,
+		     size_t errlen);
+bool feed_window_unpin(struct feed *f, const struct feed_window_pin *pin, bool force);
+/* Whether the calling thread set feed_count_never_block() (the main loop's walks, issue #22). */
+bool feed_count_never_blocks(void);
 void feed_windows_stats(const struct feed *f, struct feed_windows_stats *ret);
 /* The feed's (and a mixture's sources') windows, and its shards whose index is still being validated. */
 void feed_work_ahead(const struct feed *f, struct feed_windows_stats *ret, uint32_t *ret_index_pending);

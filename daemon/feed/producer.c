@@ -97,6 +97,8 @@ static void run(struct pool_job *pool_job, void *ctx)
 		session_epoch_run(container_of(j, struct session_epoch_job, pj));
 	else if (j->kind == PRODUCER_COUNT)
 		session_count_run(container_of(j, struct session_count_job, pj));
+	else if (j->kind == PRODUCER_WINDOW)
+		session_window_run(container_of(j, struct session_window_job, pj));
 	else
 		chunk_run(container_of(j, struct session_chunk, pj), ctx);
 	producer_complete(j->session->producer, j);
@@ -130,6 +132,8 @@ static void on_done(evutil_socket_t fd, short what, void *userdata)
 			session_epoch_done(s, container_of(j, struct session_epoch_job, pj));
 		else if (j->kind == PRODUCER_COUNT)
 			session_count_done(s, container_of(j, struct session_count_job, pj));
+		else if (j->kind == PRODUCER_WINDOW)
+			session_window_done(s, container_of(j, struct session_window_job, pj));
 		else
 			session_chunk_done(s, container_of(j, struct session_chunk, pj));
 		session_unref(s);

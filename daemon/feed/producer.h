@@ -29,6 +29,7 @@ enum producer_job_kind {
 	PRODUCER_CHUNK, /* a struct session_chunk: tokenize text ahead of planning */
 	PRODUCER_EPOCH, /* a struct session_epoch_job: measure an epoch's length (session-epoch.h) */
 	PRODUCER_COUNT, /* a struct session_count_job: count a text shard a walk waits for (session-count.c) */
+	PRODUCER_WINDOW, /* a struct session_window_job: build the shuffled windows walks wait for (session-window.c) */
 };
 
 /* Embedded in each job; the session sets kind and session, the producer the rest. */

@@ -155,8 +155,9 @@ static int explain_tokenize(struct session *s, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot queue documents to tokenize: %s", strerror(-r));
 		return r;
 	}
-	session_count_ask(s); /* the shards the walks wait for (issue #22) */
-	if (explain_inflight(s) == 0 && !s->count_jobs && !s->failed) {
+	session_count_ask(s); /* the shards and windows the walks wait for (issue #22) */
+	session_window_ask(s);
+	if (explain_inflight(s) == 0 && !s->count_jobs && !s->window_job && !s->failed) {
 		snprintf(err, errlen, "internal error: a plan waits for text that nothing tokenizes");
 		return -EIO;
 	}
@@ -172,10 +173,11 @@ static int explain_walk(struct session_explain *e, int *ret_code, char *err, siz
 static int explain_plan(struct session_explain *e, int *ret_code, char *err, size_t errlen)
 {
 	struct session *s = e->s;
-	if (s->count_jobs)
-		return 0; /* a chunk came back, the counts a walk waits for did not yet: their last one steps again */
+	if (s->count_jobs || s->window_job)
+		return 0; /* a chunk came back, the counts or windows a walk waits for did not yet: their job steps again */
 	bool was = feed_count_never_block(true);
 	feed_count_wanted(NULL, 0);
+	feed_windows_wanted(NULL, 0);
 	int done = explain_walk(e, ret_code, err, errlen);
 	feed_count_never_block(was);
 	return done;

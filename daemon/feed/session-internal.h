@@ -85,6 +85,27 @@ struct session_opening {
 };
 
 /*
+ * Issue #22: shuffled windows the session's walks wait for (the main loop
+ * never builds one), built on the pool (session-window.c), each pinned
+ * until a walk took it. Freed when done; its pins go to the session.
+ */
+struct session_window_job {
+	struct producer_job pj; /* kind PRODUCER_WINDOW */
+	unsigned n;
+	struct feed_window_want want[FEED_WINDOW_WANTS]; /* feeds: the session's or its mixture's sources */
+	struct feed_window_pin pin[FEED_WINDOW_WANTS];
+	bool pinned[FEED_WINDOW_WANTS];
+	int result; /* the first failure */
+	char error[512];
+};
+
+/* A window built for the session, pinned until one of its walks took it (session-window.c). */
+struct session_window_pin {
+	struct feed *feed;
+	struct feed_window_pin pin;
+};
+
+/*
  * A chunk of one text stream: visits first_seq .. first_seq + t.n - 1, read
  * and tokenized together by a worker (t is the library's tokenize_chunk: the
  * documents in, their tokens out). Chunks are kept in stream order; plans
@@ -116,6 +137,7 @@ struct session_job {
 	uint64_t src_docs[MIX_MAX_SOURCES]; /* documents starting in the batch, per source */
 	uint64_t hold[MIX_MAX_SOURCES]; /* the oldest visit of each stream whose tokens the plan reads */
 	struct session_vrow *vrows;     /* elastic sessions: the batch's B rows, each a virtual stream's one-row plan */
+	uint32_t vrow_next;             /* elastic sessions: the rows planned so far, when a window stopped the plan (issue #22) */
 	char *long_cursor;              /* elastic sessions: a state longer than `cursor` (which then says so); "" or NULL: none */
 };
 
@@ -191,6 +213,9 @@ struct session {
 	uint32_t starved;         /* the text stream a plan waits for (UINT32_MAX: none) */
 	unsigned count_jobs;      /* out on the pool: the walks wait for shards' counts (0: none) */
 	struct session_opening *opening; /* the streams wait for counts to open (session-open.c); NULL: open */
+	struct session_window_job *window_job; /* out on the pool: walks wait for windows to be built (NULL: none) */
+	struct session_window_pin *window_pins; /* windows built for the walks, not taken yet */
+	unsigned n_window_pins;
 	bool world_check;         /* text: whether the feed has R documents was not known at attach: decided before planning */
 	bool started, failed, closed;
 	session_fail_fn on_fail;
@@ -292,6 +317,19 @@ bool session_open_pump(struct session *s);
 void session_opening_free(struct session *s);
 /* session.c: the streams opened by an attempt torn down (what session_unref frees of them), for the next. */
 void session_streams_clear(struct session *s);
+
+/*
+ * session-window.c: the pool's half (any thread) and the main thread's.
+ * session_window_ask() (main thread, after a pump of root session s)
+ * drops the pins of windows its walks took, and hands the windows the
+ * pump's walks waited for to the pool, when there are some and no window
+ * job is out yet; its completion pumps s again. session_window_clear()
+ * drops every pin (the session's end).
+ */
+void session_window_run(struct session_window_job *j);
+void session_window_done(struct session *s, struct session_window_job *j);
+void session_window_ask(struct session *s);
+void session_window_clear(struct session *s);
 
 /* session-epoch.c: the pool's half (any thread) and the main thread's */
 void session_epoch_run(struct session_epoch_job *j);

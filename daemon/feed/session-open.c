@@ -2,20 +2,22 @@
 /*
  * A session's streams opened without counting on the main loop (issue
  * #22). A resume (a cursor, an elastic state) opens its streams in the
- * windows its positions name, and a text shard of such a window may not be
- * counted yet (a cold cache_dir): counting it is seconds for a large
- * compressed shard, and an old cursor without <kw> needs every window
- * before its own. So the streams are opened with feed_count_never_block():
- * an attempt that meets a shard not counted stops (-EAGAIN) having named
- * every shard it missed (feed_count_wanted; a state's streams are all tried,
- * so that one round counts what all of them miss), and the session is kept
- * OPENING: its ring made and the attach answered as for any session, the
- * cursor or state kept here, the streams opened so far torn down
- * (session_streams_clear), the shards counted on the pool
- * (session_count_ask). When they are back, session_pump() lands in
- * session_open_pump(), which tries again: until the streams open (then the
- * session plans as any other) or an attempt fails, with the message the
- * attach would have given (the client reads it at its next batch).
+ * windows its positions name. A text shard of such a window may not be
+ * counted yet (a cold cache_dir: seconds for a large compressed shard, and
+ * an old cursor without <kw> needs every window before its own), and the
+ * window's shuffle may not be built yet (session-window.c). So the streams
+ * are opened with feed_count_never_block(): an attempt that meets a shard
+ * not counted or a window not built stops (-EAGAIN) having named every
+ * shard (feed_count_wanted) and window (feed_windows_wanted) it missed; a
+ * state's streams are all tried, so that one round gets what all of them
+ * miss. The session is kept OPENING: its ring made and the attach answered
+ * as for any session, the cursor or state kept here, the streams opened so
+ * far torn down (session_streams_clear), the shards counted and the windows
+ * built on the pool (session_count_ask, session_window_ask). When they are
+ * back, session_pump() lands in session_open_pump(), which tries again:
+ * until the streams open (then the session plans as any other) or an
+ * attempt fails, with the message the attach would have given (the client
+ * reads it at its next batch).
  *
  * What an attempt costs on the main loop is the positions' (a window entered
  * per stream, shards not read), never the windows' documents: counting and
@@ -47,25 +49,28 @@ void session_opening_free(struct session *s)
 /*
  * Whether jobs the open waits for are out on the pool: their completion
  * pumps the session (the last one of a round), which tries again. The
- * one place that says what an attempt may wait for (counts; a merge with
- * other kinds of waits adds theirs here and in ask()).
+ * one place that says what an attempt may wait for: shards' counts
+ * (session-count.c) and shuffled windows (session-window.c).
  */
 static bool waiting(const struct session *s)
 {
-	return s->count_jobs > 0;
+	return s->count_jobs > 0 || s->window_job;
 }
 
-/* Hands the pool what the attempt's walks waited for (feed_count_wanted's set). */
+/* Hands the pool what the attempt's walks waited for (feed_count_wanted's and feed_windows_wanted's sets). */
 static void ask(struct session *s)
 {
 	session_count_ask(s);
+	session_window_ask(s);
 }
 
 /* One attempt, every count it needs asked for (never read here). 0, -EAGAIN, or an error in err. */
 static int attempt(struct session *s, const struct cursor *c, const struct vstate *st, char *err, size_t errlen)
 {
 	bool was = feed_count_never_block(true);
-	feed_count_wanted(NULL, 0); /* what earlier walks of this thread left is not this attempt's */
+	/* What earlier walks of this thread left is not this attempt's. */
+	feed_count_wanted(NULL, 0);
+	feed_windows_wanted(NULL, 0);
 	int r = s->feed->vranks && !s->plain ? session_virtual_open(s, st, err, errlen)
 					     : session_open_streams(s, c, err, errlen);
 	feed_count_never_block(was);
@@ -112,7 +117,7 @@ int session_open(struct session *s, const struct cursor *c, const struct vstate 
 		return r;
 	if (!waiting(s)) {
 		/* Nothing was asked for: an attempt that waits must name what it waits for. */
-		snprintf(err, errlen, "internal error: the streams wait for counts nothing was asked for");
+		snprintf(err, errlen, "internal error: the streams wait for counts or windows nothing was asked for");
 		return -EIO;
 	}
 	if (keep(s, c, st) < 0) {
@@ -135,7 +140,7 @@ bool session_open_pump(struct session *s)
 		return false;
 	if (r == -EAGAIN) {
 		r = -EIO;
-		snprintf(err, sizeof(err), "internal error: the streams wait for counts nothing was asked for");
+		snprintf(err, sizeof(err), "internal error: the streams wait for counts or windows nothing was asked for");
 	}
 	if (r < 0) {
 		session_streams_clear(s);

@@ -382,8 +382,12 @@ int session_plan(struct session *s, struct session_job *j, uint64_t batch, struc
 	if (s->virt)
 		return session_virtual_plan(s, j, batch, msg, msglen);
 	if (s->by_docs) {
-		/* Plan only from known counts: every document the packer may draw, and the next of each stream. */
-		r = s->has_text ? plan_ready(s) : 0;
+		/*
+		 * Plan only from known counts: every document the packer may draw,
+		 * and the next of each stream. Stored tokens too: a window not
+		 * built yet stops a walk here (issue #22), before anything is drawn.
+		 */
+		r = plan_ready(s);
 		if (r == -EAGAIN)
 			return r;
 		if (r < 0)
@@ -405,6 +409,8 @@ int session_plan(struct session *s, struct session_job *j, uint64_t batch, struc
 	}
 	if (r == 0)
 		r = pack_plan(&s->stream, s->batch_size, f->conf.seq_len, batch, &j->plan);
+	if (r == -EAGAIN)
+		return r; /* a window not built yet (issue #22): the partial plan goes on from there at the next pump */
 	if (r < 0)
 		return plan_error(s, r, batch, msg, msglen);
 	if (s->n_srcs)

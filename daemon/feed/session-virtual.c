@@ -339,7 +339,10 @@ int session_virtual_open(struct session *s, const struct vstate *st, char *err, 
 	for (uint32_t i = 0; i < x->m; i++) {
 		if (!x->sub[i])
 			continue;
+		/* A stream's next window not built yet is not built here (issue #22): it waits (-EAGAIN), settled later. */
+		bool was = feed_count_never_block(true);
 		int r = sub_settle(x->sub[i], err, errlen);
+		feed_count_never_block(was);
 		if (r == -ENODATA) {
 			session_unref(x->sub[i]);
 			x->sub[i] = NULL; /* no token at all: dead, as one that failed to open so */
@@ -575,7 +578,15 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 	struct session_virtual *x = s->virt;
 	const struct feed *f = s->feed;
 	const uint32_t B = s->batch_size;
-	int ready = batch_ready(x, B);
+	/*
+	 * A plan a window stopped (issue #22: windows are never built on the
+	 * main loop) goes on at the row it stopped in: the rows before it took
+	 * their streams' documents already.
+	 */
+	const bool resumed = j->vrows && j->vrow_next && j->plan.batch_index == batch;
+	const uint32_t from = resumed ? j->vrow_next - 1 : 0;
+	j->vrow_next = 0;
+	int ready = resumed ? 0 : batch_ready(x, B);
 	if (ready == -EAGAIN)
 		return ready;
 	if (ready < 0) {
@@ -586,14 +597,19 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 		snprintf(msg, msglen, "out of memory");
 		return -ENOMEM;
 	}
-	warm_next(x, B, 2 * B);
-	j->plan.batch_index = batch;
-	j->plan.batch_size = B;
-	j->plan.seq_len = f->conf.seq_len;
-	j->counts = (struct pack_counters){ 0 };
-	memset(j->src_docs, 0, sizeof(j->src_docs));
-	for (uint32_t i = 0; i < B; i++) {
+	if (!resumed) {
+		warm_next(x, B, 2 * B);
+		j->plan.batch_index = batch;
+		j->plan.batch_size = B;
+		j->plan.seq_len = f->conf.seq_len;
+		j->counts = (struct pack_counters){ 0 };
+		memset(j->src_docs, 0, sizeof(j->src_docs));
+	}
+	for (uint32_t i = from; i < B; i++) {
 		struct session_vrow *row = &j->vrows[i];
+		/* Only the row a window stopped goes on with its partial plan (pack_plan); any other starts afresh. */
+		if (i != from || !resumed)
+			row->job.plan.partial = false;
 		for (;;) {
 			uint32_t k = next_stream(x);
 			if (k == UINT32_MAX) {
@@ -611,10 +627,18 @@ int session_virtual_plan(struct session *s, struct session_job *j, uint64_t batc
 				heap_drop_top(x);
 				continue;
 			}
+			if (r == -EAGAIN) {
+				/*
+				 * A window not built yet (issue #22; text: one let go since
+				 * batch_ready): this row goes on from here at the next pump,
+				 * its stream's partial plan (pack_plan) with it.
+				 */
+				j->vrow_next = i + 1;
+				return r;
+			}
 			if (r < 0) {
-				snprintf(msg, msglen, "virtual stream %u: %s", sub->rank,
-					 r == -EAGAIN ? "internal error: planned past the tokenized text" : why);
-				return r == -EAGAIN ? -EIO : r;
+				snprintf(msg, msglen, "virtual stream %u: %s", sub->rank, why);
+				return r;
 			}
 			row->sub = sub;
 			sub->planned++;

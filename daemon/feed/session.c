@@ -231,9 +231,11 @@ void session_pump(struct session *s)
 	/* Issue #22: the walks here read no shard; one they wait for is counted on the pool, then they go on. */
 	bool was = feed_count_never_block(true);
 	feed_count_wanted(NULL, 0);
+	feed_windows_wanted(NULL, 0);
 	pump(s);
 	feed_count_never_block(was);
 	session_count_ask(s);
+	session_window_ask(s);
 }
 
 void session_ref(struct session *s)
@@ -279,6 +281,7 @@ void session_unref(struct session *s)
 	free(s->jobs);
 	session_streams_clear(s);
 	session_opening_free(s);
+	session_window_clear(s);
 	/* The staging's copies read the ring: gpu_retire frees both, or keeps both while a copy may still run. */
 	if (!s->ring)
 		;

@@ -267,6 +267,9 @@ static void render_feeds(struct out *o, const struct status_input *in, char (*fl
 		FEED_FAMILY("feedd_feed_windows_built_on_demand_total", "counter",
 			    "Shuffle windows built by the walk that needed them, not ahead (a reader waited for it).",
 			    wa[i].built_on_demand);
+		FEED_FAMILY("feedd_feed_windows_not_ready_total", "counter",
+			    "Times a walk on the main loop found its shuffle window not built and its session asked the pool for it.",
+			    wa[i].not_ready);
 		FEED_FAMILY("feedd_feed_index_shards_pending", "gauge",
 			    "Shards whose index is still being validated after load.", pend[i]);
 		/* Text (issue #22): shards are indexed when their window first comes up. */

@@ -541,14 +541,23 @@ int order_window_build(const struct order_params *p, const struct order_epoch *e
 		 * the pairs: the same draws, half the bytes of document ids.
 		 */
 		const struct order_windows *ws = p->windows;
-		if (ws && win.n > 0 && win.n <= UINT32_MAX &&
-		    (win.shared = ws->get(ws->ctx, ep, w, &win.counts_ref, &win.handle))) {
+		int r = ws && win.n > 0 && win.n <= UINT32_MAX ? ws->get(ws->ctx, ep, w, &win.shared, &win.counts_ref, &win.handle)
+							       : -ENOENT;
+		if (r == 0) {
 			/* Built ahead and shared by every rank walking it: dealt by stride, nothing copied. */
 			win.src = ws;
+		} else if (r == -EAGAIN) {
+			/*
+			 * Not built yet, and this thread (the main loop) must not
+			 * build it (issue #22): the walk stops here and enters the
+			 * window again once it is built. Never our own shuffle here.
+			 */
+			order_window_clear(&win);
+			return -EAGAIN;
 		} else if (win.n <= UINT32_MAX) {
 			uint32_t *all;
 			uint64_t n;
-			int r = order_window_shuffle(p, ep, w, &all, &n);
+			r = order_window_shuffle(p, ep, w, &all, &n);
 			if (r < 0)
 				goto oom;
 			for (size_t m = 0; m < win.mine; m++)

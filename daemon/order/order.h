@@ -211,7 +211,9 @@ struct order_window {
  * Builds window w of ep for `rank` of `world` (O(documents in the window)
  * once its start and end are known: order_epoch_has, order_epoch_window)
  * time and 4 bytes per document transiently with shuffle, O(W) without).
- * Returns 0 or -ENOMEM.
+ * Returns 0, -ENOMEM, or -EAGAIN when p->windows has not built the
+ * shuffled window yet and this thread may not build it (the main loop:
+ * order_windows.get); nothing is held then.
  */
 int order_window_build(const struct order_params *p, const struct order_epoch *ep, uint32_t w, uint32_t rank,
 		       uint32_t world, struct order_window *ret);
@@ -222,22 +224,30 @@ void order_window_leave(struct order_window *win);
 uint64_t order_window_doc(const struct order_window *win, size_t m);
 /*
  * Shuffled windows built ahead and shared (daemon/feed/feed-windows.c): a
- * walk asks for window w of epoch ep; get() returns the whole window's
- * shuffled positions (n entries, as order_window_shuffle makes them) and a
- * handle to give back with put(), waiting while it is being built, or NULL
- * (the walk then builds its own); *ret_counts_ref gets where the
- * documents' token counts, in the same order, appear once the provider has
- * computed them (stored tokens: computed and checked off the walk's thread;
- * read with an acquire load, NULL until then), or NULL. prefetch() asks for a window the walk
- * will reach next. Called on the thread that walks.
+ * walk asks for window w of epoch ep; get() returns 0 with the whole
+ * window's shuffled positions in *ret_list (n entries, as
+ * order_window_shuffle makes them) and a handle to give back with put();
+ * -EAGAIN when the window is not built yet and the calling thread must not
+ * build it or wait (the main loop, issue #22): the provider has noted it
+ * as wanted and the walk stops there (order_window_build returns -EAGAIN,
+ * and the walk enters the window again later); another negative errno
+ * when it cannot give it (the walk then builds its own). On a thread that
+ * may wait, get() builds the window, or waits while it is being built.
+ * *ret_counts_ref gets where the documents' token counts, in the same
+ * order, appear once the provider has computed them (stored tokens:
+ * computed and checked off the walk's thread; read with an acquire load,
+ * NULL until then), or NULL. prefetch() asks for a window the walk will
+ * reach next; `deep`: not the next one but one after it, built only when
+ * there is room (it never pushes out a window built ahead), so that asking
+ * further ahead never drops a nearer one. Called on the thread that walks.
  */
 #define ORDER_COUNT_UNKNOWN UINT16_MAX
 struct order_windows {
-	const uint32_t *(*get)(void *ctx, const struct order_epoch *ep, uint32_t w,
-			       const uint16_t *const **ret_counts_ref, void **ret_handle);
+	int (*get)(void *ctx, const struct order_epoch *ep, uint32_t w, const uint32_t **ret_list,
+		   const uint16_t *const **ret_counts_ref, void **ret_handle);
 	void (*put)(void *ctx, void *handle, bool keep); /* keep: the walk ends here (it may come back) */
 	/* k: window w's start k_w (the walk knows it: the end of the window it entered), so nothing before it is counted */
-	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w, uint64_t k);
+	void (*prefetch)(void *ctx, uint64_t epoch, uint32_t w, uint64_t k, bool deep);
 	void *ctx;
 };
 

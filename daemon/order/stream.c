@@ -106,8 +106,16 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 	 * never took, pushing out those built for walks that read them.
 	 */
 	const struct order_windows *ws = w->params->windows;
-	if (ws && w->params->shuffle && w->win.mine) {
-		uint32_t next = window + 1;
+	/*
+	 * A walk with few documents in each window (a virtual stream's: a
+	 * row of it crosses several) asks seven windows ahead: the main loop
+	 * never builds one (issue #22), so a walk that reaches a window not
+	 * built yet waits for the pool; one ahead is not built before such a
+	 * walk reaches it.
+	 */
+	unsigned ahead = w->win.mine < WALK_FEW_DOCS ? 7 : 1;
+	uint32_t next = window + 1;
+	for (unsigned a = 0; ws && w->params->shuffle && w->win.mine && a < ahead; a++, next++) {
 		/*
 		 * A window over list_max has no list to build ahead (section 3.1).
 		 * Windows whose counts are not known yet are not searched (their
@@ -116,14 +124,17 @@ static int enter_window(struct doc_walk *w, uint32_t window)
 		while (next < w->ep.n_windows && order_epoch_has(&w->ep, next) &&
 		       !window_has_rank(&w->ep, next, w->rank, w->world))
 			next++;
-		if (next < w->ep.n_windows) {
-			/* Not counted yet: the builder counts it (and drops it if it is over list_max). */
-			if (!order_epoch_has(&w->ep, next) ||
-			    !order_window_permuted(w->params, w->ep.win_start[next + 1] - w->ep.win_start[next]))
-				ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next]);
-		} else {
-			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0);
+		if (next >= w->ep.n_windows) {
+			ws->prefetch(ws->ctx, w->ep.epoch + 1, 0, 0, a > 0);
+			break;
 		}
+		/* Not counted yet: the builder counts it (and drops it if it is over list_max); nothing past it is known. */
+		if (!order_epoch_has(&w->ep, next)) {
+			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next], a > 0);
+			break;
+		}
+		if (!order_window_permuted(w->params, w->ep.win_start[next + 1] - w->ep.win_start[next]))
+			ws->prefetch(ws->ctx, w->ep.epoch, next, w->ep.win_start[next], a > 0);
 	}
 	w->window = window;
 	w->at = 0;

@@ -78,6 +78,8 @@ struct stream_source {
  * ahead of it to know which documents to tokenize next.
  */
 #define DOC_WALK_AHEAD 32
+/* A walk with fewer of its documents in a window crosses windows fast: it asks for more of them ahead (stream.c). */
+#define WALK_FEW_DOCS 1024
 
 struct doc_walk {
 	const struct order_params *params;

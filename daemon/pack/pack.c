@@ -24,33 +24,43 @@ static int push(struct batch_plan *plan, const struct stream_piece *p)
 int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t batch_index,
 	      struct batch_plan *plan)
 {
-	plan->n_pieces = 0;
-	plan->batch_index = batch_index;
-	plan->batch_size = batch_size;
-	plan->seq_len = seq_len;
-	int r = stream_settle(s);
-	if (r < 0)
-		return r;
-	plan->epoch = s->walk.ep.epoch;
-
-	uint64_t left = (uint64_t)batch_size * seq_len;
-	while (left > 0) {
-		struct stream_piece p;
-		r = stream_take(s, left, &p);
+	int r;
+	if (!plan->partial || plan->batch_index != batch_index) {
+		plan->n_pieces = 0;
+		plan->batch_index = batch_index;
+		plan->batch_size = batch_size;
+		plan->seq_len = seq_len;
+		plan->left = (uint64_t)batch_size * seq_len;
+		plan->partial = false;
+		r = stream_settle(s);
 		if (r < 0)
 			return r;
+		plan->epoch = s->walk.ep.epoch;
+	}
+	/* From here on the stream moves: a stop (-EAGAIN) keeps what was taken, for the next call. */
+	plan->partial = true;
+	while (plan->left > 0) {
+		struct stream_piece p;
+		r = stream_take(s, plan->left, &p);
+		if (r < 0)
+			goto out;
 		r = push(plan, &p);
 		if (r < 0)
-			return r;
-		left -= p.count;
+			goto out;
+		plan->left -= p.count;
 	}
 	/* The look-ahead position must exist: a caller with counts still to come waits for it. */
 	r = stream_settle(s);
 	if (r < 0)
-		return r;
+		goto out;
+	plan->partial = false;
 	struct stream_piece peek = stream_peek(s);
 	plan->next = stream_tell(s);
 	return push(plan, &peek);
+out:
+	/* Any other failure ends the plan: nothing goes on from it. */
+	plan->partial = r == -EAGAIN;
+	return r;
 }
 
 void pack_plan_clear(struct batch_plan *plan)

@@ -20,16 +20,26 @@ struct batch_plan {
 	struct stream_piece *pieces;
 	size_t n_pieces, cap;
 	struct stream_pos next; /* where the following batch starts */
+	/*
+	 * pack_plan() stopped on -EAGAIN with `left` positions still to take
+	 * (the pieces before them taken from the stream): the next call for the
+	 * same batch goes on from there.
+	 */
+	bool partial;
+	uint64_t left;
 };
 
 /*
  * Plans the next batch: takes B*L positions from the stream, then records
  * the following position as a one-position look-ahead piece (its token is the
  * last label; whether it starts a document decides that label's mask).
- * Returns 0, -ENODATA, -ENOMEM; -EAGAIN when the stream needs a count that
- * is not known yet, in which case the stream has moved and the plan is
- * unusable: a caller whose counts arrive late must only plan once
- * B*L + 1 positions from the stream's position are known.
+ * Returns 0, -ENODATA, -ENOMEM; -EAGAIN when the stream needs a count or
+ * a window that is not known yet (issue #22: a window is never built on
+ * the main loop), in which case the stream has moved and the plan is
+ * partial: calling again for the same batch_index goes on where it
+ * stopped (the pieces taken are kept), so that a plan never takes a
+ * position twice. A caller whose counts arrive late (tokenized text) plans
+ * only once B*L + 1 positions from the stream's position are known.
  */
 int pack_plan(struct stream *s, uint32_t batch_size, uint32_t seq_len, uint64_t batch_index,
 	      struct batch_plan *plan);

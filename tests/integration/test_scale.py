@@ -119,8 +119,9 @@ def test_windows_are_built_ahead_and_shared(daemon, tmp_path):
     assert c.returncode == 0, err
     wa = d.status()["feeds"][0]["work_ahead"]
     assert wa["windows_built"] >= 2 and wa["windows_found_ready"] >= 1, wa
-    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank).
-    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 2, wa
+    # Once the clients are gone: what waits ahead, and the last window walked (for a late or returning rank). A
+    # walk with few documents per window asks up to seven ahead (issue #22); at most eight small ones wait.
+    assert wa["windows_held"] <= 1 and wa["windows_ahead"] <= 8, wa
 
 
 def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path):
@@ -149,7 +150,9 @@ def test_windows_left_by_detached_clients_do_not_stop_prefetch(daemon, tmp_path)
         else:
             d.dump("web", tmp_path / f"out{i}", rank=0, world=1, batches=n)
         wa = wait_for(lambda: (lambda w: w["windows_building"] == 0 and w)(work_ahead()))
-        assert wa["windows_ahead"] <= 2 and wa["windows_held"] <= 1, wa
+        # A walk with few documents per window asks up to seven ahead (issue #22: the main loop builds none), and
+        # at most eight small ones wait (feed-windows.c, MAX_AHEAD).
+        assert wa["windows_ahead"] <= 8 and wa["windows_held"] <= 1, wa
         ahead_builds.append((wa["windows_built"] - wa["windows_built_on_demand"], wa["windows_built_on_demand"]))
     # The first client's windows were built ahead (but its first), and the later clients found them all kept.
     # (10 to 20 of its 20 windows ahead on a quiet machine; under load the builder thread can still fall behind
