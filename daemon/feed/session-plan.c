@@ -350,6 +350,13 @@ int session_plan_init(struct session *s, const struct cursor *c, char *err, size
 	}
 	if (r == 0)
 		r = s->mark.error;
+	/*
+	 * No plan_ready() ran first here: a window not built yet (the open's
+	 * walks never build one, issue #22) is a wait, not a fault. The open
+	 * tries again from the start once the pool built it (session-open.c).
+	 */
+	if (r == -EDEADLK || r == -EAGAIN)
+		return -EAGAIN;
 	if (r == -EINVAL)
 		return session_cursor_not_here(err, errlen, s->rank, f);
 	if (r < 0)

@@ -113,7 +113,12 @@ void session_window_ask(struct session *s)
 	struct feed_window_want want[FEED_WINDOW_WANTS];
 	/* Taken whatever happens: a set left behind would be asked for by the next pump, of another session. */
 	unsigned n = feed_windows_wanted(want, FEED_WINDOW_WANTS);
-	if (s->n_window_pins)
+	/*
+	 * While a resume opens (session-open.c), every attempt starts over and
+	 * lets go of the windows the last one took: their pins stay until the
+	 * streams are open, so that the next attempt finds them.
+	 */
+	if (s->n_window_pins && !s->opening)
 		unpin(s, false);
 	if (!n || s->window_job || s->failed || s->closed)
 		return;

@@ -262,6 +262,7 @@ void session_streams_clear(struct session *s)
 	s->srcs = NULL;
 	s->n_srcs = 0;
 	s->has_text = false;
+	memset(&s->mark, 0, sizeof(s->mark)); /* a failed attempt's (session_plan_init) is not the next one's */
 	bestfit_clear(&s->bestfit);
 	session_virtual_free(s);
 }
