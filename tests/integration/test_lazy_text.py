@@ -232,12 +232,12 @@ def with_check(fields):
     return f"{body}-{check_of(body):08x}"
 
 
-def mix_conf(a, b, cache, ahead=True):
+def mix_conf(a, b, cache, ahead=True, shuffle=True, window=4):
     """A mixture of two text sources of .jsonl.zst shards (fc2 cursors: virtual ranks off); ahead: count_ahead of
     each source (off: what the walks count, alone)."""
     head = text_scale_conf(a, cache).split("[feed.t]")[0]
-    text = (f"{head}[feed.m]\nsources = a:0.5, b:0.5\nseq_len = 128\nbatch_size = 4\nseed = 3\nshuffle = true\n"
-            f"shuffle_window = 4\neos = 10\nvirtual_ranks = 0\n")
+    text = (f"{head}[feed.m]\nsources = a:0.5, b:0.5\nseq_len = 128\nbatch_size = 4\nseed = 3\n"
+            f"shuffle = {'true' if shuffle else 'false'}\nshuffle_window = {window}\neos = 10\nvirtual_ranks = 0\n")
     for name, folder in (("a", a), ("b", b)):
         text += (f"[feed.m.{name}]\nformat = jsonl\nshards = {folder}/t*.jsonl.zst\ntokenizer = {folder}/bytes.tiktoken\n"
                  f"tokenizer_preset = gpt2\ncount_ahead = {'true' if ahead else 'false'}\n")

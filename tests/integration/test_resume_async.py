@@ -26,6 +26,7 @@ import pytest
 
 from conftest import FEEDCTL, TIME_SCALE
 from feed_ref import cursor_check as check_of
+from test_lazy_text import mix_conf as lazy_mix_conf
 from test_scale import text_scale_conf, write_zst_shards
 
 pytestmark = pytest.mark.skipif(not shutil.which("zstd"), reason="zstd missing")
@@ -51,13 +52,7 @@ def with_other(text, other, cache):
 
 def mix_conf(a, b, cache):
     """An unshuffled mixture of two text sources (fc2 cursors), no count pass."""
-    head = text_scale_conf(a, cache).split("[feed.t]")[0]
-    text = (f"{head}[feed.m]\nsources = a:0.5, b:0.5\nseq_len = 128\nbatch_size = 4\nseed = 3\nshuffle = false\n"
-            f"shuffle_window = {WINDOW}\neos = 10\nvirtual_ranks = 0\n")
-    for name, folder in (("a", a), ("b", b)):
-        text += (f"[feed.m.{name}]\nformat = jsonl\nshards = {folder}/t*.jsonl.zst\ntokenizer = {folder}/bytes.tiktoken\n"
-                 f"tokenizer_preset = gpt2\ncount_ahead = false\n")
-    return text
+    return lazy_mix_conf(a, b, cache, ahead=False, shuffle=False, window=WINDOW)
 
 
 def feeds(d):
@@ -151,18 +146,25 @@ def corpus(tmp_path):
     return folder, other
 
 
-def test_a_cold_fc1_resume_counts_its_window_on_the_pool(daemon, tmp_path, monkeypatch, corpus):
+def cold_at_cursor(daemon, tmp_path, monkeypatch, corpus, batches, at=60):
+    """feed t's batches from the start (a warm daemon), then a daemon on a cold cache_dir whose first shard of
+    cursor `at`'s window is slow, with feed o's client started: (batches, cursor, its window, daemon, client)."""
     folder, other = corpus
     d = daemon(conf(folder, tmp_path / "warm"))
-    want = d.dump("t", tmp_path / "want", batches=70)
+    want = d.dump("t", tmp_path / "want", batches=batches)
     assert d.stop() == 0
-    at = 60
     cursor = want["cursors"][at]
     window = int(cursor.split("-")[6], 16)
-    assert window >= 40, cursor
     monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t{WINDOW * window:05d}.jsonl.zst:{SLOW_MS}")
     d2 = daemon(with_other(conf(folder, tmp_path / "cold"), other, tmp_path / "cold"))
-    oc = start_other(d2)
+    return want, cursor, window, d2, start_other(d2)
+
+
+def test_a_cold_fc1_resume_counts_its_window_on_the_pool(daemon, tmp_path, monkeypatch, corpus):
+    folder, _ = corpus
+    at = 60
+    want, cursor, window, d2, oc = cold_at_cursor(daemon, tmp_path, monkeypatch, corpus, 70, at)
+    assert window >= 40, cursor
     late, took, lat, ob = polling(d2, lambda: d2.dump("t", tmp_path / "late", batches=5, cursor=cursor), "o")
     stop_other(oc)
     assert_main_loop_free(took, lat, ob)
@@ -246,16 +248,9 @@ def read_doc(path, i):
 
 def test_explain_from_a_cold_cursor_waits_for_the_pool_and_equals_the_delivered_rows(daemon, tmp_path,
                                                                                   monkeypatch, corpus):
-    folder, other = corpus
-    d = daemon(conf(folder, tmp_path / "warm"))
-    want = d.dump("t", tmp_path / "want", batches=64)
-    assert d.stop() == 0
+    folder, _ = corpus
     at = 60
-    cursor = want["cursors"][at]
-    window = int(cursor.split("-")[6], 16)
-    monkeypatch.setenv("FEEDD_TEXT_SLOW_INDEX", f"t{WINDOW * window:05d}.jsonl.zst:{SLOW_MS}")
-    d2 = daemon(with_other(conf(folder, tmp_path / "cold"), other, tmp_path / "cold"))
-    oc = start_other(d2)
+    want, cursor, _, d2, oc = cold_at_cursor(daemon, tmp_path, monkeypatch, corpus, 64, at)
     text, took, lat, ob = polling(d2, lambda: d2.ctl("explain", "t", "--rank", "0", "--world", "1", "--cursor",
                                                      cursor, "--batches", "3").stdout, "o")
     stop_other(oc)
