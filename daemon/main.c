@@ -60,6 +60,7 @@ struct daemon {
 	uint64_t reload_client; /* the connection whose RELOAD this is, 0: SIGHUP */
 	bool reload_again;      /* SIGHUP while reloading: once more afterwards */
 	bool watching;          /* the server watches files for changes (watch_changes at start, not --check) */
+	bool stop_asked;        /* SIGTERM/SIGINT, at start too (before the server exists) */
 	int start_r;            /* the start's load: its result and message */
 	char start_err[1024];
 };
@@ -388,6 +389,7 @@ static void on_signal(evutil_socket_t sig, short what, void *userdata)
 		return;
 	}
 	log_notice("received %s, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+	d->stop_asked = true;
 	service_stopping();
 	event_base_loopbreak(d->base);
 }
@@ -539,6 +541,22 @@ int main(int argc, char **argv)
 	struct producer *producer = NULL;
 	struct gpu *gpu = NULL;
 	struct event *sigs[3] = { NULL }, *watchdog = NULL;
+	/*
+	 * Before anything is loaded or listens: a SIGTERM while the feeds load,
+	 * or between the socket's listen() and the loop (a client may connect
+	 * then), stops feedd cleanly instead of killing it by the signal's
+	 * default action (exit status 143, no "stopped", no socket removed).
+	 * SIGHUP before the server exists reloads once it does.
+	 */
+	static const int signals[] = { SIGTERM, SIGINT, SIGHUP };
+	for (size_t i = 0; i < ARRAY_SIZE(signals); i++) {
+		sigs[i] = evsignal_new(d.base, signals[i], on_signal, &d);
+		if (!sigs[i] || event_add(sigs[i], NULL) < 0) {
+			log_error("cannot install signal handlers");
+			ret = 1;
+			goto out;
+		}
+	}
 	/* Loaded on the loader's thread too, so that --check gives up on a FIFO or a hung mount. */
 	struct load_job *job = calloc(1, sizeof(*job));
 	/* The server's watch is made once, as the start's config says (--check serves nothing). */
@@ -553,7 +571,11 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	d.job = job;
-	event_base_dispatch(d.base); /* until on_started */
+	event_base_dispatch(d.base); /* until on_started, or a SIGTERM */
+	if (d.stop_asked) {
+		ret = check ? 1 : 0; /* a check stopped before it finished checked nothing */
+		goto out;            /* the load, if still under way, is abandoned to its thread */
+	}
 	if (d.start_r < 0) {
 		log_error("%s", d.start_err);
 		if (d.start_r == -ETIMEDOUT)
@@ -622,15 +644,6 @@ int main(int argc, char **argv)
 	n_feeds = 0;
 	metrics_apply(&d, d.conf);
 
-	static const int signals[] = { SIGTERM, SIGINT, SIGHUP };
-	for (size_t i = 0; i < ARRAY_SIZE(signals); i++) {
-		sigs[i] = evsignal_new(d.base, signals[i], on_signal, &d);
-		if (!sigs[i] || event_add(sigs[i], NULL) < 0) {
-			log_error("cannot install signal handlers");
-			ret = 1;
-			goto out;
-		}
-	}
 	d.watchdog_usec = service_watchdog_usec();
 	if (d.watchdog_usec) {
 		/* Ping at half the interval, as sd_watchdog_enabled(3) advises. */
@@ -651,6 +664,10 @@ int main(int argc, char **argv)
 	service_ready(line);
 	if (d.watchdog_usec)
 		service_watchdog_ping();
+	if (d.reload_again) { /* a SIGHUP while the feeds loaded: the config may have changed since it was read */
+		d.reload_again = false;
+		reload_start(&d);
+	}
 	event_base_dispatch(d.base);
 
 out:

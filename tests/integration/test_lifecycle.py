@@ -365,6 +365,48 @@ def test_sigterm_tells_attached_clients_and_exits_0(daemon, tmp_path):
     assert "received SIGTERM, stopping" in d.log_text() and "stopped" in d.log_text()
 
 
+def test_sigterm_while_loading_or_just_after_listening_exits_0(tmp_path):
+    """SIGTERM before the loop runs: while the feeds load (an open() held by a file lease) and as soon as the
+    socket answers (it listens before the loop starts). Both stop cleanly: exit 0, "stopped", the socket removed;
+    before the fix the signal's default action killed feedd (-15), which CI saw as a flake."""
+    from test_reload_conf import hold_lease
+    a = small_data(tmp_path, "a")
+    conf = tmp_path / "f.conf"
+    conf.write_text(feed_conf("web", f"{a}/shard_*.idx", seq_len=64, batch_size=2))
+    sock = str(tmp_path / "feedd.sock")
+
+    lease = hold_lease(a / "shard_000.idx")
+    try:
+        log = tmp_path / "loading.log"
+        p = subprocess.Popen([str(FEEDD), "-c", str(conf), "-s", sock], stderr=open(log, "w"))
+        time.sleep(1.0)
+        assert p.poll() is None, log.read_text()
+        assert not os.path.exists(sock), "the load was to hang on the leased shard"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0, log.read_text()
+        assert "received SIGTERM, stopping" in log.read_text()
+    finally:
+        os.close(lease)
+
+    for i in range(5):
+        log = tmp_path / f"early{i}.log"
+        p = subprocess.Popen([str(FEEDD), "-c", str(conf), "-s", sock], stderr=open(log, "w"))
+        deadline = time.monotonic() + 20
+        while True:
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(sock)
+                s.close()
+                break
+            except OSError:
+                time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0, log.read_text()
+        assert "stopped" in log.read_text()
+        assert not os.path.exists(sock), "feedd removes the socket it bound"
+
+
 def test_refuses_to_bind_through_a_symlink(tmp_path):
     a = small_data(tmp_path, "a")
     target = tmp_path / "elsewhere"
