@@ -764,6 +764,12 @@ FEED_EXPORT feed_client *feed_client_close(feed_client *c)
 	if (!c)
 		return NULL;
 	int saved = errno;
+	/* Unmapped before DETACH: the daemon may then wipe the ring and give its memory to this uid's next one. */
+	device_close(c);
+	if (c->hdr)
+		munmap(c->hdr, c->ring_size);
+	if (c->cons)
+		munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
 	if (c->fd >= 0) {
 		if (c->attached) {
 			uint8_t buf[WIRE_HEADER_SIZE];
@@ -772,11 +778,6 @@ FEED_EXPORT feed_client *feed_client_close(feed_client *c)
 		}
 		close(c->fd);
 	}
-	device_close(c);
-	if (c->hdr)
-		munmap(c->hdr, c->ring_size);
-	if (c->cons)
-		munmap(c->cons, FEED_CONSUMER_PAGE_SIZE);
 	if (c->data_efd >= 0)
 		close(c->data_efd);
 	if (c->space_efd >= 0)

@@ -203,7 +203,7 @@ struct ring *ring_free(struct ring *r)
 {
 	if (!r)
 		return NULL;
-	if (r->pool && r->made)
+	if (r->pool && r->made && r->released)
 		pool_give(r);
 	pool_unref(r->pool);
 	if (r->hdr)

@@ -26,7 +26,16 @@ struct ring {
 	uint64_t tail; /* last validated consumer tail */
 	struct ring_pool *pool; /* where its memory goes back to (a reference), or NULL */
 	uint32_t owner;         /* the uid it was made for, with a pool */
-	bool made;              /* complete: its memory may go back to the pool */
+	bool made;              /* complete */
+	/*
+	 * Its client let go of it: said DETACH, which libfeed says once it
+	 * unmapped the ring. Only such a ring's memory goes back to the
+	 * pool: any other end (the connection lost, feedd stopping, the
+	 * session failed) may leave a client that still maps it, holds a
+	 * batch in it or reads its last cursor from it, and the pool wipes
+	 * the memory and gives it to the uid's next ring.
+	 */
+	bool released;
 };
 
 struct ring_geometry {
@@ -48,7 +57,9 @@ struct ring *ring_free(struct ring *r);
  * largest part of an attach. An idle ring's memory is kept for the next ring
  * of the same owner (a uid) and exactly the same size, wiped when given back:
  * a reused ring carries nothing of its previous client's batches, and a ring
- * never goes to another uid (whoever held it read-only may still map it).
+ * never goes to another uid. Only a ring its client released (above) is
+ * given back: wiping or reusing memory a client still maps would change the
+ * batch it holds, or the cursor it resumes from, under it.
  * At most max_bytes are kept idle, the oldest let go first; the owner of the
  * pool trims what stayed idle (ring_pool_trim). Main thread only.
  */

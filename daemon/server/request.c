@@ -585,6 +585,9 @@ int request_dispatch(struct conn *c, const struct wire_header *h, const uint8_t 
 	case WIRE_DETACH:
 		if (h->length != 0)
 			return -EBADMSG;
+		/* libfeed unmaps the ring before it says DETACH: its memory may serve the uid's next ring (ring.h). */
+		if (c->session)
+			session_ring(c->session)->released = true;
 		c->closing = true;
 		return 0;
 	case WIRE_EPOCH_INFO:

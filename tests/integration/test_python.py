@@ -258,6 +258,30 @@ def test_daemon_gone_raises_within_a_second(dataset, tmp_path, how):
         d.proc.wait()
 
 
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_batch_held_through_the_daemons_end_does_not_change(dataset, tmp_path, how):
+    """A trainer's zero-copy batch outlives feedd (a restart, a stop): it stays what it was. feedd stopping
+    once wiped every ring for reuse (its idle-ring pool) while clients still mapped them: the held batch read
+    zeros, and the cursor libfeed resumes from, read from the slot, was empty (a restart from batch 0)."""
+    d = Daemon(tmp_path, feed_conf("web", f"{dataset}/shard_*.idx"), name="held")
+    try:
+        loader = feed.Loader("web", socket=d.socket, timeout=30, reconnect_timeout=0, as_numpy=True)
+        held = [next(loader) for _ in range(2)][-1]  # slots stay taken while referenced
+        before = {k: np.array(held[k]) for k in KEYS}
+        cursor = held.cursor
+        assert before["input_ids"].any()
+        d.proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
+        d.proc.wait(timeout=10)
+        time.sleep(0.2)
+        for k, v in before.items():
+            assert np.array_equal(np.array(held[k]), v), f"{k} of a held batch changed after the daemon's {how}"
+        assert held.cursor == cursor
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+        d.proc.wait()
+
+
 def test_zero_copy_batches_keep_their_slot_while_referenced(web, tmp_path):
     dump = web.dump("web", tmp_path / "d", batches=30)
     loader = feed.Loader("web", socket=web.socket, labels="shifted")

@@ -580,7 +580,8 @@ for line in sys.stdin:
         slot[48:56] = bytes(8)  # produced_ns: when, not what
         h.update(slot)
     print(os.fstat(fds[0]).st_ino, h.hexdigest(), flush=True)
-    m.close()
+    m.close()  # as libfeed leaves: the ring unmapped, then DETACH (only such a ring's memory is reused)
+    send(8, b"")
     for fd in fds:
         os.close(fd)
     s.close()
@@ -589,7 +590,8 @@ for line in sys.stdin:
 
 def test_18_a_ring_reused_across_attaches_is_wiped_and_stays_with_its_uid(users, dataset, sockdir, started):
     """feedd keeps a departed client's ring memory for the next attach of the same uid (daemon/ring/ring.h,
-    struct ring_pool: making and freeing a ring was most of an attach's cost under churn). The next ring of
+    struct ring_pool: making and freeing a ring was most of an attach's cost under churn), once the client said
+    DETACH having unmapped it (as libfeed does). The next ring of
     that uid holds exactly what a new ring would (nothing of the previous client's batches: every byte of
     every slot compared with another uid's new ring of the same stream), and another uid attaching while it
     is idle gets a ring of its own."""

@@ -277,6 +277,7 @@ static void test_pool(void)
 	CHECK(fstat(a->consumer_fd, &cons_a) == 0, "fstat consumer page");
 	/* What the client was sent and kept: the ring fd, read-only. */
 	int kept = fcntl(a->ring_fd, F_DUPFD_CLOEXEC, 3);
+	a->released = true; /* it said DETACH, its mapping gone */
 	a = ring_free(a);
 	ring_pool_counters(p, &n);
 	CHECK_U64(n.idle_bytes, ring_slot_bytes(2, 64) * 4 + FEED_RING_HEADER_SIZE);
@@ -289,6 +290,7 @@ static void test_pool(void)
 	g2.seq_len = 128;
 	struct ring *c = pooled_ring(p, 1000, &g2);
 	CHECK(inode(c->ring_fd) != ino_a, "a ring of another size was given uid 1000's ring memory");
+	c->released = true;
 	c = ring_free(c);
 
 	/* The same uid does: its memory, wiped, its header new, seals kept; the consumer page and eventfds new. */
@@ -322,6 +324,7 @@ static void test_pool(void)
 	CHECK_U64(n.idle_bytes, ring_slot_bytes(2, 128) * 4 + FEED_RING_HEADER_SIZE); /* c's, of the other size */
 
 	/* Trimmed when idle: nothing kept, every fd closed. */
+	a2->released = b->released = true;
 	a2 = ring_free(a2);
 	b = ring_free(b);
 	ring_pool_counters(p, &n);
@@ -336,6 +339,7 @@ static void test_pool(void)
 	REQUIRE(ring_pool_new(ring_slot_bytes(2, 64) * 4 + FEED_RING_HEADER_SIZE, &small) == 0, "ring_pool_new");
 	struct ring *x = pooled_ring(small, 1, &g), *y = pooled_ring(small, 2, &g);
 	ino_t ino_y = inode(y->ring_fd);
+	x->released = y->released = true;
 	x = ring_free(x);
 	y = ring_free(y);
 	ring_pool_counters(small, &n);
@@ -346,6 +350,35 @@ static void test_pool(void)
 	/* A ring that outlives its pool frees itself whole. */
 	small = ring_pool_free(small);
 	y2 = ring_free(y2);
+	p = ring_pool_free(p);
+
+	/*
+	 * A ring whose client did not release it (the connection lost, feedd
+	 * stopping, the session failed) may still be mapped by the client,
+	 * holding a batch or reading its last cursor from it: never wiped,
+	 * never reused. (It was, and a client resumed from batch 0.)
+	 */
+	REQUIRE(ring_pool_new(4u << 20, &p) == 0, "ring_pool_new");
+	struct ring *held = pooled_ring(p, 1000, &g);
+	ino_t ino_held = inode(held->ring_fd);
+	for (uint32_t s = 0; s < held->slot_count; s++)
+		memset(ring_slot(held, s), 0x5a, held->slot_size);
+	ring_publish(held, 2);
+	const uint8_t *client = mmap(NULL, held->size, PROT_READ, MAP_SHARED, held->ring_fd, 0);
+	REQUIRE(client != MAP_FAILED, "mmap the ring as a client does");
+	const size_t slot0 = (size_t)(ring_slot(held, 0) - (uint8_t *)held->hdr), slot_size = held->slot_size;
+	const size_t size = held->size;
+	held = ring_free(held);
+	ring_pool_counters(p, &n);
+	CHECK_U64(n.idle_bytes, 0);
+	bool intact = true;
+	for (size_t i = 0; i < slot_size; i++)
+		intact &= client[slot0 + i] == 0x5a;
+	CHECK(intact, "a ring freed while its client may map it was wiped under the client");
+	struct ring *next = pooled_ring(p, 1000, &g);
+	CHECK(inode(next->ring_fd) != ino_held, "a ring its client did not release was given to the uid's next ring");
+	next = ring_free(next);
+	munmap((void *)client, size);
 	p = ring_pool_free(p);
 
 	/* Without lending, no pool: rings are made and freed whole, as before. */
