@@ -139,6 +139,18 @@ def stream_client_env(reconnect_ms):
     return {**os.environ, "STREAM_RECONNECT_MS": str(reconnect_ms)}
 
 
+def socket_answers(path):
+    """Whether a unix socket at path accepts a connection now."""
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 class Daemon:
     """A feedd process on its own socket, stopped with SIGTERM at the end."""
 
@@ -158,13 +170,9 @@ class Daemon:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"feedd exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(self.socket)
-                s.close()
+            if socket_answers(self.socket):
                 break
-            except OSError:
-                time.sleep(0.02)
+            time.sleep(0.02)
         else:
             raise RuntimeError("feedd did not start listening:\n" + self.log.read_text())
 

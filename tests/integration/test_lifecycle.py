@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, FEEDCTL, FEEDD, STREAM_CLIENT, feed_conf, gen_megatron, open_fds
+from conftest import BUILD, FEEDCTL, FEEDD, STREAM_CLIENT, feed_conf, gen_megatron, open_fds, socket_answers
 
 HAVE_SYSTEMD = "#define HAVE_SYSTEMD 1" in (BUILD / "config.h").read_text()
 ACTIVATE = shutil.which("systemd-socket-activate")
@@ -392,15 +392,9 @@ def test_sigterm_while_loading_or_just_after_listening_exits_0(tmp_path):
         log = tmp_path / f"early{i}.log"
         p = subprocess.Popen([str(FEEDD), "-c", str(conf), "-s", sock], stderr=open(log, "w"))
         deadline = time.monotonic() + 20
-        while True:
+        while not socket_answers(sock):
             assert p.poll() is None and time.monotonic() < deadline, log.read_text()
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-                s.close()
-                break
-            except OSError:
-                time.sleep(0.001)
+            time.sleep(0.001)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=10) == 0, log.read_text()
         assert "stopped" in log.read_text()

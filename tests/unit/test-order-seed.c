@@ -76,6 +76,16 @@ static void reference(const struct order_params *p, uint32_t w, struct stream_po
 	stream_clear(&s);
 }
 
+/* reference() with the position's k_w set from epoch 0 (built into *ep, which the caller clears). */
+static void at_window(const struct order_params *p, uint32_t w, struct stream_pos *ret_pos, uint64_t *docs,
+		      struct order_epoch *ep)
+{
+	reference(p, w, ret_pos, docs);
+	REQUIRE(order_epoch_build(p, 0, ep) == 0, "epoch");
+	ret_pos->k = ep->win_start[w];
+	ret_pos->has_k = true;
+}
+
 /*
  * Takes N_DOCS documents; returns 0 or the first error. *ret_checked: whether
  * the walk was in a window of epoch 0 after `w` (where the seeded start is
@@ -113,13 +123,10 @@ static void test_seed(bool shuffle)
 	const uint32_t w = 3;
 	struct stream_pos pos;
 	uint64_t want[N_DOCS], got[N_DOCS];
-	reference(&pk, w, &pos, want);
 	struct order_epoch ep = { 0 };
-	REQUIRE(order_epoch_build(&pk, 0, &ep) == 0, "epoch");
-	const uint64_t k = ep.win_start[w];
+	at_window(&pk, w, &pos, want, &ep);
+	const uint64_t k = pos.k;
 	order_epoch_clear(&ep);
-	pos.k = k;
-	pos.has_k = true;
 
 	/* The right k_w: nothing before window w counted, the same documents; checked once they are. */
 	reset_lazy();
@@ -201,10 +208,8 @@ static void test_wait_asks_every_shard(bool shuffle, bool with_k)
 	const uint32_t w = 3;
 	struct stream_pos pos;
 	uint64_t want[N_DOCS], got[N_DOCS];
-	reference(&pk, w, &pos, want);
 	struct order_epoch ep = { 0 };
-	REQUIRE(order_epoch_build(&pk, 0, &ep) == 0, "epoch");
-	pos.k = ep.win_start[w];
+	at_window(&pk, w, &pos, want, &ep);
 	pos.has_k = with_k;
 	for (uint32_t i = 0; i < S; i++) {
 		lazy_wait[i] = ORDER_DOCS_UNKNOWN;
