@@ -94,6 +94,7 @@ struct text_shard {
 	char *maker_note;      /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return; NULL: none */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
+	uint32_t decompressions; /* passes that decompressed it: indexes and copies (not text_count's); relaxed */
 	bool store_pending;
 	bool defer_store;      /* text_open_opts.defer_store */
 
