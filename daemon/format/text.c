@@ -536,6 +536,15 @@ static void unheld_forget(struct text_shard *s)
 	pthread_mutex_unlock(&unheld_lock);
 }
 
+static __thread bool no_keep; /* text_index_keeps_copy(false) on this thread */
+
+bool text_index_keeps_copy(bool on)
+{
+	bool was = !no_keep;
+	no_keep = !on;
+	return was;
+}
+
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
 	/*
@@ -566,7 +575,7 @@ int text_index_locked(struct text_shard *s, struct source_reader *io, char *err,
 		if (!io && (r = source_reader_new(IO_ENGINE_PREAD, 4, &own)) < 0)
 			snprintf(err, errlen, "%s: cannot index: %s", s->path, strerror(-r));
 		if (r == 0)
-			r = index_now(s, NULL, io ? io : own, true, true, err, errlen);
+			r = index_now(s, NULL, io ? io : own, true, !no_keep, err, errlen);
 		source_reader_free(own);
 		if (r == 0) {
 			pthread_mutex_lock(&unheld_lock);
