@@ -499,12 +499,12 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 {
 	/*
 	 * The shards load counts (until a document, or virtual_ranks of them)
-	 * are only counted: their copies are made when read (text.h,
-	 * text_index_keeps_copy), so that READY never waits for them.
+	 * keep only a copy in memory: a file copy is made when read (text.h,
+	 * text_index_keeps_files), so that READY never waits for writing one.
 	 */
-	const bool keep = text_index_keeps_copy(false);
+	const bool keep = text_index_keeps_files(false);
 	int r = load(cf, io, ret);
-	text_index_keeps_copy(keep);
+	text_index_keeps_files(keep);
 	return r;
 }
 

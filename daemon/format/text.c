@@ -270,7 +270,7 @@ static void keep_open(struct text_shard *s, struct text_keep *k)
  * once (deferred: this runs off the load path) rather than leave it pending.
  */
 static int index_now(struct text_shard *s, struct source *src_in, struct source_reader *io, bool store_now,
-		     bool keep_copy, char *err, size_t errlen)
+		     bool keep_file, char *err, size_t errlen)
 {
 	int r;
 	_cleanup_(source_closep) struct source *src = src_in;
@@ -288,19 +288,21 @@ static int index_now(struct text_shard *s, struct source *src_in, struct source_
 	if (!s->cached) {
 		/*
 		 * At load a compressed shard is only indexed: its copy is made when
-		 * it is read (text_acquire). When its window comes up (keep_copy:
+		 * it is read (text_acquire). When its window comes up (store_now:
 		 * a walk waits for this index, and a read follows) the same pass
 		 * keeps the copy too, so that the shard is decompressed once, not
-		 * once for its index and again for its copy (text_keep; a copy
-		 * already in the cache is not written again). A Parquet column is
+		 * once for its index and again for its copy (text_keep): in memory
+		 * (TEXT_MEM_MAX), or as a file when keep_file (not for the shards a
+		 * feed's load counts: READY does not wait for a file; nor where the
+		 * cache has one already). A Parquet column is
 		 * decoded into its copy now, in the same pass; the cache may evict
 		 * it until it is read.
 		 */
 		const bool compressed = s->kind != TEXT_PARQUET && s->codec != TEXT_CODEC_NONE;
-		if (keep_copy && compressed && s->lazy && !s->data) {
+		if (store_now && compressed && s->lazy && !s->data) {
 			keep.cache_dir = s->cache_dir;
 			keep.cache_max_bytes = s->cache_max_bytes;
-			keep.data_path = access(s->data_path, F_OK) == 0 ? NULL : s->data_path;
+			keep.data_path = !keep_file || access(s->data_path, F_OK) == 0 ? NULL : s->data_path;
 		}
 		if (compressed)
 			__atomic_fetch_add(&s->decompressions, 1, __ATOMIC_RELAXED);
@@ -536,9 +538,9 @@ static void unheld_forget(struct text_shard *s)
 	pthread_mutex_unlock(&unheld_lock);
 }
 
-static __thread bool no_keep; /* text_index_keeps_copy(false) on this thread */
+static __thread bool no_keep; /* text_index_keeps_files(false) on this thread */
 
-bool text_index_keeps_copy(bool on)
+bool text_index_keeps_files(bool on)
 {
 	bool was = !no_keep;
 	no_keep = !on;

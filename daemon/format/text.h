@@ -200,14 +200,16 @@ static inline bool text_indexed(const struct text_shard *s)
  */
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 /*
- * Whether text_index() on the calling thread keeps the copy of a compressed
- * shard it indexes (text_keep: the copy made in the same pass, the shard then
- * decompressed once, not twice): on by default, where a read follows (a walk's
- * window, a worker, the copy maker). The daemon's load turns it off on its
- * thread: it counts the first shards only to know their documents, and READY
- * must not wait for their copies. Returns the previous setting.
+ * text_index() keeps the copy of a compressed shard it indexes (made in the
+ * same pass: the shard is decompressed once, not once for its index and
+ * again for its copy): in memory when it fits (TEXT_MEM_MAX), else as its
+ * file in cache_dir when the calling thread keeps files (on by default: a
+ * walk's window, a worker, the copy maker; a read follows). A feed's load
+ * turns files off on its thread: it counts the first shards only to know
+ * their documents, and READY must not wait for writing their copies.
+ * Returns the previous setting.
  */
-bool text_index_keeps_copy(bool on);
+bool text_index_keeps_files(bool on);
 /* text_index() with s->lock held (text_cache.c: indexed and acquired under one hold of the lock). */
 int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 
