@@ -245,7 +245,7 @@ static void source_closep(struct source **s)
  * opened as text_build_mem() would open it; a file copy is in the cache, built
  * and so checked whole (verified), for text_acquire() to open and pin.
  */
-static void keep_open(struct text_shard *s, struct text_keep *k)
+static void keep_open(struct text_shard *s, struct text_keep *k, bool at_load)
 {
 	_cleanup_free_ uint8_t *mem = TAKE_PTR(k->mem);
 	if (mem && s->mem) {
@@ -256,6 +256,8 @@ static void keep_open(struct text_shard *s, struct text_keep *k)
 		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
 		__atomic_store_n(&s->data, data, __ATOMIC_RELEASE);
 		__atomic_store_n(&s->open_now, true, __ATOMIC_RELAXED);
+		/* Made long before its read, maybe: the read checks the source first, as a copy made then would. */
+		s->copy_unchecked = at_load;
 	} else if (k->file && !s->mem) {
 		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
 		s->verified = true;
@@ -333,7 +335,7 @@ static int index_now(struct text_shard *s, struct source *src_in, struct source_
 		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
 	else if (!s->data) /* indexed again after its index was let go: the source stays the one open */
 		__atomic_store_n(&s->data, TAKE_PTR(src), __ATOMIC_RELEASE);
-	keep_open(s, &keep);
+	keep_open(s, &keep, !keep_file);
 	__atomic_store_n(&s->indexed, true, __ATOMIC_RELEASE);
 	if (s->data && s->lazy && !s->users)
 		text_idle_add_locked(s); /* the copy kept: open for the read that comes, idle until then */

@@ -95,6 +95,7 @@ struct text_shard {
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
 	uint32_t decompressions; /* passes that decompressed it: indexes and copies (not text_count's); relaxed */
+	bool copy_unchecked;   /* its copy was kept by load's count: the source is checked unchanged at the first read */
 	bool store_pending;
 	bool defer_store;      /* text_open_opts.defer_store */
 

@@ -254,6 +254,16 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 		pthread_mutex_unlock(&s->lock);
 		return 0;
 	}
+	if (r == 0 && s->data && s->copy_unchecked) {
+		/* Kept by load's count (text_index_keeps_files): the source must still be the one load saw. */
+		if ((r = text_check(s, err, errlen)) < 0) {
+			pthread_mutex_lock(&idle_lock);
+			idle_unlink(s);
+			pthread_mutex_unlock(&idle_lock);
+			copy_close(s);
+		}
+		s->copy_unchecked = false;
+	}
 	if (r == 0)
 		r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
 	if (maker && made[0] && !s->maker_note)
