@@ -29,8 +29,10 @@
  * cache_max_bytes (a memory copy: freed); an evicted copy is made again
  * from the source when the shard is read again. The daemon's load does not
  * even index it (defer_index: a stat); text_index() does, when its window
- * comes up: one streaming pass that keeps nothing of the text (issue #22;
- * docs/sample-order.md, "What is done when").
+ * comes up: one streaming pass, which keeps a compressed shard's copy too
+ * (in memory, or its file in cache_dir: text_index_keeps_files), so that
+ * the copy maker or the worker finds it made and the shard is decompressed
+ * once (issue #22; docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
  * with large io_uring reads and kept in the cache directory under a name
