@@ -11,11 +11,12 @@ const char *text_codec_name(enum text_codec c);
 
 /*
  * A compressed shard's copy made by the pass that indexes it (text.c,
- * index_now: a walk's or a reader's index, never load's or the background
- * count's): its bytes kept in memory while they fit in TEXT_MEM_MAX (what
- * text_build_mem() makes), else written on the way to the cache entry
- * data_path within cache_max_bytes (what text_build_copy() writes). Given
- * up, never failing the index, when it cannot be kept (no room, no memory):
+ * index_now: text_index(), when its window comes up; never a whole-corpus
+ * load's index, nor the background count's): its bytes kept in memory
+ * while they fit in TEXT_MEM_MAX (what text_build_mem() makes), else
+ * written on the way to the cache entry data_path within cache_max_bytes
+ * (what text_build_copy() writes; data_path NULL: not kept). Given up,
+ * never failing the index, when it cannot be kept (no room, no memory):
  * then neither is set, and the copy is made on use as before.
  */
 struct text_keep {
