@@ -55,12 +55,12 @@ def status(build, sock):
     return json.loads(out)["feeds"][0]["work_ahead"]
 
 
-def run(build, folder, batches):
+def run(build, folder, batches, vranks):
     with tempfile.TemporaryDirectory(prefix="feedd-once-") as tmp:
         conf = (f"[feedd]\nthreads = 2\nring_slots = 4\ncache_dir = {tmp}/cache\n[feed.b]\nformat = jsonl\n"
                 f"shards = {folder}/t*.jsonl.zst\ntokenizer = {folder}/bytes.tiktoken\ntokenizer_preset = gpt2\n"
                 f"seq_len = 1024\nbatch_size = 8\nseed = 1\nshuffle = true\nshuffle_window = 4\neos = 10\n"
-                f"count_ahead = false\n")
+                f"count_ahead = false\n" + (f"virtual_ranks = {vranks}\n" if vranks is not None else ""))
         t0 = time.monotonic()
         d, sock = common.start_feedd(build, conf, tmp, wait_s=120)
         ready = time.monotonic() - t0
@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--batches", type=int, default=4000, help="batches timed after the first 200 (8 KiB each)")
     ap.add_argument("--data", default=None, help="where to keep the shards (default: a temporary folder)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--virtual-ranks", type=int, default=None, help="the feed's virtual_ranks (default: feedd's)")
     a = ap.parse_args()
     data = Path(a.data or tempfile.mkdtemp(prefix="feedd-once-data-")) / f"s{a.shards}x{a.mib}"
     common.progress(f"once: writing {a.shards} shards of {a.mib} MiB")
@@ -94,8 +95,9 @@ def main():
     builds = [("this", a.build)] + ([("peer", a.peer)] if a.peer else [])
     for k in range(a.repeat):
         for name, b in builds:
-            r = run(b, data, a.batches)
-            print(json.dumps({"build": name, "shards": a.shards, "mib": a.mib, "run": k, **r}), flush=True)
+            r = run(b, data, a.batches, a.virtual_ranks)
+            print(json.dumps({"build": name, "shards": a.shards, "mib": a.mib, "vranks": a.virtual_ranks, "run": k, **r}),
+                  flush=True)
 
 
 if __name__ == "__main__":
