@@ -239,7 +239,7 @@ uint32_t feed_scan_shards_left(const struct feed *f)
 	return pending;
 }
 
-static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
+static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made, uint64_t *decompressions)
 {
 	/* A mixture's n_shards counts its sources' shards; it holds none itself. */
 	for (uint32_t i = 0; f->shards && !f->n_sources && i < f->n_shards; i++) {
@@ -248,10 +248,11 @@ static void text_copies(const struct feed *f, uint64_t *open, uint64_t *made)
 			const struct text_shard *t = s->impl;
 			*open += __atomic_load_n(&t->open_now, __ATOMIC_RELAXED);
 			*made += __atomic_load_n(&t->copies_made, __ATOMIC_RELAXED);
+			*decompressions += __atomic_load_n(&t->decompressions, __ATOMIC_RELAXED);
 		}
 	}
 	for (uint32_t i = 0; i < f->n_sources; i++)
-		text_copies(f->sources[i], open, made);
+		text_copies(f->sources[i], open, made, decompressions);
 }
 
 uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory)
@@ -270,10 +271,10 @@ uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory)
 	return n;
 }
 
-void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made)
+void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made, uint64_t *ret_decompressions)
 {
-	*ret_open = *ret_made = 0;
-	text_copies(f, ret_open, ret_made);
+	*ret_open = *ret_made = *ret_decompressions = 0;
+	text_copies(f, ret_open, ret_made, ret_decompressions);
 }
 
 void feed_scan_free(struct feed *f)

@@ -78,10 +78,10 @@ json_t *feed_work_ahead_json(const struct feed *f)
 {
 	struct feed_windows_stats w;
 	uint32_t pending;
-	uint64_t copies_open, copies_made;
+	uint64_t copies_open, copies_made, decompressions;
 	struct text_work tw = { 0 };
 	feed_work_ahead(f, &w, &pending);
-	feed_text_copies(f, &copies_open, &copies_made);
+	feed_text_copies(f, &copies_open, &copies_made, &decompressions);
 	text_work(f, &tw);
 	json_t *o = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:I, s:I}", "windows_held", (int)w.held, "windows_ahead",
 			 (int)w.ahead, "windows_building", (int)w.building, "window_bytes", (json_int_t)w.bytes,
@@ -93,6 +93,8 @@ json_t *feed_work_ahead_json(const struct feed *f)
 		/* Issue #22: text shards are indexed when their window comes up (feed_count_shard). */
 		/* Issue #22: walks on the main loop that found their window not built, and waited for the pool. */
 		json_object_set_new(o, "windows_not_ready", json_integer((json_int_t)w.not_ready));
+		/* Passes that decompressed a compressed shard, for an index or a copy (not the count pass's): one per shard read, cold. */
+		json_object_set_new(o, "text_decompressions", json_integer((json_int_t)decompressions));
 		json_object_set_new(o, "text_shards_indexed", json_integer((json_int_t)tw.indexed));
 		json_object_set_new(o, "text_shards_pending", json_integer((json_int_t)tw.pending));
 		json_object_set_new(o, "text_indexes_from_cache", json_integer((json_int_t)tw.cached));

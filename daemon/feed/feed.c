@@ -11,6 +11,7 @@
 #include "daemon/cache/cache.h"
 #include "daemon/feed/feed.h"
 #include "daemon/feed/integrity.h"
+#include "daemon/format/text.h"
 #include "daemon/log/log.h"
 #include "daemon/tok/tok.h"
 #include "daemon/tokenize/tokenize.h"
@@ -343,7 +344,7 @@ static int load_tokenizer(struct feed *f, char *err, size_t errlen)
 	return r;
 }
 
-int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed **ret)
+static int load(const struct conf_feed *cf, struct source_reader *io, struct feed **ret)
 {
 	struct feed *f = calloc(1, sizeof(*f));
 	if (!f)
@@ -492,6 +493,19 @@ int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed 
 			    f->name);
 	*ret = f;
 	return 0;
+}
+
+int feed_load(const struct conf_feed *cf, struct source_reader *io, struct feed **ret)
+{
+	/*
+	 * The shards load counts (until a document, or virtual_ranks of them)
+	 * keep only a copy in memory: a file copy is made when read (text.h,
+	 * text_index_keeps_files), so that READY never waits for writing one.
+	 */
+	const bool keep = text_index_keeps_files(false);
+	int r = load(cf, io, ret);
+	text_index_keeps_files(keep);
+	return r;
 }
 
 struct feed *feed_ref(struct feed *f)

@@ -294,8 +294,8 @@ uint32_t feed_scan_shards_left(const struct feed *f);
  * in memory now (one feed, not a mixture's sum).
  */
 uint64_t feed_text_cached(const struct feed *f, uint64_t *ret_in_memory);
-/* Text: shards whose cache copies are open now (in use or idle), and copies made since load; a mixture's sums. */
-void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made);
+/* Text: shards whose cache copies are open now (in use or idle), copies made and decompression passes (indexes and copies, not the count pass) since load; a mixture's sums. */
+void feed_text_copies(const struct feed *f, uint64_t *ret_open, uint64_t *ret_made, uint64_t *ret_decompressions);
 void feed_scan_free(struct feed *f);
 /*
  * Document doc's token count (stored tokens), its index entries checked

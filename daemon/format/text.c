@@ -241,14 +241,38 @@ static void source_closep(struct source **s)
 }
 
 /*
+ * The copy the index pass kept (text_keep), made the shard's: a memory copy
+ * opened as text_build_mem() would open it; a file copy is in the cache, built
+ * and so checked whole (verified), for text_acquire() to open and pin.
+ */
+static void keep_open(struct text_shard *s, struct text_keep *k, bool at_load)
+{
+	_cleanup_free_ uint8_t *mem = TAKE_PTR(k->mem);
+	if (mem && s->mem) {
+		struct source *data = NULL;
+		char why[256];
+		if (source_open_mem(s->path, TAKE_PTR(mem), (size_t)s->bytes, &data, why, sizeof(why)) < 0)
+			return;
+		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->data, data, __ATOMIC_RELEASE);
+		__atomic_store_n(&s->open_now, true, __ATOMIC_RELAXED);
+		/* Made long before its read, maybe: the read checks the source first, as a copy made then would. */
+		s->copy_unchecked = at_load;
+	} else if (k->file && !s->mem) {
+		__atomic_fetch_add(&s->copies_made, 1, __ATOMIC_RELAXED);
+		s->verified = true;
+	}
+}
+
+/*
  * Indexes s (s->lock held, or s not shared yet): its cached index if one
  * describes this very source, else a pass over it. src: the source opened
  * already (load), or NULL (deferred: opened now, after checking that it is
  * the file load saw). store_now: write an index built here to cache_dir at
  * once (deferred: this runs off the load path) rather than leave it pending.
  */
-static int index_now(struct text_shard *s, struct source *src_in, struct source_reader *io, bool store_now, char *err,
-		     size_t errlen)
+static int index_now(struct text_shard *s, struct source *src_in, struct source_reader *io, bool store_now,
+		     bool keep_file, char *err, size_t errlen)
 {
 	int r;
 	_cleanup_(source_closep) struct source *src = src_in;
@@ -262,13 +286,30 @@ static int index_now(struct text_shard *s, struct source *src_in, struct source_
 					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key, .cancel = &s->cancel };
 	if (s->idx_path && cache_load(s, s->idx_path, io, s->max_doc_bytes) == 1)
 		s->cached = true;
+	struct text_keep keep = { 0 };
 	if (!s->cached) {
 		/*
-		 * A compressed shard is only indexed here: its copy is made when it
-		 * is read (text_acquire). A Parquet column is decoded into its copy
-		 * now, in the same pass; the cache may evict it until it is read.
+		 * At load a compressed shard is only indexed: its copy is made when
+		 * it is read (text_acquire). When its window comes up (store_now:
+		 * a walk waits for this index, and a read follows) the same pass
+		 * keeps the copy too, so that the shard is decompressed once, not
+		 * once for its index and again for its copy (text_keep): in memory
+		 * (TEXT_MEM_MAX), or as a file when keep_file (not for the shards a
+		 * feed's load counts: READY does not wait for a file; nor where the
+		 * cache has one already). A Parquet column is
+		 * decoded into its copy now, in the same pass; the cache may evict
+		 * it until it is read.
 		 */
-		r = text_build_index(s, src, &o, s->kind == TEXT_PARQUET ? s->data_path : NULL, NULL, 0, io, err, errlen);
+		const bool compressed = s->kind != TEXT_PARQUET && s->codec != TEXT_CODEC_NONE;
+		if (store_now && compressed && s->lazy && !s->data) {
+			keep.cache_dir = s->cache_dir;
+			keep.cache_max_bytes = s->cache_max_bytes;
+			keep.data_path = !keep_file || access(s->data_path, F_OK) == 0 ? NULL : s->data_path;
+		}
+		if (compressed)
+			__atomic_fetch_add(&s->decompressions, 1, __ATOMIC_RELAXED);
+		r = text_build_index(s, src, &o, s->kind == TEXT_PARQUET ? s->data_path : NULL, NULL, 0,
+				     keep.cache_dir ? &keep : NULL, io, err, errlen);
 		if (r < 0)
 			return r;
 		/*
@@ -294,7 +335,10 @@ static int index_now(struct text_shard *s, struct source *src_in, struct source_
 		s->mem = s->kind != TEXT_PARQUET && s->bytes <= TEXT_MEM_MAX;
 	else if (!s->data) /* indexed again after its index was let go: the source stays the one open */
 		__atomic_store_n(&s->data, TAKE_PTR(src), __ATOMIC_RELEASE);
+	keep_open(s, &keep, !keep_file);
 	__atomic_store_n(&s->indexed, true, __ATOMIC_RELEASE);
+	if (s->data && s->lazy && !s->users)
+		text_idle_add_locked(s); /* the copy kept: open for the read that comes, idle until then */
 	return 0;
 }
 
@@ -367,7 +411,7 @@ int text_open(const char *path, const struct text_open_opts *o, struct source_re
 		text_free(s);
 		return -ENOMEM;
 	}
-	if (!defer && (r = index_now(s, TAKE_PTR(src), io, false, err, errlen)) < 0) {
+	if (!defer && (r = index_now(s, TAKE_PTR(src), io, false, false, err, errlen)) < 0) {
 		text_free(s);
 		return r;
 	}
@@ -496,6 +540,15 @@ static void unheld_forget(struct text_shard *s)
 	pthread_mutex_unlock(&unheld_lock);
 }
 
+static __thread bool no_keep; /* text_index_keeps_files(false) on this thread */
+
+bool text_index_keeps_files(bool on)
+{
+	bool was = !no_keep;
+	no_keep = !on;
+	return was;
+}
+
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen)
 {
 	/*
@@ -526,7 +579,7 @@ int text_index_locked(struct text_shard *s, struct source_reader *io, char *err,
 		if (!io && (r = source_reader_new(IO_ENGINE_PREAD, 4, &own)) < 0)
 			snprintf(err, errlen, "%s: cannot index: %s", s->path, strerror(-r));
 		if (r == 0)
-			r = index_now(s, NULL, io ? io : own, true, err, errlen);
+			r = index_now(s, NULL, io ? io : own, true, !no_keep, err, errlen);
 		source_reader_free(own);
 		if (r == 0) {
 			pthread_mutex_lock(&unheld_lock);
@@ -562,7 +615,9 @@ static int copy_again(struct text_shard *s, struct source_reader *io, uint8_t *m
 	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
 	const struct text_open_opts o = { .kind = s->kind, .cache_dir = s->cache_dir, .cache_max_bytes = s->cache_max_bytes,
 					  .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key, .cancel = &s->cancel };
-	r = text_build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, io, err, errlen);
+	if (s->kind != TEXT_PARQUET && s->codec != TEXT_CODEC_NONE)
+		__atomic_fetch_add(&s->decompressions, 1, __ATOMIC_RELAXED);
+	r = text_build_index(&t, src, &o, mem ? NULL : s->data_path, mem, s->bytes, NULL, io, err, errlen);
 	free(t.offsets);
 	free(t.lines);
 	free(t.lengths);

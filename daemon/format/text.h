@@ -29,8 +29,10 @@
  * cache_max_bytes (a memory copy: freed); an evicted copy is made again
  * from the source when the shard is read again. The daemon's load does not
  * even index it (defer_index: a stat); text_index() does, when its window
- * comes up: one streaming pass that keeps nothing of the text (issue #22;
- * docs/sample-order.md, "What is done when").
+ * comes up: one streaming pass, which keeps a compressed shard's copy too
+ * (in memory, or its file in cache_dir: text_index_keeps_files), so that
+ * the copy maker or the worker finds it made and the shard is decompressed
+ * once (issue #22; docs/sample-order.md, "What is done when").
  *
  * Documents are found by an index of (offset, length) per document, built
  * with large io_uring reads and kept in the cache directory under a name
@@ -94,6 +96,8 @@ struct text_shard {
 	char *maker_note;      /* a repair the copy maker made ("...; rebuilt"), for the next text_acquire() to return; NULL: none */
 	bool open_now;         /* relaxed atomics, for status: the copy is open; copies made since load */
 	uint32_t copies_made;
+	uint32_t decompressions; /* passes that decompressed it: indexes and copies (not text_count's); relaxed */
+	bool copy_unchecked;   /* its copy was kept by load's count: the source is checked unchanged at the first read */
 	bool store_pending;
 	bool defer_store;      /* text_open_opts.defer_store */
 
@@ -198,6 +202,17 @@ static inline bool text_indexed(const struct text_shard *s)
  * failure is kept and returned again.
  */
 int text_index(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
+/*
+ * text_index() keeps the copy of a compressed shard it indexes (made in the
+ * same pass: the shard is decompressed once, not once for its index and
+ * again for its copy): in memory when it fits (TEXT_MEM_MAX), else as its
+ * file in cache_dir when the calling thread keeps files (on by default: a
+ * walk's window, a worker, the copy maker; a read follows). A feed's load
+ * turns files off on its thread: it counts the first shards only to know
+ * their documents, and READY must not wait for writing their copies.
+ * Returns the previous setting.
+ */
+bool text_index_keeps_files(bool on);
 /* text_index() with s->lock held (text_cache.c: indexed and acquired under one hold of the lock). */
 int text_index_locked(struct text_shard *s, struct source_reader *io, char *err, size_t errlen);
 

@@ -38,6 +38,9 @@ struct builder {
 	uint64_t mem_cap;     /* ... and holds at most this many bytes */
 	bool count_only;      /* text_count(): documents counted, nothing per document kept */
 	const bool *cancel;   /* set: given up between blocks (-ECANCELED) */
+	struct text_keep *keep; /* the index pass keeps its copy too (text_keep), while it can */
+	struct cache_build *kdst; /* keep: the copy spilled to its cache entry (past TEXT_MEM_MAX) */
+	size_t kcap;          /* keep: bytes allocated at keep->mem */
 };
 
 static int add_doc(struct builder *b, uint64_t offset, uint64_t len)
@@ -173,6 +176,56 @@ static int decoder_init(struct decoder *d, enum text_codec codec)
 	return 0;
 }
 
+/*
+ * The index pass's copy (text_keep): the bytes in memory while they fit in
+ * TEXT_MEM_MAX, then moved to the cache entry keep->data_path and written
+ * there. Any failure (no memory, no room under cache_max_bytes, the entry
+ * there already) gives the copy up, never the index: the copy is then made
+ * by the old path, when the shard is read (text_acquire).
+ */
+static void keep_drop(struct builder *b)
+{
+	free(b->keep->mem);
+	b->keep->mem = NULL;
+	b->kdst = cache_build_abort(b->kdst);
+	b->keep = NULL;
+}
+
+static void keep_write(struct builder *b, const uint8_t *data, size_t n)
+{
+	struct text_keep *k = b->keep;
+	char why[256];
+	if (!b->kdst && b->pos + n <= TEXT_MEM_MAX) {
+		if (b->pos + n > b->kcap) {
+			size_t cap = (size_t)MIN(MAX(b->pos + n, (uint64_t)b->kcap * 2), (uint64_t)TEXT_MEM_MAX);
+			uint8_t *m = realloc(k->mem, MAX(cap, (size_t)1));
+			if (!m) {
+				keep_drop(b);
+				return;
+			}
+			k->mem = m;
+			b->kcap = cap;
+		}
+		memcpy(k->mem + b->pos, data, n);
+		return;
+	}
+	if (!b->kdst) {
+		/* Larger than a memory copy: into the cache, as text_build_copy() would write it (what came so far first). */
+		if (!k->data_path || !k->cache_dir ||
+		    cache_build_begin(k->cache_dir, k->cache_max_bytes, k->data_path, SUMS_BLOCK_DEFAULT, &b->kdst, why,
+				      sizeof(why)) < 0 ||
+		    (b->pos && cache_build_write(b->kdst, k->mem, (size_t)b->pos, why, sizeof(why)) < 0)) {
+			keep_drop(b);
+			return;
+		}
+		free(k->mem);
+		k->mem = NULL;
+		b->kcap = 0;
+	}
+	if (cache_build_write(b->kdst, data, n, why, sizeof(why)) < 0)
+		keep_drop(b);
+}
+
 /* Appends decompressed bytes to the copy in the cache and indexes them. */
 static int emit(struct builder *b, struct cache_build *out, const uint8_t *data, size_t n, char *err, size_t errlen)
 {
@@ -183,6 +236,8 @@ static int emit(struct builder *b, struct cache_build *out, const uint8_t *data,
 		return -ECANCELED;
 	/* No copy (out NULL): load only indexes; the copy is made when the shard is read (text_acquire). */
 	int r = out ? cache_build_write(out, data, n, err, errlen) : 0;
+	if (r == 0 && b->keep)
+		keep_write(b, data, n);
 	if (r == 0 && b->mem) {
 		if (b->pos + n > b->mem_cap) /* more than at load: the source changed */
 			return -ESTALE;
@@ -338,7 +393,8 @@ static void slow_index_hook(const char *path)
  * cache entry data_path (with its checksums, within cache_max_bytes).
  */
 int text_build_index(struct text_shard *s, struct source *src, const struct text_open_opts *o, const char *data_path,
-		     uint8_t *mem, uint64_t mem_cap, struct source_reader *io, char *err, size_t errlen)
+		     uint8_t *mem, uint64_t mem_cap, struct text_keep *keep, struct source_reader *io, char *err,
+		     size_t errlen)
 {
 	struct builder b = { .s = s, .max_doc_bytes = o->max_doc_bytes, .line = 1, .mem = mem, .mem_cap = mem_cap,
 			     .count_only = o->count_only, .cancel = o->cancel };
@@ -376,6 +432,11 @@ int text_build_index(struct text_shard *s, struct source *src, const struct text
 			return r;
 		}
 		err[0] = 0;
+		if (keep && !dst && !mem && !o->count_only) {
+			*keep = (struct text_keep){ .data_path = keep->data_path, .cache_dir = keep->cache_dir,
+						    .cache_max_bytes = keep->cache_max_bytes };
+			b.keep = keep;
+		}
 		struct decode_ctx c = { .d = &d, .b = &b, .dst = dst, .out = out, .out_cap = out_cap, .err = err,
 					.errlen = errlen, .cancel = o->cancel };
 		r = read_blocks(io, src, (uint64_t)s->id.size, buf, decode_block, &c);
@@ -392,6 +453,13 @@ int text_build_index(struct text_shard *s, struct source *src, const struct text
 		if (r == 0)
 			r = scan_end(&b);
 		decoder_done(&d);
+		if (b.keep && r < 0)
+			keep_drop(&b);
+		if (b.keep && b.kdst) {
+			/* The copy written on the way: in place, as text_build_copy() would have left it. */
+			char why[256];
+			keep->file = cache_build_commit(TAKE_PTR(b.kdst), why, sizeof(why)) == 0;
+		}
 		if (r == 0 && s->kind == TEXT_PLAIN) {
 			/* A compressed text file is still one document: everything that decompressed. */
 			s->n_docs = 0;
@@ -427,7 +495,7 @@ int text_count(const struct text_shard *s, struct source_reader *io, const bool 
 	struct text_shard t = { .path = s->path, .kind = s->kind, .codec = s->codec, .id = s->id };
 	const struct text_open_opts o = { .kind = s->kind, .max_doc_bytes = s->max_doc_bytes, .text_key = s->text_key,
 					  .cancel = cancel, .count_only = true };
-	r = text_build_index(&t, src, &o, NULL, NULL, 0, io, err, errlen);
+	r = text_build_index(&t, src, &o, NULL, NULL, 0, NULL, io, err, errlen);
 	source_close(src);
 	free(t.offsets);
 	free(t.lines);

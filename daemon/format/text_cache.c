@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "daemon/cache/cache.h"
+#include "daemon/format/text-internal.h"
 #include "daemon/format/text.h"
 #include "daemon/io/sums.h"
 #include "proto/macro.h"
@@ -253,6 +254,16 @@ static int acquire(struct text_shard *s, struct source_reader *io, bool maker, c
 		pthread_mutex_unlock(&s->lock);
 		return 0;
 	}
+	if (r == 0 && s->data && s->copy_unchecked) {
+		/* Kept by load's count (text_index_keeps_files): the source must still be the one load saw. */
+		if ((r = text_check(s, err, errlen)) < 0) {
+			pthread_mutex_lock(&idle_lock);
+			idle_unlink(s);
+			pthread_mutex_unlock(&idle_lock);
+			copy_close(s);
+		}
+		s->copy_unchecked = false;
+	}
 	if (r == 0)
 		r = s->data ? 0 : copy_open(s, io, maker ? made : note, maker ? sizeof(made) : notelen, err, errlen);
 	if (maker && made[0] && !s->maker_note)
@@ -286,8 +297,15 @@ void text_release(struct text_shard *s)
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
-	if (--s->users == 0 && s->data) {
-		pthread_mutex_lock(&idle_lock);
+	if (--s->users == 0 && s->data)
+		text_idle_add_locked(s);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void text_idle_add_locked(struct text_shard *s)
+{
+	pthread_mutex_lock(&idle_lock);
+	if (!s->idle) {
 		s->idle_prev = idle_tail;
 		s->idle_next = NULL;
 		if (idle_tail)
@@ -300,10 +318,9 @@ void text_release(struct text_shard *s)
 			idle_mem_bytes += s->bytes;
 		else
 			n_idle++;
-		idle_trim(IDLE_MAX, TEXT_MEM_IDLE_BYTES, s);
-		pthread_mutex_unlock(&idle_lock);
 	}
-	pthread_mutex_unlock(&s->lock);
+	idle_trim(IDLE_MAX, TEXT_MEM_IDLE_BYTES, s);
+	pthread_mutex_unlock(&idle_lock);
 }
 
 /* ---- the copy maker ---------------------------------------------------------- */

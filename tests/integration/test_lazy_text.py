@@ -347,3 +347,49 @@ def test_an_elastic_text_state_resumes_late_on_a_cold_cache_counting_only_its_wi
     print(f"the same without <kw>: {work(d3)['work_ahead']['text_shards_indexed']} counted")
     assert work(d3)["work_ahead"]["text_shards_indexed"] >= 4 * min(windows)
     assert d3.stop() == 0
+
+
+def test_a_compressed_shard_is_decompressed_once_on_first_use(daemon, tmp_path):
+    """Issue #22: the pass that indexes a compressed shard when its window comes up keeps its copy too (in memory
+    for a small shard, in cache_dir for one of more than TEXT_MEM_MAX = 4 MiB of text), so that a cold epoch
+    decompresses each shard once (work_ahead.text_decompressions), not once to index it and again to copy it.
+    Three epochs over 24 shards, two of them large (their documents padded by 5 MiB of blank lines, which are
+    not documents), without the background count pass: 24 decompressions and 24 copies, all for epoch 0 (the
+    copies stay open and idle after; load keeps the copy of the small shard it counts, in memory); the batches equal those of the same corpus uncompressed, bit for bit,
+    and those under a cache_max_bytes of little more than the two large copies."""
+    folder = tmp_path / "zst"
+    write_zst_shards(folder, 24, 3)
+    pad = (" " * 1023 + "\n") * (5 << 9)  # twice: 5 MiB
+    for i in (5, 17):
+        p = folder / f"t{i:05d}.jsonl"
+        subprocess.run(["zstd", "-q", "-d", "--rm", str(p) + ".zst"], check=True)
+        lines = p.read_text().splitlines(keepends=True)
+        p.write_text(lines[0] + pad + "".join(lines[1:]) + pad)
+        subprocess.run(["zstd", "-q", "--rm", str(p)], check=True)
+    plain = tmp_path / "plain"
+    shutil.copytree(folder, plain)
+    subprocess.run(["sh", "-c", f"cd {plain} && zstd -q -d --rm *.zst"], check=True)
+
+    def c(cache, shards="t*.jsonl.zst", cap=0):
+        return (text_scale_conf(folder, cache, cap=cap).replace("t*.jsonl.zst", shards) +
+                "virtual_ranks = 0\ncount_ahead = false\n")
+
+    n = 12  # an epoch is ~4 batches
+    d = daemon(c(tmp_path / "cache"))
+    # Load counts the first shard (until a document is known), a small one: its copy kept in memory.
+    at_load = work(d)["work_ahead"]
+    assert at_load["text_shards_indexed"] == at_load["text_decompressions"] == at_load["text_copies_made"] == 1, at_load
+    got = d.dump("t", tmp_path / "got", batches=n)
+    wa = work(d)["work_ahead"]
+    print(f"24 shards, 3 epochs: {wa['text_decompressions']} decompressions, {wa['text_copies_made']} copies")
+    assert wa["text_shards_indexed"] == 24, wa
+    assert wa["text_decompressions"] == 24 and wa["text_copies_made"] == 24, wa
+    assert d.stop() == 0
+    d = daemon(c(tmp_path / "plain-cache", shards=f"../plain/t*.jsonl"))
+    want = d.dump("t", tmp_path / "want", batches=n)
+    assert d.stop() == 0
+    same_batches(got, want, 0, n)
+    d = daemon(c(tmp_path / "capped", cap=11 << 20))
+    capped = d.dump("t", tmp_path / "capped-out", batches=n)
+    assert d.stop() == 0
+    same_batches(capped, want, 0, n)
