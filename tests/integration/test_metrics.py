@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import FEEDD, feed_conf, gen_megatron, open_fds
+from conftest import FEEDD, TIME_SCALE, feed_conf, gen_megatron, open_fds
 
 # ---------------------------------------------------------------------------
 # A strict reader of the text exposition format 0.0.4
@@ -606,6 +606,10 @@ def test_off_by_default(daemon, tmp_path):
     assert d.status()["daemon"]["metrics"] == {"listen": None, "error": None}
     assert listening_inet_sockets(d.proc.pid) == set()
     d2 = daemon(metrics_conf(data))
+    # The metrics listener starts right after the control socket listens (READY=1 comes after both): wait for it.
+    deadline = time.monotonic() + 5 * TIME_SCALE
+    while not listening_inet_sockets(d2.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert len(listening_inet_sockets(d2.proc.pid)) == 1
 
 
